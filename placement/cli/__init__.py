@@ -1,0 +1,10 @@
+"""The ``lorafleet`` console script: one module per command group, wired here."""
+
+from __future__ import annotations
+
+from placement.cli import inputs_cmds  # noqa: F401  (registers validate, size, synth, demo)
+from placement.cli.app import app
+
+
+def main() -> None:
+    app()

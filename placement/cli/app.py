@@ -1,0 +1,64 @@
+"""The typer application every command module registers on, and its error handling.
+
+A user mistake ends with one line per problem on stderr and exit code 2; an engine
+or Kubernetes failure with exit code 1; never a traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from functools import wraps
+from typing import ParamSpec, TypeVar
+
+import typer
+from rich.console import Console
+
+from placement.errors import InputError, LorafleetError
+
+app = typer.Typer(
+    name="lorafleet",
+    help="Keep the right LoRA adapters on the right GPU pods before the requests arrive.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
+
+
+def out() -> Console:
+    """The console for results (stdout)."""
+    return Console(soft_wrap=True)
+
+
+def err() -> Console:
+    """The console for problems and progress (stderr)."""
+    return Console(stderr=True, soft_wrap=True)
+
+
+def report_errors(command: Callable[P, R]) -> Callable[P, R]:
+    """Turn lorafleet's errors into clear lines and exit codes instead of tracebacks."""
+
+    @wraps(command)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return command(*args, **kwargs)
+        except InputError as exc:
+            console = err()
+            for problem in exc.problems:
+                label = "warning" if problem.severity == "warning" else "error"
+                console.print(f"[bold red]{label}[/]: {problem}", highlight=False, markup=True)
+            raise typer.Exit(EXIT_BAD_INPUT) from None
+        except LorafleetError as exc:
+            err().print(f"[bold red]error[/]: {exc}", highlight=False)
+            raise typer.Exit(EXIT_FAILED) from None
+        except KeyboardInterrupt:
+            err().print("interrupted")
+            sys.exit(130)
+
+    return wrapper

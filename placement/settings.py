@@ -1,0 +1,119 @@
+"""The one typed settings tree, built at an entry point and passed down.
+
+Nothing else reads the environment or config files for settings. Every constant a
+decision uses lives here with the seed that justifies its default, so that replay,
+the controller and tests can change it in one place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+MB = 1_000_000
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoadCostSettings:
+    """Seed 000's five phases of an adapter swap, for a rank-16 adapter of about 50 MB.
+
+    Best case (in host RAM, no drain): dealloc 5 + transfer 3 + init 20 + warm-up 57
+    = 85 ms. Worst case (large adapter on NVMe, full 500 ms drain): about 670 ms.
+    """
+
+    dealloc_ms: float = 5.0
+    #: Effective host-to-GPU bandwidth: 50 MB in about 3 ms over PCIe Gen5.
+    host_to_gpu_bytes_per_s: float = 16.7e9
+    #: Effective storage-to-host bandwidth: 50 MB in about 10 ms from NVMe.
+    storage_to_host_bytes_per_s: float = 5.0e9
+    init_ms: float = 20.0
+    warmup_ms: float = 57.0
+    #: The longest a pod waits for its running batch before weights move.
+    max_drain_ms: float = 500.0
+    #: The drain a planner expects on a busy pod (half the worst case).
+    expected_drain_ms: float = 250.0
+
+    def warm_load_ms(self, size_bytes: int, *, drain_ms: float = 0.0) -> float:
+        """Milliseconds to bring an adapter from host RAM onto a GPU slot."""
+        transfer_ms = 1000.0 * size_bytes / self.host_to_gpu_bytes_per_s
+        return drain_ms + self.dealloc_ms + transfer_ms + self.init_ms + self.warmup_ms
+
+    def cold_load_ms(self, size_bytes: int, *, drain_ms: float = 0.0) -> float:
+        """Milliseconds to bring an adapter from storage onto a GPU slot."""
+        fetch_ms = 1000.0 * size_bytes / self.storage_to_host_bytes_per_s
+        return fetch_ms + self.warm_load_ms(size_bytes, drain_ms=drain_ms)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ForecastSettings:
+    bucket_s: int = 600
+    horizon_s: int = 24 * 3600
+    #: Adapters with fewer buckets of history than this use the simpler models.
+    min_history_buckets: int = 144
+    quantiles: tuple[float, ...] = (0.5, 0.9, 0.99)
+    #: How early before a forecast rise an adapter starts loading (seed 000: 8:45 for 9:00).
+    preload_lead_s: int = 15 * 60
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlannerSettings:
+    """What the solver optimises and within which limits."""
+
+    #: A plan is valid this long; loads are amortised over it.
+    validity_s: int = 3600
+    #: Forecast traffic (q90) routed to a pod stays within capacity_rps times this.
+    capacity_headroom: float = 0.85
+    #: Adapters above this share of traffic get two replicas by default (seed 001).
+    replicate_share: float = 0.02
+    default_hot_replicas: int = 2
+    #: At most this many loads per pod in one plan (churn).
+    max_loads_per_pod: int = 8
+    #: Weight of the load-imbalance term, in ms per (request/s) above the pod mean.
+    imbalance_weight: float = 1.0
+    #: Hysteresis: an adapter must beat the hot threshold by this factor to be promoted.
+    promote_factor: float = 1.25
+    demote_factor: float = 0.8
+    time_limit_s: float = 10.0
+    workers: int = 2
+    seed: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class RouterSettings:
+    scrape_interval_s: float = 0.25
+    #: Above this KV use on every candidate, no new loads (seed 000, soft pressure).
+    no_load_kv_usage: float = 0.85
+    #: Above this KV use on every candidate, answer 503 with Retry-After (seed 000).
+    reject_kv_usage: float = 0.95
+    hash_replicas: int = 2
+    upstream_timeout_s: float = 600.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class ControllerSettings:
+    ingest_interval_s: int = 300
+    forecast_interval_s: int = 900
+    plan_interval_s: int = 300
+    watchdog_interval_s: int = 15
+    max_loads_per_event: int = 2
+    webhook_max_body_bytes: int = 64 * 1024
+    webhook_max_skew_s: int = 300
+    webhook_rate_per_s: float = 20.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExecutorSettings:
+    per_action_deadline_s: float = 30.0
+    max_concurrency: int = 32
+    max_attempts: int = 4
+    backoff_base_s: float = 0.2
+    backoff_max_s: float = 5.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Settings:
+    load_cost: LoadCostSettings = field(default_factory=LoadCostSettings)
+    forecast: ForecastSettings = field(default_factory=ForecastSettings)
+    planner: PlannerSettings = field(default_factory=PlannerSettings)
+    router: RouterSettings = field(default_factory=RouterSettings)
+    controller: ControllerSettings = field(default_factory=ControllerSettings)
+    executor: ExecutorSettings = field(default_factory=ExecutorSettings)
