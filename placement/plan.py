@@ -211,9 +211,7 @@ def _read_pod(reader: _Reader, raw: object, where: str) -> PodPlan:
     return PodPlan(
         hot=tuple(AdapterId(a) for a in reader.names(pod.get("hot", []), f"{where}.hot")),
         warm=tuple(AdapterId(a) for a in reader.names(pod.get("warm", []), f"{where}.warm")),
-        pinned=tuple(
-            AdapterId(a) for a in reader.names(pod.get("pinned", []), f"{where}.pinned")
-        ),
+        pinned=tuple(AdapterId(a) for a in reader.names(pod.get("pinned", []), f"{where}.pinned")),
         hbm_bytes_used=int(reader.number(pod.get("hbm_bytes_used", 0), f"{where}.hbm_bytes_used")),
         host_bytes_used=int(
             reader.number(pod.get("host_bytes_used", 0), f"{where}.host_bytes_used")
@@ -297,9 +295,7 @@ def plan_from_dict(raw: object, *, source: str = "plan") -> Plan:
             {key: reader.number(value, f"predicted.{key}") for key, value in predicted.items()}
         ),
         solver=_read_solver(reader, top.get("solver", {"status": "NONE"})),
-        why=MappingProxyType(
-            {AdapterId(k): reader.string(v, f"why.{k}") for k, v in why.items()}
-        ),
+        why=MappingProxyType({AdapterId(k): reader.string(v, f"why.{k}") for k, v in why.items()}),
     )
 
 
