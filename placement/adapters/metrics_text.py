@@ -1,0 +1,73 @@
+"""Parse a pod's Prometheus ``/metrics`` text into ``PodMetrics``.
+
+Pure: text in, values out. vLLM's ``lora_requests_info`` keeps one series per label
+set it ever exposed, each valued with the time it was last set, so the current one is
+the series with the largest value (POD-API.md). SGLang has no per-adapter series.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from placement.domain import AdapterId
+from placement.errors import PermanentEngineError
+from placement.ports import PodMetrics
+
+_Samples = dict[str, list[tuple[dict[str, str], float]]]
+
+
+def _samples(text: str, *, pod: str | None) -> _Samples:
+    by_name: _Samples = defaultdict(list)
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                by_name[sample.name].append((dict(sample.labels), float(sample.value)))
+    except ValueError as exc:
+        raise PermanentEngineError(f"unreadable /metrics text: {exc}", pod=pod) from None
+    return by_name
+
+
+def _total(samples: _Samples, name: str) -> float:
+    return sum(value for _, value in samples.get(name, []))
+
+
+def _mean(samples: _Samples, name: str) -> float:
+    values = [value for _, value in samples.get(name, [])]
+    return sum(values) / len(values) if values else 0.0
+
+
+def _names(joined: str) -> frozenset[AdapterId]:
+    return frozenset(AdapterId(name) for name in joined.split(",") if name)
+
+
+def parse_vllm_metrics(text: str, *, pod: str | None = None) -> PodMetrics:
+    """Running and waiting requests summed over engines, KV use averaged over them."""
+    samples = _samples(text, pod=pod)
+    info = samples.get("vllm:lora_requests_info", [])
+    latest = max(info, key=lambda series: series[1])[0] if info else {}
+    max_lora = latest.get("max_lora")
+    return PodMetrics(
+        running=round(_total(samples, "vllm:num_requests_running")),
+        waiting=round(_total(samples, "vllm:num_requests_waiting")),
+        kv_usage=_mean(samples, "vllm:kv_cache_usage_perc"),
+        running_adapters=_names(latest.get("running_lora_adapters", "")),
+        waiting_adapters=_names(latest.get("waiting_lora_adapters", "")),
+        max_loras=int(max_lora) if max_lora and max_lora.isdigit() else None,
+    )
+
+
+def parse_sglang_metrics(text: str, *, pod: str | None = None) -> PodMetrics:
+    """SGLang's gauges; the LoRA pool slots stand in for the missing per-adapter series."""
+    samples = _samples(text, pod=pod)
+    slots = "sglang:lora_pool_slots_total" in samples
+    used = round(_total(samples, "sglang:lora_pool_slots_used"))
+    total = round(_total(samples, "sglang:lora_pool_slots_total"))
+    return PodMetrics(
+        running=round(_total(samples, "sglang:num_running_reqs")),
+        waiting=round(_total(samples, "sglang:num_queue_reqs")),
+        kv_usage=_mean(samples, "sglang:token_usage"),
+        lora_slots_used=used if slots else None,
+        lora_slots_total=total if slots else None,
+    )

@@ -1,0 +1,306 @@
+"""Engine clients at the wire: every answer of a pod maps onto the exception tree."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import httpx
+import pytest
+
+from placement.adapters.engines import engine_client
+from placement.adapters.metrics_text import parse_sglang_metrics, parse_vllm_metrics
+from placement.domain import AdapterId, Engine, Pod, PodId, PoolId
+from placement.errors import PermanentEngineError, RetryableEngineError
+from placement.ports import EngineClient
+
+pytestmark = pytest.mark.anyio
+
+Handler = Callable[[httpx.Request], httpx.Response]
+
+
+def _pod(engine: Engine) -> Pod:
+    return Pod(
+        name=PodId("pod-3"),
+        pool=PoolId("p"),
+        url="http://127.0.0.1:18003",
+        engine=engine,
+        max_loras=2,
+        max_cpu_loras=4,
+        max_lora_rank=16,
+        hbm_adapter_bytes=1,
+        host_adapter_bytes=1,
+        capacity_rps=1.0,
+    )
+
+
+def _client(engine: Engine, handler: Handler) -> EngineClient:
+    http = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+    return engine_client(_pod(engine), http=http, served_model_name="base")
+
+
+def _answer(status: int, body: object) -> Handler:
+    def handler(request: httpx.Request) -> httpx.Response:
+        if isinstance(body, str):
+            return httpx.Response(status, text=body)
+        return httpx.Response(status, json=body)
+
+    return handler
+
+
+def _vllm_error(status: int, message: str, kind: str = "InvalidUserInput") -> Handler:
+    return _answer(
+        status, {"error": {"message": message, "type": kind, "param": None, "code": status}}
+    )
+
+
+def _sglang_error(message: str) -> Handler:
+    return _answer(400, {"success": False, "error_message": message})
+
+
+LOAD_SUCCESS = [
+    pytest.param(
+        Engine.VLLM,
+        _answer(200, "Success: LoRA adapter 'a' added successfully."),
+        True,
+        id="vllm-loaded",
+    ),
+    pytest.param(
+        Engine.VLLM,
+        _vllm_error(
+            400,
+            "The lora adapter 'a' has already been loaded. If you want to load the adapter"
+            " in place, set 'load_inplace' to True.",
+        ),
+        False,
+        id="vllm-already",
+    ),
+    pytest.param(
+        Engine.SGLANG,
+        _answer(200, {"success": True, "error_message": "", "loaded_adapters": {"a": "/p"}}),
+        True,
+        id="sglang-loaded",
+    ),
+    pytest.param(
+        Engine.SGLANG,
+        _sglang_error("Failed to load LoRA adapter a because it is already loaded"),
+        False,
+        id="sglang-already",
+    ),
+]
+
+
+@pytest.mark.parametrize(("engine", "handler", "changed"), LOAD_SUCCESS)
+async def test_load_success_and_already_loaded(
+    engine: Engine, handler: Handler, changed: bool
+) -> None:
+    client = _client(engine, handler)
+    assert await client.load(AdapterId("a"), lora_path="/p") is changed
+
+
+def _refuse(request: httpx.Request) -> httpx.Response:
+    raise httpx.ConnectError("refused", request=request)
+
+
+def _time_out(request: httpx.Request) -> httpx.Response:
+    raise httpx.ReadTimeout("slow", request=request)
+
+
+LOAD_FAILURES = [
+    pytest.param(
+        Engine.VLLM,
+        _answer(404, {"detail": "Not Found"}),
+        PermanentEngineError,
+        "set VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 on pod-3",
+        id="vllm-runtime-off",
+    ),
+    pytest.param(
+        Engine.VLLM,
+        _vllm_error(404, "Loading lora a failed: No adapter found for /p", "NotFoundError"),
+        PermanentEngineError,
+        "'/p'",
+        id="vllm-bad-path",
+    ),
+    pytest.param(
+        Engine.VLLM,
+        _vllm_error(400, "Both 'lora_name' and 'lora_path' must be provided."),
+        PermanentEngineError,
+        "must be provided",
+        id="vllm-400",
+    ),
+    pytest.param(
+        Engine.VLLM,
+        _vllm_error(500, "boom", "InternalServerError"),
+        RetryableEngineError,
+        "500",
+        id="vllm-500",
+    ),
+    pytest.param(
+        Engine.VLLM, _answer(503, "unavailable"), RetryableEngineError, "503", id="vllm-503-text"
+    ),
+    pytest.param(Engine.VLLM, _refuse, RetryableEngineError, "ConnectError", id="vllm-refused"),
+    pytest.param(Engine.VLLM, _time_out, RetryableEngineError, "timed out", id="vllm-timeout"),
+    pytest.param(
+        Engine.SGLANG,
+        _sglang_error(
+            "LoRA adapter a with rank 64 is incompatible with the current LoRA memory pool"
+            " configuration."
+        ),
+        PermanentEngineError,
+        "incompatible",
+        id="sglang-rank",
+    ),
+    pytest.param(
+        Engine.SGLANG,
+        _sglang_error("LoRA is not enabled. Please set `--enable-lora` to enable LoRA."),
+        PermanentEngineError,
+        "not enabled",
+        id="sglang-lora-off",
+    ),
+    pytest.param(
+        Engine.SGLANG, _answer(502, "bad gateway"), RetryableEngineError, "502", id="sglang-502"
+    ),
+    pytest.param(Engine.SGLANG, _refuse, RetryableEngineError, "ConnectError", id="sglang-refused"),
+]
+
+
+@pytest.mark.parametrize(("engine", "handler", "kind", "text"), LOAD_FAILURES)
+async def test_load_failures_map_onto_the_tree(
+    engine: Engine, handler: Handler, kind: type[Exception], text: str
+) -> None:
+    client = _client(engine, handler)
+    with pytest.raises(kind) as caught:
+        await client.load(AdapterId("a"), lora_path="/p")
+    assert text in str(caught.value)
+    assert "pod-3" in str(caught.value)
+
+
+UNLOADS = [
+    pytest.param(
+        Engine.VLLM,
+        _answer(200, "Success: LoRA adapter 'a' removed successfully."),
+        True,
+        id="vllm-removed",
+    ),
+    pytest.param(
+        Engine.VLLM,
+        _vllm_error(404, "The lora adapter 'a' cannot be found.", "NotFoundError"),
+        False,
+        id="vllm-absent",
+    ),
+    pytest.param(
+        Engine.SGLANG,
+        _answer(200, {"success": True, "error_message": "", "loaded_adapters": {}}),
+        True,
+        id="sglang-removed",
+    ),
+    pytest.param(
+        Engine.SGLANG,
+        _sglang_error("LoRA with name a does not exist. Loaded LoRAs: dict_keys([])"),
+        False,
+        id="sglang-absent",
+    ),
+]
+
+
+@pytest.mark.parametrize(("engine", "handler", "changed"), UNLOADS)
+async def test_unload_is_idempotent(engine: Engine, handler: Handler, changed: bool) -> None:
+    assert await _client(engine, handler).unload(AdapterId("a")) is changed
+
+
+async def test_unload_failure_is_retryable() -> None:
+    handler = _vllm_error(
+        500, "Failed to remove lora adapter 'a' from the engine.", "InternalServerError"
+    )
+    with pytest.raises(RetryableEngineError):
+        await _client(Engine.VLLM, handler).unload(AdapterId("a"))
+
+
+async def test_unload_with_runtime_updating_off_says_so() -> None:
+    with pytest.raises(PermanentEngineError, match="VLLM_ALLOW_RUNTIME_LORA_UPDATING"):
+        await _client(Engine.VLLM, _answer(404, {"detail": "Not Found"})).unload(AdapterId("a"))
+
+
+async def test_registered_lists_adapter_cards_with_paths() -> None:
+    body = {
+        "object": "list",
+        "data": [
+            {"id": "base", "object": "model", "root": "/models/base", "parent": None},
+            {"id": "a", "object": "model", "root": "s3://x/a", "parent": "base"},
+        ],
+    }
+    listed = await _client(Engine.VLLM, _answer(200, body)).registered()
+    assert dict(listed.adapters) == {"a": "s3://x/a"}
+    assert listed.base_model == "base"
+
+
+@pytest.mark.parametrize("engine", [Engine.VLLM, Engine.SGLANG])
+async def test_warmup_sends_one_token_request_naming_the_adapter(engine: Engine) -> None:
+    seen: list[dict[str, object]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append({"path": request.url.path, **json.loads(request.content)})
+        return httpx.Response(200, json={"choices": []})
+
+    await _client(engine, handler).warmup(AdapterId("a"))
+    expected = (
+        ("/v1/completions", "a") if engine is Engine.VLLM else ("/v1/chat/completions", "base:a")
+    )
+    assert (seen[0]["path"], seen[0]["model"]) == expected
+    assert seen[0]["max_tokens"] == 1
+
+
+async def test_health_is_false_when_the_pod_is_gone() -> None:
+    assert await _client(Engine.VLLM, _refuse).health() is False
+    assert await _client(Engine.VLLM, _answer(200, "")).health() is True
+
+
+VLLM_METRICS = """\
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="base"} 3.0
+vllm:num_requests_running{engine="1",model_name="base"} 2.0
+vllm:num_requests_waiting{engine="0",model_name="base"} 1.0
+vllm:kv_cache_usage_perc{engine="0",model_name="base"} 0.42
+"""
+INFO = (
+    'vllm:lora_requests_info{{max_lora="4",'
+    'waiting_lora_adapters="{}",running_lora_adapters="{}"}} {}'
+)
+VLLM_METRICS += (
+    "\n".join(
+        INFO.format(waiting, running, value)
+        for waiting, running, value in [
+            ("", "old", "1.7563e+09"),
+            ("b", "a,b", "1.7564e+09"),
+            ("x", "y", "1.7562e+09"),
+        ]
+    )
+    + "\n"
+)
+
+
+def test_vllm_metrics_take_the_latest_lora_series() -> None:
+    metrics = parse_vllm_metrics(VLLM_METRICS)
+    assert (metrics.running, metrics.waiting, metrics.kv_usage) == (5, 1, 0.42)
+    assert metrics.running_adapters == {"a", "b"}
+    assert metrics.waiting_adapters == {"b"}
+    assert metrics.max_loras == 4
+
+
+def test_sglang_metrics_read_the_pool_gauges() -> None:
+    text = (
+        'sglang:num_running_reqs{model_name="base"} 2\n'
+        'sglang:num_queue_reqs{model_name="base"} 7\n'
+        'sglang:token_usage{model_name="base"} 0.25\n'
+        'sglang:lora_pool_slots_used{model_name="base"} 3\n'
+        'sglang:lora_pool_slots_total{model_name="base"} 4\n'
+    )
+    metrics = parse_sglang_metrics(text)
+    assert (metrics.running, metrics.waiting, metrics.kv_usage) == (2, 7, 0.25)
+    assert (metrics.lora_slots_used, metrics.lora_slots_total) == (3, 4)
+    assert metrics.running_adapters == frozenset()
+
+
+def test_unreadable_metrics_are_a_permanent_error() -> None:
+    with pytest.raises(PermanentEngineError, match="unreadable"):
+        parse_vllm_metrics('vllm:num_requests_running{engine="0" 3\n')
