@@ -1,0 +1,402 @@
+"""Routing decisions: which pod serves a request for an adapter, given live pod state.
+
+Owns the scorers (round-robin, least-loaded, seed 000's EPP score, llm-d's
+lora-affinity scorer, consistent hashing with a general pool, bounded affinity,
+plan-aware routing) and the rules every router applies first: drop unhealthy pods,
+memory pressure (no new loads above 0.85 KV use on all candidates, reject above
+0.95), and stampede coalescing (a request for an adapter loading on a pod goes to
+that pod). Shared by the live router and the replay simulator.
+
+Pure and fast: no IO, no clock (``now_s`` is a field), no hidden state (round-robin
+takes and returns its cursor), plain Python loops because a decision must stay within
+tens of microseconds over 64 pods. Must not import ``placement``.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from policies.hashing import HashRing
+
+
+class PodLike(Protocol):
+    """What a router reads about one pod. ``PodView`` is the frozen implementation;
+    the simulator's mutable pod state satisfies it too, to avoid a copy per request."""
+
+    @property
+    def pod_id(self) -> str: ...
+    @property
+    def healthy(self) -> bool: ...
+    @property
+    def queue_depth(self) -> int: ...
+    @property
+    def running(self) -> int: ...
+    @property
+    def kv_usage(self) -> float: ...
+    @property
+    def gpu_util(self) -> float: ...
+    #: Adapters on GPU slots, least recently used first.
+    @property
+    def gpu_adapters(self) -> Collection[str]: ...
+    #: Adapters registered in host RAM (vLLM's CPU LRU); includes the GPU ones.
+    @property
+    def registered(self) -> Collection[str]: ...
+    #: Adapters with requests in the running batch (vLLM ``running_lora_adapters``).
+    @property
+    def running_adapters(self) -> Collection[str]: ...
+    #: Adapters with requests waiting (vLLM ``waiting_lora_adapters``).
+    @property
+    def waiting_adapters(self) -> Collection[str]: ...
+    #: Adapters being loaded onto this pod right now.
+    @property
+    def loading(self) -> Collection[str]: ...
+    @property
+    def free_slots(self) -> int: ...
+    @property
+    def max_loras(self) -> int: ...
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PodView:
+    """A snapshot of one pod, as the live router scrapes it."""
+
+    pod_id: str
+    queue_depth: int = 0
+    running: int = 0
+    kv_usage: float = 0.0
+    gpu_util: float = 0.0
+    gpu_adapters: tuple[str, ...] = ()
+    registered: frozenset[str] = frozenset()
+    running_adapters: frozenset[str] = frozenset()
+    waiting_adapters: frozenset[str] = frozenset()
+    loading: frozenset[str] = frozenset()
+    free_slots: int = 0
+    max_loras: int = 1
+    healthy: bool = True
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RoutingContext:
+    """One request to place, the pods to choose from, and the costs to weigh."""
+
+    adapter: str
+    pods: Sequence[PodLike]
+    now_s: float = 0.0
+    #: Seconds one queued request adds to the wait of those behind it on a pod.
+    per_request_s: float = 0.05
+    #: Seconds to load an adapter held in the pod's host RAM, and from storage
+    #: (LoadCostSettings.warm_load_ms / cold_load_ms with the expected drain).
+    warm_load_s: float = 0.335
+    cold_load_s: float = 0.345
+    #: Seed 000's memory-pressure tiers (RouterSettings.no_load_kv_usage, reject_kv_usage).
+    no_load_kv_usage: float = 0.85
+    reject_kv_usage: float = 0.95
+    #: Requests for an adapter loading on a pod go to that pod (seed 000's stampede).
+    coalesce: bool = True
+
+
+class RouteReason(enum.StrEnum):
+    AFFINITY = "affinity"  # the adapter is on a GPU slot there
+    COALESCE = "coalesce"  # the adapter is loading there
+    LOAD = "load"  # no warm pod worth its queue: pay a load
+    SCORE = "score"  # highest composite score (EPP, llm-d)
+    ROUND_ROBIN = "round-robin"
+    LEAST_LOADED = "least-loaded"
+    HASH = "hash"  # an owner on the hash ring
+    GENERAL_POOL = "general-pool"  # long-tail adapter, shared pool
+    PLAN = "plan"  # a hot pod of the plan
+    SPILL = "spill"  # the plan's pods are too busy: bounded affinity elsewhere
+    PRESSURE_WAIT = "pressure-wait"  # every pod above no-load KV use and none holds it
+    REJECT = "reject"  # every pod above the reject KV use: answer 503
+    NO_POD = "no-pod"  # no healthy pod
+
+
+@dataclass(frozen=True, slots=True)
+class RouteDecision:
+    """The chosen pod (``None`` when the request must wait or be rejected) and why."""
+
+    pod_id: str | None
+    reason: RouteReason
+
+    @property
+    def accepted(self) -> bool:
+        return self.pod_id is not None
+
+
+# --- the rules every router applies first -------------------------------------------
+
+
+def _holds(pod: PodLike, adapter: str) -> bool:
+    return adapter in pod.gpu_adapters or adapter in pod.loading
+
+
+def gate(ctx: RoutingContext) -> tuple[list[PodLike], RouteDecision | None]:
+    """Healthy candidates, or the decision that ends routing early.
+
+    Above ``reject_kv_usage`` on every healthy pod: reject. Above ``no_load_kv_usage``
+    on every healthy pod: only pods already holding the adapter may take it, and with
+    none the request waits rather than forcing a load (seed 000, tiers 1 and 3).
+    """
+    healthy = [pod for pod in ctx.pods if pod.healthy]
+    if not healthy:
+        return [], RouteDecision(None, RouteReason.NO_POD)
+    least_kv = min(pod.kv_usage for pod in healthy)
+    if least_kv >= ctx.reject_kv_usage:
+        return [], RouteDecision(None, RouteReason.REJECT)
+    if least_kv >= ctx.no_load_kv_usage:
+        holders = [pod for pod in healthy if _holds(pod, ctx.adapter)]
+        if not holders:
+            return [], RouteDecision(None, RouteReason.PRESSURE_WAIT)
+        return holders, None
+    return healthy, None
+
+
+def coalesce(ctx: RoutingContext, candidates: Sequence[PodLike]) -> RouteDecision | None:
+    """The least-queued candidate already loading the adapter, if any."""
+    if not ctx.coalesce:
+        return None
+    best: PodLike | None = None
+    for pod in candidates:
+        if ctx.adapter in pod.loading and (best is None or pod.queue_depth < best.queue_depth):
+            best = pod
+    return None if best is None else RouteDecision(best.pod_id, RouteReason.COALESCE)
+
+
+def _prelude(ctx: RoutingContext) -> tuple[list[PodLike], RouteDecision | None]:
+    candidates, early = gate(ctx)
+    if early is not None:
+        return candidates, early
+    return candidates, coalesce(ctx, candidates)
+
+
+# --- reactive baselines ---------------------------------------------------------------
+
+
+def route_round_robin(ctx: RoutingContext, *, cursor: int) -> tuple[RouteDecision, int]:
+    """The next healthy pod after ``cursor``; returns the decision and the new cursor."""
+    candidates, early = gate(ctx)
+    if early is not None:
+        return early, cursor
+    pod = candidates[cursor % len(candidates)]
+    return RouteDecision(pod.pod_id, RouteReason.ROUND_ROBIN), cursor + 1
+
+
+def load_of(pod: PodLike) -> int:
+    return pod.queue_depth + pod.running
+
+
+def route_least_loaded(ctx: RoutingContext) -> RouteDecision:
+    """The pod with the fewest queued plus running requests (first on ties)."""
+    candidates, early = _prelude(ctx)
+    if early is not None:
+        return early
+    best = min(candidates, key=load_of)
+    return RouteDecision(best.pod_id, RouteReason.LEAST_LOADED)
+
+
+def epp_affinity(pod: PodLike, adapter: str) -> float:
+    """Seed 000's four affinity levels: active, cached on GPU, in host RAM, free slot."""
+    if adapter in pod.running_adapters and adapter in pod.gpu_adapters:
+        return 1.0
+    if adapter in pod.gpu_adapters:
+        return 0.8
+    if adapter in pod.registered:
+        return 0.4
+    if pod.free_slots > 0:
+        return 0.3
+    return 0.0
+
+
+def epp_score(pod: PodLike, adapter: str, *, max_queue_depth: int = 8) -> float:
+    """0.50 affinity + 0.20 KV affinity + 0.15 queue headroom + 0.15 GPU headroom.
+
+    KV-cache affinity is the pod's KV use while the adapter is on its GPU (its cached
+    prefixes were built with that adapter), else 0, as in the seed's worked example.
+    """
+    affinity = epp_affinity(pod, adapter)
+    kv_affinity = pod.kv_usage if adapter in pod.gpu_adapters else 0.0
+    queue_headroom = max(0.0, 1.0 - pod.queue_depth / max_queue_depth)
+    return 0.5 * affinity + 0.2 * kv_affinity + 0.15 * queue_headroom + 0.15 * (1.0 - pod.gpu_util)
+
+
+def route_epp(ctx: RoutingContext, *, max_queue_depth: int = 8) -> RouteDecision:
+    """Seed 000's EPP: filter pods at max queue depth (unless all are), then best score."""
+    candidates, early = _prelude(ctx)
+    if early is not None:
+        return early
+    open_pods = [pod for pod in candidates if pod.queue_depth < max_queue_depth] or candidates
+    best = max(
+        open_pods, key=lambda pod: epp_score(pod, ctx.adapter, max_queue_depth=max_queue_depth)
+    )
+    return RouteDecision(best.pod_id, RouteReason.SCORE)
+
+
+def llmd_affinity(pod: PodLike, adapter: str) -> float:
+    """llm-d's lora-affinity scorer: active 1.0, free slot 0.8, waiting 0.6, else 0.
+
+    Faithful to its defect: "active" and "waiting" are in-flight activity, not
+    residency, so an idle resident adapter scores like a free slot or nothing.
+    """
+    if adapter in pod.running_adapters:
+        return 1.0
+    busy = len(pod.running_adapters) + len(pod.waiting_adapters)
+    if busy < pod.max_loras:
+        return 0.8
+    if adapter in pod.waiting_adapters:
+        return 0.6
+    return 0.0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LlmdWeights:
+    affinity: float = 1.0
+    queue: float = 2.0
+    kv: float = 2.0
+
+
+def route_llmd(ctx: RoutingContext, *, weights: LlmdWeights = LlmdWeights()) -> RouteDecision:
+    """Weighted sum of lora-affinity, queue ((max-q)/(max-min)) and KV (1-use) scorers."""
+    candidates, early = _prelude(ctx)
+    if early is not None:
+        return early
+    depths = [pod.queue_depth for pod in candidates]
+    low, high = min(depths), max(depths)
+    span = high - low
+    best, best_score = candidates[0], -1.0
+    for pod in candidates:
+        queue = 1.0 if span == 0 else (high - pod.queue_depth) / span
+        score = (
+            weights.affinity * llmd_affinity(pod, ctx.adapter)
+            + weights.queue * queue
+            + weights.kv * (1.0 - pod.kv_usage)
+        )
+        if score > best_score:
+            best, best_score = pod, score
+    return RouteDecision(best.pod_id, RouteReason.SCORE)
+
+
+# --- affinity with bounds -------------------------------------------------------------
+
+
+def predicted_delay_s(pod: PodLike, ctx: RoutingContext) -> float:
+    """Queue delay a new request would see: the queue ahead, plus a load in progress."""
+    delay = pod.queue_depth * ctx.per_request_s
+    if pod.loading and ctx.adapter not in pod.loading:
+        delay += ctx.warm_load_s
+    return delay
+
+
+def load_penalty_s(pod: PodLike, ctx: RoutingContext) -> float:
+    """What a load of the adapter on ``pod`` costs: 0 when it is on a GPU slot there."""
+    if _holds(pod, ctx.adapter):
+        return 0.0
+    return ctx.warm_load_s if ctx.adapter in pod.registered else ctx.cold_load_s
+
+
+def _bounded_pick(ctx: RoutingContext, candidates: Sequence[PodLike]) -> tuple[PodLike, bool]:
+    """Cheapest pod by predicted delay plus load penalty; True when it is warm."""
+    best: PodLike = candidates[0]
+    best_cost = float("inf")
+    best_warm = False
+    for pod in candidates:
+        penalty = load_penalty_s(pod, ctx)
+        cost = predicted_delay_s(pod, ctx) + penalty
+        # On equal cost a warm pod wins: staying put is what keeps residency long.
+        if cost < best_cost or (cost == best_cost and penalty == 0.0 and not best_warm):
+            best, best_cost, best_warm = pod, cost, penalty == 0.0
+    return best, best_warm
+
+
+def route_bounded(ctx: RoutingContext) -> RouteDecision:
+    """Seed 003's bounded affinity: a warm pod while its predicted queue delay stays
+    below the delay plus load penalty of the best pod elsewhere."""
+    candidates, early = _prelude(ctx)
+    if early is not None:
+        return early
+    pod, warm = _bounded_pick(ctx, candidates)
+    return RouteDecision(pod.pod_id, RouteReason.AFFINITY if warm else RouteReason.LOAD)
+
+
+# --- hashing and plans ----------------------------------------------------------------
+
+
+def route_hash(
+    ctx: RoutingContext,
+    ring: HashRing,
+    *,
+    replicas: int = 2,
+    tail: bool = False,
+    general_pool: Collection[str] = (),
+) -> RouteDecision:
+    """Seed 001: the adapter's ``replicas`` owners on the ring (least delay, warm first);
+    a long-tail adapter (``tail``) goes to the general pool by bounded affinity."""
+    candidates, early = _prelude(ctx)
+    if early is not None:
+        return early
+    if tail and general_pool:
+        pool = [pod for pod in candidates if pod.pod_id in general_pool]
+        if pool:
+            return RouteDecision(_bounded_pick(ctx, pool)[0].pod_id, RouteReason.GENERAL_POOL)
+    owners = ring.replicas(ctx.adapter, replicas)
+    chosen = [pod for pod in candidates if pod.pod_id in owners]
+    if not chosen:
+        # Every owner is down or saturated: widen to the next pods on the ring.
+        wider = ring.replicas(ctx.adapter, len(ring.pod_ids))
+        chosen = [pod for pod in candidates if pod.pod_id in wider] or candidates
+    best = min(chosen, key=lambda pod: (predicted_delay_s(pod, ctx), load_penalty_s(pod, ctx)))
+    return RouteDecision(best.pod_id, RouteReason.HASH)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class HashFallback:
+    """How plan-aware routing treats adapters the plan does not mention."""
+
+    ring: HashRing
+    replicas: int = 2
+    general_pool: frozenset[str] = field(default_factory=frozenset)
+
+
+def route_plan(
+    ctx: RoutingContext,
+    pod_weights: Mapping[str, float] | None,
+    *,
+    fallback: HashFallback,
+    tail: bool = False,
+) -> RouteDecision:
+    """Follow the plan's weights for this adapter (``{pod_id: share}``), bounded.
+
+    Among the plan's pods pick the least loaded relative to its weight; if that pod's
+    predicted delay exceeds the cost of the best pod elsewhere (delay plus load), spill
+    by bounded affinity. Adapters absent from the plan are hashed (seed 001).
+    """
+    if not pod_weights:
+        return route_hash(
+            ctx,
+            fallback.ring,
+            replicas=fallback.replicas,
+            tail=tail,
+            general_pool=fallback.general_pool,
+        )
+    candidates, early = _prelude(ctx)
+    if early is not None:
+        return early
+    best: PodLike | None = None
+    best_load = float("inf")
+    for pod in candidates:
+        weight = pod_weights.get(pod.pod_id, 0.0)
+        if weight > 0.0:
+            load = (load_of(pod) + 1) / weight
+            if load < best_load:
+                best, best_load = pod, load
+    if best is None:
+        return RouteDecision(_bounded_pick(ctx, candidates)[0].pod_id, RouteReason.SPILL)
+    # The plan means to load its pods anyway, so their load penalty does not count:
+    # spill only when the planned pod's queue costs more than a load elsewhere.
+    other, _ = _bounded_pick(ctx, candidates)
+    other_cost = predicted_delay_s(other, ctx) + load_penalty_s(other, ctx)
+    if other.pod_id != best.pod_id and other_cost < predicted_delay_s(best, ctx):
+        return RouteDecision(other.pod_id, RouteReason.SPILL)
+    return RouteDecision(best.pod_id, RouteReason.PLAN)
