@@ -86,6 +86,17 @@ class RouterSettings:
     reject_kv_usage: float = 0.95
     hash_replicas: int = 2
     upstream_timeout_s: float = 600.0
+    #: A pod that does not accept a connection this fast is skipped (retried elsewhere).
+    connect_timeout_s: float = 2.0
+    #: Seconds a client is told to wait in Retry-After when every candidate is full.
+    retry_after_s: int = 1
+    plan_poll_s: float = 1.0
+    pods_poll_s: float = 10.0
+    #: Every Nth scrape also reads /v1/models to correct the ledger's registrations.
+    listing_every_scrapes: int = 8
+    load_timeout_s: float = 60.0
+    max_connections: int = 1024
+    log_flush_s: float = 1.0
 
 
 @dataclass(frozen=True, kw_only=True)
