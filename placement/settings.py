@@ -97,6 +97,8 @@ class RouterSettings:
     load_timeout_s: float = 60.0
     max_connections: int = 1024
     log_flush_s: float = 1.0
+    #: Seconds one queued request adds to the wait of those behind it (bounded affinity).
+    per_request_s: float = 0.05
 
 
 @dataclass(frozen=True, kw_only=True)
