@@ -171,7 +171,8 @@ def _problems(
                 entry=f"rows {_rows(bad_outcome)}",
             )
     if known_adapters is not None:
-        unknown = frame.loc[~frame["adapter"].isin(known_adapters), "adapter"].value_counts()
+        adapters = frame["adapter"].astype(str)
+        unknown = adapters[~adapters.isin(known_adapters)].value_counts()
         for name, count in unknown.head(20).items():
             add(
                 f"adapter {name!r} is not in the catalog ({count} requests)",
@@ -232,3 +233,38 @@ def load_request_log(path: str | Path) -> RequestLog:
     """Read a log file; InputError lists what makes it unusable."""
     source = Path(path)
     return request_log_from_frame(_read_raw(source), source=str(source))
+
+
+def write_request_log(frame: pd.DataFrame, path: str | Path) -> None:
+    """Write a log compactly: Parquet with delta-encoded times and tokens, CSV or JSON lines."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    target = Path(path)
+    suffix = target.suffix.lower()
+    if suffix == ".csv":
+        frame.to_csv(target, index=False, date_format="%Y-%m-%dT%H:%M:%S.%fZ")
+        return
+    if suffix in (".jsonl", ".ndjson"):
+        frame.to_json(target, orient="records", lines=True, date_format="iso")
+        return
+    if suffix != ".parquet":
+        raise InputError(
+            [Problem(source=str(target), message="unknown format: use .parquet, .csv or .jsonl")]
+        )
+    frame = frame.assign(ts=frame["ts"].astype("datetime64[ms, UTC]"))
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    integer_columns = [
+        name
+        for name in ("prompt_tokens", "output_tokens", "requests")
+        if name in frame.columns and pd.api.types.is_integer_dtype(frame[name])
+    ]
+    text_columns = [name for name in frame.columns if name not in integer_columns and name != "ts"]
+    pq.write_table(
+        table,
+        target,
+        compression="zstd",
+        compression_level=9,
+        use_dictionary=text_columns,
+        column_encoding={name: "DELTA_BINARY_PACKED" for name in ["ts", *integer_columns]},
+    )
