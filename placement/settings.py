@@ -123,6 +123,48 @@ class ExecutorSettings:
 
 
 @dataclass(frozen=True, kw_only=True)
+class SimSettings:
+    """The replay simulator's pod model (issue 5); loads use ``LoadCostSettings``.
+
+    Defaults describe a Llama-3.1-70B INT4 pod on an H100: with seed 000's phases a
+    rank-16 adapter of about 50 MB loads in 85 ms from host RAM on an idle pod and in
+    about 670 ms from storage behind a full 500 ms batch drain.
+    """
+
+    max_num_seqs: int = 32
+    #: Batched prefill throughput: 20k prompt tokens/s.
+    prefill_ms_per_token: float = 0.05
+    #: One decode step of a small batch; it grows with batch size and adapter diversity.
+    decode_ms_per_step: float = 30.0
+    #: A full batch makes a step this much slower (fraction).
+    batch_step_slowdown: float = 0.5
+    #: Each extra distinct adapter in the batch adds this fraction to a step (seed 000: <5%
+    #: for multi-adapter batching; seed 001: cost rises with diversity).
+    adapter_step_cost: float = 0.02
+    #: KV cache per pod in tokens (30 GB at 320 KiB per token of Llama-3.1-70B).
+    kv_capacity_tokens: int = 90_000
+    #: A request kept waiting by memory pressure is routed again after this long.
+    pressure_retry_s: float = 0.05
+    #: Reactive hash routing sends adapters under this rate to the general pool.
+    tail_rps: float = 0.005
+    #: Time constant of the decayed per-adapter rate the reactive routers keep.
+    rate_window_s: float = 600.0
+    #: The lorafleet and oracle policies replan this often, over this horizon.
+    plan_interval_s: float = 900.0
+    plan_horizon_s: float = 1800.0
+    #: An adapter absent from the plan with this many requests in ``rate_window_s``
+    #: triggers an early replan (event-triggered preloads), at most once per interval.
+    event_replan_requests: int = 10
+    event_replan_min_gap_s: float = 60.0
+    #: GPU slots per pod the plan leaves free for the long tail (seed 003).
+    tail_slots: int = 1
+    #: Windows for peak load rate and the convoy flag.
+    metrics_window_s: float = 300.0
+    #: Seed 000: above 0.5 swaps per second per pod a cascade is under way.
+    convoy_loads_per_pod_s: float = 0.5
+
+
+@dataclass(frozen=True, kw_only=True)
 class Settings:
     load_cost: LoadCostSettings = field(default_factory=LoadCostSettings)
     forecast: ForecastSettings = field(default_factory=ForecastSettings)
@@ -130,3 +172,4 @@ class Settings:
     router: RouterSettings = field(default_factory=RouterSettings)
     controller: ControllerSettings = field(default_factory=ControllerSettings)
     executor: ExecutorSettings = field(default_factory=ExecutorSettings)
+    sim: SimSettings = field(default_factory=SimSettings)
