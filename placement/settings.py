@@ -99,6 +99,9 @@ class RouterSettings:
     log_flush_s: float = 1.0
     #: Seconds one queued request adds to the wait of those behind it (bounded affinity).
     per_request_s: float = 0.05
+    #: Under soft pressure with no pod holding the adapter, wait this long for room
+    #: before answering 503 (seed 000: queue rather than force a load).
+    pressure_wait_s: float = 0.5
 
 
 @dataclass(frozen=True, kw_only=True)
