@@ -1,0 +1,319 @@
+"""Second stage of placement: which pods hold each replica, the routing weights, the cost.
+
+Given replica counts per adapter and pod class (``placement.greedy.Counts``), pick the
+pods: named pins first, then hot replicas largest first, preferring pods that already
+hold the adapter (no load), pods holding its affinity group, and lightly loaded pods;
+then the warm registrations. Every per-pod budget is checked here: GPU slots, host
+cache places, GPU and host bytes, q90 traffic within capacity and headroom, and the
+churn limit. Routing weights fill the least loaded replicas first so that the pods of
+a pool carry even traffic.
+
+``evaluate`` prices any assignment in the solver's one unit (milliseconds of request
+delay per second): misses, loads amortised over validity, and load imbalance. It is
+the yardstick that compares the solver's plan with its greedy hint.
+
+Pure: no IO, no clock; deterministic (ties break by pod name).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from placement.domain import AdapterId, PodId
+from placement.greedy import Counts
+from placement.problem import Candidate, PoolProblem
+
+#: Every hot replica keeps this share of an equal split so that each one sees traffic
+#: (a replica the router never uses is not kept warm on its GPU by requests).
+EQUAL_SHARE_FLOOR = 0.2
+
+
+@dataclass(frozen=True, kw_only=True)
+class Assignment:
+    """Pods of every hot and warm adapter of one pool, with routing weights."""
+
+    hot: Mapping[AdapterId, tuple[PodId, ...]]
+    warm: Mapping[AdapterId, tuple[PodId, ...]]
+    weights: Mapping[AdapterId, Mapping[PodId, float]]
+
+
+@dataclass(frozen=True, kw_only=True)
+class PoolCost:
+    """An assignment's price, in ms of request delay per second, by term."""
+
+    miss_ms_per_s: float
+    load_ms_per_s: float
+    imbalance_ms_per_s: float
+    loads: int
+
+    @property
+    def total(self) -> float:
+        return self.miss_ms_per_s + self.load_ms_per_s + self.imbalance_ms_per_s
+
+
+@dataclass
+class _PodState:
+    name: PodId
+    slots: int
+    host_count: int
+    hbm_bytes: int
+    host_bytes: int
+    q90_room_rps: float
+    loads_left: int
+    mean_load_rps: float = 0.0
+
+    def fits(self, candidate: Candidate, q90_share: float, *, hot: bool, new: bool) -> bool:
+        size = candidate.size_bytes
+        if hot and (self.slots < 1 or self.hbm_bytes < size or self.q90_room_rps < q90_share):
+            return False
+        loads_ok = not new or candidate.pinned or self.loads_left >= 1
+        return self.host_count >= 1 and self.host_bytes >= size and loads_ok
+
+    def take(
+        self, candidate: Candidate, q90_share: float, mean_share: float, *, hot: bool, new: bool
+    ) -> None:
+        if hot:
+            self.slots -= 1
+            self.hbm_bytes -= candidate.size_bytes
+            self.q90_room_rps -= q90_share
+            self.mean_load_rps += mean_share
+        self.host_count -= 1
+        self.host_bytes -= candidate.size_bytes
+        if new and not candidate.pinned:
+            self.loads_left -= 1
+
+
+def _states(problem: PoolProblem) -> dict[PodId, _PodState]:
+    churn = problem.churn_limit
+    return {
+        pod: _PodState(
+            name=pod,
+            slots=cls.max_loras,
+            host_count=cls.max_cpu_loras,
+            hbm_bytes=cls.hbm_bytes,
+            host_bytes=cls.host_bytes,
+            q90_room_rps=cls.capacity_rps * problem.headroom,
+            loads_left=churn if churn is not None else 1 << 40,
+        )
+        for cls in problem.classes
+        for pod in cls.pods
+    }
+
+
+class _Packer:
+    """Places replicas on pods one adapter at a time; fails fast when one does not fit."""
+
+    def __init__(self, problem: PoolProblem, counts: Counts, *, pack_first: bool) -> None:
+        self.problem = problem
+        self.counts_total: dict[AdapterId, int] = {}
+        for (adapter, _), n in counts.hot.items():
+            self.counts_total[adapter] = self.counts_total.get(adapter, 0) + n
+        self.pack_first = pack_first
+        self.states = _states(problem)
+        self.class_of = problem.class_of()
+        self.hot: dict[AdapterId, list[PodId]] = {}
+        self.warm: dict[AdapterId, list[PodId]] = {}
+        self.groups: dict[tuple[str, PodId], int] = {}
+
+    def _rank(
+        self, candidate: Candidate, *, hot: bool
+    ) -> Callable[[_PodState], tuple[object, ...]]:
+        def key(state: _PodState) -> tuple[object, ...]:
+            pair = (candidate.name, state.name)
+            held = 0 if pair in self.problem.current_hot else 1
+            if not hot or held:
+                held = 0 if pair in self.problem.current_registered else 2
+            together = -self.groups.get((candidate.group or "", state.name), 0)
+            if self.pack_first:
+                return (held, together, -state.slots, -state.hbm_bytes, state.name)
+            return (held, together, state.mean_load_rps, -state.slots, state.name)
+
+        return key
+
+    def place(self, candidate: Candidate, class_key: str, count: int, *, hot: bool) -> bool:
+        taken = self.hot.setdefault(candidate.name, []) if hot else []
+        pods = [p for p in self.class_of if self.class_of[p].key == class_key]
+        total = max(1, self.total_hot(candidate)) if hot else 1
+        q90_share = candidate.q90_rps / total if hot else 0.0
+        pool = [
+            self.states[p]
+            for p in pods
+            if p not in taken
+            and self.states[p].fits(
+                candidate,
+                q90_share,
+                hot=hot,
+                new=(candidate.name, p) not in self.problem.current_registered,
+            )
+        ]
+        if len(pool) < count:
+            return False
+        for state in sorted(pool, key=self._rank(candidate, hot=hot))[:count]:
+            self.take(candidate, state.name, hot=hot, q90_share=q90_share, total=total)
+        return True
+
+    def take(
+        self, candidate: Candidate, pod: PodId, *, hot: bool, q90_share: float, total: int
+    ) -> None:
+        new = (candidate.name, pod) not in self.problem.current_registered
+        mean_share = candidate.mean_rps / total
+        self.states[pod].take(candidate, q90_share, mean_share, hot=hot, new=new)
+        (self.hot if hot else self.warm).setdefault(candidate.name, []).append(pod)
+        if candidate.group:
+            key = (candidate.group, pod)
+            self.groups[key] = self.groups.get(key, 0) + 1
+
+    def total_hot(self, candidate: Candidate) -> int:
+        return self.counts_total.get(candidate.name, 0)
+
+
+def assign_pods(problem: PoolProblem, counts: Counts) -> Assignment | None:
+    """Pick pods for the counts, balancing first and packing tight second; None if neither fits."""
+    for pack_first in (False, True):
+        assignment = _assign(problem, counts, pack_first=pack_first)
+        if assignment is not None:
+            return assignment
+    return None
+
+
+def _assign(problem: PoolProblem, counts: Counts, *, pack_first: bool) -> Assignment | None:
+    packer = _Packer(problem, counts, pack_first=pack_first)
+    by_name = {c.name: c for c in problem.candidates}
+    if not _place_named_pins(packer, problem):
+        return None
+    hot_items = sorted(
+        counts.hot.items(),
+        key=lambda item: (
+            -packer.counts_total[item[0][0]],
+            -by_name[item[0][0]].size_bytes,
+            item[0],
+        ),
+    )
+    for (adapter, class_key), n in hot_items:
+        already = sum(1 for p in packer.hot.get(adapter, []) if packer.class_of[p].key == class_key)
+        if n > already and not packer.place(by_name[adapter], class_key, n - already, hot=True):
+            return None
+    warm_items = sorted(counts.warm.items(), key=lambda i: (-by_name[i[0][0]].size_bytes, i[0]))
+    for (adapter, class_key), n in warm_items:
+        if n and not packer.place(by_name[adapter], class_key, n, hot=False):
+            return None
+    hot = {a: tuple(sorted(pods)) for a, pods in packer.hot.items() if pods}
+    warm = MappingProxyType({a: tuple(sorted(p)) for a, p in packer.warm.items() if p})
+    balanced = Assignment(
+        hot=MappingProxyType(hot),
+        warm=warm,
+        weights=MappingProxyType(routing_weights(problem, hot)),
+    )
+    if within_capacity(problem, balanced):
+        return balanced
+    # Balancing by the mean can crowd one pod's q90; an equal split was checked above.
+    equal = {a: MappingProxyType(dict.fromkeys(pods, 1.0 / len(pods))) for a, pods in hot.items()}
+    return Assignment(hot=MappingProxyType(hot), warm=warm, weights=MappingProxyType(equal))
+
+
+def within_capacity(problem: PoolProblem, assignment: Assignment) -> bool:
+    """Whether q90 hot traffic routed to every pod stays within capacity and headroom."""
+    class_of = problem.class_of()
+    loads = pod_loads(problem, assignment, quantile=True)
+    return all(
+        rps <= class_of[pod].capacity_rps * problem.headroom + 1e-9 for pod, rps in loads.items()
+    )
+
+
+def _place_named_pins(packer: _Packer, problem: PoolProblem) -> bool:
+    for candidate in problem.candidates:
+        total = max(1, packer.counts_total.get(candidate.name, 0))
+        q90_share = candidate.q90_rps / total
+        for pod in candidate.pinned_pods:
+            state = packer.states.get(pod)
+            if state is None:
+                continue
+            new = (candidate.name, pod) not in problem.current_registered
+            if not state.fits(candidate, q90_share, hot=True, new=new):
+                return False
+            packer.take(candidate, pod, hot=True, q90_share=q90_share, total=total)
+    return True
+
+
+def routing_weights(
+    problem: PoolProblem, hot: Mapping[AdapterId, tuple[PodId, ...]]
+) -> dict[AdapterId, Mapping[PodId, float]]:
+    """Shares of each hot adapter's traffic per replica, filling the least loaded first."""
+    rates = {c.name: c.mean_rps for c in problem.candidates}
+    load: dict[PodId, float] = dict.fromkeys(problem.pods, 0.0)
+    weights: dict[AdapterId, Mapping[PodId, float]] = {}
+    order = sorted(hot, key=lambda a: (len(hot[a]), -rates.get(a, 0.0), a))
+    for adapter in order:
+        pods = hot[adapter]
+        rate = rates.get(adapter, 0.0)
+        filled = _water_fill([load[p] for p in pods], rate)
+        equal = 1.0 / len(pods)
+        shares = {
+            pod: EQUAL_SHARE_FLOOR * equal + (1 - EQUAL_SHARE_FLOOR) * (f / rate if rate else equal)
+            for pod, f in zip(pods, filled, strict=True)
+        }
+        for pod, share in shares.items():
+            load[pod] += share * rate
+        weights[adapter] = MappingProxyType(shares)
+    return weights
+
+
+def _water_fill(levels: list[float], amount: float) -> list[float]:
+    """Amounts to add to each level so that the lowest rise together by ``amount`` in all."""
+    if amount <= 0:
+        return [0.0] * len(levels)
+    ordered = sorted(levels)
+    top = ordered[0] + amount
+    for k in range(1, len(ordered) + 1):
+        top = (sum(ordered[:k]) + amount) / k
+        if k == len(ordered) or top <= ordered[k]:
+            break
+    return [max(0.0, top - level) for level in levels]
+
+
+def pod_loads(
+    problem: PoolProblem, assignment: Assignment, *, quantile: bool = False
+) -> dict[PodId, float]:
+    """Hot traffic routed to each pod (mean, or q90 with ``quantile``), in rps."""
+    by_name = {c.name: c for c in problem.candidates}
+    load = dict.fromkeys(problem.pods, 0.0)
+    for adapter, shares in assignment.weights.items():
+        candidate = by_name[adapter]
+        rate = candidate.q90_rps if quantile else candidate.mean_rps
+        for pod, share in shares.items():
+            load[pod] += share * rate
+    return load
+
+
+def evaluate(problem: PoolProblem, assignment: Assignment) -> PoolCost:
+    """Price an assignment: misses by tier, new loads over validity, hot load above the mean."""
+    miss = 0.0
+    load_ms = 0.0
+    loads = 0
+    for candidate in problem.candidates:
+        hot_pods = assignment.hot.get(candidate.name, ())
+        warm_pods = assignment.warm.get(candidate.name, ())
+        if not hot_pods:
+            miss_ms = candidate.warm_miss_ms if warm_pods else candidate.cold_miss_ms
+            miss += candidate.mean_rps * miss_ms
+        for pod in hot_pods:
+            if (candidate.name, pod) not in problem.current_hot:
+                load_ms += candidate.activate_ms
+        for pod in (*hot_pods, *warm_pods):
+            if (candidate.name, pod) not in problem.current_registered:
+                load_ms += candidate.fetch_ms
+                loads += 1
+    pods = problem.pods
+    imbalance = 0.0
+    if pods:
+        mean_rps = sum(c.mean_rps for c in problem.candidates) / len(pods)
+        hot_load = pod_loads(problem, assignment)
+        imbalance = sum(max(0.0, rps - mean_rps) for rps in hot_load.values())
+    return PoolCost(
+        miss_ms_per_s=miss,
+        load_ms_per_s=load_ms / problem.validity_s,
+        imbalance_ms_per_s=imbalance * problem.imbalance_weight,
+        loads=loads,
+    )

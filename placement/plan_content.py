@@ -1,0 +1,156 @@
+"""What a solved placement says: the solution values and the plan's parts built from them.
+
+Owns ``Solution`` (per pool: the assignment, its cost and the solver's report) and
+turns it into the pieces of a ``Plan``: per-pod sets with bytes and expected traffic,
+per-adapter tiers and routing weights, the preloads the plan needs, predicted hit
+rates and one line of why per adapter. ``placement.solver.extract_plan`` assembles
+them.
+
+Pure: no IO, no clock.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from datetime import datetime
+from types import MappingProxyType
+
+from placement.assign import Assignment, PoolCost, pod_loads
+from placement.domain import AdapterId, PodId, Tier
+from placement.plan import AdapterPlan, PodPlan, Preload, SolverReport
+from placement.problem import Candidate, PlacementProblem, PoolProblem
+
+
+@dataclass(frozen=True, kw_only=True)
+class PoolSolution:
+    problem: PoolProblem
+    assignment: Assignment
+    cost: PoolCost
+    report: SolverReport
+    #: Which plan won: "solver" or "greedy".
+    source: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Solution:
+    pools: tuple[PoolSolution, ...]
+    report: SolverReport
+    notes: tuple[str, ...] = field(default=())
+
+
+def inputs_digest(problem: PlacementProblem) -> str:
+    """A stable digest of everything the plan was solved from."""
+    text = repr((problem.pools, sorted(problem.fixed_cold.items()), problem.valid_from))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def pod_plans(solution: PoolSolution) -> dict[PodId, PodPlan]:
+    problem, assignment = solution.problem, solution.assignment
+    by_name = {c.name: c for c in problem.candidates}
+    loads = pod_loads(problem, assignment)
+    hot_rps = sum(by_name[a].mean_rps for a in assignment.hot)
+    cold_rps = sum(c.mean_rps for c in problem.candidates) - hot_rps
+    spread = cold_rps / max(1, len(problem.pods))
+    plans = {}
+    for pod in problem.pods:
+        hot = sorted(a for a, held in assignment.hot.items() if pod in held)
+        warm = sorted(a for a, held in assignment.warm.items() if pod in held)
+        plans[pod] = PodPlan(
+            hot=tuple(hot),
+            warm=tuple(warm),
+            pinned=tuple(a for a in hot if by_name[a].pinned),
+            hbm_bytes_used=sum(by_name[a].size_bytes for a in hot),
+            host_bytes_used=sum(by_name[a].size_bytes for a in (*hot, *warm)),
+            expected_rps=loads[pod] + spread,
+        )
+    return plans
+
+
+def adapter_plans(solution: PoolSolution) -> dict[AdapterId, AdapterPlan]:
+    assignment = solution.assignment
+    plans = {}
+    for c in solution.problem.candidates:
+        if c.name in assignment.hot:
+            plans[c.name] = AdapterPlan(tier=Tier.HOT, pods=assignment.weights[c.name])
+        elif c.name in assignment.warm:
+            pods = assignment.warm[c.name]
+            weights = MappingProxyType(dict.fromkeys(pods, 1.0 / len(pods)))
+            plans[c.name] = AdapterPlan(tier=Tier.WARM, pods=weights)
+        else:
+            plans[c.name] = AdapterPlan(tier=Tier.COLD)
+    return plans
+
+
+def preloads_of(solution: PoolSolution, *, at: datetime) -> list[Preload]:
+    problem, assignment = solution.problem, solution.assignment
+    rates = {c.name: c.mean_rps for c in problem.candidates}
+    preloads = []
+    for tier, held in ((Tier.HOT, assignment.hot), (Tier.WARM, assignment.warm)):
+        for adapter, pods in held.items():
+            current = problem.current_hot if tier is Tier.HOT else problem.current_registered
+            for pod in pods:
+                if (adapter, pod) not in current:
+                    reason = f"{tier.value}: forecast {rates[adapter]:.4g} rps"
+                    preloads.append(Preload(at=at, pod=pod, adapter=adapter, reason=reason))
+    return preloads
+
+
+def predicted(problem: PlacementProblem, solution: Solution) -> dict[str, float]:
+    """Hit rates by tier (shares of forecast requests) and the expected delay."""
+    total = problem.total_mean_rps
+    hot = sum(
+        c.mean_rps
+        for s in solution.pools
+        for c in s.problem.candidates
+        if c.name in s.assignment.hot
+    )
+    warm = sum(
+        c.mean_rps
+        for s in solution.pools
+        for c in s.problem.candidates
+        if c.name in s.assignment.warm
+    )
+    miss = sum(s.cost.miss_ms_per_s for s in solution.pools)
+    unplaced = sum(problem.demand[a].mean_rps for a in problem.fixed_cold)
+    cold_ms = problem.settings.load_cost.cold_load_ms(0)
+    return {
+        "gpu_hit_rate": hot / total if total > 0 else 1.0,
+        "cpu_hit_rate": warm / total if total > 0 else 0.0,
+        "cold_rate": (total - hot - warm) / total if total > 0 else 0.0,
+        "expected_delay_ms": (miss + unplaced * cold_ms) / total if total > 0 else 0.0,
+        "objective_ms_per_s": solution.report.objective,
+        "loads": float(sum(s.cost.loads for s in solution.pools)),
+        "forecast_rps": total,
+    }
+
+
+def describe(solution: PoolSolution, *, total_rps: float) -> dict[AdapterId, str]:
+    """One line per adapter saying what the plan does with it and why."""
+    assignment = solution.assignment
+    lines = {}
+    for c in solution.problem.candidates:
+        share = c.mean_rps / total_rps if total_rps > 0 else 0.0
+        traffic = f"{c.mean_rps:.4g} rps ({share:.1%} of traffic, q90 {c.q90_rps:.4g})"
+        if c.name in assignment.hot:
+            n = len(assignment.hot[c.name])
+            pin = "pinned; " if c.pinned else ""
+            lines[c.name] = (
+                f"hot on {n} pod{'s' if n > 1 else ''}: {pin}{traffic}; at least {c.min_hot} "
+                f"replica{'s' if c.min_hot > 1 else ''}; saves {c.mean_rps * c.warm_miss_ms:.3g}"
+                f" ms/s against warm; tiering: {c.proposal.reason}"
+            )
+        elif c.name in assignment.warm:
+            lines[c.name] = (
+                f"warm: {traffic}; saves {c.mean_rps * (c.cold_miss_ms - c.warm_miss_ms):.3g} "
+                f"ms/s against cold; {_not_hot(c)}; tiering: {c.proposal.reason}"
+            )
+        else:
+            lines[c.name] = f"cold: {traffic}; {_not_hot(c)}; tiering: {c.proposal.reason}"
+    return lines
+
+
+def _not_hot(c: Candidate) -> str:
+    if not c.can_be_hot:
+        return f"cannot be hot: needs {c.min_hot} replicas, at most {c.max_hot} allowed"
+    return "GPU slots went to adapters that save more delay per slot"

@@ -1,0 +1,358 @@
+"""The placement problem as the solver sees it, built from catalog, fleet and demand.
+
+Owns the translation from domain values (adapters, pools, pods, a forecast per adapter,
+the placement in force) into typed solver inputs: one ``PoolProblem`` per pool, with
+identical pods grouped into ``PodClass``es (the solver counts replicas per class, not
+per pod) and every adapter's costs already in milliseconds. Decides nothing and does
+no IO; the solver (``placement.solver``) decides.
+
+Cost model, in one unit (milliseconds of request delay per second of traffic):
+a request for a warm adapter waits ``warm_load_ms`` (host-to-GPU copy, init, warm-up),
+one for a cold adapter ``cold_load_ms`` (storage fetch first); a load the plan
+itself needs costs its milliseconds once, with the expected drain of a busy pod,
+spread over the plan's validity.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from types import MappingProxyType
+
+from placement.domain import Adapter, AdapterId, Catalog, Fleet, Pod, PodId, Pool, PoolId, Tier
+from placement.settings import Settings
+from policies.tiering import ProposedTier, TieringRule, TierProposal, propose_tiers
+
+
+@dataclass(frozen=True, kw_only=True)
+class Demand:
+    """Forecast traffic of one adapter over the plan's validity, in requests per second."""
+
+    mean_rps: float
+    q90_rps: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class PodClass:
+    """Ready pods of one pool with identical limits: interchangeable for the solver."""
+
+    key: str
+    pods: tuple[PodId, ...]
+    max_loras: int
+    max_cpu_loras: int
+    max_lora_rank: int
+    hbm_bytes: int
+    host_bytes: int
+    capacity_rps: float
+
+    @property
+    def size(self) -> int:
+        return len(self.pods)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Candidate:
+    """One adapter of a pool with its demand, its costs and its replica rules."""
+
+    name: AdapterId
+    size_bytes: int
+    rank: int
+    mean_rps: float
+    q90_rps: float
+    #: Delay of one request that finds the adapter warm / cold, in ms.
+    warm_miss_ms: float
+    cold_miss_ms: float
+    #: One-off cost of a warm-to-hot activation and of a storage-to-host fetch, in ms.
+    activate_ms: float
+    fetch_ms: float
+    pinned: bool
+    pinned_pods: tuple[PodId, ...]
+    #: Replicas a hot adapter takes; ``min_hot > max_hot`` means it cannot be hot.
+    min_hot: int
+    max_hot: int
+    group: str | None
+    proposal: TierProposal
+
+    @property
+    def can_be_hot(self) -> bool:
+        return self.min_hot <= self.max_hot
+
+
+@dataclass(frozen=True, kw_only=True)
+class PoolProblem:
+    """Everything the solver needs to place the adapters of one pool."""
+
+    pool: PoolId
+    classes: tuple[PodClass, ...]
+    candidates: tuple[Candidate, ...]
+    #: Pairs (adapter, pod) of the placement in force, hot and registered (hot or warm).
+    current_hot: frozenset[tuple[AdapterId, PodId]]
+    current_registered: frozenset[tuple[AdapterId, PodId]]
+    #: At most this many new registrations per pod (pins exempt); None: no limit.
+    churn_limit: int | None
+    validity_s: float
+    imbalance_weight: float
+    headroom: float
+    #: Forecast q90 traffic of every adapter of the pool, hot or not.
+    q90_total_rps: float
+    unready_pods: tuple[PodId, ...] = ()
+
+    @property
+    def pods(self) -> tuple[PodId, ...]:
+        return tuple(pod for cls in self.classes for pod in cls.pods)
+
+    def class_of(self) -> dict[PodId, PodClass]:
+        return {pod: cls for cls in self.classes for pod in cls.pods}
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlacementProblem:
+    """One pool problem per pool, plus the adapters no pool can take, with why."""
+
+    pools: tuple[PoolProblem, ...]
+    #: Adapters that are cold before solving, with the reason (no pool, no traffic).
+    fixed_cold: Mapping[AdapterId, str]
+    demand: Mapping[AdapterId, Demand]
+    valid_from: datetime
+    settings: Settings
+    #: Pins that cannot hold whatever the solver does (unknown base model, unknown pod).
+    broken_pins: tuple[str, ...] = ()
+    fleet_pods: tuple[PodId, ...] = field(default=())
+
+    @property
+    def total_mean_rps(self) -> float:
+        return sum(d.mean_rps for d in self.demand.values())
+
+
+Current = Mapping[PodId, Mapping[AdapterId, Tier]]
+
+
+def build_problem(
+    catalog: Catalog,
+    fleet: Fleet,
+    demand: Mapping[AdapterId, Demand],
+    *,
+    settings: Settings,
+    valid_from: datetime,
+    current: Current | None = None,
+    ready: Collection[PodId] | None = None,
+) -> PlacementProblem:
+    """Translate domain values into solver inputs; adapters without demand have rate 0."""
+    ready_set = frozenset(ready) if ready is not None else frozenset(p.name for p in fleet.pods)
+    full_demand = {
+        a.name: demand.get(a.name, Demand(mean_rps=0.0, q90_rps=0.0)) for a in catalog.adapters
+    }
+    total_rps = sum(d.mean_rps for d in full_demand.values())
+    fixed_cold: dict[AdapterId, str] = {}
+    broken: list[str] = []
+    by_pool: dict[PoolId, list[AdapterId]] = {pool.name: [] for pool in fleet.pools}
+    for adapter in catalog.adapters:
+        pool = fleet.pool_for_base(adapter.base_model)
+        if pool is None:
+            fixed_cold[adapter.name] = f"no pool serves base model {adapter.base_model}"
+            if adapter.is_pinned:
+                broken.append(
+                    f"{adapter.name} is pinned but no pool serves its base model "
+                    f"{adapter.base_model}"
+                )
+            continue
+        by_pool[pool.name].append(adapter.name)
+    pools = []
+    for pool in fleet.pools:
+        pool_problem, pool_broken = _pool_problem(
+            pool,
+            [a for a in catalog.adapters if a.name in set(by_pool[pool.name])],
+            full_demand,
+            total_rps=total_rps,
+            settings=settings,
+            current=current or {},
+            ready=ready_set,
+            churn=current is not None,
+        )
+        broken.extend(pool_broken)
+        fixed_cold.update(
+            {
+                name: "no forecast traffic"
+                for name in by_pool[pool.name]
+                if name not in {c.name for c in pool_problem.candidates}
+            }
+        )
+        pools.append(pool_problem)
+    return PlacementProblem(
+        pools=tuple(pools),
+        fixed_cold=MappingProxyType(fixed_cold),
+        demand=MappingProxyType(full_demand),
+        valid_from=valid_from,
+        settings=settings,
+        broken_pins=tuple(broken),
+        fleet_pods=tuple(p.name for p in fleet.pods),
+    )
+
+
+def pod_classes(pods: Collection[Pod]) -> tuple[PodClass, ...]:
+    """Group pods with identical limits, in the order their first pod appears."""
+    groups: dict[tuple[int, int, int, int, int, float], list[PodId]] = {}
+    for pod in pods:
+        key = (
+            pod.max_loras,
+            pod.max_cpu_loras,
+            pod.max_lora_rank,
+            pod.hbm_adapter_bytes,
+            pod.host_adapter_bytes,
+            pod.capacity_rps,
+        )
+        groups.setdefault(key, []).append(pod.name)
+    return tuple(
+        PodClass(
+            key=f"c{index}",
+            pods=tuple(names),
+            max_loras=key[0],
+            max_cpu_loras=key[1],
+            max_lora_rank=key[2],
+            hbm_bytes=key[3],
+            host_bytes=key[4],
+            capacity_rps=key[5],
+        )
+        for index, (key, names) in enumerate(groups.items())
+    )
+
+
+def _pool_problem(
+    pool: Pool,
+    adapters: list[Adapter],
+    demand: Mapping[AdapterId, Demand],
+    *,
+    total_rps: float,
+    settings: Settings,
+    current: Current,
+    ready: frozenset[PodId],
+    churn: bool,
+) -> tuple[PoolProblem, list[str]]:
+    ready_pods = [pod for pod in pool.pods if pod.name in ready]
+    classes = pod_classes(ready_pods)
+    names = {a.name for a in adapters}
+    pod_names = {pod.name for pod in ready_pods}
+    cur_hot = frozenset(
+        (a, p)
+        for p, tiers in current.items()
+        if p in pod_names
+        for a, tier in tiers.items()
+        if a in names and tier is Tier.HOT
+    )
+    cur_reg = frozenset(
+        (a, p) for p, tiers in current.items() if p in pod_names for a in tiers if a in names
+    )
+    rates: dict[str, float] = {a.name: demand[a.name].mean_rps for a in adapters}
+    proposals = propose_tiers(
+        rates,
+        _previous_tiers(cur_hot, cur_reg),
+        rule=_tiering_rule(classes, settings),
+    )
+    placed_now = {a for a, _ in cur_reg}
+    candidates = []
+    broken: list[str] = []
+    for adapter in adapters:
+        idle = demand[adapter.name].mean_rps <= 0 and not adapter.is_pinned
+        if idle and adapter.name not in placed_now:
+            continue
+        candidate = _candidate(
+            adapter,
+            demand[adapter.name],
+            proposals[str(adapter.name)],
+            classes=classes,
+            total_rps=total_rps,
+            settings=settings,
+        )
+        broken.extend(_named_pin_problems(adapter.name, adapter.pinned_pods, pool, pod_names))
+        candidates.append(candidate)
+    problem = PoolProblem(
+        pool=pool.name,
+        classes=classes,
+        candidates=tuple(candidates),
+        current_hot=cur_hot,
+        current_registered=cur_reg,
+        churn_limit=settings.planner.max_loads_per_pod if churn else None,
+        validity_s=float(settings.planner.validity_s),
+        imbalance_weight=settings.planner.imbalance_weight,
+        headroom=settings.planner.capacity_headroom,
+        q90_total_rps=sum(demand[a.name].q90_rps for a in adapters),
+        unready_pods=tuple(pod.name for pod in pool.pods if pod.name not in ready),
+    )
+    return problem, broken
+
+
+def _named_pin_problems(
+    name: AdapterId, pinned_pods: tuple[PodId, ...], pool: Pool, ready: set[PodId]
+) -> list[str]:
+    in_pool = {pod.name for pod in pool.pods}
+    problems = []
+    for pod in pinned_pods:
+        if pod not in in_pool:
+            problems.append(f"{name} is pinned to {pod}, which is not a pod of pool {pool.name}")
+        elif pod not in ready:
+            problems.append(f"{name} is pinned to {pod}, which is not ready")
+    return problems
+
+
+def _previous_tiers(
+    hot: frozenset[tuple[AdapterId, PodId]], registered: frozenset[tuple[AdapterId, PodId]]
+) -> dict[str, ProposedTier]:
+    previous = {str(a): ProposedTier.WARM for a, _ in registered}
+    previous.update({str(a): ProposedTier.HOT for a, _ in hot})
+    return previous
+
+
+def _tiering_rule(classes: tuple[PodClass, ...], settings: Settings) -> TieringRule:
+    slots = sum(cls.max_loras * cls.size for cls in classes)
+    host = sum(cls.max_cpu_loras * cls.size for cls in classes)
+    replicas = max(1, settings.planner.default_hot_replicas)
+    return TieringRule(
+        hot_places=max(1, slots // replicas) if slots else 0,
+        warm_places=host,
+        promote_factor=settings.planner.promote_factor,
+        demote_factor=settings.planner.demote_factor,
+    )
+
+
+def _candidate(
+    adapter: Adapter,
+    demand: Demand,
+    proposal: TierProposal,
+    *,
+    classes: tuple[PodClass, ...],
+    total_rps: float,
+    settings: Settings,
+) -> Candidate:
+    cost = settings.load_cost
+    planner = settings.planner
+    size = adapter.size_bytes
+    cold_ms = cost.cold_load_ms(size)
+    warm_ms = cost.warm_load_ms(size)
+    drain = cost.expected_drain_ms
+    pods = sum(cls.size for cls in classes)
+    max_hot = min(adapter.max_replicas, pods)
+    share = demand.mean_rps / total_rps if total_rps > 0 else 0.0
+    by_share = planner.default_hot_replicas if share >= planner.replicate_share else 1
+    by_share = max(1, min(by_share, max_hot))
+    capacity = max((cls.capacity_rps for cls in classes), default=0.0) * planner.capacity_headroom
+    by_capacity = math.ceil(demand.q90_rps / capacity - 1e-9) if capacity > 0 else pods + 1
+    min_hot = max(adapter.min_replicas, len(adapter.pinned_pods), by_share, by_capacity, 1)
+    return Candidate(
+        name=adapter.name,
+        size_bytes=size,
+        rank=adapter.rank,
+        mean_rps=demand.mean_rps,
+        q90_rps=demand.q90_rps,
+        warm_miss_ms=warm_ms,
+        cold_miss_ms=cold_ms,
+        activate_ms=cost.warm_load_ms(size, drain_ms=drain),
+        fetch_ms=cold_ms - warm_ms,
+        pinned=adapter.is_pinned,
+        pinned_pods=adapter.pinned_pods,
+        min_hot=min_hot,
+        max_hot=max_hot,
+        group=adapter.group,
+        proposal=proposal,
+    )

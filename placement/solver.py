@@ -1,0 +1,388 @@
+"""The placement solver: CP-SAT over replica counts per pool, then pods, then a plan.
+
+Two stages, one pool at a time (pools share nothing, so each is its own problem):
+
+1. ``build_model`` (CP-SAT): for every adapter, whether it is hot or warm and how many
+   hot replicas and warm registrations it has in each class of identical pods, within
+   the class totals of slots, host places and bytes. Pods of a class are
+   interchangeable, so this model has a handful of variables per adapter instead of
+   one per (adapter, pod), and its optimum bounds the full problem's.
+2. ``placement.assign``: which pods of the class, with every per-pod budget checked.
+
+The objective is in one unit, milliseconds of request delay per second: requests of
+a warm adapter wait a host-to-GPU load, those of a cold one a storage load (both by
+the forecast mean), plus the plan's own loads amortised over its validity; stage 2
+adds the load imbalance. A greedy plan is the hint and the fallback; the plan
+returned is never worse than the greedy one by ``evaluate``.
+
+Pure: no IO, no clock (wall time is measured by CP-SAT and reported).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from types import MappingProxyType
+
+from ortools.sat.python import cp_model
+
+from placement.assign import Assignment, assign_pods, evaluate
+from placement.domain import AdapterId, PodId, Tier
+from placement.errors import InfeasibleError, SolverError
+from placement.greedy import (
+    ClassKey,
+    Counts,
+    current_per_class,
+    greedy_counts,
+    hot_eligible,
+    named_pins_per_class,
+    warm_eligible,
+)
+from placement.plan import AdapterPlan, Plan, PodPlan, Preload, SolverReport
+from placement.plan_content import (
+    PoolSolution,
+    Solution,
+    adapter_plans,
+    describe,
+    inputs_digest,
+    pod_plans,
+    predicted,
+    preloads_of,
+)
+from placement.problem import PlacementProblem, PoolProblem
+
+#: Objective coefficients are integers: micro-milliseconds... i.e. 1/1000 ms per second.
+SCALE = 1000.0
+#: Constraint families that ``build_model`` can leave out, to explain infeasibility.
+FAMILIES = ("pins", "replication", "churn")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelVars:
+    """The decision variables of one pool's model, keyed by adapter and class key."""
+
+    hot: Mapping[str, cp_model.IntVar]
+    warm: Mapping[str, cp_model.IntVar]
+    replicas: Mapping[ClassKey, cp_model.IntVar]
+    registered: Mapping[ClassKey, cp_model.IntVar]
+    #: Objective = (linear expression) / SCALE + constant_ms_per_s.
+    constant_ms_per_s: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class SolveOptions:
+    time_limit_s: float = 10.0
+    workers: int = 2
+    seed: int = 0
+    #: Byte budgets are scaled by this in stage 1, for a retry when pods cannot be packed.
+    scale: float = 1.0
+
+
+def build_model(
+    problem: PoolProblem,
+    *,
+    relax: frozenset[str] = frozenset(),
+    scale: float = 1.0,
+) -> tuple[cp_model.CpModel, ModelVars]:
+    """Stage 1 of one pool: replica counts per adapter and pod class."""
+    model = cp_model.CpModel()
+    named = named_pins_per_class(problem) if "pins" not in relax else {}
+    cur_hot = current_per_class(problem, hot_only=True)
+    cur_reg = current_per_class(problem, hot_only=False)
+    hot: dict[str, cp_model.IntVar] = {}
+    warm: dict[str, cp_model.IntVar] = {}
+    replicas: dict[ClassKey, cp_model.IntVar] = {}
+    registered: dict[ClassKey, cp_model.IntVar] = {}
+    objective: list[cp_model.LinearExprT] = []
+    constant = 0.0
+    new_regs: dict[str, list[cp_model.LinearExprT]] = {cls.key: [] for cls in problem.classes}
+    for c in problem.candidates:
+        name = str(c.name)
+        h = model.new_bool_var(f"hot[{name}]")
+        w = model.new_bool_var(f"warm[{name}]")
+        hot[name], warm[name] = h, w
+        # An adapter is in one tier: hot somewhere, warm somewhere, or cold.
+        model.add(h + w <= 1)
+        min_hot = c.min_hot if "replication" not in relax else max(1, len(c.pinned_pods))
+        # Pins: a pinned adapter is hot, and on the pods the catalog names.
+        if c.pinned and "pins" not in relax:
+            model.add(h == 1)
+        if min_hot > c.max_hot:
+            model.add(h == 0)
+        per_class_hot = []
+        per_class_warm = []
+        for cls in problem.classes:
+            key = (c.name, cls.key)
+            top = min(cls.size, c.max_hot) if hot_eligible(c, cls) else 0
+            low = min(named.get(key, 0), top)
+            r = model.new_int_var(low, max(low, top), f"rep[{name},{cls.key}]")
+            wr = model.new_int_var(0, 1 if warm_eligible(c, cls) else 0, f"reg[{name},{cls.key}]")
+            replicas[key], registered[key] = r, wr
+            per_class_hot.append(r)
+            per_class_warm.append(wr)
+            # Loads the plan needs: activations above the hot replicas now in this class,
+            # registrations above those now held; they cost once, over the validity.
+            activations = _excess(model, r, cur_hot.get(key, 0), f"act[{name},{cls.key}]")
+            fetches = _excess(model, r + wr, cur_reg.get(key, 0), f"new[{name},{cls.key}]")
+            objective.append(_coef(c.activate_ms / problem.validity_s) * activations)
+            objective.append(_coef(c.fetch_ms / problem.validity_s) * fetches)
+            if not c.pinned:
+                new_regs[cls.key].append(fetches)
+        # Replication: a hot adapter has between min and max replicas, none when not hot.
+        model.add(sum(per_class_hot) >= min_hot * h)
+        model.add(sum(per_class_hot) <= c.max_hot * h)
+        # A warm adapter is registered on exactly one pod; a hot one needs no warm copy.
+        model.add(sum(per_class_warm) == w)
+        # Misses: every request of a cold adapter pays a storage load, of a warm one a
+        # host-to-GPU load. Written as savings against all-cold plus a constant.
+        constant += c.mean_rps * c.cold_miss_ms
+        objective.append(-_coef(c.mean_rps * c.cold_miss_ms) * h)
+        objective.append(-_coef(c.mean_rps * (c.cold_miss_ms - c.warm_miss_ms)) * w)
+    _add_budgets(model, problem, replicas, registered, scale=scale)
+    # Churn: at most K new registrations per pod; pins are an operator's order, exempt.
+    if problem.churn_limit is not None and "churn" not in relax:
+        for cls in problem.classes:
+            if new_regs[cls.key]:
+                model.add(sum(new_regs[cls.key]) <= problem.churn_limit * cls.size)
+    model.minimize(sum(objective))
+    return model, ModelVars(
+        hot=MappingProxyType(hot),
+        warm=MappingProxyType(warm),
+        replicas=MappingProxyType(replicas),
+        registered=MappingProxyType(registered),
+        constant_ms_per_s=constant,
+    )
+
+
+def _coef(ms_per_s: float) -> int:
+    return round(ms_per_s * SCALE)
+
+
+def _excess(
+    model: cp_model.CpModel, expr: cp_model.LinearExprT, now: int, name: str
+) -> cp_model.IntVar:
+    excess = model.new_int_var(0, 1 << 20, name)
+    model.add(excess >= expr - now)
+    return excess
+
+
+def _add_budgets(
+    model: cp_model.CpModel,
+    problem: PoolProblem,
+    replicas: Mapping[ClassKey, cp_model.IntVar],
+    registered: Mapping[ClassKey, cp_model.IntVar],
+    *,
+    scale: float,
+) -> None:
+    for cls in problem.classes:
+        hot = [(c, replicas[(c.name, cls.key)]) for c in problem.candidates]
+        reg = [(c, registered[(c.name, cls.key)]) for c in problem.candidates]
+        n = cls.size
+        # GPU slots (max_loras) of the class's pods, taken by hot replicas.
+        model.add(sum(r for _, r in hot) <= cls.max_loras * n)
+        # Host cache places (max_cpu_loras / max-loaded-loras): hot replicas are
+        # registered too, so they count alongside warm registrations.
+        model.add(sum(r for _, r in hot) + sum(r for _, r in reg) <= cls.max_cpu_loras * n)
+        # GPU adapter memory, and host adapter memory for everything registered.
+        model.add(sum(c.size_bytes * r for c, r in hot) <= int(cls.hbm_bytes * n * scale))
+        host_bytes = sum(c.size_bytes * r for c, r in hot) + sum(c.size_bytes * r for c, r in reg)
+        model.add(host_bytes <= int(cls.host_bytes * n * scale))
+
+
+def _hint(model: cp_model.CpModel, variables: ModelVars, counts: Counts) -> None:
+    hot_names = {a for (a, _), n in counts.hot.items() if n}
+    warm_names = {a for (a, _), n in counts.warm.items() if n}
+    for name, var in variables.hot.items():
+        model.add_hint(var, 1 if name in hot_names else 0)
+    for name, var in variables.warm.items():
+        model.add_hint(var, 1 if name in warm_names else 0)
+    for key, var in variables.replicas.items():
+        model.add_hint(var, counts.hot.get(key, 0))
+    for key, var in variables.registered.items():
+        model.add_hint(var, counts.warm.get(key, 0))
+
+
+def _counts(solver: cp_model.CpSolver, variables: ModelVars) -> Counts:
+    hot = {k: int(solver.value(v)) for k, v in variables.replicas.items() if solver.value(v)}
+    warm = {k: int(solver.value(v)) for k, v in variables.registered.items() if solver.value(v)}
+    return Counts(hot=MappingProxyType(hot), warm=MappingProxyType(warm))
+
+
+def _parameters(options: SolveOptions) -> cp_model.CpSolver:
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = max(0.05, options.time_limit_s)
+    solver.parameters.num_workers = max(1, options.workers)
+    solver.parameters.random_seed = options.seed
+    # Same inputs, seed and workers give the same plan when the search ends by proof.
+    solver.parameters.interleave_search = options.workers > 1
+    return solver
+
+
+def options_from(problem: PlacementProblem, *, time_limit_s: float | None = None) -> SolveOptions:
+    planner = problem.settings.planner
+    return SolveOptions(
+        time_limit_s=planner.time_limit_s if time_limit_s is None else time_limit_s,
+        workers=planner.workers,
+        seed=planner.seed,
+    )
+
+
+def solve(problem: PlacementProblem, *, options: SolveOptions | None = None) -> Solution:
+    """Solve every pool; raise InfeasibleError with actionable reasons when none exists."""
+    from placement.explain import explain_by_relaxing, quick_reasons
+
+    options = options or options_from(problem)
+    reasons = quick_reasons(problem)
+    if reasons:
+        raise InfeasibleError(reasons)
+    sizes = [max(1, len(p.candidates)) for p in problem.pools]
+    solutions = []
+    for pool, size in zip(problem.pools, sizes, strict=True):
+        share = options.time_limit_s * size / sum(sizes)
+        pool_options = SolveOptions(
+            time_limit_s=share, workers=options.workers, seed=options.seed, scale=options.scale
+        )
+        solution = _solve_pool(pool, pool_options)
+        if solution is None:
+            raise InfeasibleError(explain_by_relaxing(pool, time_limit_s=max(1.0, share)))
+        solutions.append(solution)
+    return Solution(pools=tuple(solutions), report=_combine([s.report for s in solutions]))
+
+
+def _solve_pool(problem: PoolProblem, options: SolveOptions) -> PoolSolution | None:
+    """One pool's plan, or None when CP-SAT proves its stage 1 infeasible."""
+    fallback = _greedy_assignment(problem)
+    if not problem.candidates:
+        empty = Assignment(hot={}, warm={}, weights={})
+        report = SolverReport(status="OPTIMAL", objective=0.0, bound=0.0, gap=0.0, wall_s=0.0)
+        return PoolSolution(
+            problem=problem,
+            assignment=empty,
+            cost=evaluate(problem, empty),
+            report=report,
+            source="solver",
+        )
+    wall_s = 0.0
+    assignment: Assignment | None = None
+    status = cp_model.UNKNOWN
+    bound = float("-inf")
+    for scale in (options.scale, options.scale * 0.97, options.scale * 0.9):
+        model, variables = build_model(problem, scale=scale)
+        if fallback is not None:
+            _hint(model, variables, fallback[0])
+        solver = _parameters(options)
+        status = solver.solve(model)
+        wall_s += solver.wall_time
+        if status == cp_model.MODEL_INVALID:
+            raise SolverError(f"pool {problem.pool}: invalid model: {model.validate()}")
+        if status == cp_model.INFEASIBLE:
+            return None if scale == options.scale else _pick(problem, None, fallback, wall_s)
+        if status in (cp_model.OPTIMAL, cp_model.FEASIBLE) and bound == float("-inf"):
+            bound = variables.constant_ms_per_s + solver.best_objective_bound / SCALE
+        if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            break
+        assignment = assign_pods(problem, _counts(solver, variables))
+        if assignment is not None:
+            break
+    return _pick(
+        problem, assignment, fallback, wall_s, proven=status == cp_model.OPTIMAL, bound=bound
+    )
+
+
+def _greedy_assignment(problem: PoolProblem) -> tuple[Counts, Assignment] | None:
+    from placement.explain import honours_pins
+
+    for scale in (1.0, 0.97, 0.9, 0.8):
+        counts = greedy_counts(problem, scale=scale)
+        assignment = assign_pods(problem, counts)
+        if assignment is not None and honours_pins(problem, assignment):
+            return counts, assignment
+    return None
+
+
+def _pick(
+    problem: PoolProblem,
+    assignment: Assignment | None,
+    fallback: tuple[Counts, Assignment] | None,
+    wall_s: float,
+    *,
+    proven: bool = False,
+    bound: float = float("-inf"),
+) -> PoolSolution:
+    """The better of the solver's and the greedy plan; the greedy when the solver has none."""
+    options = []
+    if assignment is not None:
+        options.append(("solver", assignment, evaluate(problem, assignment)))
+    if fallback is not None:
+        options.append(("greedy", fallback[1], evaluate(problem, fallback[1])))
+    if not options:
+        raise SolverError(
+            f"pool {problem.pool}: no plan found within the time limit and the greedy "
+            "could not pack the pods; raise --time-limit or free GPU budget"
+        )
+    source, chosen, cost = min(options, key=lambda item: item[2].total)
+    objective = cost.total
+    if bound == float("-inf"):
+        bound = 0.0
+    gap = max(0.0, objective - bound) / max(abs(objective), 1e-9)
+    if assignment is None:
+        status = "FALLBACK_GREEDY"
+    elif proven and gap <= 1e-4:
+        status = "OPTIMAL"
+    else:
+        status = "FEASIBLE"
+    report = SolverReport(status=status, objective=objective, bound=bound, gap=gap, wall_s=wall_s)
+    return PoolSolution(problem=problem, assignment=chosen, cost=cost, report=report, source=source)
+
+
+def _combine(reports: list[SolverReport]) -> SolverReport:
+    objective = sum(r.objective for r in reports)
+    bound = sum(r.bound for r in reports)
+    statuses = {r.status for r in reports}
+    if "FALLBACK_GREEDY" in statuses:
+        status = "FALLBACK_GREEDY"
+    elif statuses <= {"OPTIMAL"}:
+        status = "OPTIMAL"
+    else:
+        status = "FEASIBLE"
+    gap = max(0.0, objective - bound) / max(abs(objective), 1e-9)
+    return SolverReport(
+        status=status,
+        objective=objective,
+        bound=bound,
+        gap=gap,
+        wall_s=sum(r.wall_s for r in reports),
+    )
+
+
+def extract_plan(problem: PlacementProblem, solution: Solution, *, created_at: datetime) -> Plan:
+    """The plan of a solution: pods' sets, adapters' tiers and weights, preloads, why."""
+    pods: dict[PodId, PodPlan] = {}
+    adapters: dict[AdapterId, AdapterPlan] = {}
+    preloads: list[Preload] = []
+    why: dict[AdapterId, str] = {}
+    lead = timedelta(seconds=problem.settings.forecast.preload_lead_s)
+    for pool_solution in solution.pools:
+        pods.update(pod_plans(pool_solution))
+        adapters.update(adapter_plans(pool_solution))
+        why.update(describe(pool_solution, total_rps=problem.total_mean_rps))
+        preloads.extend(preloads_of(pool_solution, at=problem.valid_from - lead))
+    for name, reason in problem.fixed_cold.items():
+        adapters[name] = AdapterPlan(tier=Tier.COLD)
+        why[name] = f"cold: {reason}"
+    digest = inputs_digest(problem)
+    valid_until = problem.valid_from + timedelta(seconds=problem.settings.planner.validity_s)
+    return Plan(
+        id=f"plan-{problem.valid_from.strftime('%Y%m%dT%H%M%SZ')}-{digest[:10]}",
+        inputs_digest=digest,
+        created_at=created_at,
+        valid_from=problem.valid_from,
+        valid_until=valid_until,
+        pods=MappingProxyType(pods),
+        adapters=MappingProxyType(adapters),
+        preloads=tuple(sorted(preloads, key=lambda p: (p.at, p.pod, p.adapter))),
+        predicted=MappingProxyType(predicted(problem, solution)),
+        solver=solution.report,
+        why=MappingProxyType(why),
+    )
