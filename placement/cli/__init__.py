@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from placement.cli import inputs_cmds  # noqa: F401  (registers validate, size, synth, demo)
+from placement.cli import (
+    emulate_cmds,  # noqa: F401  (registers emulate)
+    inputs_cmds,  # noqa: F401  (registers validate, size, synth, demo)
+)
 from placement.cli.app import app
 
 

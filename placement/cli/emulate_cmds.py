@@ -1,0 +1,95 @@
+"""``lorafleet emulate``: N emulated vLLM or SGLang pods on 127.0.0.1, until Ctrl-C."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from typing import Annotated
+
+import typer
+
+from placement.cli.app import app, err, out, report_errors
+from placement.domain import Engine
+from placement.emulator.fleet import HOST, EmulatedFleet, serve_fleet
+from placement.emulator.pod import Faults, Latency, PodConfig
+from placement.errors import InputError, Problem
+
+
+def _fleet_yaml(fleet: EmulatedFleet) -> str:
+    config = fleet.handles[0].pod.config
+    lines = [
+        "pools:",
+        "  - name: emulated",
+        f"    base_model: {config.served_model_name}",
+        f"    engine: {fleet.engine.value}",
+        f"    max_lora_rank: {config.max_lora_rank}",
+        f"    pod_defaults: {{max_loras: {config.max_loras}, max_cpu_loras: {config.cpu_slots}}}",
+        "    pods:",
+    ]
+    lines += [f'      - {{name: {h.name}, url: "{h.url}"}}' for h in fleet.handles]
+    return "\n".join(lines)
+
+
+async def _serve(fleet: EmulatedFleet) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await serve_fleet(fleet.handles, stop=stop)
+
+
+@app.command()
+@report_errors
+def emulate(
+    pods: Annotated[int, typer.Option(min=1, help="How many pods, on consecutive ports.")] = 4,
+    engine: Annotated[Engine, typer.Option(help="The dialect the pods speak.")] = Engine.VLLM,
+    port: Annotated[int, typer.Option(help="The first pod's port on 127.0.0.1.")] = 18000,
+    served_model_name: Annotated[str, typer.Option(help="The base model's name.")] = "base-model",
+    max_loras: Annotated[int, typer.Option(help="GPU slots per pod.")] = 4,
+    max_cpu_loras: Annotated[int, typer.Option(help="Host cache slots per pod.")] = 16,
+    max_lora_rank: Annotated[int, typer.Option(help="The rank cap.")] = 64,
+    load_ms: Annotated[float, typer.Option(help="Fixed time of a cold load.")] = 10.0,
+    load_ms_per_mb: Annotated[float, typer.Option(help="Cold load time per MB.")] = 0.2,
+    activate_ms: Annotated[float, typer.Option(help="GPU swap time (stalls the batch).")] = 25.0,
+    ttft_ms: Annotated[float, typer.Option(help="Time to first token.")] = 20.0,
+    tpot_ms: Annotated[float, typer.Option(help="Time per output token.")] = 5.0,
+    error_rate: Annotated[float, typer.Option(min=0.0, max=1.0, help="Share of 500s.")] = 0.0,
+    slow_load_ms: Annotated[float, typer.Option(help="Extra time on every load.")] = 0.0,
+    missing_pattern: Annotated[
+        str, typer.Option(help="lora_path regex the pods treat as missing.")
+    ] = r"(^|[/:])missing",
+    no_runtime_updating: Annotated[
+        bool, typer.Option(help="Act as vLLM without VLLM_ALLOW_RUNTIME_LORA_UPDATING.")
+    ] = False,
+    seed: Annotated[int, typer.Option(help="Seed of the injected failures.")] = 0,
+) -> None:
+    """Serve emulated pods that speak the engine's API exactly (POD-API.md).
+
+    Each pod also answers GET /admin/stats, POST /admin/fault
+    {"error_rate", "slow_load_ms", "down_s"} and POST /admin/restart.
+    """
+    template = PodConfig(
+        engine=engine,
+        served_model_name=served_model_name,
+        max_loras=max_loras,
+        max_cpu_loras=max_cpu_loras,
+        max_lora_rank=max_lora_rank,
+        runtime_lora_updating=not no_runtime_updating,
+        missing_pattern=missing_pattern,
+        latency=Latency(
+            load_ms=load_ms,
+            load_ms_per_mb=load_ms_per_mb,
+            activate_ms=activate_ms,
+            ttft_ms=ttft_ms,
+            tpot_ms=tpot_ms,
+        ),
+        faults=Faults(error_rate=error_rate, slow_load_ms=slow_load_ms),
+        seed=seed,
+    )
+    problems = template.problems()
+    if problems:
+        raise InputError([Problem(source="emulate", message=p) for p in problems])
+    fleet = EmulatedFleet.start(pods, engine=engine, base_port=port, config=template)
+    err().print(f"{pods} emulated {engine.value} pods on {HOST}:{port}..{port + pods - 1}")
+    out().print(_fleet_yaml(fleet), highlight=False, markup=False)
+    asyncio.run(_serve(fleet))

@@ -1,0 +1,226 @@
+"""Many emulated pods in one process: in-process for tests, or on real sockets.
+
+- ``build_pod(config)`` is the app factory: one ``EmulatedPod`` and its FastAPI app.
+- ``EmulatedFleet.start(n, engine=..., base_port=...)`` builds ``n`` pods named
+  ``pod-0..`` at ``http://127.0.0.1:<base_port + i>``; ``fleet.http()`` is an
+  ``httpx.AsyncClient`` whose transport dispatches by host and port to the apps
+  in-process (no socket), answering a dead pod with a refused connection;
+  ``fleet.domain()`` is the matching ``placement.domain.Fleet`` for planners and
+  executors.
+- ``serve_fleet`` runs the apps on real sockets with uvicorn (``lorafleet emulate``),
+  and ``serving_in_thread`` does so from a background thread for tests and benches
+  that need real HTTP.
+
+Only 127.0.0.1 is ever bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import httpx
+import uvicorn
+from fastapi import FastAPI
+
+from placement.domain import Engine, Fleet, ModelDims, Pod, PodId, Pool, PoolId
+from placement.emulator.pod import EmulatedPod, PodConfig
+from placement.emulator.sglang_app import create_sglang_app
+from placement.emulator.vllm_app import create_vllm_app
+
+HOST = "127.0.0.1"
+DEFAULT_BASE_PORT = 18000
+
+#: Dimensions that only name the base model; emulated pods do not size adapters.
+EMULATED_DIMS = ModelDims(
+    name="base-model",
+    hidden_size=4096,
+    num_layers=32,
+    num_attention_heads=32,
+    num_kv_heads=8,
+    head_dim=128,
+    intermediate_size=14336,
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PodHandle:
+    """One emulated pod: its state (for assertions) and its ASGI app."""
+
+    pod: EmulatedPod
+    app: FastAPI
+    url: str
+
+    @property
+    def name(self) -> PodId:
+        return PodId(self.pod.config.name)
+
+
+def build_pod(config: PodConfig, *, url: str = f"http://{HOST}:{DEFAULT_BASE_PORT}") -> PodHandle:
+    """The app factory: an emulated pod speaking ``config.engine``'s dialect."""
+    problems = config.problems()
+    if problems:
+        raise ValueError(f"{config.name}: " + "; ".join(problems))
+    pod = EmulatedPod(config)
+    factory = create_sglang_app if config.engine is Engine.SGLANG else create_vllm_app
+    return PodHandle(pod=pod, app=factory(pod), url=url)
+
+
+class FleetTransport(httpx.AsyncBaseTransport):
+    """Dispatches each request to the emulated pod at its host and port, in-process."""
+
+    def __init__(self, handles: Sequence[PodHandle]) -> None:
+        self._by_address = {
+            httpx.URL(handle.url).netloc.decode(): (handle, httpx.ASGITransport(app=handle.app))
+            for handle in handles
+        }
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        entry = self._by_address.get(request.url.netloc.decode())
+        if entry is None or _is_down(entry[0].pod):
+            raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
+        return await entry[1].handle_async_request(request)
+
+
+def _is_down(pod: EmulatedPod) -> bool:
+    return bool(pod.down_until) and time.monotonic() < pod.down_until
+
+
+@dataclass(frozen=True, kw_only=True)
+class EmulatedFleet:
+    """N emulated pods of one engine, as handles, a transport and a domain ``Fleet``."""
+
+    handles: tuple[PodHandle, ...]
+    engine: Engine
+    served_model_name: str
+
+    @classmethod
+    def start(
+        cls,
+        n: int,
+        *,
+        engine: Engine = Engine.VLLM,
+        base_port: int = DEFAULT_BASE_PORT,
+        config: PodConfig | None = None,
+    ) -> EmulatedFleet:
+        template = replace(config or PodConfig(), engine=engine)
+        handles = tuple(
+            build_pod(
+                replace(template, name=f"pod-{i}", seed=template.seed + i),
+                url=f"http://{HOST}:{base_port + i}",
+            )
+            for i in range(n)
+        )
+        return cls(handles=handles, engine=engine, served_model_name=template.served_model_name)
+
+    def transport(self) -> FleetTransport:
+        return FleetTransport(self.handles)
+
+    def http(self, **kwargs: Any) -> httpx.AsyncClient:
+        """An AsyncClient reaching every pod in-process (close it when done)."""
+        return httpx.AsyncClient(transport=self.transport(), **kwargs)
+
+    def pod(self, name: str) -> EmulatedPod:
+        return next(handle.pod for handle in self.handles if handle.name == name)
+
+    def domain(self, *, pool: str = "emulated", hbm_adapter_bytes: int = 2**31) -> Fleet:
+        """The ``Fleet`` these pods form: one pool, limits taken from each pod's config."""
+        pods = tuple(
+            Pod(
+                name=handle.name,
+                pool=PoolId(pool),
+                url=handle.url,
+                engine=self.engine,
+                max_loras=handle.pod.config.max_loras,
+                max_cpu_loras=handle.pod.config.cpu_slots,
+                max_lora_rank=handle.pod.config.max_lora_rank,
+                hbm_adapter_bytes=hbm_adapter_bytes,
+                host_adapter_bytes=hbm_adapter_bytes * 8,
+                capacity_rps=10.0,
+            )
+            for handle in self.handles
+        )
+        first = self.handles[0].pod.config if self.handles else PodConfig()
+        return Fleet(
+            pools=(
+                Pool(
+                    name=PoolId(pool),
+                    base_model=self.served_model_name,
+                    served_model_name=self.served_model_name,
+                    engine=self.engine,
+                    max_lora_rank=first.max_lora_rank,
+                    dims=EMULATED_DIMS,
+                    pods=pods,
+                ),
+            )
+        )
+
+
+class _Server(uvicorn.Server):
+    """A uvicorn server that leaves signals to the caller (many run in one process)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def _servers(handles: Sequence[PodHandle]) -> list[_Server]:
+    return [
+        _Server(
+            uvicorn.Config(
+                handle.app,
+                host=HOST,
+                port=httpx.URL(handle.url).port or DEFAULT_BASE_PORT,
+                log_level="warning",
+                lifespan="off",
+            )
+        )
+        for handle in handles
+    ]
+
+
+async def serve_fleet(handles: Sequence[PodHandle], *, stop: asyncio.Event | None = None) -> None:
+    """Serve every pod on its own port until ``stop`` is set (or forever)."""
+    servers = _servers(handles)
+    tasks = [asyncio.create_task(server.serve()) for server in servers]
+    try:
+        if stop is None:
+            await asyncio.gather(*tasks)
+        else:
+            await stop.wait()
+    finally:
+        for server in servers:
+            server.should_exit = True
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+@contextlib.contextmanager
+def serving_in_thread(
+    handles: Sequence[PodHandle], *, start_timeout_s: float = 10.0
+) -> Iterator[None]:
+    """Serve the pods on real sockets from a background thread while the block runs."""
+    servers = _servers(handles)
+    loop = asyncio.new_event_loop()
+
+    async def main() -> None:
+        await asyncio.gather(*(server.serve() for server in servers))
+
+    thread = threading.Thread(target=loop.run_until_complete, args=(main(),), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + start_timeout_s
+    while not all(server.started for server in servers):
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("emulated pods did not start (is a port in use?)")
+        time.sleep(0.01)
+    try:
+        yield
+    finally:
+        for server in servers:
+            server.should_exit = True
+        thread.join(timeout=start_timeout_s)
+        loop.close()

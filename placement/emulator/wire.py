@@ -1,0 +1,164 @@
+"""What both emulated dialects share on the wire: OpenAI completions and admin routes.
+
+Completions answer in the OpenAI shape, or as SSE chunks (``data: {...}`` then
+``data: [DONE]``) with ``"stream": true``. The admin routes are the emulator's own:
+
+- ``GET /admin/stats``: registrations, host and GPU LRU order, counters
+  (loads, unloads, gpu_activations, gpu_evictions, host_evictions, cold_reloads,
+  requests, injected_errors, restarts, over_limit) and peaks.
+- ``POST /admin/fault``: ``{"error_rate": 0.2, "slow_load_ms": 500, "down_s": 1.5}``,
+  any subset; ``down_s`` kills the pod now and brings it back empty after that long.
+- ``POST /admin/restart``: come back empty at once.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from placement.emulator.pod import EmulatedPod
+
+ErrorBody = Callable[[int, str, str | None], Response]
+
+DEFAULT_MAX_TOKENS = 16
+
+
+async def read_json(request: Request) -> dict[str, Any]:
+    """The JSON object body, or an empty dict when it is absent or not an object."""
+    try:
+        body = await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def _prompt_tokens(body: dict[str, Any]) -> int:
+    if isinstance(body.get("messages"), list):
+        text = " ".join(str(m.get("content", "")) for m in body["messages"] if isinstance(m, dict))
+    else:
+        text = str(body.get("prompt", ""))
+    return max(1, len(text.split()))
+
+
+def _max_tokens(body: dict[str, Any]) -> int:
+    raw = body.get("max_tokens", body.get("max_completion_tokens", DEFAULT_MAX_TOKENS))
+    return raw if isinstance(raw, int) and raw > 0 else DEFAULT_MAX_TOKENS
+
+
+def _choice(*, chat: bool, text: str, finish: str | None, stream: bool) -> dict[str, Any]:
+    if not chat:
+        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+    key = "delta" if stream else "message"
+    return {"index": 0, key: {"role": "assistant", "content": text}, "finish_reason": finish}
+
+
+def _envelope(*, chat: bool, model: str, request_id: str, stream: bool) -> dict[str, Any]:
+    kind = "chat.completion" if chat else "text_completion"
+    return {
+        "id": request_id,
+        "object": f"{kind}.chunk" if stream and chat else kind,
+        "created": int(time.time()),
+        "model": model,
+    }
+
+
+async def complete(
+    pod: EmulatedPod, *, adapter: str | None, model: str, body: dict[str, Any], chat: bool
+) -> Response:
+    """Admit the request on ``pod``, then answer it whole or as an SSE stream."""
+    prompt_tokens, max_tokens = _prompt_tokens(body), _max_tokens(body)
+    request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+    await pod.admit(adapter)
+    tokens = pod.generate(prompt_tokens=prompt_tokens, max_tokens=max_tokens)
+    if body.get("stream"):
+        return StreamingResponse(
+            _stream(pod, adapter, tokens, chat=chat, model=model, request_id=request_id),
+            media_type="text/event-stream",
+        )
+    try:
+        text = "".join([f" tok{index}" async for index in tokens])
+    finally:
+        await pod.release(adapter)
+    usage = {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": max_tokens,
+        "total_tokens": prompt_tokens + max_tokens,
+    }
+    envelope = _envelope(chat=chat, model=model, request_id=request_id, stream=False)
+    choice = _choice(chat=chat, text=text, finish="length", stream=False)
+    return JSONResponse({**envelope, "choices": [choice], "usage": usage})
+
+
+async def _stream(
+    pod: EmulatedPod,
+    adapter: str | None,
+    tokens: AsyncIterator[int],
+    *,
+    chat: bool,
+    model: str,
+    request_id: str,
+) -> AsyncIterator[str]:
+    envelope = _envelope(chat=chat, model=model, request_id=request_id, stream=True)
+    try:
+        async for index in tokens:
+            choice = _choice(chat=chat, text=f" tok{index}", finish=None, stream=True)
+            yield f"data: {json.dumps({**envelope, 'choices': [choice]})}\n\n"
+        last = _choice(chat=chat, text="", finish="length", stream=True)
+        yield f"data: {json.dumps({**envelope, 'choices': [last]})}\n\n"
+        yield "data: [DONE]\n\n"
+    finally:
+        await pod.release(adapter)
+
+
+def model_card(model_id: str, *, root: str, parent: str | None, owned_by: str) -> dict[str, Any]:
+    return {
+        "id": model_id,
+        "object": "model",
+        "created": 0,
+        "owned_by": owned_by,
+        "root": root,
+        "parent": parent,
+        "permission": [],
+    }
+
+
+def models_listing(pod: EmulatedPod, *, owned_by: str) -> dict[str, Any]:
+    config = pod.config
+    base = model_card(
+        config.served_model_name, root=config.model_path, parent=None, owned_by=owned_by
+    )
+    cards = [
+        model_card(name, root=adapter.path, parent=config.served_model_name, owned_by=owned_by)
+        for name, adapter in pod.listed.items()
+    ]
+    return {"object": "list", "data": [base, *cards]}
+
+
+def add_admin_routes(app: FastAPI, pod: EmulatedPod) -> None:
+    @app.get("/admin/stats")
+    async def stats() -> JSONResponse:
+        return JSONResponse(pod.stats())
+
+    @app.post("/admin/fault")
+    async def fault(request: Request) -> JSONResponse:
+        body = await read_json(request)
+        changes = {
+            key: float(body[key])
+            for key in ("error_rate", "slow_load_ms")
+            if isinstance(body.get(key), int | float)
+        }
+        pod.set_faults(**changes)
+        if isinstance(body.get("down_s"), int | float):
+            pod.kill(float(body["down_s"]))
+        return JSONResponse(pod.stats()["faults"])
+
+    @app.post("/admin/restart")
+    async def restart() -> JSONResponse:
+        pod.restart()
+        return JSONResponse({"restarted": pod.config.name})

@@ -1,0 +1,260 @@
+"""The emulated pods speak POD-API.md exactly, keep the two LRU tiers, and fail on demand."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+
+from placement.adapters.metrics_text import parse_vllm_metrics
+from placement.domain import Engine
+from placement.emulator import ZERO_LATENCY, EmulatedFleet, PodConfig, build_pod
+
+from .conftest import EmulatedFactory
+
+pytestmark = pytest.mark.anyio
+
+URL = "http://127.0.0.1:18000"
+
+
+def _vllm_error(
+    status: int, message: str, kind: str, param: str | None = None
+) -> dict[str, object]:
+    return {"error": {"message": message, "type": kind, "param": param, "code": status}}
+
+
+async def _post(http: httpx.AsyncClient, path: str, body: dict[str, object]) -> httpx.Response:
+    return await http.post(URL + path, json=body)
+
+
+VLLM_ANSWERS = [
+    pytest.param(
+        "/v1/load_lora_adapter",
+        {"lora_name": "a"},
+        400,
+        _vllm_error(400, "Both 'lora_name' and 'lora_path' must be provided.", "InvalidUserInput"),
+        id="load-missing-path",
+    ),
+    pytest.param(
+        "/v1/load_lora_adapter",
+        {"lora_name": "b", "lora_path": "s3://x/missing-b"},
+        404,
+        _vllm_error(
+            404, "Loading lora b failed: No adapter found for s3://x/missing-b", "NotFoundError"
+        ),
+        id="load-bad-path",
+    ),
+    pytest.param(
+        "/v1/load_lora_adapter",
+        {"lora_name": "a", "lora_path": "s3://x/a"},
+        400,
+        _vllm_error(
+            400,
+            "The lora adapter 'a' has already been loaded. If you want to load the adapter in "
+            "place, set 'load_inplace' to True.",
+            "InvalidUserInput",
+        ),
+        id="load-twice",
+    ),
+    pytest.param(
+        "/v1/unload_lora_adapter",
+        {},
+        400,
+        _vllm_error(
+            400, "'lora_name' needs to be provided to unload a LoRA adapter.", "InvalidUserInput"
+        ),
+        id="unload-no-name",
+    ),
+    pytest.param(
+        "/v1/unload_lora_adapter",
+        {"lora_name": "zz"},
+        404,
+        _vllm_error(404, "The lora adapter 'zz' cannot be found.", "NotFoundError"),
+        id="unload-absent",
+    ),
+    pytest.param(
+        "/v1/completions",
+        {"model": "zz", "prompt": "hi"},
+        404,
+        _vllm_error(404, "The model `zz` does not exist.", "NotFoundError", "model"),
+        id="unknown-model",
+    ),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "status", "answer"), VLLM_ANSWERS)
+async def test_vllm_errors_are_exact(
+    emulated: EmulatedFactory, path: str, body: dict[str, object], status: int, answer: object
+) -> None:
+    async with emulated(1).http() as http:
+        await _post(http, "/v1/load_lora_adapter", {"lora_name": "a", "lora_path": "s3://x/a"})
+        response = await _post(http, path, body)
+    assert (response.status_code, response.json()) == (status, answer)
+
+
+async def test_vllm_success_texts(emulated: EmulatedFactory) -> None:
+    async with emulated(1).http() as http:
+        loaded = await _post(http, "/v1/load_lora_adapter", {"lora_name": "a", "lora_path": "p"})
+        removed = await _post(http, "/v1/unload_lora_adapter", {"lora_name": "a"})
+    assert loaded.text == "Success: LoRA adapter 'a' added successfully."
+    assert removed.text == "Success: LoRA adapter 'a' removed successfully."
+
+
+async def test_vllm_without_runtime_updating_answers_fastapi_404(emulated: EmulatedFactory) -> None:
+    async with emulated(1, runtime_lora_updating=False).http() as http:
+        response = await _post(http, "/v1/load_lora_adapter", {"lora_name": "a", "lora_path": "p"})
+    assert (response.status_code, response.json()) == (404, {"detail": "Not Found"})
+
+
+async def test_vllm_lists_evicted_registrations_and_reloads_them(emulated: EmulatedFactory) -> None:
+    fleet = emulated(1, max_loras=1, max_cpu_loras=2)
+    async with fleet.http() as http:
+        for name in ("a", "b", "c"):
+            await _post(
+                http, "/v1/load_lora_adapter", {"lora_name": name, "lora_path": f"p/{name}"}
+            )
+        listed = [card["id"] for card in (await http.get(URL + "/v1/models")).json()["data"]]
+        await _post(http, "/v1/completions", {"model": "a", "prompt": "x", "max_tokens": 1})
+    stats = fleet.handles[0].pod.stats()
+    assert listed == ["base-model", "a", "b", "c"]
+    assert stats["counters"]["host_evictions"] >= 2  # c evicted a; reloading a evicted b
+    assert stats["counters"]["cold_reloads"] == 1
+    assert stats["counters"]["over_limit"] == 1
+    assert stats["host"] == ["c", "a"]
+
+
+async def test_alternating_adapters_on_one_slot_thrash(emulated: EmulatedFactory) -> None:
+    fleet = emulated(1, max_loras=1, max_cpu_loras=2)
+    async with fleet.http() as http:
+        for name in ("a", "b"):
+            await _post(http, "/v1/load_lora_adapter", {"lora_name": name, "lora_path": name})
+        for name in ("a", "b", "a", "b", "b"):
+            await _post(http, "/v1/completions", {"model": name, "prompt": "x", "max_tokens": 1})
+    counters = fleet.handles[0].pod.stats()["counters"]
+    assert (counters["gpu_activations"], counters["gpu_evictions"]) == (4, 3)
+
+
+async def test_concurrent_loads_of_one_name_are_serialised(emulated: EmulatedFactory) -> None:
+    fleet = emulated(1)
+    async with fleet.http() as http:
+        body = {"lora_name": "a", "lora_path": "p"}
+        answers = await asyncio.gather(
+            *(_post(http, "/v1/load_lora_adapter", body) for _ in range(4))
+        )
+    assert sorted(response.status_code for response in answers) == [200, 400, 400, 400]
+
+
+async def test_metrics_show_adapters_in_flight(emulated: EmulatedFactory) -> None:
+    fleet = emulated(1, max_loras=2)
+    pod = fleet.handles[0].pod
+    async with fleet.http() as http:
+        await _post(http, "/v1/load_lora_adapter", {"lora_name": "a", "lora_path": "p"})
+        await pod.admit("a")
+        metrics = parse_vllm_metrics((await http.get(URL + "/metrics")).text)
+        await pod.release("a")
+        after = parse_vllm_metrics((await http.get(URL + "/metrics")).text)
+    assert (metrics.running, metrics.running_adapters, metrics.max_loras) == (1, {"a"}, 2)
+    assert (after.running, after.running_adapters) == (0, frozenset())
+
+
+async def test_local_paths_must_exist_and_carry_their_rank(
+    emulated: EmulatedFactory, tmp_path: Path
+) -> None:
+    (tmp_path / "adapter_config.json").write_text(json.dumps({"r": 64}))
+    (tmp_path / "adapter_model.safetensors").write_bytes(b"0" * 1000)
+    async with emulated(1, engine=Engine.SGLANG, max_loras=2, max_cpu_loras=4).http() as http:
+        too_big = await _post(
+            http, "/load_lora_adapter", {"lora_name": "a", "lora_path": str(tmp_path)}
+        )
+        absent = await _post(
+            http, "/load_lora_adapter", {"lora_name": "b", "lora_path": str(tmp_path / "no")}
+        )
+    assert "with rank 64 is incompatible" in too_big.json()["error_message"]
+    assert absent.status_code == 400
+    assert str(tmp_path / "no") in absent.json()["error_message"]
+
+
+SGLANG = dict(engine=Engine.SGLANG, max_loras=2, max_cpu_loras=2)
+
+
+async def test_sglang_lora_answers(emulated: EmulatedFactory) -> None:
+    async with emulated(1, **SGLANG).http() as http:
+        loaded = await _post(http, "/load_lora_adapter", {"lora_name": "a", "lora_path": "p"})
+        twice = await _post(http, "/load_lora_adapter", {"lora_name": "a", "lora_path": "p"})
+        absent = await _post(http, "/unload_lora_adapter", {"lora_name": "zz"})
+    assert (loaded.status_code, loaded.json()) == (
+        200,
+        {"success": True, "error_message": "", "loaded_adapters": {"a": "p"}},
+    )
+    assert (twice.status_code, twice.json()["error_message"]) == (
+        400,
+        "Failed to load LoRA adapter a because it is already loaded",
+    )
+    assert absent.json() == {
+        "success": False,
+        "error_message": "LoRA with name zz does not exist. Loaded LoRAs: dict_keys(['a'])",
+        "loaded_adapters": {"a": "p"},
+    }
+
+
+async def test_sglang_refuses_bare_names_and_full_pools(emulated: EmulatedFactory) -> None:
+    async with emulated(1, **SGLANG).http() as http:
+        for name in ("a", "b"):
+            await _post(http, "/load_lora_adapter", {"lora_name": name, "lora_path": name})
+        full = await _post(http, "/load_lora_adapter", {"lora_name": "c", "lora_path": "c"})
+        bare = await _post(http, "/v1/chat/completions", {"model": "a", "messages": []})
+        named = await _post(http, "/v1/chat/completions", {"model": "base-model:a", "messages": []})
+    assert full.status_code == 400 and "maximum number" in full.json()["error_message"]
+    assert (bare.status_code, bare.json()["message"]) == (404, "Model 'a' is not served.")
+    assert named.status_code == 200
+
+
+async def test_sglang_pins_at_most_one_less_than_the_batch(emulated: EmulatedFactory) -> None:
+    fleet = emulated(1, engine=Engine.SGLANG, max_loras=2, max_cpu_loras=4)
+    async with fleet.http() as http:
+        first = await _post(
+            http, "/load_lora_adapter", {"lora_name": "a", "lora_path": "a", "pinned": True}
+        )
+        second = await _post(
+            http, "/load_lora_adapter", {"lora_name": "b", "lora_path": "b", "pinned": True}
+        )
+        for model in ("base-model:c", "base-model:d"):
+            await _post(http, "/load_lora_adapter", {"lora_name": model[-1], "lora_path": "x"})
+            await _post(http, "/v1/chat/completions", {"model": model, "messages": []})
+    assert first.status_code == 200 and second.status_code == 400
+    assert "a" in fleet.handles[0].pod.stats()["gpu"]  # pinned: never evicted
+
+
+async def test_injected_errors_and_a_pod_that_dies_and_comes_back_empty(
+    emulated: EmulatedFactory,
+) -> None:
+    fleet = emulated(1)
+    async with fleet.http() as http:
+        await _post(http, "/v1/load_lora_adapter", {"lora_name": "a", "lora_path": "p"})
+        await _post(http, "/admin/fault", {"error_rate": 1.0})
+        failing = await http.get(URL + "/v1/models")
+        await _post(http, "/admin/fault", {"error_rate": 0.0, "down_s": 0.05})
+        with pytest.raises(httpx.ConnectError):
+            await http.get(URL + "/health")
+        await asyncio.sleep(0.06)
+        listed = (await http.get(URL + "/v1/models")).json()["data"]
+        stats = (await http.get(URL + "/admin/stats")).json()
+    assert failing.status_code == 500
+    assert [card["id"] for card in listed] == ["base-model"]
+    assert stats["counters"]["restarts"] == 1
+
+
+def test_an_invalid_pod_config_is_refused() -> None:
+    with pytest.raises(ValueError, match="max_lora_rank"):
+        build_pod(PodConfig(max_lora_rank=12, latency=ZERO_LATENCY))
+
+
+def test_fleet_domain_matches_the_pods() -> None:
+    fleet = EmulatedFleet.start(3, config=PodConfig(max_loras=2, max_cpu_loras=5))
+    pods = fleet.domain().pods
+    assert [(p.name, p.url, p.max_cpu_loras) for p in pods] == [
+        (f"pod-{i}", f"http://127.0.0.1:{18000 + i}", 5) for i in range(3)
+    ]
