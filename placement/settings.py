@@ -80,6 +80,8 @@ class PlannerSettings:
 @dataclass(frozen=True, kw_only=True)
 class RouterSettings:
     scrape_interval_s: float = 0.25
+    #: A scrape slower than this counts as a failed health check.
+    scrape_timeout_s: float = 1.0
     #: Above this KV use on every candidate, no new loads (seed 000, soft pressure).
     no_load_kv_usage: float = 0.85
     #: Above this KV use on every candidate, answer 503 with Retry-After (seed 000).
