@@ -96,7 +96,8 @@ def _rows(index: Iterable[int]) -> str:
     rows = [int(i) + 2 for i in index]  # +2: a header line, and rows count from 1
     shown = ", ".join(str(r) for r in rows[:_SHOW_ROWS])
     more = f" and {len(rows) - _SHOW_ROWS} more" if len(rows) > _SHOW_ROWS else ""
-    return f"{shown}{more}"
+    label = "row" if len(rows) == 1 else "rows"
+    return f"{label} {shown}{more}"
 
 
 def _problems(
@@ -129,21 +130,21 @@ def _problems(
     ts = _parse_ts(frame["ts"])
     bad_ts = frame.index[ts.isna()]
     if len(bad_ts):
-        add(f"{len(bad_ts)} unparsable timestamps", field_="ts", entry=f"rows {_rows(bad_ts)}")
+        add(f"{len(bad_ts)} unparsable timestamps", field_="ts", entry=_rows(bad_ts))
     valid = ts.dropna()
     backwards = valid.index[valid.diff() < pd.Timedelta(0)]
     if len(backwards):
         add(
             f"{len(backwards)} timestamps earlier than the row before (not in time order)",
             field_="ts",
-            entry=f"rows {_rows(backwards)}",
+            entry=_rows(backwards),
         )
     missing_adapter = frame.index[frame["adapter"].isna() | (frame["adapter"].astype(str) == "")]
     if len(missing_adapter):
         add(
             f"{len(missing_adapter)} rows without an adapter",
             field_="adapter",
-            entry=f"rows {_rows(missing_adapter)}",
+            entry=_rows(missing_adapter),
         )
     for column in COUNT_COLUMNS:
         if column in frame.columns:
@@ -154,13 +155,13 @@ def _problems(
                 add(
                     f"{len(bad)} values that are not numbers",
                     field_=column,
-                    entry=f"rows {_rows(bad)}",
+                    entry=_rows(bad),
                 )
             if len(negative):
                 add(
                     f"{len(negative)} negative values",
                     field_=column,
-                    entry=f"rows {_rows(negative)}",
+                    entry=_rows(negative),
                 )
     if "outcome" in frame.columns:
         bad_outcome = frame.index[frame["outcome"].notna() & ~frame["outcome"].isin(OUTCOMES)]
@@ -168,7 +169,7 @@ def _problems(
             add(
                 f"{len(bad_outcome)} unknown outcomes (expected {', '.join(sorted(OUTCOMES))})",
                 field_="outcome",
-                entry=f"rows {_rows(bad_outcome)}",
+                entry=_rows(bad_outcome),
             )
     if known_adapters is not None:
         adapters = frame["adapter"].astype(str)

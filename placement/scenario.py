@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import yaml
 
@@ -30,15 +31,17 @@ class ScenarioFiles:
     log: Path
 
 
-def _time(value: Any) -> datetime:
-    moment = (
-        value
-        if isinstance(value, datetime)
-        else datetime.fromisoformat(str(value).replace("Z", "+00:00"))
-    )
-    if moment.tzinfo is None:
-        raise ValueError(f"time {value!s} has no time zone offset")
-    return moment.astimezone(UTC)
+def _time_in(timezone: str) -> Any:
+    """A converter for times: an offset wins; a bare local time is in the scenario's zone."""
+
+    def convert(value: Any) -> datetime:
+        text = value.isoformat() if isinstance(value, datetime) else str(value)
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=ZoneInfo(timezone))
+        return moment.astimezone(UTC)
+
+    return convert
 
 
 def _hours(value: Any) -> tuple[float, float]:
@@ -72,6 +75,7 @@ def _parse(raw: dict[str, Any], problems: list[Problem], source: str) -> Scenari
             problems.append(Problem(source=source, entry=entry, field=key, message=str(exc)))
             return default
 
+    time = _time_in(str(raw.get("timezone", "UTC")))
     overrides = raw.get("adapters") or {}
     weights = {
         AdapterId(k): float(v["weight"])
@@ -85,7 +89,7 @@ def _parse(raw: dict[str, Any], problems: list[Problem], source: str) -> Scenari
     }
     experiments = tuple(
         Experiment(
-            start=field("start", _time, entry=f"experiments[{i}]", within=e),
+            start=field("start", time, entry=f"experiments[{i}]", within=e),
             of_top=int(e.get("of_top", 20)),
             suffix=str(e.get("suffix", "-experiment")),
             split=float(e.get("split", 0.5)),
@@ -103,7 +107,7 @@ def _parse(raw: dict[str, Any], problems: list[Problem], source: str) -> Scenari
     )
     sessions = raw.get("sessions") or {}
     tokens = raw.get("tokens") or {}
-    start = field("start", _time)
+    start = field("start", time)
     if start is None or problems:
         return None
     return Scenario(

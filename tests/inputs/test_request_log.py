@@ -1,0 +1,99 @@
+"""Request logs in every accepted format, per request or aggregated, and their repairs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from placement.errors import InputError
+from placement.inputs import parse_bytes
+from placement.request_log import load_request_log, request_log_from_frame, write_request_log
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        pytest.param("2GiB", 2 * 2**30, id="gib"),
+        pytest.param("512MiB", 512 * 2**20, id="mib"),
+        pytest.param("65.6MB", 65_600_000, id="decimal-mb"),
+        pytest.param(1024, 1024, id="int"),
+        pytest.param("7 B", 7, id="bytes"),
+    ],
+)
+def test_parse_bytes(text: object, expected: int) -> None:
+    assert parse_bytes(text) == expected
+
+
+@pytest.mark.parametrize("text", ["lots", "-1GiB", "2 GigaBytes", True, -5])
+def test_parse_bytes_refuses(text: object) -> None:
+    with pytest.raises(ValueError, match=r"byte size|negative"):
+        parse_bytes(text)
+
+
+def sample() -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            "ts": pd.to_datetime(
+                ["2026-03-10T09:00:00Z", "2026-03-10T09:04:00Z", "2026-03-10T09:12:00Z"], utc=True
+            ),
+            "adapter": ["a", "b", "a"],
+            "tenant": ["t", "t", "t"],
+            "prompt_tokens": [10, 20, 30],
+            "output_tokens": [1, 2, 3],
+        }
+    )
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".csv", ".jsonl"])
+def test_round_trip_in_every_format(tmp_path: Path, suffix: str) -> None:
+    path = tmp_path / f"log{suffix}"
+    write_request_log(sample(), path)
+    log = load_request_log(path)
+    assert not log.aggregated
+    assert list(log.frame["adapter"]) == ["a", "b", "a"]
+    assert str(log.frame["ts"].dt.tz) == "UTC"
+    counts = log.counts(600)
+    assert counts.to_dict("records") == [
+        {"ts": pd.Timestamp("2026-03-10T09:00:00Z"), "adapter": "a", "requests": 1},
+        {"ts": pd.Timestamp("2026-03-10T09:00:00Z"), "adapter": "b", "requests": 1},
+        {"ts": pd.Timestamp("2026-03-10T09:10:00Z"), "adapter": "a", "requests": 1},
+    ]
+
+
+def test_other_time_zones_become_utc() -> None:
+    frame = pd.DataFrame({"ts": ["2026-03-10T04:00:00-05:00"], "adapter": ["a"]})
+    log = request_log_from_frame(frame)
+    assert log.frame["ts"].iloc[0] == pd.Timestamp("2026-03-10T09:00:00Z")
+
+
+def test_out_of_order_and_duplicates_are_repaired_with_notes() -> None:
+    frame = sample().iloc[[2, 0, 1, 1]]
+    log = request_log_from_frame(frame)
+    assert log.frame["ts"].is_monotonic_increasing
+    assert len(log.frame) == 3
+    assert any("sorted" in note for note in log.notes)
+    assert any("duplicate" in note for note in log.notes)
+
+
+def test_aggregated_counts_are_summed_per_bucket() -> None:
+    stamps = ["2026-03-10T09:00:00Z", "2026-03-10T09:05:00Z", "2026-03-10T09:05:00Z"]
+    frame = pd.DataFrame({"ts": stamps, "adapter": ["a", "a", "a"], "requests": [3, 4, 1]})
+    log = request_log_from_frame(frame)
+    assert log.aggregated
+    assert log.counts(600)["requests"].tolist() == [8]
+
+
+def test_unusable_log_is_an_input_error(tmp_path: Path) -> None:
+    path = tmp_path / "log.csv"
+    path.write_text("when,what\n1,2\n")
+    with pytest.raises(InputError, match="missing required column 'ts'"):
+        load_request_log(path)
+
+
+def test_unknown_format(tmp_path: Path) -> None:
+    path = tmp_path / "log.xlsx"
+    path.write_text("")
+    with pytest.raises(InputError, match="unknown format"):
+        load_request_log(path)
