@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from placement.cli import (
     emulate_cmds,  # noqa: F401  (registers emulate)
-    inputs_cmds,  # noqa: F401  (registers validate, size, synth, demo)
+    inputs_cmds,  # noqa: F401  (registers validate, size, synth)
+    summary_cmds,  # noqa: F401  (registers summary)
 )
 from placement.cli.app import app
 
