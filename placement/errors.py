@@ -11,9 +11,11 @@
     ├── EngineError                 a pod answered badly or not at all
     │   ├── RetryableEngineError    5xx, connection refused, timeout: try again later
     │   └── PermanentEngineError    bad path, rank too large, runtime updating off: do not retry
-    └── KubeError                   the Kubernetes API refused or failed
-        ├── KubeConflictError       409: someone else changed the object first
-        └── RetryableKubeError      5xx and transport failures
+    ├── KubeError                   the Kubernetes API refused or failed
+    │   ├── KubeConflictError       409: someone else changed the object first
+    │   └── RetryableKubeError      5xx and transport failures
+    └── HistorySourceError          a history source (Prometheus) answered badly
+        └── RetryableHistorySourceError  down, 5xx, timeout: try again later
 
 Retryable errors are separate from permanent ones so that the executor and the
 controller decide retries by type, never by parsing messages.
@@ -106,3 +108,11 @@ class KubeConflictError(KubeError):
 
 class RetryableKubeError(KubeError):
     """A 5xx or a transport failure talking to the Kubernetes API."""
+
+
+class HistorySourceError(LorafleetError):
+    """A request-history source (Prometheus) gave an answer that cannot be used."""
+
+
+class RetryableHistorySourceError(HistorySourceError):
+    """The history source is down, timed out or answered 5xx: try again later."""
