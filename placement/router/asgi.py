@@ -1,0 +1,269 @@
+"""The router's HTTP face: a raw ASGI app (no framework on the hot path).
+
+Routes: ``POST /v1/completions`` and ``/v1/chat/completions`` (proxied, streamed or
+not), ``GET /v1/models`` (the adapters the plan serves), ``GET /healthz``,
+``GET /metrics``, ``GET /v1/unplanned`` (adapters requested but not in the plan, for
+the controller). The ASGI lifespan starts and stops the ``Router``'s loops.
+
+Owns request parsing, the retry on another pod, the pass-through of bytes, the
+request-log row and the metrics of each request. Must not make routing decisions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+import aiohttp
+
+from placement.domain import AdapterId, Engine, PodId
+from placement.errors import EngineError
+from placement.router.core import Router
+from placement.router.forward import Exchange, forward
+from placement.router.metrics import CONTENT_TYPE
+from placement.router.picking import Choice, Reject
+from placement.router.reqlog import LogRow
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+log = logging.getLogger("lorafleet.router")
+
+_PROXIED = frozenset({"/v1/completions", "/v1/chat/completions"})
+_JSON = [(b"content-type", b"application/json")]
+
+
+def _error(message: str, kind: str, *, param: str | None = None, code: int) -> bytes:
+    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    return json.dumps(body).encode()
+
+
+async def _respond(
+    send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    head = list(headers or _JSON)
+    head.append((b"content-length", str(len(body)).encode()))
+    await send({"type": "http.response.start", "status": status, "headers": head})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _read_body(receive: Receive) -> bytes:
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ConnectionResetError("client went away")
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body"):
+            return b"".join(chunks)
+
+
+class RouterApp:
+    """ASGI callable around a ``Router``; ``router`` is public for tests and the demo."""
+
+    def __init__(self, router: Router) -> None:
+        self.router = router
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            await self._http(scope, receive, send)
+        elif kind == "lifespan":
+            await self._lifespan(receive, send)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    await self.router.start()
+                except Exception as exc:
+                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.router.stop()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path, method = scope["path"], scope["method"]
+        if path in _PROXIED and method == "POST":
+            await self._proxy(scope, receive, send)
+        elif method != "GET":
+            await _respond(send, 405, _error("method not allowed", "NotFoundError", code=405))
+        elif path == "/metrics":
+            body = self.router.metrics.render()
+            await _respond(send, 200, body, [(b"content-type", CONTENT_TYPE.encode())])
+        elif path == "/v1/models":
+            await _respond(send, 200, json.dumps(self._models()).encode())
+        elif path in ("/healthz", "/health"):
+            await _respond(send, 200, json.dumps(self._health()).encode())
+        elif path == "/v1/unplanned":
+            counts = dict(self.router.unplanned.most_common())
+            await _respond(send, 200, json.dumps({"adapters": counts}).encode())
+        else:
+            await _respond(send, 404, json.dumps({"detail": "Not Found"}).encode())
+
+    def _models(self) -> dict[str, Any]:
+        topology = self.router.topology
+        cards = [
+            {"id": view.served_model, "object": "model", "owned_by": "lorafleet", "parent": None}
+            for view in topology.pools.values()
+        ]
+        for adapter in topology.served:
+            pool = topology.pools.get(topology.adapter_pool[adapter])
+            parent = pool.served_model if pool is not None else None
+            cards.append(
+                {"id": adapter, "object": "model", "owned_by": "lorafleet", "parent": parent}
+            )
+        return {"object": "list", "data": cards}
+
+    def _health(self) -> dict[str, Any]:
+        topology = self.router.topology
+        healthy = sorted(s.upstream.pod for s in topology.pods.values() if s.healthy)
+        return {
+            "status": "ok",
+            "plan": topology.plan.id if topology.plan is not None else None,
+            "routing": "plan" if topology.plan is not None else "hashing",
+            "plan_problem": self.router.plan_error,
+            "pods": len(topology.pods),
+            "healthy_pods": healthy,
+        }
+
+    # -- proxying --------------------------------------------------------------------
+
+    async def _proxy(self, scope: Scope, receive: Receive, send: Send) -> None:
+        router = self.router
+        exchange = Exchange(
+            started_s=router.clock(), arrived_s=router.wall_clock(), path=scope["path"]
+        )
+        try:
+            exchange.body = await _read_body(receive)
+        except ConnectionResetError:
+            return
+        problem = exchange.parse(scope.get("headers", ()))
+        if problem is not None:
+            await _respond(send, 400, _error(problem, "BadRequestError", param="model", code=400))
+            return
+        handler = asyncio.current_task()
+        watcher = asyncio.create_task(_watch_disconnect(receive, handler, exchange))
+        try:
+            await self._route(exchange, send)
+        except asyncio.CancelledError:
+            if not exchange.client_gone or handler is None:
+                raise
+            handler.uncancel()
+            exchange.status = 499
+        finally:
+            watcher.cancel()
+            self._record(exchange)
+
+    async def _route(self, exchange: Exchange, send: Send) -> None:
+        router = self.router
+        exclude: frozenset[PodId] = frozenset()
+        for attempt in range(2):
+            choice = await self._choose(exchange, exclude)
+            if choice.pod is None:
+                await self._refuse(exchange, choice, send)
+                return
+            state = choice.pod
+            exchange.pod, exchange.outcome = state.upstream.pod, choice.outcome
+            if choice.unplanned and attempt == 0:
+                router.unplanned[AdapterId(exchange.model)] += 1
+                router.metrics.unplanned.labels(adapter=exchange.model).inc()
+            try:
+                if choice.outcome is not None and router.needs_load(
+                    state, AdapterId(exchange.model)
+                ):
+                    await router.load(state, AdapterId(exchange.model))
+                if await forward(router, state, exchange, send, last_try=attempt == 1):
+                    return
+            except (aiohttp.ClientConnectionError, TimeoutError, EngineError, OSError) as exc:
+                if exchange.streamed_bytes:
+                    raise
+                router.mark_unhealthy(state, f"{type(exc).__name__}: {exc}")
+            router.metrics.retries.inc()
+            exclude = exclude | {state.upstream.pod}
+        exchange.status = 502
+        await _respond(send, 502, _error("every pod tried failed", "BadGatewayError", code=502))
+
+    async def _choose(self, exchange: Exchange, exclude: frozenset[PodId]) -> Choice:
+        """Pick a pod; under soft memory pressure wait a little for room before refusing."""
+        router = self.router
+        choice = router.picker.pick(router.topology, exchange.model, exclude=exclude)
+        waited_s = 0.0
+        interval_s = router.settings.scrape_interval_s
+        while choice.reject == Reject.PRESSURE_WAIT and waited_s < router.settings.pressure_wait_s:
+            await asyncio.sleep(interval_s)
+            waited_s += interval_s
+            choice = router.picker.pick(router.topology, exchange.model, exclude=exclude)
+        return choice
+
+    async def _refuse(self, exchange: Exchange, choice: Choice, send: Send) -> None:
+        settings = self.router.settings
+        if choice.reject == Reject.UNKNOWN_MODEL:
+            exchange.status = 404
+            message = f"The model `{exchange.model}` does not exist."
+            await _respond(send, 404, _error(message, "NotFoundError", param="model", code=404))
+            return
+        exchange.status = 503
+        if choice.reject == Reject.NO_POD:
+            message = "no healthy pod serves this model"
+        else:
+            message = "every pod for this model is under memory pressure; retry later"
+        headers = [*_JSON, (b"retry-after", str(settings.retry_after_s).encode())]
+        await _respond(send, 503, _error(message, "ServiceUnavailableError", code=503), headers)
+
+    def _record(self, exchange: Exchange) -> None:
+        router = self.router
+        outcome = exchange.outcome.value if exchange.outcome is not None else None
+        label = outcome if exchange.status < 400 and outcome else _failure_label(exchange.status)
+        ttft_s = exchange.ttft_s
+        router.metrics.request(exchange.model, label, ttft_s)
+        router.request_log.append(
+            LogRow(
+                ts_s=exchange.arrived_s,
+                adapter=exchange.model,
+                tenant=exchange.tenant,
+                prompt_tokens=exchange.prompt_tokens,
+                output_tokens=exchange.output_tokens,
+                pod=exchange.pod,
+                outcome=outcome if exchange.status < 400 else None,
+                ttft_ms=None if ttft_s is None else ttft_s * 1000.0,
+                status=exchange.status,
+            )
+        )
+
+
+def _failure_label(status: int) -> str:
+    if status == 499:
+        return "cancelled"
+    if status == 503:
+        return "rejected"
+    return "error" if status >= 400 else "base"
+
+
+async def _watch_disconnect(
+    receive: Receive, handler: asyncio.Task[Any] | None, exchange: Exchange
+) -> None:
+    """Cancel the proxying task when the client goes away (and so the upstream call)."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            if not exchange.finished and handler is not None:
+                exchange.client_gone = True
+                handler.cancel()
+            return
+
+
+def create_router_app(router: Router) -> RouterApp:
+    return RouterApp(router)
+
+
+__all__ = ["Engine", "RouterApp", "create_router_app"]

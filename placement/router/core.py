@@ -1,0 +1,254 @@
+"""The router's running state: the topology, the background loops and coalesced loads.
+
+Owns the periodic work: scraping every pod's ``/metrics`` (health and live load),
+reading each pod's ``/v1/models`` now and then (to correct the ledger), watching the
+plan source and the pod source, and flushing the request log. The plan or the pods
+change by building a new ``Topology`` and swapping one reference.
+
+Must not parse client requests or answer them: that is ``router.asgi``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import aiohttp
+from prometheus_client import CollectorRegistry
+
+from placement.adapters.metrics_text import parse_sglang_metrics, parse_vllm_metrics
+from placement.adapters.sglang import SglangClient
+from placement.adapters.vllm import VllmClient
+from placement.domain import AdapterId, Engine, PoolId
+from placement.errors import EngineError, PlanError
+from placement.plan import Plan
+from placement.router.metrics import RouterMetrics
+from placement.router.picking import Picker
+from placement.router.reqlog import RequestLogger, RequestLogSink
+from placement.router.sources import PlanSource, PodSource
+from placement.router.state import PodState, Topology, Upstream, build_topology
+from placement.settings import LoadCostSettings, RouterSettings
+
+log = logging.getLogger("lorafleet.router")
+
+
+@dataclass(frozen=True, kw_only=True)
+class AdapterInfo:
+    """What the catalog tells the router about adapters: where to load them from, sizes."""
+
+    sources: Mapping[AdapterId, str] = field(default_factory=dict)
+    size_bytes: Mapping[AdapterId, int] = field(default_factory=dict)
+    #: Pool of each adapter's base model, for adapters the plan does not place.
+    pools: Mapping[AdapterId, PoolId] = field(default_factory=dict)
+
+
+class Router:
+    """Everything the ASGI app needs, wired by the entry point."""
+
+    def __init__(
+        self,
+        *,
+        plan_source: PlanSource,
+        pod_source: PodSource,
+        settings: RouterSettings | None = None,
+        load_cost: LoadCostSettings | None = None,
+        registry: CollectorRegistry | None = None,
+        request_log: RequestLogSink | None = None,
+        adapters: AdapterInfo | None = None,
+        wall_clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.settings = settings or RouterSettings()
+        self.adapters = adapters or AdapterInfo()
+        self.plan_source = plan_source
+        self.pod_source = pod_source
+        self.metrics = RouterMetrics(registry if registry is not None else CollectorRegistry())
+        self.picker = Picker(
+            settings=self.settings,
+            load_cost=load_cost or LoadCostSettings(),
+            adapter_bytes=self.adapters.size_bytes,
+        )
+        self.request_log = RequestLogger(request_log, flush_interval_s=self.settings.log_flush_s)
+        self.wall_clock = wall_clock
+        self.clock = clock
+        self.topology: Topology = build_topology((), None)
+        self.plan_error: str | None = "no plan read yet"
+        self.unplanned: Counter[AdapterId] = Counter()
+        self.session: aiohttp.ClientSession | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._scrapes = 0
+        self._loads: set[asyncio.Task[None]] = set()
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Open the upstream session, read plan and pods once, start the loops."""
+        connector = aiohttp.TCPConnector(
+            limit=self.settings.max_connections, limit_per_host=0, ttl_dns_cache=300
+        )
+        self.session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
+        await self.refresh_pods()
+        await self.refresh_plan()
+        await self.scrape_all()
+        loops = (self._plan_loop(), self._pods_loop(), self._scrape_loop(), self.request_log.run())
+        self._tasks = [asyncio.create_task(loop) for loop in loops]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+        await self.request_log.close()
+        if self.session is not None:
+            await self.session.close()
+            self.session = None
+
+    # -- plan and pods ---------------------------------------------------------------
+
+    async def refresh_plan(self) -> None:
+        """Swap in a new plan if the source has one; keep the last good one otherwise."""
+        try:
+            plan = await self.plan_source.poll()
+        except PlanError as exc:
+            if self.plan_error != str(exc):
+                kept = "keeping the last good plan" if self.topology.plan else "routing by hashing"
+                log.warning("plan unusable (%s): %s", kept, exc)
+            self.plan_error = str(exc)
+            self.metrics.plan_ok.set(1 if self.topology.plan is not None else 0)
+            return
+        self.plan_error = None
+        if plan is not None:
+            self._swap(self.topology_upstreams(), plan)
+            log.info("routing by plan %s", plan.id)
+        self.metrics.plan_ok.set(1 if self.topology.plan is not None else 0)
+
+    async def refresh_pods(self) -> None:
+        upstreams = await self.pod_source.upstreams()
+        if upstreams != self.topology_upstreams():
+            self._swap(upstreams, self.topology.plan)
+
+    def topology_upstreams(self) -> tuple[Upstream, ...]:
+        return tuple(state.upstream for state in self.topology.pods.values())
+
+    def _swap(self, upstreams: tuple[Upstream, ...], plan: Plan | None) -> None:
+        self.topology = build_topology(
+            upstreams, plan, previous=self.topology.pods, adapter_pools=self.adapters.pools
+        )
+
+    async def _plan_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.plan_poll_s)
+            await self.refresh_plan()
+
+    async def _pods_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.pods_poll_s)
+            try:
+                await self.refresh_pods()
+            except Exception as exc:  # a pod source failure must never stop routing
+                log.warning("pod source %s failed: %s", self.pod_source.description, exc)
+
+    # -- scraping --------------------------------------------------------------------
+
+    async def _scrape_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.scrape_interval_s)
+            await self.scrape_all()
+
+    async def scrape_all(self) -> None:
+        self._scrapes += 1
+        listing = self._scrapes % self.settings.listing_every_scrapes == 1
+        states = list(self.topology.pods.values())
+        await asyncio.gather(*(self._scrape(state, listing=listing) for state in states))
+
+    async def _scrape(self, state: PodState, *, listing: bool) -> None:
+        assert self.session is not None
+        upstream = state.upstream
+        timeout = aiohttp.ClientTimeout(total=self.settings.scrape_timeout_s)
+        try:
+            async with self.session.get(upstream.url + "/metrics", timeout=timeout) as response:
+                if response.status != 200:
+                    raise EngineError(f"/metrics answered {response.status}", pod=upstream.pod)
+                text = await response.text()
+            parse = parse_sglang_metrics if upstream.engine is Engine.SGLANG else parse_vllm_metrics
+            state.observe(parse(text, pod=upstream.pod))
+            if listing or not state.healthy:
+                await self._read_listing(state)
+        except (aiohttp.ClientError, TimeoutError, EngineError) as exc:
+            self.mark_unhealthy(state, str(exc) or type(exc).__name__)
+            return
+        if not state.healthy:
+            log.info("pod %s is back", upstream.pod)
+        state.healthy = True
+        state.failures = 0
+        self.metrics.pod_healthy.labels(pod=upstream.pod).set(1)
+        self.metrics.queue_depth.labels(pod=upstream.pod).set(state.queue_len())
+
+    def mark_unhealthy(self, state: PodState, why: str) -> None:
+        if state.healthy:
+            log.warning("pod %s leaves the rotation: %s", state.upstream.pod, why)
+        state.healthy = False
+        state.failures += 1
+        self.metrics.pod_healthy.labels(pod=state.upstream.pod).set(0)
+
+    async def _read_listing(self, state: PodState) -> None:
+        client = self.engine_client(state.upstream)
+        try:
+            registered = await client.registered()
+        finally:
+            await client.aclose()
+        state.ledger.reconcile_listing(registered.names())
+
+    def engine_client(self, upstream: Upstream) -> VllmClient | SglangClient:
+        kind = SglangClient if upstream.engine is Engine.SGLANG else VllmClient
+        return kind(
+            upstream.pod,
+            upstream.url,
+            served_model_name=upstream.served_model,
+            timeout_s=self.settings.load_timeout_s,
+        )
+
+    # -- coalesced loads -------------------------------------------------------------
+
+    def needs_load(self, state: PodState, adapter: AdapterId) -> bool:
+        """The pod does not know the adapter and the catalog says where to load it from."""
+        return not state.ledger.is_listed(adapter) and adapter in self.adapters.sources
+
+    async def load(self, state: PodState, adapter: AdapterId) -> None:
+        """Load ``adapter`` on the pod once, however many requests wait for it.
+
+        The first caller starts the load and marks the pod as loading the adapter, so
+        the picker sends every later request for it to this pod (stampede coalescing).
+        """
+        pending = state.loading.get(adapter)
+        if pending is None:
+            pending = asyncio.get_running_loop().create_future()
+            state.loading[adapter] = pending
+            task = asyncio.create_task(self._load_once(state, adapter, pending))
+            self._loads.add(task)
+            task.add_done_callback(self._loads.discard)
+        await asyncio.shield(pending)
+
+    async def _load_once(
+        self, state: PodState, adapter: AdapterId, done: asyncio.Future[None]
+    ) -> None:
+        client = self.engine_client(state.upstream)
+        try:
+            loaded = await client.load(adapter, lora_path=self.adapters.sources[adapter])
+            state.ledger.register(adapter)
+            if loaded:
+                self.metrics.loads.labels(pod=state.upstream.pod, reason="cold").inc()
+            done.set_result(None)
+        except (EngineError, OSError) as exc:
+            done.set_exception(exc)
+            done.exception()  # retrieved here: waiters that gave up must not warn
+        finally:
+            state.loading.pop(adapter, None)
+            await client.aclose()

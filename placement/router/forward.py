@@ -1,0 +1,196 @@
+"""One client request on its way to one pod: parsing, rewriting and byte pass-through.
+
+``Exchange`` carries what the request log and the metrics need about one request.
+``forward`` sends it to a pod and streams the answer back unchanged (SSE included),
+noting the time to first byte and the token counts. It returns False, having sent
+nothing to the client, when the pod answered 503 and another pod may be tried; a
+connection error propagates for the same reason. Once a byte went to the client the
+request is never retried.
+
+Must not choose pods: the caller passes the one ``picking`` chose.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+
+from placement.domain import AdapterId, Engine, Outcome
+from placement.router.state import PodState
+
+if TYPE_CHECKING:
+    from placement.router.core import Router
+
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+
+_PASSED_HEADERS = (b"authorization",)
+_TAIL_BYTES = 4096
+
+
+@dataclass(kw_only=True, slots=True)
+class Exchange:
+    started_s: float
+    arrived_s: float
+    path: str
+    body: bytes = b""
+    payload: dict[str, Any] = field(default_factory=dict)
+    model: str = ""
+    stream: bool = False
+    tenant: str | None = None
+    auth: bytes | None = None
+    pod: str | None = None
+    outcome: Outcome | None = None
+    status: int = 0
+    ttft_s: float | None = None
+    prompt_tokens: int | None = None
+    output_tokens: int | None = None
+    #: Something went to the client: the request can no longer be retried.
+    streamed_bytes: bool = False
+    client_gone: bool = False
+    finished: bool = False
+
+    def parse(self, headers: Iterable[tuple[bytes, bytes]]) -> str | None:
+        """Read the JSON body; a message for the client when it is not a usable request."""
+        try:
+            payload = json.loads(self.body)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return "the request body is not valid JSON"
+        if not isinstance(payload, dict) or not isinstance(payload.get("model"), str):
+            return "the request needs a string field 'model' (the adapter's name)"
+        self.payload = payload
+        self.model = payload["model"]
+        self.stream = bool(payload.get("stream"))
+        user = payload.get("user")
+        self.tenant = user if isinstance(user, str) else None
+        for name, value in headers:
+            if name == b"x-tenant":
+                self.tenant = value.decode("latin-1")
+            elif name in _PASSED_HEADERS:
+                self.auth = value
+        return None
+
+    def body_for(self, state: PodState) -> bytes:
+        """The body as the pod's engine wants it: SGLang names ``<base>:<adapter>``."""
+        upstream = state.upstream
+        if upstream.engine is not Engine.SGLANG or self.model == upstream.served_model:
+            return self.body
+        rewritten = dict(self.payload, model=f"{upstream.served_model}:{self.model}")
+        return json.dumps(rewritten).encode()
+
+    def read_usage(self, usage: object) -> None:
+        if isinstance(usage, dict):
+            prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+            self.prompt_tokens = prompt if isinstance(prompt, int) else self.prompt_tokens
+            self.output_tokens = completion if isinstance(completion, int) else self.output_tokens
+
+
+def _note_admission(router: Router, state: PodState, exchange: Exchange) -> None:
+    """The request takes a GPU slot on the pod: update the ledger, count activations."""
+    if exchange.outcome is None:
+        return
+    state.ledger.activate(AdapterId(exchange.model))
+    if exchange.outcome is Outcome.CPU_HIT:
+        router.metrics.loads.labels(pod=state.upstream.pod, reason="activation").inc()
+
+
+async def forward(
+    router: Router, state: PodState, exchange: Exchange, send: Send, *, last_try: bool
+) -> bool:
+    """Send the request to ``state``'s pod and relay the answer; False means try another."""
+    assert router.session is not None
+    settings = router.settings
+    headers = {"content-type": "application/json"}
+    if exchange.auth is not None:
+        headers["authorization"] = exchange.auth.decode("latin-1")
+    timeout = aiohttp.ClientTimeout(
+        total=settings.upstream_timeout_s, sock_connect=settings.connect_timeout_s
+    )
+    url = state.upstream.url + exchange.path
+    body = exchange.body_for(state)
+    _note_admission(router, state, exchange)
+    state.inflight += 1
+    try:
+        async with router.session.post(url, data=body, headers=headers, timeout=timeout) as reply:
+            if reply.status == 503 and not last_try:
+                await reply.read()
+                return False
+            exchange.status = reply.status
+            if reply.status == 404 and exchange.outcome is not None:
+                state.ledger.forget(AdapterId(exchange.model))
+            if exchange.stream and reply.status == 200:
+                await _relay_stream(router, state, exchange, reply, send)
+            else:
+                await _relay_whole(router, state, exchange, reply, send)
+            return True
+    finally:
+        state.inflight -= 1
+        exchange.finished = True
+
+
+def _reply_headers(reply: aiohttp.ClientResponse) -> list[tuple[bytes, bytes]]:
+    headers = [(b"content-type", reply.headers.get("content-type", "application/json").encode())]
+    retry_after = reply.headers.get("retry-after")
+    if retry_after is not None:
+        headers.append((b"retry-after", retry_after.encode()))
+    return headers
+
+
+async def _relay_whole(
+    router: Router,
+    state: PodState,
+    exchange: Exchange,
+    reply: aiohttp.ClientResponse,
+    send: Send,
+) -> None:
+    data = await reply.read()
+    exchange.ttft_s = router.clock() - exchange.started_s
+    state.observe_ttfb(exchange.ttft_s * 1000.0)
+    if reply.status == 200 and b'"usage"' in data:
+        with contextlib.suppress(json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+            exchange.read_usage(json.loads(data).get("usage"))
+    headers = _reply_headers(reply)
+    headers.append((b"content-length", str(len(data)).encode()))
+    exchange.streamed_bytes = True
+    await send({"type": "http.response.start", "status": reply.status, "headers": headers})
+    await send({"type": "http.response.body", "body": data})
+
+
+async def _relay_stream(
+    router: Router,
+    state: PodState,
+    exchange: Exchange,
+    reply: aiohttp.ClientResponse,
+    send: Send,
+) -> None:
+    headers = _reply_headers(reply)
+    headers.append((b"cache-control", b"no-cache"))
+    exchange.streamed_bytes = True
+    await send({"type": "http.response.start", "status": reply.status, "headers": headers})
+    events = 0
+    tail = b""
+    async for chunk in reply.content.iter_any():
+        if exchange.ttft_s is None:
+            exchange.ttft_s = router.clock() - exchange.started_s
+            state.observe_ttfb(exchange.ttft_s * 1000.0)
+        events += chunk.count(b"data: ") - chunk.count(b"data: [DONE]")
+        tail = (tail + chunk)[-_TAIL_BYTES:]
+        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
+    exchange.output_tokens = events
+    _usage_from_tail(exchange, tail)
+
+
+def _usage_from_tail(exchange: Exchange, tail: bytes) -> None:
+    """With ``stream_options.include_usage`` the last event before [DONE] has the counts."""
+    if b'"usage"' not in tail:
+        return
+    for line in reversed(tail.split(b"\n")):
+        if line.startswith(b"data: {") and b'"usage"' in line:
+            with contextlib.suppress(json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+                exchange.read_usage(json.loads(line[6:]).get("usage"))
+            return

@@ -1,0 +1,83 @@
+"""The router's Prometheus metrics, registered on a registry the entry point passes in.
+
+Owns the metric names and labels; must not decide anything. Label children are cached
+so the hot path pays a dict lookup, not prometheus_client's label validation.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+#: TTFT buckets in seconds: a GPU hit is tens of ms, a cold load hundreds (seed 000).
+TTFT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 6.4, 12.8)
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+class RouterMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.requests = Counter(
+            "lorafleet_requests",
+            "Requests routed, by adapter and by how they found it (or why they were refused).",
+            ["adapter", "outcome"],
+            registry=registry,
+        )
+        self.ttft = Histogram(
+            "lorafleet_ttft_seconds",
+            "Time from the request's arrival to the first byte from the pod, by outcome.",
+            ["outcome"],
+            buckets=TTFT_BUCKETS_S,
+            registry=registry,
+        )
+        self.loads = Counter(
+            "lorafleet_adapter_loads",
+            "Adapter loads the router caused: cold (registered from storage) or "
+            "activation (a registered adapter pulled onto a GPU slot by a request).",
+            ["pod", "reason"],
+            registry=registry,
+        )
+        self.queue_depth = Gauge(
+            "lorafleet_pod_queue_depth",
+            "Requests waiting at each pod, as last scraped plus those sent since.",
+            ["pod"],
+            registry=registry,
+        )
+        self.pod_healthy = Gauge(
+            "lorafleet_pod_healthy",
+            "1 when the pod passes its scrapes.",
+            ["pod"],
+            registry=registry,
+        )
+        self.unplanned = Counter(
+            "lorafleet_unplanned_requests",
+            "Requests for adapters the plan does not place (routed by consistent hashing).",
+            ["adapter"],
+            registry=registry,
+        )
+        self.retries = Counter(
+            "lorafleet_upstream_retries", "Requests retried on another pod.", registry=registry
+        )
+        self.plan_ok = Gauge(
+            "lorafleet_router_plan_loaded",
+            "1 while the router routes by a plan, 0 while it falls back to hashing.",
+            registry=registry,
+        )
+        self._requests: dict[tuple[str, str], Counter] = {}
+        self._ttft: dict[str, Histogram] = {}
+
+    def request(self, adapter: str, outcome: str, ttft_s: float | None) -> None:
+        key = (adapter, outcome)
+        child = self._requests.get(key)
+        if child is None:
+            child = self._requests[key] = self.requests.labels(adapter=adapter, outcome=outcome)
+        child.inc()
+        if ttft_s is not None:
+            hist = self._ttft.get(outcome)
+            if hist is None:
+                hist = self._ttft[outcome] = self.ttft.labels(outcome=outcome)
+            hist.observe(ttft_s)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

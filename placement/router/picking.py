@@ -1,0 +1,141 @@
+"""Which pod serves a request: the router's side of ``policies.routing.route_plan``.
+
+The rules themselves are pure and shared with the replay simulator
+(``policies/routing.py``): health, memory pressure (seed 000: no new loads above
+0.85 KV use on every candidate, 503 above 0.95), stampede coalescing (a request for an
+adapter loading on a pod goes to that pod), the plan's pods weighted by the plan,
+bounded affinity (seed 003), and consistent hashing with replication 2 for adapters
+the plan does not place (seed 001). This module only finds the request's pool,
+hands the live ``PodState`` objects to the policy as they are (they satisfy its
+``PodLike``), and turns the decision into a ``Choice`` with the ledger's outcome.
+
+No IO, no clock, no await.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from placement.domain import AdapterId, Outcome, PodId, PoolId
+from placement.router.state import PodState, PoolView, Topology
+from placement.settings import LoadCostSettings, RouterSettings
+from policies.routing import (
+    HashFallback,
+    RouteDecision,
+    RouteReason,
+    RoutingContext,
+    route_least_loaded,
+    route_plan,
+)
+
+#: Size assumed for an adapter the catalog does not size (seed 000's rank-16 example).
+DEFAULT_ADAPTER_BYTES = 50_000_000
+
+
+class Reject:
+    NO_POD = "no_pod"
+    PRESSURE = "pressure"
+    PRESSURE_WAIT = "pressure_wait"
+    UNKNOWN_MODEL = "unknown_model"
+
+
+_REJECTS = {
+    RouteReason.NO_POD: Reject.NO_POD,
+    RouteReason.REJECT: Reject.PRESSURE,
+    RouteReason.PRESSURE_WAIT: Reject.PRESSURE_WAIT,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """A pod for the request, or a reason to refuse it."""
+
+    pod: PodState | None
+    outcome: Outcome | None = None
+    #: The policy's reason (plan, spill, hash, coalesce, ...) or "base".
+    reason: str = ""
+    unplanned: bool = False
+    reject: str | None = None
+
+
+class Picker:
+    """Applies ``route_plan`` to a ``Topology``; caches per-adapter load costs only."""
+
+    def __init__(
+        self,
+        *,
+        settings: RouterSettings,
+        load_cost: LoadCostSettings,
+        adapter_bytes: Mapping[AdapterId, int] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.load_cost = load_cost
+        self.adapter_bytes = dict(adapter_bytes or {})
+        self._costs: dict[AdapterId, tuple[float, float]] = {}
+        self._fallbacks: dict[tuple[int, PoolId], HashFallback] = {}
+
+    def pick(
+        self, topology: Topology, model: str, *, exclude: frozenset[PodId] = frozenset()
+    ) -> Choice:
+        pool = topology.pool_of(model)
+        if pool is None:
+            return Choice(None, reject=Reject.UNKNOWN_MODEL)
+        pods = [topology.pods[p] for p in pool.pods if p not in exclude]
+        adapter = AdapterId(model)
+        warm_s, cold_s = self._load_costs(adapter)
+        context = RoutingContext(
+            adapter=adapter,
+            pods=pods,
+            warm_load_s=warm_s,
+            cold_load_s=cold_s,
+            no_load_kv_usage=self.settings.no_load_kv_usage,
+            reject_kv_usage=self.settings.reject_kv_usage,
+            per_request_s=self.settings.per_request_s,
+        )
+        if model == pool.served_model:
+            return self._decided(topology, route_least_loaded(context), adapter, base=True)
+        weights = topology.weights.get(adapter)
+        decision = route_plan(context, weights, fallback=self._fallback(pool))
+        choice = self._decided(topology, decision, adapter, base=False)
+        if weights is None and choice.pod is not None:
+            plan = topology.plan
+            unplanned = plan is None or adapter not in plan.adapters
+            return Choice(choice.pod, choice.outcome, choice.reason, unplanned=unplanned)
+        return choice
+
+    def _decided(
+        self, topology: Topology, decision: RouteDecision, adapter: AdapterId, *, base: bool
+    ) -> Choice:
+        if decision.pod_id is None:
+            return Choice(None, reason=str(decision.reason), reject=_REJECTS[decision.reason])
+        state = topology.pods[PodId(decision.pod_id)]
+        if base:
+            return Choice(state, None, reason="base")
+        outcome = Outcome.COLD_LOAD if adapter in state.loading else state.ledger.classify(adapter)
+        return Choice(state, outcome, reason=str(decision.reason))
+
+    def _fallback(self, pool: PoolView) -> HashFallback:
+        key = (id(pool.ring), pool.pool)
+        fallback = self._fallbacks.get(key)
+        if fallback is None:
+            if len(self._fallbacks) > 64:
+                self._fallbacks.clear()
+            fallback = HashFallback(ring=pool.ring, replicas=self.settings.hash_replicas)
+            self._fallbacks[key] = fallback
+        return fallback
+
+    def _load_costs(self, adapter: AdapterId) -> tuple[float, float]:
+        """Seconds to load the adapter from host RAM and from storage, with a busy drain."""
+        costs = self._costs.get(adapter)
+        if costs is None:
+            size = self.adapter_bytes.get(adapter, DEFAULT_ADAPTER_BYTES)
+            drain_ms = self.load_cost.expected_drain_ms
+            costs = (
+                self.load_cost.warm_load_ms(size, drain_ms=drain_ms) / 1000.0,
+                self.load_cost.cold_load_ms(size, drain_ms=drain_ms) / 1000.0,
+            )
+            if len(self._costs) > 100_000:
+                self._costs.clear()
+            self._costs[adapter] = costs
+        return costs

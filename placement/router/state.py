@@ -1,0 +1,251 @@
+"""What the router knows: the pods, their live state, the plan, swapped as one value.
+
+``Topology`` is immutable and replaced by reference when the pods or the plan change,
+so a request sees one consistent view without a lock (the swap is atomic under one
+event loop). ``PodState`` is the mutable part per pod: the last scrape, the router's
+own requests in flight, the ledger and the loads in progress; a pod that stays in
+the fleet keeps its ``PodState`` across swaps.
+
+No IO here: the scraper, the plan watcher and the proxy fill these in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from placement.domain import AdapterId, Engine, Fleet, PodId, PoolId, Tier
+from placement.plan import Plan
+from placement.ports import PodMetrics
+from placement.router.ledger import PodLedger
+from policies.hashing import HashRing, build_ring
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Upstream:
+    """One pod as the router reaches it."""
+
+    pod: PodId
+    pool: PoolId
+    url: str
+    engine: Engine
+    #: The pool's served base model: SGLang needs ``<base>:<adapter>`` as the model.
+    served_model: str
+    max_loras: int
+    max_cpu_loras: int
+
+
+class PodState:
+    """The live, mutable state of one pod."""
+
+    __slots__ = (
+        "failures",
+        "healthy",
+        "inflight",
+        "inflight_at_scrape",
+        "ledger",
+        "loading",
+        "metrics",
+        "service_ms",
+        "upstream",
+    )
+
+    def __init__(self, upstream: Upstream) -> None:
+        self.upstream = upstream
+        self.ledger = PodLedger(max_loras=upstream.max_loras, max_cpu_loras=upstream.max_cpu_loras)
+        #: Unknown pods are given the benefit of the doubt until the first scrape.
+        self.healthy = True
+        self.failures = 0
+        self.metrics = PodMetrics()
+        self.inflight = 0
+        self.inflight_at_scrape = 0
+        #: Moving average of time to first byte, the per-request service estimate.
+        self.service_ms = 50.0
+        #: Adapters being brought onto this pod, each with the future its waiters share.
+        self.loading: dict[AdapterId, asyncio.Future[None]] = {}
+
+    # -- policies.routing.PodLike, read straight from the live state (no copy) --------
+
+    @property
+    def pod_id(self) -> str:
+        return self.upstream.pod
+
+    @property
+    def queue_depth(self) -> int:
+        return self.metrics.waiting + max(0, self.inflight - self.inflight_at_scrape)
+
+    @property
+    def running(self) -> int:
+        return self.metrics.running
+
+    @property
+    def kv_usage(self) -> float:
+        return self.metrics.kv_usage
+
+    @property
+    def gpu_util(self) -> float:
+        return 0.0  # neither engine exports it; the scorers that use it see an idle GPU
+
+    @property
+    def gpu_adapters(self) -> Collection[str]:
+        return self.ledger.active_view
+
+    @property
+    def registered(self) -> Collection[str]:
+        return self.ledger.registered_view
+
+    @property
+    def running_adapters(self) -> Collection[str]:
+        return self.metrics.running_adapters
+
+    @property
+    def waiting_adapters(self) -> Collection[str]:
+        return self.metrics.waiting_adapters
+
+    @property
+    def free_slots(self) -> int:
+        return self.ledger.max_loras - len(self.ledger.active_view)
+
+    @property
+    def max_loras(self) -> int:
+        return self.ledger.max_loras
+
+    def queue_len(self) -> float:
+        """Requests waiting at the pod: the last scrape plus what the router sent since."""
+        return self.metrics.waiting + max(0, self.inflight - self.inflight_at_scrape)
+
+    def queue_delay_ms(self) -> float:
+        return self.queue_len() * self.service_ms
+
+    def observe(self, metrics: PodMetrics) -> None:
+        self.metrics = metrics
+        self.inflight_at_scrape = self.inflight
+
+    def observe_ttfb(self, ms: float) -> None:
+        self.service_ms += 0.1 * (ms - self.service_ms)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PoolView:
+    pool: PoolId
+    served_model: str
+    engine: Engine
+    pods: tuple[PodId, ...]
+    ring: HashRing
+
+
+@dataclass(frozen=True, kw_only=True)
+class Topology:
+    """The pods by pool, the plan (or None: hashing only) and the lookups both give."""
+
+    pools: Mapping[PoolId, PoolView]
+    pods: Mapping[PodId, PodState]
+    plan: Plan | None
+    #: Which pool serves an adapter: from the plan, else from the catalog.
+    adapter_pool: Mapping[AdapterId, PoolId]
+    #: A request naming a base model (no adapter) goes to that pool.
+    base_pool: Mapping[str, PoolId]
+    #: Per planned adapter, its pods (hot ones, else warm ones) and the share of its
+    #: traffic each takes, restricted to pods the router knows.
+    weights: Mapping[AdapterId, Mapping[str, float]]
+    served: tuple[AdapterId, ...] = field(default=())
+
+    def pool_of(self, model: str) -> PoolView | None:
+        """The pool a request's ``model`` belongs to, or None when no pool fits."""
+        pool_id = self.adapter_pool.get(AdapterId(model)) or self.base_pool.get(model)
+        if pool_id is None:
+            pool_id = self._listing_pool(AdapterId(model))
+        if pool_id is None and len(self.pools) == 1:
+            pool_id = next(iter(self.pools))
+        return None if pool_id is None else self.pools.get(pool_id)
+
+    def _listing_pool(self, adapter: AdapterId) -> PoolId | None:
+        for state in self.pods.values():
+            if state.ledger.is_listed(adapter):
+                return state.upstream.pool
+        return None
+
+
+def upstreams_from_fleet(fleet: Fleet) -> tuple[Upstream, ...]:
+    return tuple(
+        Upstream(
+            pod=pod.name,
+            pool=pool.name,
+            url=pod.url.rstrip("/"),
+            engine=pool.engine,
+            served_model=pool.served_model_name,
+            max_loras=pod.max_loras,
+            max_cpu_loras=pod.max_cpu_loras,
+        )
+        for pool in fleet.pools
+        for pod in pool.pods
+    )
+
+
+def build_topology(
+    upstreams: Iterable[Upstream],
+    plan: Plan | None,
+    *,
+    previous: Mapping[PodId, PodState] | None = None,
+    adapter_pools: Mapping[AdapterId, PoolId] | None = None,
+) -> Topology:
+    """A fresh view, keeping the live state of pods that were already known."""
+    previous = previous or {}
+    pods: dict[PodId, PodState] = {}
+    for upstream in upstreams:
+        old = previous.get(upstream.pod)
+        pods[upstream.pod] = (
+            old if old is not None and old.upstream == upstream else PodState(upstream)
+        )
+    pools = _pool_views(pods)
+    adapter_pool = dict(adapter_pools or {})
+    weights: dict[AdapterId, Mapping[str, float]] = {}
+    if plan is not None:
+        _read_plan(plan, pods, adapter_pool, weights)
+    return Topology(
+        pools=MappingProxyType(pools),
+        pods=MappingProxyType(pods),
+        plan=plan,
+        adapter_pool=MappingProxyType(adapter_pool),
+        base_pool=MappingProxyType({view.served_model: view.pool for view in pools.values()}),
+        weights=MappingProxyType(weights),
+        served=tuple(sorted(weights)),
+    )
+
+
+def _pool_views(pods: Mapping[PodId, PodState]) -> dict[PoolId, PoolView]:
+    members: dict[PoolId, list[Upstream]] = {}
+    for state in pods.values():
+        members.setdefault(state.upstream.pool, []).append(state.upstream)
+    return {
+        pool: PoolView(
+            pool=pool,
+            served_model=ups[0].served_model,
+            engine=ups[0].engine,
+            pods=tuple(sorted(u.pod for u in ups)),
+            ring=build_ring(u.pod for u in ups),
+        )
+        for pool, ups in members.items()
+    }
+
+
+def _read_plan(
+    plan: Plan,
+    pods: Mapping[PodId, PodState],
+    adapter_pool: dict[AdapterId, PoolId],
+    weights: dict[AdapterId, Mapping[str, float]],
+) -> None:
+    for adapter, entry in plan.adapters.items():
+        known: dict[str, float] = {p: w for p, w in entry.pods.items() if p in pods}
+        if not known or entry.tier is Tier.COLD:
+            continue
+        adapter_pool.setdefault(adapter, pods[PodId(next(iter(known)))].upstream.pool)
+        if entry.tier is Tier.WARM or sum(known.values()) <= 0.0:
+            known = dict.fromkeys(known, 1.0)
+        weights[adapter] = MappingProxyType(known)
+    for pod_id, pod_plan in plan.pods.items():
+        state = pods.get(pod_id)
+        if state is not None:
+            state.ledger.seed(hot=pod_plan.hot, warm=pod_plan.warm)
