@@ -62,10 +62,13 @@ class _PodState:
     host_bytes: int
     q90_room_rps: float
     loads_left: int
+    max_rank: int
     mean_load_rps: float = 0.0
 
     def fits(self, candidate: Candidate, q90_share: float, *, hot: bool, new: bool) -> bool:
         size = candidate.size_bytes
+        if candidate.rank > self.max_rank:
+            return False
         if hot and (self.slots < 1 or self.hbm_bytes < size or self.q90_room_rps < q90_share):
             return False
         loads_ok = not new or candidate.pinned or self.loads_left >= 1
@@ -96,6 +99,7 @@ def _states(problem: PoolProblem) -> dict[PodId, _PodState]:
             host_bytes=cls.host_bytes,
             q90_room_rps=cls.capacity_rps * problem.headroom,
             loads_left=churn if churn is not None else 1 << 40,
+            max_rank=cls.max_lora_rank,
         )
         for cls in problem.classes
         for pod in cls.pods
@@ -132,15 +136,15 @@ class _Packer:
 
         return key
 
-    def place(self, candidate: Candidate, class_key: str, count: int, *, hot: bool) -> bool:
-        taken = self.hot.setdefault(candidate.name, []) if hot else []
-        pods = [p for p in self.class_of if self.class_of[p].key == class_key]
-        total = max(1, self.total_hot(candidate)) if hot else 1
-        q90_share = candidate.q90_rps / total if hot else 0.0
+    def feasible(self, candidate: Candidate, class_key: str, *, hot: bool) -> list[_PodState]:
+        """Pods of the class that can take one more replica of ``candidate``, best first."""
+        taken = self.hot.get(candidate.name, []) + self.warm.get(candidate.name, [])
+        q90_share = self.q90_share(candidate) if hot else 0.0
         pool = [
             self.states[p]
-            for p in pods
-            if p not in taken
+            for p in self.class_of
+            if self.class_of[p].key == class_key
+            and p not in taken
             and self.states[p].fits(
                 candidate,
                 q90_share,
@@ -148,17 +152,15 @@ class _Packer:
                 new=(candidate.name, p) not in self.problem.current_registered,
             )
         ]
-        if len(pool) < count:
-            return False
-        for state in sorted(pool, key=self._rank(candidate, hot=hot))[:count]:
-            self.take(candidate, state.name, hot=hot, q90_share=q90_share, total=total)
-        return True
+        return sorted(pool, key=self._rank(candidate, hot=hot))
 
-    def take(
-        self, candidate: Candidate, pod: PodId, *, hot: bool, q90_share: float, total: int
-    ) -> None:
+    def q90_share(self, candidate: Candidate) -> float:
+        return candidate.q90_rps / max(1, self.total_hot(candidate))
+
+    def take(self, candidate: Candidate, pod: PodId, *, hot: bool) -> None:
         new = (candidate.name, pod) not in self.problem.current_registered
-        mean_share = candidate.mean_rps / total
+        q90_share = self.q90_share(candidate) if hot else 0.0
+        mean_share = candidate.mean_rps / max(1, self.total_hot(candidate))
         self.states[pod].take(candidate, q90_share, mean_share, hot=hot, new=new)
         (self.hot if hot else self.warm).setdefault(candidate.name, []).append(pod)
         if candidate.group:
@@ -169,36 +171,80 @@ class _Packer:
         return self.counts_total.get(candidate.name, 0)
 
 
-def assign_pods(problem: PoolProblem, counts: Counts) -> Assignment | None:
-    """Pick pods for the counts, balancing first and packing tight second; None if neither fits."""
+def assign_pods(problem: PoolProblem, counts: Counts, *, repair: bool = False) -> Assignment | None:
+    """Pick pods for the counts, balancing first and packing tight second.
+
+    Strict (the default) returns None when some count does not fit the pods. With
+    ``repair`` an adapter whose replicas do not fit is made warm, or else cold; only
+    pins that do not fit give None.
+    """
     for pack_first in (False, True):
-        assignment = _assign(problem, counts, pack_first=pack_first)
+        assignment = _assign(problem, counts, pack_first=pack_first, repair=repair)
         if assignment is not None:
             return assignment
     return None
 
 
-def _assign(problem: PoolProblem, counts: Counts, *, pack_first: bool) -> Assignment | None:
+def _assign(
+    problem: PoolProblem, counts: Counts, *, pack_first: bool, repair: bool
+) -> Assignment | None:
     packer = _Packer(problem, counts, pack_first=pack_first)
     by_name = {c.name: c for c in problem.candidates}
     if not _place_named_pins(packer, problem):
         return None
-    hot_items = sorted(
-        counts.hot.items(),
-        key=lambda item: (
-            -packer.counts_total[item[0][0]],
-            -by_name[item[0][0]].size_bytes,
-            item[0],
-        ),
+    targets: dict[AdapterId, dict[str, int]] = {}
+    for (adapter, class_key), n in counts.hot.items():
+        targets.setdefault(adapter, {})[class_key] = n
+    # Pins first (they must fit), then the most replicated, then the largest.
+    order = sorted(
+        targets,
+        key=lambda a: (not by_name[a].pinned, -packer.counts_total[a], -by_name[a].size_bytes, a),
     )
-    for (adapter, class_key), n in hot_items:
-        already = sum(1 for p in packer.hot.get(adapter, []) if packer.class_of[p].key == class_key)
-        if n > already and not packer.place(by_name[adapter], class_key, n - already, hot=True):
+    for adapter in order:
+        candidate = by_name[adapter]
+        if _place_hot(packer, candidate, targets[adapter]):
+            continue
+        if not repair or candidate.pinned:
             return None
+        packer.counts_total[adapter] = 0
+        _place_warm(packer, candidate, [cls.key for cls in problem.classes])
     warm_items = sorted(counts.warm.items(), key=lambda i: (-by_name[i[0][0]].size_bytes, i[0]))
     for (adapter, class_key), n in warm_items:
-        if n and not packer.place(by_name[adapter], class_key, n, hot=False):
+        if not n or adapter in packer.hot:
+            continue
+        keys = [class_key] + ([c.key for c in problem.classes] if repair else [])
+        if not _place_warm(packer, by_name[adapter], keys) and not repair:
             return None
+    return _with_weights(problem, packer)
+
+
+def _place_hot(packer: _Packer, candidate: Candidate, targets: Mapping[str, int]) -> bool:
+    """All of an adapter's hot replicas, or none of them."""
+    chosen: list[PodId] = []
+    for class_key, n in sorted(targets.items()):
+        held = packer.hot.get(candidate.name, [])
+        need = n - sum(1 for p in held if packer.class_of[p].key == class_key)
+        if need <= 0:
+            continue
+        pool = packer.feasible(candidate, class_key, hot=True)
+        if len(pool) < need:
+            return False
+        chosen.extend(state.name for state in pool[:need])
+    for pod in chosen:
+        packer.take(candidate, pod, hot=True)
+    return True
+
+
+def _place_warm(packer: _Packer, candidate: Candidate, class_keys: list[str]) -> bool:
+    for class_key in class_keys:
+        pool = packer.feasible(candidate, class_key, hot=False)
+        if pool:
+            packer.take(candidate, pool[0].name, hot=False)
+            return True
+    return False
+
+
+def _with_weights(problem: PoolProblem, packer: _Packer) -> Assignment:
     hot = {a: tuple(sorted(pods)) for a, pods in packer.hot.items() if pods}
     warm = MappingProxyType({a: tuple(sorted(p)) for a, p in packer.warm.items() if p})
     balanced = Assignment(
@@ -224,16 +270,14 @@ def within_capacity(problem: PoolProblem, assignment: Assignment) -> bool:
 
 def _place_named_pins(packer: _Packer, problem: PoolProblem) -> bool:
     for candidate in problem.candidates:
-        total = max(1, packer.counts_total.get(candidate.name, 0))
-        q90_share = candidate.q90_rps / total
         for pod in candidate.pinned_pods:
             state = packer.states.get(pod)
             if state is None:
                 continue
             new = (candidate.name, pod) not in problem.current_registered
-            if not state.fits(candidate, q90_share, hot=True, new=new):
+            if not state.fits(candidate, packer.q90_share(candidate), hot=True, new=new):
                 return False
-            packer.take(candidate, pod, hot=True, q90_share=q90_share, total=total)
+            packer.take(candidate, pod, hot=True)
     return True
 
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from ortools.sat.python import cp_model
 
 from placement.assign import Assignment
-from placement.domain import PodId
+from placement.domain import AdapterId, PodId
 from placement.greedy import hot_eligible
 from placement.problem import Candidate, PlacementProblem, PodClass, PoolProblem
 
@@ -179,3 +179,30 @@ def honours_pins(pool: PoolProblem, assignment: Assignment) -> bool:
         if len(pods) < c.min_hot or not set(c.pinned_pods) <= set(pods):
             return False
     return True
+
+
+def pin_packing_reasons(pool: PoolProblem) -> list[str]:
+    """Name the first pin that cannot be placed pod by pod after the pins before it."""
+    from placement.assign import assign_pods
+    from placement.greedy import Counts, named_pins_per_class
+
+    named = named_pins_per_class(pool)
+    hot: dict[tuple[AdapterId, str], int] = {}
+    for c in (c for c in pool.candidates if c.pinned):
+        extra = c.min_hot - len(c.pinned_pods)
+        for cls in pool.classes:
+            key = (c.name, cls.key)
+            take = min(extra, cls.size - named.get(key, 0)) if hot_eligible(c, cls) else 0
+            hot[key] = named.get(key, 0) + max(0, take)
+            extra -= max(0, take)
+        if assign_pods(pool, Counts(hot=dict(hot))) is None:
+            slots = _pods_phrase(pool.classes, lambda cls: f"{cls.max_loras} slots")
+            hbm = sorted({gib(cls.hbm_bytes) for cls in pool.classes})
+            return [
+                f"pins do not fit pod by pod in pool {pool.pool}: after the pins before it, "
+                f"{c.name} ({gib(c.size_bytes)}, {c.min_hot} replicas) finds no {c.min_hot} "
+                f"pods with a free GPU slot, room in {' or '.join(hbm)} of GPU adapter memory "
+                f"and capacity for {c.q90_rps:.4g} rps at q90; {slots}: pin fewer adapters, "
+                "on fewer pods, or add pods"
+            ]
+    return []

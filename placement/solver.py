@@ -21,7 +21,7 @@ Pure: no IO, no clock (wall time is measured by CP-SAT and reported).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from types import MappingProxyType
 
@@ -52,8 +52,22 @@ from placement.plan_content import (
 )
 from placement.problem import PlacementProblem, PoolProblem
 
-#: Objective coefficients are integers: micro-milliseconds... i.e. 1/1000 ms per second.
-SCALE = 1000.0
+__all__ = [
+    "FAMILIES",
+    "ModelVars",
+    "PoolSolution",
+    "Solution",
+    "SolveOptions",
+    "build_model",
+    "counts_of",
+    "extract_plan",
+    "greedy_assignment",
+    "options_from",
+    "solve",
+]
+
+#: Objective coefficients are integers, in 1/10,000 ms of delay per second.
+SCALE = 10_000.0
 #: Constraint families that ``build_model`` can leave out, to explain infeasibility.
 FAMILIES = ("pins", "replication", "churn")
 
@@ -75,8 +89,11 @@ class SolveOptions:
     time_limit_s: float = 10.0
     workers: int = 2
     seed: int = 0
-    #: Byte budgets are scaled by this in stage 1, for a retry when pods cannot be packed.
+    #: Byte budgets are scaled by this in stage 1.
     scale: float = 1.0
+    #: CP-SAT's deterministic time limit (its own work units): a solve that ends by it
+    #: gives the same answer on any machine, unlike one that ends by wall time.
+    deterministic_time: float | None = None
 
 
 def build_model(
@@ -216,6 +233,8 @@ def _parameters(options: SolveOptions) -> cp_model.CpSolver:
     solver.parameters.random_seed = options.seed
     # Same inputs, seed and workers give the same plan when the search ends by proof.
     solver.parameters.interleave_search = options.workers > 1
+    if options.deterministic_time is not None:
+        solver.parameters.max_deterministic_time = options.deterministic_time
     return solver
 
 
@@ -240,9 +259,7 @@ def solve(problem: PlacementProblem, *, options: SolveOptions | None = None) -> 
     solutions = []
     for pool, size in zip(problem.pools, sizes, strict=True):
         share = options.time_limit_s * size / sum(sizes)
-        pool_options = SolveOptions(
-            time_limit_s=share, workers=options.workers, seed=options.seed, scale=options.scale
-        )
+        pool_options = replace(options, time_limit_s=share)
         solution = _solve_pool(pool, pool_options)
         if solution is None:
             raise InfeasibleError(explain_by_relaxing(pool, time_limit_s=max(1.0, share)))
@@ -252,7 +269,7 @@ def solve(problem: PlacementProblem, *, options: SolveOptions | None = None) -> 
 
 def _solve_pool(problem: PoolProblem, options: SolveOptions) -> PoolSolution | None:
     """One pool's plan, or None when CP-SAT proves its stage 1 infeasible."""
-    fallback = _greedy_assignment(problem)
+    fallback = greedy_assignment(problem)
     if not problem.candidates:
         empty = Assignment(hot={}, warm={}, weights={})
         report = SolverReport(status="OPTIMAL", objective=0.0, bound=0.0, gap=0.0, wall_s=0.0)
@@ -263,42 +280,57 @@ def _solve_pool(problem: PoolProblem, options: SolveOptions) -> PoolSolution | N
             report=report,
             source="solver",
         )
-    wall_s = 0.0
-    assignment: Assignment | None = None
-    status = cp_model.UNKNOWN
+    model, variables = build_model(problem, scale=options.scale)
+    if fallback is not None:
+        _hint(model, variables, fallback[0])
+    solver = _parameters(options)
+    status = solver.solve(model)
+    if status == cp_model.MODEL_INVALID:
+        raise SolverError(f"pool {problem.pool}: invalid model: {model.validate()}")
+    if status == cp_model.INFEASIBLE:
+        return None
+    assignment = None
     bound = float("-inf")
-    for scale in (options.scale, options.scale * 0.97, options.scale * 0.9):
-        model, variables = build_model(problem, scale=scale)
-        if fallback is not None:
-            _hint(model, variables, fallback[0])
-        solver = _parameters(options)
-        status = solver.solve(model)
-        wall_s += solver.wall_time
-        if status == cp_model.MODEL_INVALID:
-            raise SolverError(f"pool {problem.pool}: invalid model: {model.validate()}")
-        if status == cp_model.INFEASIBLE:
-            return None if scale == options.scale else _pick(problem, None, fallback, wall_s)
-        if status in (cp_model.OPTIMAL, cp_model.FEASIBLE) and bound == float("-inf"):
-            bound = variables.constant_ms_per_s + solver.best_objective_bound / SCALE
-        if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-            break
-        assignment = assign_pods(problem, _counts(solver, variables))
-        if assignment is not None:
-            break
+    if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        bound = variables.constant_ms_per_s + solver.best_objective_bound / SCALE
+        counts = _counts(solver, variables)
+        # Pool totals can pack where single pods cannot (bytes fragment): then the
+        # replicas that do not fit are made warm or cold, and the status says FEASIBLE.
+        assignment = assign_pods(problem, counts)
+        if assignment is None:
+            assignment = assign_pods(problem, counts, repair=True)
+            status = cp_model.FEASIBLE
     return _pick(
-        problem, assignment, fallback, wall_s, proven=status == cp_model.OPTIMAL, bound=bound
+        problem,
+        assignment,
+        fallback,
+        solver.wall_time,
+        proven=status == cp_model.OPTIMAL,
+        bound=bound,
     )
 
 
-def _greedy_assignment(problem: PoolProblem) -> tuple[Counts, Assignment] | None:
+def greedy_assignment(problem: PoolProblem) -> tuple[Counts, Assignment] | None:
+    """The greedy plan, packed onto pods (repairing what does not fit), with its counts."""
     from placement.explain import honours_pins
 
-    for scale in (1.0, 0.97, 0.9, 0.8):
-        counts = greedy_counts(problem, scale=scale)
-        assignment = assign_pods(problem, counts)
-        if assignment is not None and honours_pins(problem, assignment):
-            return counts, assignment
-    return None
+    assignment = assign_pods(problem, greedy_counts(problem), repair=True)
+    if assignment is None or not honours_pins(problem, assignment):
+        return None
+    return counts_of(problem, assignment), assignment
+
+
+def counts_of(problem: PoolProblem, assignment: Assignment) -> Counts:
+    """Replicas per (adapter, class) of an assignment: the hint the model starts from."""
+    class_of = problem.class_of()
+    hot: dict[ClassKey, int] = {}
+    warm: dict[ClassKey, int] = {}
+    for held, counts in ((assignment.hot, hot), (assignment.warm, warm)):
+        for adapter, pods in held.items():
+            for pod in pods:
+                key = (adapter, class_of[pod].key)
+                counts[key] = counts.get(key, 0) + 1
+    return Counts(hot=MappingProxyType(hot), warm=MappingProxyType(warm))
 
 
 def _pick(
@@ -317,14 +349,19 @@ def _pick(
     if fallback is not None:
         options.append(("greedy", fallback[1], evaluate(problem, fallback[1])))
     if not options:
+        from placement.explain import pin_packing_reasons
+
+        reasons = pin_packing_reasons(problem)
+        if reasons:
+            raise InfeasibleError(reasons)
         raise SolverError(
             f"pool {problem.pool}: no plan found within the time limit and the greedy "
-            "could not pack the pods; raise --time-limit or free GPU budget"
+            "could not pack the pods; raise --time-limit"
         )
     source, chosen, cost = min(options, key=lambda item: item[2].total)
     objective = cost.total
-    if bound == float("-inf"):
-        bound = 0.0
+    # Rounded coefficients can lift the bound a hair above a proven objective.
+    bound = 0.0 if bound == float("-inf") else min(bound, objective)
     gap = max(0.0, objective - bound) / max(abs(objective), 1e-9)
     if assignment is None:
         status = "FALLBACK_GREEDY"

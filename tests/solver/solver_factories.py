@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from placement.domain import (
     Adapter,
@@ -105,7 +105,7 @@ def fleet(*pools: Pool) -> Fleet:
     return Fleet(pools=tuple(pools))
 
 
-def demand(rates: dict[str, float], *, q90_factor: float = 1.5) -> dict[AdapterId, Demand]:
+def demand(rates: Mapping[str, float], *, q90_factor: float = 1.5) -> dict[AdapterId, Demand]:
     return {
         AdapterId(name): Demand(mean_rps=rate, q90_rps=rate * q90_factor)
         for name, rate in rates.items()
