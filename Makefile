@@ -18,6 +18,7 @@ demo: $(STAMP)
 	$(BIN)/lorafleet demo
 
 test: $(STAMP)
+	bash scripts/ensure-prometheus
 	bash scripts/gate
 
 lint: $(STAMP)

@@ -1,0 +1,214 @@
+"""The fleet-health and controller metrics seed 000 tells operators to watch.
+
+Owns the ``lorafleet_*`` metric families that are not the router's own (those live in
+``placement.router.metrics``: requests by outcome, TTFT, loads the router caused,
+request queue depth per pod). Two groups, each registered on a registry the entry
+point passes in (no module-level registry, no globals):
+
+- ``FleetMetrics``, for the process that sees adapters come and go on GPU slots (the
+  router's ledger, or the controller's executor): residency time, GPU adapters per
+  pod against slots, distinct active adapters against cluster slots, the load queue.
+- ``ControllerMetrics``: the plan's age and period, solver gap and time, forecast
+  error of the last window, actions by kind and result, failed jobs, preloads.
+
+Must not decide anything or read the clock: times come in as ``now_s`` arguments.
+``docs/metrics.md`` documents every family; ``deploy/monitoring/`` alerts on them.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import generate_latest
+
+from placement.plan import Plan
+
+#: Residency buckets in seconds: seed 000 calls under 30 s thrashing and under 5 min a
+#: warning; healthy fleets keep adapters for tens of minutes (45 min in the war story).
+RESIDENCY_BUCKETS_S = (5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 14400.0)
+#: CP-SAT wall time buckets in seconds: the default time limit is seconds, not minutes.
+SOLVER_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+ACTION_RESULTS = ("ok", "failed")
+
+
+class FleetMetrics:
+    """Residency, GPU occupancy and load queue per pod; active adapters per pool."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.residency = Histogram(
+            "lorafleet_adapter_residency_seconds",
+            "How long an adapter stayed on a GPU slot of a pod, activation to eviction.",
+            ["pod"],
+            buckets=RESIDENCY_BUCKETS_S,
+            registry=registry,
+        )
+        self.evictions = Counter(
+            "lorafleet_adapter_evictions",
+            "Adapters that left a GPU slot of a pod (evicted or unloaded).",
+            ["pod"],
+            registry=registry,
+        )
+        self.gpu_adapters = Gauge(
+            "lorafleet_pod_gpu_adapters",
+            "Adapters on the pod's GPU slots now.",
+            ["pod"],
+            registry=registry,
+        )
+        self.gpu_slots = Gauge(
+            "lorafleet_pod_gpu_slots",
+            "The pod's GPU adapter slots (max_loras).",
+            ["pod"],
+            registry=registry,
+        )
+        self.load_queue = Gauge(
+            "lorafleet_load_queue_depth",
+            "Adapter loads waiting or in progress for the pod.",
+            ["pod"],
+            registry=registry,
+        )
+        self.active_adapters = Gauge(
+            "lorafleet_active_adapters",
+            "Distinct adapters with requests in the last activity window, per pool.",
+            ["pool"],
+            registry=registry,
+        )
+        self.slot_capacity = Gauge(
+            "lorafleet_slot_capacity",
+            "GPU adapter slots summed over the pool's ready pods.",
+            ["pool"],
+            registry=registry,
+        )
+        self._since_s: dict[tuple[str, str], float] = {}
+
+    def pod_slots(self, pod: str, *, slots: int) -> None:
+        self.gpu_slots.labels(pod=pod).set(slots)
+
+    def activated(self, pod: str, adapter: str, *, now_s: float) -> None:
+        """``adapter`` took a GPU slot on ``pod`` (a request or a warm-up pulled it in)."""
+        key = (pod, adapter)
+        if key not in self._since_s:
+            self._since_s[key] = now_s
+            self.gpu_adapters.labels(pod=pod).inc()
+
+    def evicted(self, pod: str, adapter: str, *, now_s: float) -> None:
+        """``adapter`` left its GPU slot on ``pod``; observes how long it stayed."""
+        since_s = self._since_s.pop((pod, adapter), None)
+        if since_s is None:
+            return
+        self.residency.labels(pod=pod).observe(max(0.0, now_s - since_s))
+        self.evictions.labels(pod=pod).inc()
+        self.gpu_adapters.labels(pod=pod).dec()
+
+    def pod_emptied(self, pod: str, *, now_s: float) -> None:
+        """The pod restarted or left the fleet: every resident adapter's stay ends."""
+        for key in [key for key in self._since_s if key[0] == pod]:
+            self.evicted(pod, key[1], now_s=now_s)
+
+    def load_queue_depth(self, pod: str, *, depth: int) -> None:
+        self.load_queue.labels(pod=pod).set(depth)
+
+    def pool_activity(self, pool: str, *, active_adapters: int, slots: int) -> None:
+        """Distinct adapters in demand against the pool's slots (the war story's 60 vs 32)."""
+        self.active_adapters.labels(pool=pool).set(active_adapters)
+        self.slot_capacity.labels(pool=pool).set(slots)
+
+
+class ControllerMetrics:
+    """The controller's own health: plan age, solver quality, forecast error, actions."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.plan_created = Gauge(
+            "lorafleet_plan_created_timestamp_seconds",
+            "Unix time the plan in force was created; plan age is time() minus this.",
+            registry=registry,
+        )
+        self.plan_period = Gauge(
+            "lorafleet_plan_period_seconds",
+            "The controller's planning period (plan-and-apply interval).",
+            registry=registry,
+        )
+        self.plans = Counter(
+            "lorafleet_plans",
+            "Plans the controller made, by solver status (OPTIMAL, FEASIBLE, GREEDY, ...).",
+            ["status"],
+            registry=registry,
+        )
+        self.solver_gap = Gauge(
+            "lorafleet_solver_gap_ratio",
+            "Relative gap between the last plan's objective and the solver's bound.",
+            registry=registry,
+        )
+        self.solver_duration = Histogram(
+            "lorafleet_solver_duration_seconds",
+            "Wall time of each solve.",
+            buckets=SOLVER_BUCKETS_S,
+            registry=registry,
+        )
+        self.predicted_hit = Gauge(
+            "lorafleet_plan_predicted_hit_ratio",
+            "The GPU hit ratio the plan in force predicts.",
+            registry=registry,
+        )
+        self.forecast_error = Gauge(
+            "lorafleet_forecast_error_ratio",
+            "Weighted absolute percentage error of the last scored forecast window "
+            "(sum of |forecast - actual| over sum of actual requests).",
+            registry=registry,
+        )
+        self.actions = Counter(
+            "lorafleet_controller_actions",
+            "Actions the controller pushed to pods, by kind (load, unload, warmup) and result.",
+            ["kind", "pod", "result"],
+            registry=registry,
+        )
+        self.job_failures = Counter(
+            "lorafleet_controller_job_failures",
+            "Scheduled jobs that failed (the last good plan stays in force).",
+            ["job"],
+            registry=registry,
+        )
+
+    def plan_published(self, plan: Plan, *, period_s: float) -> None:
+        """A plan came into force: its age, the solver's quality and its prediction."""
+        self.plan_created.set(_unix_s(plan.created_at))
+        self.plan_period.set(period_s)
+        self.plans.labels(status=plan.solver.status).inc()
+        if math.isfinite(plan.solver.gap):
+            self.solver_gap.set(plan.solver.gap)
+        self.solver_duration.observe(max(0.0, plan.solver.wall_s))
+        hit = plan.predicted.get("gpu_hit_rate")
+        if hit is not None:
+            self.predicted_hit.set(hit)
+
+    def forecast_scored(self, *, error_ratio: float) -> None:
+        self.forecast_error.set(error_ratio)
+
+    def action_done(self, kind: str, pod: str, *, ok: bool) -> None:
+        self.actions.labels(kind=kind, pod=pod, result="ok" if ok else "failed").inc()
+
+    def job_failed(self, job: str) -> None:
+        self.job_failures.labels(job=job).inc()
+
+
+def forecast_error_ratio(forecast: dict[str, float], actual: dict[str, float]) -> float:
+    """WAPE over adapters: sum |forecast - actual| / sum actual (0 when nothing came)."""
+    names = forecast.keys() | actual.keys()
+    error = sum(abs(forecast.get(n, 0.0) - actual.get(n, 0.0)) for n in names)
+    total = sum(actual.values())
+    if total <= 0.0:
+        return 0.0 if error == 0.0 else 1.0
+    return error / total
+
+
+def render(registry: CollectorRegistry) -> bytes:
+    """The registry in Prometheus text format, for a ``/metrics`` route."""
+    return generate_latest(registry)
+
+
+def _unix_s(moment: datetime) -> float:
+    return moment.timestamp()
