@@ -198,10 +198,11 @@ class RouterApp:
         router = self.router
         choice = router.picker.pick(router.topology, exchange.model, exclude=exclude)
         waited_s = 0.0
-        interval_s = router.settings.scrape_interval_s
-        while choice.reject == Reject.PRESSURE_WAIT and waited_s < router.settings.pressure_wait_s:
-            await asyncio.sleep(interval_s)
-            waited_s += interval_s
+        limit_s = router.settings.pressure_wait_s
+        step_s = min(router.settings.scrape_interval_s, limit_s / 4)
+        while choice.reject == Reject.PRESSURE_WAIT and waited_s < limit_s:
+            await asyncio.sleep(step_s)
+            waited_s += step_s
             choice = router.picker.pick(router.topology, exchange.model, exclude=exclude)
         return choice
 

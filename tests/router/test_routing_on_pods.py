@@ -1,0 +1,176 @@
+"""Routing as the emulated pods see it: their own counters of loads, activations, evictions."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import random
+import urllib.request
+from dataclasses import replace
+
+import openai
+import pytest
+from openai import AsyncOpenAI, OpenAI
+
+from placement.emulator import Latency
+from placement.ports import PodMetrics
+from placement.settings import RouterSettings, Settings
+
+from .conftest import FAST, Pods, catalog_of, emulated, plan_of, router_for
+
+ADAPTERS = [f"lora-{i}" for i in range(8)]
+ROUNDS = 4
+
+
+def _traffic() -> list[str]:
+    """The same requests for both routers: every adapter each round, in a shuffled order."""
+    rng = random.Random(7)
+    order: list[str] = []
+    for _ in range(ROUNDS):
+        order += rng.sample(ADAPTERS, len(ADAPTERS))
+    return order
+
+
+def _load_everywhere(pods: Pods) -> None:
+    for handle, name in itertools.product(pods.fleet.handles, ADAPTERS):
+        body = json.dumps({"lora_name": name, "lora_path": f"s3://adapters/{name}"}).encode()
+        request = urllib.request.Request(
+            f"{handle.url}/v1/load_lora_adapter",
+            data=body,
+            headers={"content-type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=5):
+            pass
+
+
+def test_plan_aware_routing_keeps_activations_within_slots_where_round_robin_thrashes() -> None:
+    # Four pods with two GPU slots each and eight adapters: exactly enough slots.
+    plan = plan_of({name: [f"pod-{i // 2}"] for i, name in enumerate(ADAPTERS)})
+    with emulated(4, max_loras=2, max_cpu_loras=8) as pods:
+        with router_for(pods.domain, plan=plan, catalog=catalog_of(ADAPTERS)) as router:
+            client = router.client()
+            for name in _traffic():
+                client.completions.create(model=name, prompt="p", max_tokens=1)
+        planned_evictions = pods.counter("gpu_evictions")
+        planned_activations = [int(h.pod.counters["gpu_activations"]) for h in pods.fleet.handles]
+        assert pods.counter("loads") == len(ADAPTERS)  # each adapter loaded once, by the router
+
+    with emulated(4, max_loras=2, max_cpu_loras=8) as pods:
+        _load_everywhere(pods)
+        clients = [OpenAI(base_url=f"{h.url}/v1", api_key="x") for h in pods.fleet.handles]
+        spray = itertools.cycle(clients)
+        for name in _traffic():
+            next(spray).completions.create(model=name, prompt="p", max_tokens=1)
+        for made in clients:
+            made.close()
+        spray_evictions = pods.counter("gpu_evictions")
+
+    assert planned_evictions == 0
+    assert all(count <= 2 for count in planned_activations)
+    assert spray_evictions >= len(ADAPTERS)
+
+
+async def _burst(url: str, model: str, n: int) -> list[str]:
+    async with AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0) as client:
+        answers = await asyncio.gather(
+            *(client.completions.create(model=model, prompt="p", max_tokens=1) for _ in range(n))
+        )
+    return [answer.choices[0].text for answer in answers]
+
+
+@pytest.mark.parametrize("plan", [None, "unplanned"], ids=["no-plan", "absent-from-plan"])
+def test_a_stampede_of_100_requests_for_a_cold_adapter_causes_one_load(plan: str | None) -> None:
+    slow_load = replace(Latency(), load_ms=800.0)
+    with emulated(3, max_loras=2, latency=slow_load) as pods:
+        given = plan_of({"other": ["pod-0"]}) if plan else None
+        with router_for(pods.domain, plan=given, catalog=catalog_of(["cold", "other"])) as router:
+            answers = asyncio.run(_burst(router.url, "cold", 100))
+            assert len(answers) == 100
+            assert pods.counter("loads") == 1
+            assert pods.counter("gpu_activations") == 1
+            unplanned = router.get("/v1/unplanned")["adapters"]
+            assert unplanned == {"cold": 100}
+
+
+def _set_kv(router_app, kv_usage: float) -> None:  # type: ignore[no-untyped-def]
+    for state in router_app.router.topology.pods.values():
+        state.observe(PodMetrics(kv_usage=kv_usage))
+
+
+SLOW_SCRAPES = Settings(
+    router=RouterSettings(scrape_interval_s=30.0, plan_poll_s=30.0, pressure_wait_s=0.1)
+)
+
+
+def test_memory_pressure_stops_loads_then_answers_503_with_retry_after() -> None:
+    with emulated(2) as pods:
+        plan = plan_of({"hot": ["pod-0"]})
+        catalog = catalog_of(["hot", "cold"])
+        with router_for(pods.domain, plan=plan, catalog=catalog, settings=SLOW_SCRAPES) as router:
+            client = router.client()
+            client.completions.create(model="hot", prompt="p", max_tokens=1)
+            _set_kv(router.app, 0.9)  # soft pressure: no new loads
+            assert client.completions.create(model="hot", prompt="p", max_tokens=1).choices
+            with pytest.raises(openai.APIStatusError) as refused:
+                client.completions.create(model="cold", prompt="p", max_tokens=1)
+            assert refused.value.status_code == 503
+            assert pods.counter("loads") == 1  # only "hot" was ever loaded
+            _set_kv(router.app, 0.97)  # critical: everything is refused
+            with pytest.raises(openai.APIStatusError) as critical:
+                client.completions.create(model="hot", prompt="p", max_tokens=1)
+            assert critical.value.status_code == 503
+            assert critical.value.response.headers["retry-after"] == "1"
+
+
+def test_a_503_from_a_dying_pod_is_retried_once_on_the_next_pod() -> None:
+    with emulated(2) as pods:
+        plan = plan_of({"alpha": ["pod-0"]})
+        with router_for(
+            pods.domain, plan=plan, catalog=catalog_of(["alpha"]), settings=SLOW_SCRAPES
+        ) as router:
+            client = router.client()
+            client.completions.create(model="alpha", prompt="p", max_tokens=1)
+            pods.fleet.pod("pod-0").kill(30.0)
+            answer = client.completions.create(model="alpha", prompt="p", max_tokens=1)
+            assert answer.choices[0].text
+            assert 'lorafleet_upstream_retries_total 1.0' in router.get("/metrics")
+        assert pods.fleet.pod("pod-1").counters["requests"] == 1
+
+
+def test_a_refused_connection_is_retried_on_the_next_pod() -> None:
+    from placement.domain import Fleet, PodId
+    from placement.router.wiring import free_port
+
+    with emulated(1) as pods:
+        pool = pods.domain.pools[0]
+        ghost = replace(pool.pods[0], name=PodId("pod-ghost"), url=f"http://127.0.0.1:{free_port()}")
+        fleet = Fleet(pools=(replace(pool, pods=(ghost, *pool.pods)),))
+        plan = plan_of({"alpha": ["pod-ghost"]})
+        # The ghost passes for healthy until its first scrape fails; request before that.
+        settings = Settings(router=RouterSettings(scrape_interval_s=30.0))
+        with router_for(fleet, plan=plan, catalog=catalog_of(["alpha"]), settings=settings) as router:
+            assert router.get("/healthz")["healthy_pods"] == ["pod-0"]
+            for state in router.app.router.topology.pods.values():
+                state.healthy = True
+            answer = router.client().completions.create(model="alpha", prompt="p", max_tokens=1)
+            assert answer.choices[0].text
+        assert pods.fleet.pod("pod-0").counters["requests"] == 1
+
+
+def test_an_unhealthy_pod_leaves_the_rotation_and_returns_when_it_recovers() -> None:
+    import time
+
+    with emulated(2) as pods, router_for(pods.domain, settings=FAST) as router:
+        pods.fleet.pod("pod-1").kill(1.0)
+        deadline = time.monotonic() + 5
+        while "pod-1" in router.get("/healthz")["healthy_pods"]:
+            assert time.monotonic() < deadline, "pod-1 never left the rotation"
+            time.sleep(0.02)
+        # While it is out, everything goes to pod-0, whatever the hash says.
+        for name in ADAPTERS:
+            router.client().completions.create(model="base-model", prompt=name, max_tokens=1)
+        assert pods.fleet.pod("pod-1").counters["requests"] == 0
+        while "pod-1" not in router.get("/healthz")["healthy_pods"]:
+            assert time.monotonic() < deadline + 5, "pod-1 never came back"
+            time.sleep(0.05)
