@@ -35,9 +35,9 @@ class PodState:
     registered: frozenset[AdapterId]
     max_cpu_loras: int
     max_loras: int
-    #: The ledger of adapters warmed on this pod; None when unknown (then only
-    #: adapters loaded by this reconcile are warmed).
-    warmed: frozenset[AdapterId] | None = None
+    #: The ledger of warm-ups on this pod, oldest first: the GPU slots' LRU as far as
+    #: lorafleet knows it. None when unknown (then only adapters loaded now are warmed).
+    warmed: tuple[AdapterId, ...] | None = None
     #: Adapters that must never be unloaded from this pod.
     pinned: frozenset[AdapterId] = frozenset()
 
@@ -75,6 +75,10 @@ class _Simulation:
         self.observed = observed
         self.wants = _wants(plan, observed)
         self.regs = {pod_id: set(state.registered) for pod_id, state in observed.items()}
+        self.gpu = {
+            pod_id: None if state.warmed is None else list(state.warmed)[-state.max_loras :]
+            for pod_id, state in observed.items()
+        }
         self.pending = {
             pod_id: [a for a in want.adapters if a not in self.regs[pod_id]]
             for pod_id, want in self.wants.items()
@@ -119,7 +123,19 @@ class _Simulation:
 
     def unload(self, pod_id: PodId, adapter: AdapterId, reason: str) -> None:
         self.regs[pod_id].discard(adapter)
+        gpu = self.gpu[pod_id]
+        if gpu is not None and adapter in gpu:
+            gpu.remove(adapter)
         self.actions.append(Unload(pod=pod_id, adapter=adapter, reason=reason))
+
+    def warm(self, pod_id: PodId, adapter: AdapterId, reason: str) -> None:
+        gpu = self.gpu[pod_id]
+        if gpu is not None:
+            if adapter in gpu:
+                gpu.remove(adapter)
+            gpu.append(adapter)
+            del gpu[: -self.observed[pod_id].max_loras]
+        self.actions.append(Warmup(pod=pod_id, adapter=adapter, reason=reason))
 
     def load(self, pod_id: PodId, adapter: AdapterId) -> None:
         want = self.wants[pod_id]
@@ -135,7 +151,7 @@ class _Simulation:
             )
         )
         if hot:
-            self.actions.append(Warmup(pod=pod_id, adapter=adapter, reason="hot: pull onto GPU"))
+            self.warm(pod_id, adapter, "hot: pull onto GPU")
 
     def fill(self, pod_id: PodId) -> bool:
         """Make room safely where loads wait, then load; True if anything was emitted."""
@@ -175,16 +191,20 @@ class _Simulation:
                     elsewhere = sorted(self.homes.get(adapter, ()))
                     reason = f"moved to {', '.join(elsewhere)}" if elsewhere else "not in plan"
                     self.unload(pod_id, adapter, reason)
-        warmed_now = {(a.pod, a.adapter) for a in self.actions if a.kind is ActionKind.WARMUP}
         for pod_id in self.pods():
-            ledger = self.observed[pod_id].warmed
-            if ledger is None:
-                continue
-            for adapter in sorted(self.wants[pod_id].hot - ledger):
-                if (pod_id, adapter) not in warmed_now and adapter in self.regs[pod_id]:
-                    self.actions.append(
-                        Warmup(pod=pod_id, adapter=adapter, reason="hot but not warmed")
-                    )
+            self._rewarm(pod_id)
+
+    def _rewarm(self, pod_id: PodId) -> None:
+        """Warm hot adapters the GPU LRU lost, refreshing the ones it kept first so
+        that the last warm-ups are exactly the hot set (no more than ``max_loras``)."""
+        gpu = self.gpu[pod_id]
+        hot = {a for a in self.wants[pod_id].hot if a in self.regs[pod_id]}
+        if gpu is None or hot <= set(gpu):
+            return
+        kept = [a for a in gpu if a in hot]
+        for adapter in kept + sorted(hot - set(gpu)):
+            reason = "hot: keep on GPU" if adapter in kept else "hot but not on GPU"
+            self.warm(pod_id, adapter, reason)
 
 
 def reconcile(desired: Plan, observed: Mapping[PodId, PodState]) -> tuple[Action, ...]:
@@ -205,18 +225,23 @@ def reconcile(desired: Plan, observed: Mapping[PodId, PodState]) -> tuple[Action
 def depends_on(actions: tuple[Action, ...]) -> tuple[tuple[int, ...], ...]:
     """For each action, the indices of earlier actions it must wait for.
 
-    The previous action on the same pod (one at a time per pod), and, for an unload,
-    every earlier load or warm-up of the same adapter (make before break across pods).
+    The previous action on the same pod (one at a time per pod) and the previous one
+    on the same pod and adapter; for an unload, also every earlier load or warm-up of
+    the same adapter on other pods (make before break).
     """
     last_on_pod: dict[PodId, int] = {}
+    last_here: dict[tuple[PodId, AdapterId], int] = {}
     placed: dict[AdapterId, list[int]] = {}
     deps = []
     for index, action in enumerate(actions):
         before = set(placed.get(action.adapter, [])) if action.kind is ActionKind.UNLOAD else set()
         if action.pod in last_on_pod:
             before.add(last_on_pod[action.pod])
+        if (action.pod, action.adapter) in last_here:
+            before.add(last_here[(action.pod, action.adapter)])
         deps.append(tuple(sorted(before)))
         last_on_pod[action.pod] = index
+        last_here[(action.pod, action.adapter)] = index
         if action.kind is not ActionKind.UNLOAD:
             placed.setdefault(action.adapter, []).append(index)
     return tuple(deps)

@@ -57,7 +57,7 @@ def state(
         registered=frozenset(ids(registered)),
         max_cpu_loras=cpu,
         max_loras=gpu,
-        warmed=None if warmed is None else frozenset(ids(warmed)),
+        warmed=None if warmed is None else ids(warmed),
         pinned=frozenset(ids(pinned)),
     )
 
@@ -77,21 +77,25 @@ def replay(
 
 def after(observed: Mapping[PodId, PodState], actions: Iterable[Action]) -> dict[PodId, PodState]:
     """The pod states once every action is applied, with the ledger updated."""
-    actions = tuple(actions)
     regs = {pod: set(s.registered) for pod, s in observed.items()}
-    for step in replay(observed, actions):
-        regs = step
-    warmed_now = {(a.pod, a.adapter) for a in actions if a.kind is ActionKind.WARMUP}
+    lru = {pod: None if s.warmed is None else list(s.warmed) for pod, s in observed.items()}
+    for action in actions:
+        held, order = regs[action.pod], lru[action.pod]
+        if action.kind is ActionKind.LOAD:
+            held.add(action.adapter)
+        elif action.kind is ActionKind.UNLOAD:
+            held.discard(action.adapter)
+        if order is not None and action.kind is not ActionKind.LOAD:
+            if action.adapter in order:
+                order.remove(action.adapter)
+            if action.kind is ActionKind.WARMUP:
+                order.append(action.adapter)
     return {
         pod: PodState(
             registered=frozenset(regs[pod]),
             max_cpu_loras=s.max_cpu_loras,
             max_loras=s.max_loras,
-            warmed=None
-            if s.warmed is None
-            else frozenset(
-                a for a in s.warmed | {a for p, a in warmed_now if p == pod} if a in regs[pod]
-            ),
+            warmed=None if lru[pod] is None else tuple(lru[pod] or ()),
             pinned=s.pinned,
         )
         for pod, s in observed.items()

@@ -108,7 +108,7 @@ def scenarios(draw: st.DrawFn, *, slack: int) -> tuple[Plan, dict[PodId, PodStat
         gpu = draw(st.integers(1, cpu))
         size = draw(st.sampled_from([cpu, cpu, cpu - 1, 0]))  # mostly full pods
         held = draw(st.lists(st.sampled_from(ADAPTERS), unique=True, min_size=size, max_size=size))
-        warmed = draw(st.none() | st.just(frozenset(held)))
+        warmed = draw(st.none() | st.permutations(held))
         observed[pod] = state(held, cpu=cpu, gpu=gpu, warmed=warmed)
     # Plans mostly move what the pods hold, so that replicas must travel.
     pool = sorted({a for s in observed.values() for a in s.registered}) or ADAPTERS

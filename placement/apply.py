@@ -1,0 +1,153 @@
+"""Apply a plan to the pods: observe them, reconcile, execute. The IO shell of reconcile.
+
+``apply_plan`` is what ``lorafleet apply`` and the controller call: it lists each pod's
+registrations (``/v1/models``) through the ``EngineClient`` port, builds the observed
+state with the ledger and the catalog's pins, asks the pure ``reconcile`` for actions
+and runs them with the ``Executor``. A pod that does not answer is reported as
+unreachable and left alone (reconcile then keeps its adapters' other replicas).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+import httpx
+
+from placement.adapters.engines import engine_client
+from placement.domain import Action, AdapterId, Catalog, Fleet, PodId
+from placement.errors import EngineError
+from placement.executor import ActionResult, ApplyReport, Executor, Ledger, Sleep
+from placement.plan import Plan
+from placement.ports import EngineClient
+from placement.reconcile import PodState, reconcile
+from placement.settings import ExecutorSettings
+
+
+@dataclass(frozen=True, kw_only=True)
+class Observation:
+    states: Mapping[PodId, PodState]
+    #: Pods that could not be listed, with why.
+    unreachable: Mapping[PodId, str] = field(default_factory=lambda: MappingProxyType({}))
+
+
+@dataclass(frozen=True, kw_only=True)
+class ApplyOutcome:
+    observation: Observation
+    actions: tuple[Action, ...]
+    report: ApplyReport
+
+
+def make_clients(
+    fleet: Fleet, *, http: httpx.AsyncClient, timeout_s: float = 30.0
+) -> dict[PodId, EngineClient]:
+    """One engine client per pod, all sharing ``http`` (and its connection pool)."""
+    return {
+        pod.name: engine_client(
+            pod, served_model_name=pool.served_model_name, http=http, timeout_s=timeout_s
+        )
+        for pool in fleet.pools
+        for pod in pool.pods
+    }
+
+
+def lora_paths(catalog: Catalog) -> dict[AdapterId, str]:
+    """Each adapter's ``source``, handed to the engine as ``lora_path``."""
+    return {adapter.name: adapter.source for adapter in catalog.adapters}
+
+
+def _catalog_pins(catalog: Catalog | None, pod: PodId) -> frozenset[AdapterId]:
+    if catalog is None:
+        return frozenset()
+    return frozenset(a.name for a in catalog.adapters if a.pinned or pod in a.pinned_pods)
+
+
+async def observe(
+    fleet: Fleet,
+    clients: Mapping[PodId, EngineClient],
+    *,
+    catalog: Catalog | None = None,
+    ledger: Ledger | None = None,
+) -> Observation:
+    """List every pod's registrations at once; a pod that fails is unreachable."""
+    pods = fleet.pods
+
+    async def listed(pod_id: PodId) -> frozenset[AdapterId] | str:
+        try:
+            return (await clients[pod_id].registered()).names()
+        except EngineError as exc:
+            return str(exc)
+
+    answers = await asyncio.gather(*(listed(pod.name) for pod in pods))
+    states: dict[PodId, PodState] = {}
+    unreachable: dict[PodId, str] = {}
+    for pod, answer in zip(pods, answers, strict=True):
+        if isinstance(answer, str):
+            unreachable[pod.name] = answer
+            continue
+        pinned = _catalog_pins(catalog, pod.name) & answer
+        warmed = None
+        if ledger is not None:
+            ledger.forget_missing(pod.name, answer)
+            pinned |= ledger.pinned.get(pod.name, set())
+            warmed = tuple(ledger.warmed.get(pod.name, []))
+        states[pod.name] = PodState(
+            registered=answer,
+            max_cpu_loras=pod.max_cpu_loras,
+            max_loras=pod.max_loras,
+            warmed=warmed,
+            pinned=frozenset(pinned),
+        )
+    return Observation(states=MappingProxyType(states), unreachable=MappingProxyType(unreachable))
+
+
+async def plan_actions(
+    plan: Plan,
+    *,
+    fleet: Fleet,
+    clients: Mapping[PodId, EngineClient],
+    catalog: Catalog | None = None,
+    ledger: Ledger | None = None,
+) -> tuple[Observation, tuple[Action, ...]]:
+    """What applying ``plan`` would do now (``--dry-run``)."""
+    observation = await observe(fleet, clients, catalog=catalog, ledger=ledger)
+    return observation, reconcile(plan, observation.states)
+
+
+async def apply_plan(
+    plan: Plan,
+    *,
+    fleet: Fleet,
+    catalog: Catalog,
+    clients: Mapping[PodId, EngineClient],
+    settings: ExecutorSettings,
+    rng: random.Random,
+    ledger: Ledger | None = None,
+    sleep: Sleep = asyncio.sleep,
+    on_actions: Callable[[tuple[Action, ...]], None] | None = None,
+    on_result: Callable[[ActionResult], None] | None = None,
+) -> ApplyOutcome:
+    """Observe, reconcile and execute once. Applying the same plan again does nothing."""
+    observation, actions = await plan_actions(
+        plan, fleet=fleet, clients=clients, catalog=catalog, ledger=ledger
+    )
+    if on_actions is not None:
+        on_actions(actions)
+    executor = Executor(
+        clients,
+        lora_paths=lora_paths(catalog),
+        settings=settings,
+        rng=rng,
+        sleep=sleep,
+        ledger=ledger,
+        on_result=on_result,
+    )
+    report = await executor.run(actions)
+    return ApplyOutcome(observation=observation, actions=actions, report=report)
+
+
+def unreachable_lines(observation: Observation) -> Iterable[str]:
+    return (f"{pod}: unreachable: {why}" for pod, why in sorted(observation.unreachable.items()))

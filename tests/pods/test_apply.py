@@ -1,0 +1,261 @@
+"""Applying plans to emulated pods: convergence, idempotence and failures survived."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from placement.apply import ApplyOutcome, apply_plan, make_clients, plan_actions
+from placement.domain import Adapter, AdapterId, Catalog, Engine
+from placement.emulator import ZERO_LATENCY, EmulatedFleet, Faults, PodConfig
+from placement.executor import Ledger, Status, backoff_s
+from placement.plan import Plan
+from placement.settings import ExecutorSettings
+
+from .plans import make_plan
+
+pytestmark = pytest.mark.anyio
+
+NAMES = [f"a{i}" for i in range(10)]
+FAST = ExecutorSettings(
+    per_action_deadline_s=5.0, max_concurrency=8, max_attempts=8, backoff_base_s=0.0
+)
+
+
+def _catalog(missing: str = "") -> Catalog:
+    return Catalog(
+        adapters=tuple(
+            Adapter(
+                name=AdapterId(name),
+                base_model="base-model",
+                rank=8,
+                alpha=8,
+                target_modules=("q_proj",),
+                dtype="float16",
+                source=f"s3://adapters/{'missing-' if name == missing else ''}{name}",
+                size_bytes=1,
+            )
+            for name in NAMES
+        )
+    )
+
+
+PLAN_A = make_plan(
+    {
+        "pod-0": (["a0", "a1"], ["a2", "a3"]),
+        "pod-1": (["a0", "a4"], ["a5"]),
+        "pod-2": (["a6"], ["a7", "a8"]),
+        "pod-3": (["a1", "a9"], ["a2"]),
+    }
+)
+PLAN_B = make_plan(
+    {
+        "pod-0": (["a9", "a6"], ["a5", "a4"]),
+        "pod-1": (["a1", "a0"], ["a8", "a3"]),
+        "pod-2": (["a2", "a7"], ["a0"]),
+        "pod-3": (["a4", "a5"], ["a6", "a1"]),
+    }
+)
+
+
+def _fleet(engine: Engine = Engine.VLLM, **config: object) -> EmulatedFleet:
+    template = PodConfig(latency=ZERO_LATENCY, max_loras=2, max_cpu_loras=4, **config)  # type: ignore[arg-type]
+    return EmulatedFleet.start(4, engine=engine, config=template)
+
+
+async def _no_sleep(_: float) -> None:
+    await asyncio.sleep(0)
+
+
+Apply = Callable[..., Awaitable[ApplyOutcome]]
+
+
+def _applier(fleet: EmulatedFleet, http: object, *, settings: ExecutorSettings = FAST) -> Apply:
+    clients = make_clients(fleet.domain(), http=http, timeout_s=2.0)  # type: ignore[arg-type]
+    ledger = Ledger()
+
+    async def run(plan: Plan, catalog: Catalog | None = None, **kwargs: object) -> ApplyOutcome:
+        return await apply_plan(
+            plan,
+            fleet=fleet.domain(),
+            catalog=catalog or _catalog(),
+            clients=clients,
+            settings=settings,
+            rng=random.Random(7),
+            ledger=ledger,
+            sleep=_no_sleep,
+            **kwargs,  # type: ignore[arg-type]
+        )
+
+    return run
+
+
+def _assert_holds(fleet: EmulatedFleet, plan: Plan) -> None:
+    for handle in fleet.handles:
+        pod_plan = plan.pods[handle.name]
+        assert set(handle.pod.listed) == set(pod_plan.registered), handle.name
+        assert set(pod_plan.hot) <= set(handle.pod.gpu), handle.name
+
+
+def _assert_never_over_limits(fleet: EmulatedFleet) -> None:
+    for handle in fleet.handles:
+        stats = handle.pod.stats()
+        assert stats["peaks"].get("registered", 0) <= handle.pod.config.cpu_slots  # type: ignore[union-attr]
+        assert stats["counters"].get("over_limit", 0) == 0  # type: ignore[union-attr]
+        assert stats["counters"].get("host_evictions", 0) == 0  # type: ignore[union-attr]
+
+
+async def _watch_hot_replicas(fleet: EmulatedFleet, plan: Plan, stop: asyncio.Event) -> list[str]:
+    """Every loop turn, note hot adapters of ``plan`` that lost their last replica."""
+    hot = {a for pod_plan in plan.pods.values() for a in pod_plan.hot}
+    seen: set[str] = set()
+    lost: list[str] = []
+    while not stop.is_set():
+        held = {a for h in fleet.handles for a in h.pod.listed}
+        lost += sorted((seen & hot) - held)
+        seen |= held & hot
+        await asyncio.sleep(0)
+    return lost
+
+
+@pytest.mark.parametrize("engine", [Engine.VLLM, Engine.SGLANG])
+async def test_apply_converges_and_a_second_apply_does_nothing(engine: Engine) -> None:
+    fleet = _fleet(engine)
+    async with fleet.http() as http:
+        apply = _applier(fleet, http)
+        first = await apply(PLAN_A)
+        second = await apply(PLAN_A)
+    assert first.report.ok and len(first.actions) == 20
+    assert second.actions == ()
+    _assert_holds(fleet, PLAN_A)
+
+
+async def test_changing_plans_keeps_a_replica_of_every_hot_adapter() -> None:
+    fleet = _fleet()
+    async with fleet.http() as http:
+        apply = _applier(fleet, http)
+        await apply(PLAN_A)
+        stop = asyncio.Event()
+        watcher = asyncio.create_task(_watch_hot_replicas(fleet, PLAN_B, stop))
+        outcome = await apply(PLAN_B)
+        stop.set()
+        lost = await watcher
+        again = await apply(PLAN_B)
+    assert outcome.report.ok, outcome.report.failed
+    assert lost == []
+    assert again.actions == ()
+    _assert_holds(fleet, PLAN_B)
+    _assert_never_over_limits(fleet)
+
+
+async def test_a_fifth_of_calls_failing_with_5xx_still_converges() -> None:
+    fleet = _fleet(faults=Faults(error_rate=0.2))
+    async with fleet.http() as http:
+        apply = _applier(fleet, http)
+        outcomes = [await apply(PLAN_A), await apply(PLAN_B), await apply(PLAN_B)]
+        for handle in fleet.handles:
+            handle.pod.set_faults(error_rate=0.0)
+        final = await apply(PLAN_B)
+    assert any(r.attempts > 1 for o in outcomes for r in o.report.results)
+    assert final.actions == ()
+    _assert_holds(fleet, PLAN_B)
+    _assert_never_over_limits(fleet)
+
+
+async def test_a_pod_killed_mid_apply_is_reported_and_the_next_apply_converges() -> None:
+    fleet = _fleet()
+    victim = fleet.pod("pod-2")
+    done = 0
+
+    def kill_after_five(_: object) -> None:
+        nonlocal done
+        done += 1
+        if done == 5:
+            victim.kill(0.05)
+
+    settings = ExecutorSettings(per_action_deadline_s=2.0, max_attempts=2, backoff_base_s=0.0)
+    async with fleet.http() as http:
+        apply = _applier(fleet, http, settings=settings)
+        broken = await apply(PLAN_A, on_result=kill_after_five)
+        during = await apply(PLAN_A)
+        await asyncio.sleep(0.06)
+        healed = await apply(PLAN_A)
+        final = await apply(PLAN_A)
+    assert not broken.report.ok
+    assert {r.action.pod for r in broken.report.failed} == {"pod-2"}
+    assert "pod-2" in during.observation.unreachable
+    assert healed.report.ok and final.actions == ()
+    _assert_holds(fleet, PLAN_A)
+    _assert_never_over_limits(fleet)
+
+
+async def test_loads_slower_than_the_deadline_fail_then_converge() -> None:
+    fleet = _fleet(faults=Faults(slow_load_ms=300.0))
+    settings = ExecutorSettings(per_action_deadline_s=0.05, max_attempts=3, backoff_base_s=0.0)
+    async with fleet.http() as http:
+        slow = await _applier(fleet, http, settings=settings)(PLAN_A)
+        for handle in fleet.handles:
+            handle.pod.set_faults(slow_load_ms=0.0)
+        apply = _applier(fleet, http)
+        healed = await apply(PLAN_A)
+        final = await apply(PLAN_A)
+    assert slow.report.failed and all("deadline" in r.detail for r in slow.report.failed)
+    assert healed.report.ok and final.actions == ()
+    _assert_holds(fleet, PLAN_A)
+    _assert_never_over_limits(fleet)
+
+
+async def test_a_pod_that_restarts_empty_is_reloaded_and_rewarmed() -> None:
+    fleet = _fleet()
+    async with fleet.http() as http:
+        apply = _applier(fleet, http)
+        await apply(PLAN_A)
+        fleet.pod("pod-1").restart()
+        again = await apply(PLAN_A)
+    assert {(a.kind.value, a.pod) for a in again.actions} == {
+        ("load", "pod-1"),
+        ("warmup", "pod-1"),
+    }
+    _assert_holds(fleet, PLAN_A)
+
+
+async def test_a_bad_path_fails_permanently_naming_it_and_spares_the_rest() -> None:
+    fleet = _fleet()
+    async with fleet.http() as http:
+        outcome = await _applier(fleet, http)(PLAN_A, _catalog(missing="a7"))
+    (failure,) = outcome.report.failed
+    assert failure.permanent and failure.attempts == 1
+    assert "s3://adapters/missing-a7" in failure.detail
+    assert set(fleet.pod("pod-2").listed) == {"a6", "a8"}
+    assert not outcome.report.per_pod()["pod-0"].failed
+
+
+async def test_runtime_updating_off_is_reported_per_pod() -> None:
+    fleet = _fleet(runtime_lora_updating=False)
+    async with fleet.http() as http:
+        outcome = await _applier(fleet, http)(PLAN_A)
+    reports = outcome.report.per_pod()
+    first_failure = reports["pod-3"].failed[0]
+    assert "set VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 on pod-3" in first_failure.detail
+    assert all(r.status is not Status.DONE for r in outcome.report.results)
+
+
+async def test_dry_run_observes_without_changing_anything() -> None:
+    fleet = _fleet()
+    async with fleet.http() as http:
+        clients = make_clients(fleet.domain(), http=http)
+        _, actions = await plan_actions(PLAN_A, fleet=fleet.domain(), clients=clients)
+    assert len(actions) == 20
+    assert all(not h.pod.listed for h in fleet.handles)
+
+
+@pytest.mark.parametrize("attempt", [1, 2, 5, 12])
+def test_backoff_is_jittered_below_an_exponential_cap(attempt: int) -> None:
+    settings = ExecutorSettings(backoff_base_s=0.2, backoff_max_s=5.0)
+    cap = min(5.0, 0.2 * 2 ** (attempt - 1))
+    delays = [backoff_s(attempt, settings=settings, rng=random.Random(s)) for s in range(50)]
+    assert all(0.0 <= d <= cap for d in delays)
+    assert max(delays) > cap / 2 and len(set(delays)) > 1
