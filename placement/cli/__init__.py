@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from placement.cli import (
+    apply_cmds,  # noqa: F401  (registers apply)
     emulate_cmds,  # noqa: F401  (registers emulate)
     inputs_cmds,  # noqa: F401  (registers validate, size, synth)
     summary_cmds,  # noqa: F401  (registers summary)

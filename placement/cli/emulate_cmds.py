@@ -15,12 +15,13 @@ from placement.emulator.pod import Faults, Latency, PodConfig
 from placement.errors import InputError, Problem
 
 
-def _fleet_yaml(fleet: EmulatedFleet) -> str:
+def _fleet_yaml(fleet: EmulatedFleet, *, base_model: str) -> str:
     config = fleet.handles[0].pod.config
     lines = [
         "pools:",
         "  - name: emulated",
-        f"    base_model: {config.served_model_name}",
+        f"    base_model: {base_model}",
+        f"    served_model_name: {config.served_model_name}",
         f"    engine: {fleet.engine.value}",
         f"    max_lora_rank: {config.max_lora_rank}",
         f"    pod_defaults: {{max_loras: {config.max_loras}, max_cpu_loras: {config.cpu_slots}}}",
@@ -44,7 +45,10 @@ def emulate(
     pods: Annotated[int, typer.Option(min=1, help="How many pods, on consecutive ports.")] = 4,
     engine: Annotated[Engine, typer.Option(help="The dialect the pods speak.")] = Engine.VLLM,
     port: Annotated[int, typer.Option(help="The first pod's port on 127.0.0.1.")] = 18000,
-    served_model_name: Annotated[str, typer.Option(help="The base model's name.")] = "base-model",
+    served_model_name: Annotated[str, typer.Option(help="The name requests use.")] = "base-model",
+    base_model: Annotated[
+        str, typer.Option(help="The built-in base model the printed fleet.yaml names.")
+    ] = "llama-3.1-8b",
     max_loras: Annotated[int, typer.Option(help="GPU slots per pod.")] = 4,
     max_cpu_loras: Annotated[int, typer.Option(help="Host cache slots per pod.")] = 16,
     max_lora_rank: Annotated[int, typer.Option(help="The rank cap.")] = 64,
@@ -91,5 +95,5 @@ def emulate(
         raise InputError([Problem(source="emulate", message=p) for p in problems])
     fleet = EmulatedFleet.start(pods, engine=engine, base_port=port, config=template)
     err().print(f"{pods} emulated {engine.value} pods on {HOST}:{port}..{port + pods - 1}")
-    out().print(_fleet_yaml(fleet), highlight=False, markup=False)
+    out().print(_fleet_yaml(fleet, base_model=base_model), highlight=False, markup=False)
     asyncio.run(_serve(fleet))
