@@ -90,13 +90,17 @@ class PodLedger:
         self._listed.clear()
 
     def seed(self, *, hot: Iterable[AdapterId], warm: Iterable[AdapterId]) -> None:
-        """Trust a plan the controller applied: warm ones registered, hot ones also active."""
+        """Expect what a plan says: warm ones registered, hot ones also active.
+
+        The names are not marked as listed: until ``/v1/models`` shows them, the router
+        still asks the pod to load them (a no-op if the controller already did).
+        """
         for adapter in warm:
             if adapter not in self._registered:
-                self.register(adapter)
+                _touch(self._registered, adapter, self.max_cpu_loras)
         for adapter in hot:
-            if adapter not in self._active:
-                self.activate(adapter)
+            _touch(self._registered, adapter, self.max_cpu_loras)
+            _touch(self._active, adapter, self.max_loras)
 
     def reconcile_listing(self, listed: Iterable[AdapterId]) -> None:
         """Correct the ledger from the pod's ``/v1/models``: the names it knows now.
@@ -106,7 +110,8 @@ class PodLedger:
         put at the cold end of the host cache.
         """
         names = set(listed)
-        for adapter in [a for a in self._listed if a not in names]:
+        known = self._listed | set(self._registered) | set(self._active)
+        for adapter in [a for a in known if a not in names]:
             self.forget(adapter)
         for adapter in names - self._listed:
             self._listed.add(adapter)
