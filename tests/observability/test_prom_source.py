@@ -46,9 +46,10 @@ def at(step: int) -> float:
 
 
 def counts_of(frame: pd.DataFrame) -> dict[tuple[str, str], int]:
+    times = frame["ts"].dt.strftime("%H:%M").tolist()
     return {
-        (row.ts.strftime("%H:%M"), row.adapter): int(row.requests)
-        for row in frame.itertuples(index=False)
+        (str(moment), str(adapter)): int(n)
+        for moment, adapter, n in zip(times, frame["adapter"], frame["requests"], strict=True)
     }
 
 

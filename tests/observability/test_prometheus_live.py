@@ -1,0 +1,244 @@
+"""A real Prometheus (Debian's package) scrapes the router in front of emulated pods;
+the history source reads the request counts back and a forecaster uses them.
+
+Slow (a real server, a few scrape intervals): marked ``slow``. Without the binary it
+skips, or fails under CI=true (``scripts/ensure-prometheus`` installs it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from datetime import UTC, datetime
+from pathlib import Path
+from types import MappingProxyType
+
+import httpx
+import pytest
+import yaml
+from prometheus_client import CollectorRegistry
+
+from models.baselines import Persistence
+from models.series import panel_from_counts
+from placement.adapters.prom import PromHistorySource
+from placement.domain import Adapter, AdapterId, Catalog, PodId, Tier
+from placement.emulator import EmulatedFleet, PodConfig, serving_in_thread
+from placement.plan import AdapterPlan, Plan, PodPlan
+from placement.router import build_router
+from placement.router.wiring import ServedApp, free_port
+from placement.settings import RouterSettings, Settings
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+RULES = REPO / "deploy" / "monitoring" / "rules.yaml"
+BUCKET_S = 6
+FAST = Settings(
+    router=RouterSettings(
+        scrape_interval_s=0.05, plan_poll_s=0.05, listing_every_scrapes=4, log_flush_s=0.05
+    )
+)
+SENT = {"alpha": 7, "beta": 3}
+
+
+def wait_for(predicate: Callable[[], bool], *, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def free_port_block(n: int) -> int:
+    """A base port whose next n ports are free (the emulator takes consecutive ports)."""
+    for _ in range(50):
+        base = free_port()
+        if base + n < 65000 and all(_free(base + i) for i in range(n)):
+            return base
+    raise RuntimeError("no block of free ports")
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def catalog() -> Catalog:
+    return Catalog(
+        adapters=tuple(
+            Adapter(
+                name=AdapterId(name),
+                base_model="base-model",
+                rank=8,
+                alpha=8.0,
+                target_modules=("q_proj", "v_proj"),
+                dtype="float16",
+                source=f"s3://adapters/{name}",
+                size_bytes=50_000_000,
+            )
+            for name in SENT
+        )
+    )
+
+
+def plan() -> Plan:
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    return Plan(
+        id="live",
+        created_at=now,
+        valid_from=now,
+        valid_until=now.replace(year=2027),
+        pods=MappingProxyType(
+            {
+                PodId("pod-0"): PodPlan(hot=(AdapterId("alpha"),)),
+                PodId("pod-1"): PodPlan(hot=(AdapterId("beta"),)),
+            }
+        ),
+        adapters=MappingProxyType(
+            {
+                AdapterId("alpha"): AdapterPlan(
+                    tier=Tier.HOT, pods=MappingProxyType({PodId("pod-0"): 1.0})
+                ),
+                AdapterId("beta"): AdapterPlan(
+                    tier=Tier.HOT, pods=MappingProxyType({PodId("pod-1"): 1.0})
+                ),
+            }
+        ),
+    )
+
+
+@contextlib.contextmanager
+def router_with_pods() -> Iterator[str]:
+    config = replace(PodConfig(), max_loras=2, max_cpu_loras=4)
+    fleet = EmulatedFleet.start(2, base_port=free_port_block(2), config=config)
+    with serving_in_thread(fleet.handles):
+        app = build_router(
+            fleet=fleet.domain(),
+            plan=plan(),
+            catalog=catalog(),
+            settings=FAST,
+            registry=CollectorRegistry(),
+        )
+        with ServedApp(app) as served:
+            yield served.url
+
+
+@contextlib.contextmanager
+def prometheus(binary: str, tmp_path: Path, *, target: str) -> Iterator[str]:
+    port = free_port()
+    config = {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "rule_files": [str(RULES)],
+        "scrape_configs": [
+            {"job_name": "router", "static_configs": [{"targets": [target]}]},
+        ],
+    }
+    config_path = tmp_path / "prometheus.yml"
+    config_path.write_text(yaml.safe_dump(config))
+    log_path = tmp_path / "prometheus.log"
+    with log_path.open("w") as log:
+        process = subprocess.Popen(
+            [
+                binary,
+                f"--config.file={config_path}",
+                f"--storage.tsdb.path={tmp_path / 'data'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                "--storage.tsdb.retention.time=1h",
+                "--log.level=warn",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: _ready(url, process), timeout_s=20, what="prometheus to be ready")
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=5)
+
+
+def _ready(url: str, process: subprocess.Popen[bytes]) -> bool:
+    if process.poll() is not None:
+        raise AssertionError(f"prometheus exited with status {process.returncode}")
+    try:
+        return httpx.get(f"{url}/-/ready", timeout=1).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+def instant(url: str, query: str) -> list[dict[str, object]]:
+    answer = httpx.get(f"{url}/api/v1/query", params={"query": query}, timeout=5).json()
+    result: list[dict[str, object]] = answer["data"]["result"]
+    return result
+
+
+def test_counts_scraped_from_the_router_come_back_for_the_forecast(
+    prometheus_binary: str, tmp_path: Path
+) -> None:
+    with router_with_pods() as router_url:
+        target = router_url.removeprefix("http://")
+        with prometheus(prometheus_binary, tmp_path, target=target) as prom_url:
+            wait_for(
+                lambda: bool(instant(prom_url, 'up{job="router"} == 1')),
+                timeout_s=10,
+                what="the first scrape of the router",
+            )
+            # Start the requests just after a bucket boundary so they share one bucket.
+            wait_for(lambda: time.time() % BUCKET_S < 0.3, timeout_s=BUCKET_S + 1, what="a bucket")
+            bucket_start_s = math.floor(time.time() / BUCKET_S) * BUCKET_S
+            with httpx.Client(base_url=router_url, timeout=10) as client:
+                for adapter, count in SENT.items():
+                    for _ in range(count):
+                        answer = client.post(
+                            "/v1/completions",
+                            json={"model": adapter, "prompt": "hi", "max_tokens": 1},
+                        )
+                        assert answer.status_code == 200, answer.text
+            sent_within_bucket = time.time() < bucket_start_s + BUCKET_S - 1.5
+            bucket_end_s = bucket_start_s + BUCKET_S
+            wait_for(
+                lambda: time.time() > bucket_end_s + 1.5,
+                timeout_s=BUCKET_S + 3,
+                what="the bucket to close",
+            )
+            rule_groups = httpx.get(f"{prom_url}/api/v1/rules", timeout=5).json()
+            with PromHistorySource(prom_url) as source:
+                frame = source.request_counts(
+                    start=datetime.fromtimestamp(bucket_start_s - 3 * BUCKET_S, tz=UTC),
+                    end=datetime.fromtimestamp(bucket_end_s, tz=UTC),
+                    bucket_s=BUCKET_S,
+                )
+                log = source.request_log(
+                    start=datetime.fromtimestamp(bucket_start_s - 3 * BUCKET_S, tz=UTC),
+                    end=datetime.fromtimestamp(bucket_end_s, tz=UTC),
+                    bucket_s=BUCKET_S,
+                )
+    totals = frame.groupby("adapter")["requests"].sum().to_dict()
+    assert totals == SENT
+    # Prometheus loaded the shipped rules and evaluates them without error.
+    health = {
+        rule["name"]: rule["health"]
+        for group in rule_groups["data"]["groups"]
+        for rule in group["rules"]
+    }
+    assert health and set(health.values()) <= {"ok", "unknown"}, health
+    # The forecast reads the counts: persistence repeats the last bucket's requests.
+    panel = panel_from_counts(log.counts(BUCKET_S), bucket_s=BUCKET_S, end_s=int(bucket_end_s))
+    assert dict(zip(panel.adapters, panel.counts.sum(axis=0), strict=True)) == SENT
+    if sent_within_bucket:
+        forecast = Persistence().fit(panel).predict(panel, horizon=1)
+        assert dict(zip(panel.adapters, forecast.mean[0], strict=True)) == SENT
