@@ -93,7 +93,7 @@ def _note_admission(router: Router, state: PodState, exchange: Exchange) -> None
     """The request takes a GPU slot on the pod: update the ledger, count activations."""
     if exchange.outcome is None:
         return
-    state.ledger.activate(AdapterId(exchange.model))
+    state.note_use(AdapterId(exchange.model), router.clock())
     if exchange.outcome is Outcome.CPU_HIT:
         router.metrics.loads.labels(pod=state.upstream.pod, reason="activation").inc()
 

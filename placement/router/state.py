@@ -45,6 +45,7 @@ class PodState:
         "healthy",
         "inflight",
         "inflight_at_scrape",
+        "last_used_s",
         "ledger",
         "loading",
         "metrics",
@@ -65,6 +66,8 @@ class PodState:
         self.service_ms = 50.0
         #: Adapters being brought onto this pod, each with the future its waiters share.
         self.loading: dict[AdapterId, asyncio.Future[None]] = {}
+        #: When each adapter was last routed here, on the router's clock.
+        self.last_used_s: dict[AdapterId, float] = {}
 
     # -- policies.routing.PodLike, read straight from the live state (no copy) --------
 
@@ -111,6 +114,18 @@ class PodState:
     @property
     def max_loras(self) -> int:
         return self.ledger.max_loras
+
+    @property
+    def victim_last_used_s(self) -> float:
+        """When the adapter this pod would evict next was last routed here."""
+        victim = next(iter(self.ledger.active_view), None)
+        return 0.0 if victim is None else self.last_used_s.get(victim, 0.0)
+
+    def note_use(self, adapter: AdapterId, now_s: float) -> None:
+        self.ledger.activate(adapter)
+        self.last_used_s[adapter] = now_s
+        if len(self.last_used_s) > 4 * self.ledger.max_cpu_loras + 64:
+            self.last_used_s = {a: self.last_used_s.get(a, 0.0) for a in self.ledger.active_view}
 
     def queue_len(self) -> float:
         """Requests waiting at the pod: the last scrape plus what the router sent since."""

@@ -91,7 +91,12 @@ class Pods:
 
 @contextlib.contextmanager
 def emulated(
-    n: int, *, engine: Engine = Engine.VLLM, max_loras: int = 2, max_cpu_loras: int = 8, **extra: Any
+    n: int,
+    *,
+    engine: Engine = Engine.VLLM,
+    max_loras: int = 2,
+    max_cpu_loras: int = 8,
+    **extra: Any,
 ) -> Iterator[Pods]:
     config = replace(
         PodConfig(), engine=engine, max_loras=max_loras, max_cpu_loras=max_cpu_loras, **extra

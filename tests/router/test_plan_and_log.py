@@ -102,7 +102,9 @@ ROWS = [
 
 
 @pytest.mark.parametrize(
-    "make", [ParquetRequestLog, lambda d: JsonLinesRequestLog(d / "log.jsonl")], ids=["parquet", "jsonl"]
+    "make",
+    [ParquetRequestLog, lambda d: JsonLinesRequestLog(d / "log.jsonl")],
+    ids=["parquet", "jsonl"],
 )
 def test_log_files_read_back_through_the_forecasters_reader(tmp_path: Path, make) -> None:  # type: ignore[no-untyped-def]
     sink = make(tmp_path)
@@ -114,7 +116,14 @@ def test_log_files_read_back_through_the_forecasters_reader(tmp_path: Path, make
     assert sum(len(frame) for frame in frames) == len(ROWS)
     first = frames[0]
     assert list(first.columns[:8]) == [
-        "ts", "adapter", "tenant", "prompt_tokens", "output_tokens", "pod", "outcome", "ttft_ms"
+        "ts",
+        "adapter",
+        "tenant",
+        "prompt_tokens",
+        "output_tokens",
+        "pod",
+        "outcome",
+        "ttft_ms",
     ]
     assert str(first["ts"].dt.tz) == "UTC"
     if make is ParquetRequestLog:
@@ -123,15 +132,16 @@ def test_log_files_read_back_through_the_forecasters_reader(tmp_path: Path, make
 
 def test_a_client_that_goes_away_cancels_the_upstream_request() -> None:
     slow = replace(Latency(), tpot_ms=50.0)
-    with emulated(1, latency=slow) as pods:
-        with router_for(pods.domain, plan=None, catalog=catalog_of(["alpha"])) as router:
-            body = {"model": "alpha", "prompt": "p", "max_tokens": 400, "stream": True}
-            with httpx.Client() as http, http.stream(
-                "POST", f"{router.url}/v1/completions", json=body, timeout=10
-            ) as reply:
-                lines = reply.iter_lines()
-                next(lines)
-            pod = pods.fleet.pod("pod-0")
-            _wait_for(lambda: sum(pod.running.values()) == 0, timeout_s=3.0)
-            _wait_for(lambda: len(router.log.rows) == 1)
-            assert router.log.rows[0].status == 499
+    catalog = catalog_of(["alpha"])
+    with emulated(1, latency=slow) as pods, router_for(pods.domain, catalog=catalog) as router:
+        body = {"model": "alpha", "prompt": "p", "max_tokens": 400, "stream": True}
+        with (
+            httpx.Client() as http,
+            http.stream("POST", f"{router.url}/v1/completions", json=body, timeout=10) as reply,
+        ):
+            lines = reply.iter_lines()
+            next(lines)
+        pod = pods.fleet.pod("pod-0")
+        _wait_for(lambda: sum(pod.running.values()) == 0, timeout_s=3.0)
+        _wait_for(lambda: len(router.log.rows) == 1)
+        assert router.log.rows[0].status == 499

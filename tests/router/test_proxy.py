@@ -74,10 +74,13 @@ def test_models_health_and_metrics_describe_the_plan() -> None:
 
 
 def test_unknown_model_is_a_404_in_openai_shape() -> None:
-    with emulated(1) as pods, router_for(pods.domain, plan=None) as router:
-        # One pool: any name goes to it by hashing, and the pod says it does not exist.
-        with pytest.raises(openai.NotFoundError):
-            router.client().completions.create(model="nobody", prompt="a", max_tokens=1)
+    # One pool: any name goes to it by hashing, and the pod says it does not exist.
+    with (
+        emulated(1) as pods,
+        router_for(pods.domain, plan=None) as router,
+        pytest.raises(openai.NotFoundError),
+    ):
+        router.client().completions.create(model="nobody", prompt="a", max_tokens=1)
 
 
 def test_base_model_requests_reach_a_pod() -> None:

@@ -134,7 +134,7 @@ def test_a_503_from_a_dying_pod_is_retried_once_on_the_next_pod() -> None:
             pods.fleet.pod("pod-0").kill(30.0)
             answer = client.completions.create(model="alpha", prompt="p", max_tokens=1)
             assert answer.choices[0].text
-            assert 'lorafleet_upstream_retries_total 1.0' in router.get("/metrics")
+            assert "lorafleet_upstream_retries_total 1.0" in router.get("/metrics")
         assert pods.fleet.pod("pod-1").counters["requests"] == 1
 
 
@@ -144,12 +144,16 @@ def test_a_refused_connection_is_retried_on_the_next_pod() -> None:
 
     with emulated(1) as pods:
         pool = pods.domain.pools[0]
-        ghost = replace(pool.pods[0], name=PodId("pod-ghost"), url=f"http://127.0.0.1:{free_port()}")
+        ghost = replace(
+            pool.pods[0], name=PodId("pod-ghost"), url=f"http://127.0.0.1:{free_port()}"
+        )
         fleet = Fleet(pools=(replace(pool, pods=(ghost, *pool.pods)),))
         plan = plan_of({"alpha": ["pod-ghost"]})
         # The ghost passes for healthy until its first scrape fails; request before that.
         settings = Settings(router=RouterSettings(scrape_interval_s=30.0))
-        with router_for(fleet, plan=plan, catalog=catalog_of(["alpha"]), settings=settings) as router:
+        with router_for(
+            fleet, plan=plan, catalog=catalog_of(["alpha"]), settings=settings
+        ) as router:
             assert router.get("/healthz")["healthy_pods"] == ["pod-0"]
             for state in router.app.router.topology.pods.values():
                 state.healthy = True

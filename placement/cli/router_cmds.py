@@ -1,0 +1,97 @@
+"""``lorafleet router``: serve the plan-following OpenAI-compatible proxy (issue 8)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from placement.cli.app import app, err, report_errors
+from placement.domain import Catalog, Fleet
+from placement.errors import InputError, Problem
+from placement.inputs import load_catalog, load_fleet
+from placement.router.sources import FilePlanSource, PlanSource, PodSource
+from placement.router.wiring import build_router, run_router
+
+CONFIGMAP_PREFIX = "configmap:"
+
+
+def _configmap_source(spec: str) -> PlanSource:
+    from placement.adapters.kube import KubePlanStore, KubeTarget, connect
+    from placement.router.kube_sources import StorePlanSource
+
+    namespace, _, name = spec.removeprefix(CONFIGMAP_PREFIX).partition("/")
+    if not namespace or not name:
+        raise InputError(
+            [Problem(source="--plan", message=f"expected configmap:NAMESPACE/NAME, got {spec!r}")]
+        )
+    target = KubeTarget(namespace=namespace, plan_configmap=name)
+    return StorePlanSource(KubePlanStore(connect(), target=target), description=spec)
+
+
+def _selector_source(selector: str, namespace: str, fleet: Fleet | None) -> PodSource:
+    from placement.adapters.kube import KubePods, KubeTarget, connect
+    from placement.router.kube_sources import DiscoveryPodSource
+
+    target = KubeTarget(namespace=namespace, selector=selector)
+    return DiscoveryPodSource(
+        KubePods(connect(), target=target), fleet=fleet, description=f"selector {selector}"
+    )
+
+
+def _plan_source(plan: str | None) -> PlanSource | None:
+    if plan is None:
+        return None
+    if plan.startswith(CONFIGMAP_PREFIX):
+        return _configmap_source(plan)
+    return FilePlanSource(Path(plan))
+
+
+@app.command()
+@report_errors
+def router(
+    plan: Annotated[
+        str | None,
+        typer.Option(help="plan.json (watched) or configmap:NAMESPACE/NAME; none: hashing"),
+    ] = None,
+    fleet: Annotated[Path | None, typer.Option(help="fleet.yaml: the pods to route to")] = None,
+    selector: Annotated[
+        str | None, typer.Option(help="label selector of the serving pods (Kubernetes)")
+    ] = None,
+    namespace: Annotated[str, typer.Option(help="namespace for --selector")] = "default",
+    catalog: Annotated[
+        Path | None, typer.Option(help="catalog.yaml: lets the router load cold adapters")
+    ] = None,
+    request_log: Annotated[
+        Path | None,
+        typer.Option(help="directory of hourly Parquet files, or a .jsonl file"),
+    ] = None,
+    host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="port to listen on")] = 8080,
+) -> None:
+    """Route OpenAI requests to the pods that hold each adapter, following the plan."""
+    if (fleet is None) == (selector is None):
+        raise InputError(
+            [Problem(source="router", message="give exactly one of --fleet or --selector")]
+        )
+    parsed_fleet = load_fleet(fleet) if fleet is not None else None
+    parsed_catalog: Catalog | None = (
+        load_catalog(catalog, fleet=parsed_fleet) if catalog is not None else None
+    )
+    pod_source = (
+        _selector_source(selector, namespace, parsed_fleet) if selector is not None else None
+    )
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    app_ = build_router(
+        fleet=parsed_fleet,
+        pod_source=pod_source,
+        plan=_plan_source(plan),
+        catalog=parsed_catalog,
+        request_log=request_log,
+    )
+    if plan is None:
+        err().print("no --plan: routing every adapter by consistent hashing")
+    err().print(f"lorafleet router on http://{host}:{port}")
+    run_router(app_, host=host, port=port)
