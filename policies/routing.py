@@ -57,6 +57,10 @@ class PodLike(Protocol):
     def free_slots(self) -> int: ...
     @property
     def max_loras(self) -> int: ...
+    #: When the adapter this pod would evict next was last used (seconds on the
+    #: caller's clock); lower is a cheaper eviction. Ignored with a free slot.
+    @property
+    def victim_last_used_s(self) -> float: ...
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -75,6 +79,7 @@ class PodView:
     loading: frozenset[str] = frozenset()
     free_slots: int = 0
     max_loras: int = 1
+    victim_last_used_s: float = 0.0
     healthy: bool = True
 
 
@@ -96,6 +101,9 @@ class RoutingContext:
     reject_kv_usage: float = 0.95
     #: Requests for an adapter loading on a pod go to that pod (seed 000's stampede).
     coalesce: bool = True
+    #: A load costs more than its own wait: its batch drain stalls every request on
+    #: that pod (seed 000: the swap penalty is 2-10x the load-balancing penalty).
+    load_penalty_factor: float = 2.0
 
 
 class RouteReason(enum.StrEnum):
@@ -282,10 +290,11 @@ def route_llmd(ctx: RoutingContext, *, weights: LlmdWeights = LlmdWeights()) -> 
 
 
 def predicted_delay_s(pod: PodLike, ctx: RoutingContext) -> float:
-    """Queue delay a new request would see: the queue ahead, plus a load in progress."""
+    """Queue delay a new request would see: the queue ahead, plus what is left (half,
+    on average) of a load in progress."""
     delay = pod.queue_depth * ctx.per_request_s
     if pod.loading and ctx.adapter not in pod.loading:
-        delay += ctx.warm_load_s
+        delay += 0.5 * ctx.warm_load_s
     return delay
 
 
@@ -293,21 +302,31 @@ def load_penalty_s(pod: PodLike, ctx: RoutingContext) -> float:
     """What a load of the adapter on ``pod`` costs: 0 when it is on a GPU slot there."""
     if _holds(pod, ctx.adapter):
         return 0.0
-    return ctx.warm_load_s if ctx.adapter in pod.registered else ctx.cold_load_s
+    load_s = ctx.warm_load_s if ctx.adapter in pod.registered else ctx.cold_load_s
+    return load_s * ctx.load_penalty_factor
 
 
 def _bounded_pick(ctx: RoutingContext, candidates: Sequence[PodLike]) -> tuple[PodLike, bool]:
-    """Cheapest pod by predicted delay plus load penalty; True when it is warm."""
+    """Cheapest pod by predicted delay plus load penalty; True when it is warm.
+
+    On equal cost a warm pod wins (staying put keeps residency long), then a pod with a
+    free slot (no eviction), then the pod whose next victim has been idle longest (so
+    the fleet's slots act as one LRU cache), then the one with the fewest running.
+    """
     best: PodLike = candidates[0]
-    best_cost = float("inf")
-    best_warm = False
+    best_key = (float("inf"), 2, 0.0, 0)
     for pod in candidates:
         penalty = load_penalty_s(pod, ctx)
-        cost = predicted_delay_s(pod, ctx) + penalty
-        # On equal cost a warm pod wins: staying put is what keeps residency long.
-        if cost < best_cost or (cost == best_cost and penalty == 0.0 and not best_warm):
-            best, best_cost, best_warm = pod, cost, penalty == 0.0
-    return best, best_warm
+        if penalty == 0.0:
+            key = (predicted_delay_s(pod, ctx), 0, 0.0, pod.running)
+        elif pod.free_slots > 0:
+            key = (predicted_delay_s(pod, ctx) + penalty, 1, 0.0, pod.running)
+        else:
+            cost = predicted_delay_s(pod, ctx) + penalty
+            key = (cost, 2, pod.victim_last_used_s, pod.running)
+        if key < best_key:
+            best, best_key = pod, key
+    return best, best_key[1] == 0
 
 
 def route_bounded(ctx: RoutingContext) -> RouteDecision:
@@ -331,8 +350,9 @@ def route_hash(
     tail: bool = False,
     general_pool: Collection[str] = (),
 ) -> RouteDecision:
-    """Seed 001: the adapter's ``replicas`` owners on the ring (least delay, warm first);
-    a long-tail adapter (``tail``) goes to the general pool by bounded affinity."""
+    """Seed 001: the adapter's ``replicas`` owners on the ring, or a pod already holding
+    it, whichever costs least (delay plus load penalty); a long-tail adapter (``tail``)
+    goes to the general pool by bounded affinity."""
     candidates, early = _prelude(ctx)
     if early is not None:
         return early
@@ -341,12 +361,12 @@ def route_hash(
         if pool:
             return RouteDecision(_bounded_pick(ctx, pool)[0].pod_id, RouteReason.GENERAL_POOL)
     owners = ring.replicas(ctx.adapter, replicas)
-    chosen = [pod for pod in candidates if pod.pod_id in owners]
+    chosen = [pod for pod in candidates if pod.pod_id in owners or _holds(pod, ctx.adapter)]
     if not chosen:
         # Every owner is down or saturated: widen to the next pods on the ring.
         wider = ring.replicas(ctx.adapter, len(ring.pod_ids))
         chosen = [pod for pod in candidates if pod.pod_id in wider] or candidates
-    best = min(chosen, key=lambda pod: (predicted_delay_s(pod, ctx), load_penalty_s(pod, ctx)))
+    best = min(chosen, key=lambda pod: predicted_delay_s(pod, ctx) + load_penalty_s(pod, ctx))
     return RouteDecision(best.pod_id, RouteReason.HASH)
 
 

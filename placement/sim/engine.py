@@ -1,0 +1,466 @@
+"""The discrete-event fleet model: pods, their adapter caches, batches and loads.
+
+Per pod: GPU slots (an LRU of ``max_loras``, as vLLM activates adapters), a host
+cache (an LRU of ``max_cpu_loras``), a running batch of up to ``max_num_seqs``, a FIFO
+queue, and adapter loads in seed 000's phases. A load drains the batch first (up to
+``max_drain_ms``) and the pod admits nothing new until the weights are in: that is
+the convoy effect. The step cost rises with batch size and distinct adapters.
+
+Events live on one heap of ``(time_s, kind, pod, request)`` tuples merged with the
+sorted arrivals; state is plain lists, dicts and deques so that a replay runs at
+over a million requests a minute. Routing and eviction are the pure functions of
+``policies``; the router object passed in decides where each request goes.
+Owns no IO and no wall clock.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from collections import deque
+from dataclasses import dataclass, field
+from heapq import heappop, heappush
+from typing import Protocol
+
+from placement.settings import LoadCostSettings, SimSettings
+from placement.sim.workload import SimWorkload
+from policies.eviction import (
+    CacheEntry,
+    EvictionContext,
+    EvictionPolicy,
+    EvictionSettings,
+    choose_victim,
+)
+from policies.routing import RouteDecision, RouteReason
+
+DONE, LOAD_DONE, RETRY, PLAN = 0, 1, 2, 3
+GPU_HIT, CPU_HIT, COLD_LOAD, REJECTED = 0, 1, 2, -1
+#: A request waiting on memory pressure is rejected after this many retries.
+MAX_RETRIES = 200
+
+
+@dataclass(frozen=True, kw_only=True)
+class PodSpec:
+    pod_id: str
+    max_loras: int
+    max_cpu_loras: int
+    capacity_rps: float = 1.0
+
+
+class SimPod:
+    """One pod's live state; satisfies ``policies.routing.PodLike`` without copies."""
+
+    __slots__ = (
+        "busy_until",
+        "gpu_adapters",
+        "gpu_util",
+        "healthy",
+        "kv_tokens",
+        "kv_usage",
+        "last_used",
+        "load_adapter",
+        "load_cold",
+        "loading",
+        "max_cpu_loras",
+        "max_loras",
+        "pinned",
+        "pod_id",
+        "queue",
+        "queue_depth",
+        "recent",
+        "registered",
+        "running",
+        "running_adapters",
+        "served",
+        "uses",
+        "waiting_adapters",
+    )
+
+    def __init__(self, spec: PodSpec) -> None:
+        self.pod_id = spec.pod_id
+        self.max_loras = spec.max_loras
+        self.max_cpu_loras = spec.max_cpu_loras
+        self.healthy = True
+        self.queue: deque[int] = deque()
+        self.queue_depth = 0
+        self.running = 0
+        self.kv_tokens = 0
+        self.kv_usage = 0.0
+        self.gpu_util = 0.0
+        #: adapter -> the time it landed on the slot; dict order is LRU order.
+        self.gpu_adapters: dict[str, float] = {}
+        self.registered: dict[str, None] = {}
+        self.running_adapters: dict[str, int] = {}
+        self.waiting_adapters: dict[str, int] = {}
+        self.loading: set[str] = set()
+        self.load_adapter: str | None = None
+        self.load_cold = False
+        self.pinned: frozenset[str] = frozenset()
+        self.busy_until = 0.0
+        self.last_used: dict[str, float] = {}
+        self.uses: dict[str, int] = {}
+        self.recent: dict[str, deque[float]] = {}
+        self.served: set[str] = set()
+
+    @property
+    def free_slots(self) -> int:
+        return self.max_loras - len(self.gpu_adapters) - len(self.loading)
+
+    @property
+    def victim_last_used_s(self) -> float:
+        victim = _lru_victim(self)
+        return math.inf if victim is None else self.last_used.get(victim, 0.0)
+
+
+class SimRouter(Protocol):
+    """What the engine asks of a policy: where to send a request, and when to replan."""
+
+    eviction: EvictionPolicy
+
+    def route(self, adapter: str, now_s: float) -> RouteDecision: ...
+
+    def observe(self, adapter: str, now_s: float) -> bool:
+        """Note an arrival; True asks the engine for an early replan."""
+        ...
+
+    def plan(self, now_s: float, engine: Engine) -> dict[str, frozenset[str]] | None:
+        """Replan; returns the adapters each pod should hold hot (None: no planning)."""
+        ...
+
+
+@dataclass
+class SimLog:
+    """What happened to every request and every load, for the metrics."""
+
+    pod: list[int]
+    outcome: list[int]
+    ttft_ms: list[float]
+    end_s: list[float]
+    #: (start_s, end_s, pod index, from storage) per load.
+    loads: list[tuple[float, float, int, bool]] = field(default_factory=list)
+    residency_s: list[float] = field(default_factory=list)
+    plans: int = 0
+
+
+class Engine:
+    """One replay of one workload under one router."""
+
+    def __init__(
+        self,
+        workload: SimWorkload,
+        specs: list[PodSpec],
+        *,
+        sim: SimSettings,
+        load_cost: LoadCostSettings,
+        eviction_settings: EvictionSettings | None = None,
+    ) -> None:
+        self.workload = workload
+        self.pods = [SimPod(spec) for spec in specs]
+        self.specs = specs
+        self.index = {spec.pod_id: i for i, spec in enumerate(specs)}
+        self.sim = sim
+        self.load_cost = load_cost
+        self.eviction_settings = eviction_settings or EvictionSettings()
+        count = len(workload)
+        self.log = SimLog(
+            pod=[-1] * count, outcome=[REJECTED] * count, ttft_ms=[0.0] * count, end_s=[0.0] * count
+        )
+        self.heap: list[tuple[float, int, int, int]] = []
+        self.retries: dict[int, int] = {}
+        self.preload_names: list[str] = []
+        self.preload_code: dict[str, int] = {}
+        self.now_s = 0.0
+        self.arrived = 0
+        self._next_use: dict[str, list[float]] | None = None
+        self._track_recent = False
+        self.router_eviction = EvictionPolicy.LRU
+
+    # --- the loop ------------------------------------------------------------------
+
+    def run(self, router: SimRouter) -> SimLog:
+        self._track_recent = router.eviction in (
+            EvictionPolicy.TIME_WEIGHTED_LRU,
+            EvictionPolicy.CHAMELEON,
+        )
+        if router.eviction is EvictionPolicy.BELADY:
+            self._next_use = self._arrivals_by_adapter()
+        arrivals = self.workload.arrival_s
+        count = len(arrivals)
+        heap = self.heap
+        self.router_eviction = router.eviction
+        if count:
+            heappush(heap, (0.0, PLAN, -1, -1))
+        i = 0
+        while i < count or heap:
+            if heap and (i >= count or heap[0][0] <= arrivals[i]):
+                now_s, kind, p, r = heappop(heap)
+                self.now_s = now_s
+                if kind == DONE:
+                    self._done(p, r, now_s)
+                elif kind == LOAD_DONE:
+                    self._load_done(p, now_s)
+                elif kind == RETRY:
+                    self._route(router, r, now_s)
+                else:
+                    self._plan(router, now_s, scheduled=True)
+                continue
+            now_s = arrivals[i]
+            self.now_s = now_s
+            self.arrived = i + 1
+            if router.observe(self.workload.adapters[i], now_s):
+                self._plan(router, now_s, scheduled=False)
+            self._route(router, i, now_s)
+            i += 1
+        self._close_residency()
+        return self.log
+
+    def _plan(self, router: SimRouter, now_s: float, *, scheduled: bool) -> None:
+        hot = router.plan(now_s, self)
+        if (
+            scheduled
+            and hot is not None
+            and now_s + self.sim.plan_interval_s <= self.workload.duration_s
+        ):
+            heappush(self.heap, (now_s + self.sim.plan_interval_s, PLAN, -1, -1))
+        if hot is None:
+            return
+        self.log.plans += 1
+        for p, pod in enumerate(self.pods):
+            wanted = hot.get(pod.pod_id, frozenset())
+            pod.pinned = wanted
+            for adapter in sorted(wanted):
+                if adapter not in pod.gpu_adapters and adapter not in pod.loading:
+                    pod.queue.append(-1 - self._code(adapter))
+            self._pump(p, now_s)
+
+    def _code(self, adapter: str) -> int:
+        code = self.preload_code.get(adapter)
+        if code is None:
+            code = self.preload_code[adapter] = len(self.preload_names)
+            self.preload_names.append(adapter)
+        return code
+
+    # --- requests ------------------------------------------------------------------
+
+    def _route(self, router: SimRouter, r: int, now_s: float) -> None:
+        adapter = self.workload.adapters[r]
+        decision = router.route(adapter, now_s)
+        if decision.pod_id is None:
+            tries = self.retries.get(r, 0)
+            if decision.reason is RouteReason.PRESSURE_WAIT and tries < MAX_RETRIES:
+                self.retries[r] = tries + 1
+                heappush(self.heap, (now_s + self.sim.pressure_retry_s, RETRY, -1, r))
+            return
+        p = self.index[decision.pod_id]
+        pod = self.pods[p]
+        if adapter in pod.gpu_adapters:
+            outcome = GPU_HIT
+        elif adapter in pod.loading:
+            outcome = COLD_LOAD if pod.load_cold else CPU_HIT
+        else:
+            outcome = CPU_HIT if adapter in pod.registered else COLD_LOAD
+        self.log.outcome[r] = outcome
+        self.log.pod[r] = p
+        pod.queue.append(r)
+        pod.queue_depth += 1
+        waiting = pod.waiting_adapters
+        waiting[adapter] = waiting.get(adapter, 0) + 1
+        self._pump(p, now_s)
+
+    def _pump(self, p: int, now_s: float) -> None:
+        pod = self.pods[p]
+        queue = pod.queue
+        adapters = self.workload.adapters
+        max_seqs = self.sim.max_num_seqs
+        while queue and pod.load_adapter is None:
+            r = queue[0]
+            adapter = adapters[r] if r >= 0 else self.preload_names[-1 - r]
+            if r < 0 and adapter not in pod.pinned:
+                queue.popleft()  # a preload the latest plan no longer wants
+                continue
+            if adapter not in pod.gpu_adapters:
+                self._start_load(pod, p, adapter, now_s, r)
+                return
+            if r < 0:
+                queue.popleft()
+                continue
+            need = self.workload.prompt_tokens[r] + self.workload.output_tokens[r]
+            if pod.running >= max_seqs or (
+                pod.running and pod.kv_tokens + need > self.sim.kv_capacity_tokens
+            ):
+                return
+            queue.popleft()
+            pod.queue_depth -= 1
+            waiting = pod.waiting_adapters
+            left = waiting[adapter] - 1
+            if left:
+                waiting[adapter] = left
+            else:
+                del waiting[adapter]
+            self._admit(pod, p, r, adapter, need, now_s)
+
+    def _admit(self, pod: SimPod, p: int, r: int, adapter: str, need: int, now_s: float) -> None:
+        sim = self.sim
+        pod.running += 1
+        running = pod.running_adapters
+        running[adapter] = running.get(adapter, 0) + 1
+        pod.kv_tokens += need
+        pod.kv_usage = pod.kv_tokens / sim.kv_capacity_tokens
+        pod.gpu_util = min(1.0, pod.running / sim.max_num_seqs)
+        step_ms = (
+            sim.decode_ms_per_step
+            * (1.0 + sim.batch_step_slowdown * pod.running / sim.max_num_seqs)
+            * (1.0 + sim.adapter_step_cost * (len(running) - 1))
+        )
+        prefill_ms = self.workload.prompt_tokens[r] * sim.prefill_ms_per_token
+        log = self.log
+        log.ttft_ms[r] = (now_s - self.workload.arrival_s[r]) * 1000.0 + prefill_ms
+        end_s = now_s + (prefill_ms + self.workload.output_tokens[r] * step_ms) / 1000.0
+        log.end_s[r] = end_s
+        pod.busy_until = max(pod.busy_until, end_s)
+        slots = pod.gpu_adapters
+        slots[adapter] = slots.pop(adapter)
+        pod.last_used[adapter] = now_s
+        pod.uses[adapter] = pod.uses.get(adapter, 0) + 1
+        pod.served.add(adapter)
+        if self._track_recent:
+            self._remember(pod, adapter, now_s)
+        heappush(self.heap, (end_s, DONE, p, r))
+
+    def _remember(self, pod: SimPod, adapter: str, now_s: float) -> None:
+        recent = pod.recent.get(adapter)
+        if recent is None:
+            recent = pod.recent[adapter] = deque()
+        recent.append(now_s)
+        horizon = now_s - self.eviction_settings.window_s
+        while recent[0] < horizon:
+            recent.popleft()
+
+    def _done(self, p: int, r: int, now_s: float) -> None:
+        pod = self.pods[p]
+        adapter = self.workload.adapters[r]
+        pod.running -= 1
+        running = pod.running_adapters
+        left = running[adapter] - 1
+        if left:
+            running[adapter] = left
+        else:
+            del running[adapter]
+        pod.kv_tokens -= self.workload.prompt_tokens[r] + self.workload.output_tokens[r]
+        pod.kv_usage = pod.kv_tokens / self.sim.kv_capacity_tokens
+        if pod.load_adapter is None:
+            pod.gpu_util = pod.running / self.sim.max_num_seqs
+        self._pump(p, now_s)
+
+    # --- loads ---------------------------------------------------------------------
+
+    def _start_load(self, pod: SimPod, p: int, adapter: str, now_s: float, r: int) -> None:
+        """Seed 000's phases: drain the batch, then deallocate, transfer, init, warm up."""
+        cost = self.load_cost
+        size = self.workload.size_bytes.get(adapter, 0)
+        cold = adapter not in pod.registered
+        drain_ms = min(cost.max_drain_ms, max(0.0, pod.busy_until - now_s) * 1000.0)
+        load_ms = (
+            cost.cold_load_ms(size, drain_ms=drain_ms)
+            if cold
+            else cost.warm_load_ms(size, drain_ms=drain_ms)
+        )
+        if len(pod.gpu_adapters) >= pod.max_loras:
+            self._evict(pod, now_s)
+        pod.load_adapter = adapter
+        pod.load_cold = cold
+        pod.loading.add(adapter)
+        pod.gpu_util = 1.0
+        if r >= 0 and self.log.outcome[r] == GPU_HIT:
+            self.log.outcome[r] = COLD_LOAD if cold else CPU_HIT
+        end_s = now_s + load_ms / 1000.0
+        self.log.loads.append((now_s, end_s, p, cold))
+        heappush(self.heap, (end_s, LOAD_DONE, p, -1))
+
+    def _evict(self, pod: SimPod, now_s: float) -> None:
+        if self.router_eviction is EvictionPolicy.LRU:
+            victim = _lru_victim(pod)
+        else:
+            victim = choose_victim(self._eviction_context(pod, now_s))
+        if victim is None:
+            # Every slot pinned: vLLM has no hard pin, so the least recently used goes.
+            victim = next(iter(pod.gpu_adapters))
+        loaded_at = pod.gpu_adapters.pop(victim)
+        self.log.residency_s.append(now_s - loaded_at)
+
+    def _eviction_context(self, pod: SimPod, now_s: float) -> EvictionContext:
+        size = self.workload.size_bytes
+        entries = [
+            CacheEntry(
+                adapter=adapter,
+                last_used_s=pod.last_used.get(adapter, loaded_at),
+                uses=pod.uses.get(adapter, 0),
+                recent_uses_s=pod.recent.get(adapter, ()),
+                size_bytes=size.get(adapter, 0),
+                pinned=adapter in pod.pinned,
+                in_use=adapter in pod.running_adapters or adapter in pod.waiting_adapters,
+            )
+            for adapter, loaded_at in pod.gpu_adapters.items()
+        ]
+        return EvictionContext(
+            entries=entries,
+            now_s=now_s,
+            policy=self.router_eviction,
+            settings=self.eviction_settings,
+            next_use_s=self._next_uses(pod, now_s),
+        )
+
+    def _next_uses(self, pod: SimPod, now_s: float) -> dict[str, float]:
+        if self._next_use is None:
+            return {}
+        result: dict[str, float] = {}
+        for adapter in pod.gpu_adapters:
+            times = self._next_use.get(adapter, [])
+            k = bisect_right(times, now_s)
+            result[adapter] = times[k] if k < len(times) else math.inf
+        return result
+
+    def _arrivals_by_adapter(self) -> dict[str, list[float]]:
+        by_adapter: dict[str, list[float]] = {}
+        for moment, adapter in zip(self.workload.arrival_s, self.workload.adapters, strict=True):
+            by_adapter.setdefault(adapter, []).append(moment)
+        return by_adapter
+
+    def _load_done(self, p: int, now_s: float) -> None:
+        pod = self.pods[p]
+        adapter = pod.load_adapter
+        assert adapter is not None
+        pod.load_adapter = None
+        pod.loading.discard(adapter)
+        pod.gpu_adapters[adapter] = now_s
+        pod.last_used[adapter] = now_s  # activation counts as a use (vLLM's LRU)
+        registered = pod.registered
+        registered.pop(adapter, None)
+        registered[adapter] = None
+        while len(registered) > pod.max_cpu_loras:
+            victim = next((name for name in registered if name not in pod.gpu_adapters), None)
+            if victim is None:
+                break
+            del registered[victim]
+        pod.gpu_util = pod.running / self.sim.max_num_seqs
+        self._pump(p, now_s)
+
+    def _close_residency(self) -> None:
+        for pod in self.pods:
+            for loaded_at in pod.gpu_adapters.values():
+                self.log.residency_s.append(max(0.0, self.now_s - loaded_at))
+
+
+def _lru_victim(pod: SimPod) -> str | None:
+    """``choose_victim`` for LRU without building entries: the slot dict is in LRU
+    order, so the first idle unpinned adapter, else the first unpinned one. An adapter
+    with requests running or queued counts as in use (Chameleon's reference counts)."""
+    fallback: str | None = None
+    for adapter in pod.gpu_adapters:
+        if adapter in pod.pinned:
+            continue
+        if adapter not in pod.running_adapters and adapter not in pod.waiting_adapters:
+            return adapter
+        if fallback is None:
+            fallback = adapter
+    return fallback

@@ -1,0 +1,106 @@
+"""The figures seed 000 tells operators to watch, computed from one replay's log.
+
+Owns the metric names (the ``--json`` keys) and their definitions:
+
+- ``gpu_hit_rate``: share of served requests whose adapter was on a GPU slot of their
+  pod when they arrived there and stayed until admission; ``cpu_hit_rate``: served
+  requests that waited for a load from host RAM; the rest waited for a storage load.
+- ``loads`` (all adapter loads, preloads included), ``cold_loads`` (from storage),
+  ``loads_per_pod_s`` (over the whole replay) and ``loads_per_pod_s_peak`` (the worst
+  ``metrics_window_s`` window).
+- ``residency_p50_s``/``_p95_s``: how long an adapter stayed on a GPU slot, load to
+  eviction (or the end of the replay).
+- ``ttft_*_ms``: overall, and ``_hit``/``_miss`` by class.
+- ``load_wait_share``: share of pod time spent draining and loading adapters.
+- ``throughput_rps``: served requests over the replay's span.
+- ``distinct_adapters_per_pod``: mean distinct adapters each pod served.
+- ``convoy``: a cascade happened: some window had at least ``convoy_loads_per_pod_s``
+  loads per pod per second while half or more of the pods were loading at once.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from placement.settings import SimSettings
+from placement.sim.engine import COLD_LOAD, CPU_HIT, GPU_HIT, REJECTED, SimLog, SimPod
+
+Metrics = dict[str, float | int | bool]
+
+
+def _pct(values: np.ndarray, q: float) -> float:
+    return float(np.percentile(values, q)) if values.size else 0.0
+
+
+def _ttft(ttft: np.ndarray, mask: np.ndarray, prefix: str) -> Metrics:
+    chosen = ttft[mask]
+    return {f"{prefix}_p{q}_ms": round(_pct(chosen, q), 3) for q in (50, 95, 99)}
+
+
+def _max_concurrent(starts: np.ndarray, ends: np.ndarray) -> int:
+    if not starts.size:
+        return 0
+    times = np.concatenate([starts, ends])
+    steps = np.concatenate([np.ones_like(starts), -np.ones_like(ends)])
+    order = np.lexsort((steps, times))  # at equal times, ends (-1) first
+    return int(np.cumsum(steps[order]).max())
+
+
+def _load_metrics(log: SimLog, pods: int, span_s: float, sim: SimSettings) -> Metrics:
+    loads = np.array(log.loads, dtype=float).reshape(-1, 4)
+    starts, ends = loads[:, 0], loads[:, 1]
+    window = sim.metrics_window_s
+    peak = 0.0
+    convoy = False
+    if starts.size:
+        buckets = (starts // window).astype(np.int64)
+        per_window = np.bincount(buckets)
+        peak = float(per_window.max()) / (pods * window)
+        for bucket in np.nonzero(per_window / (pods * window) >= sim.convoy_loads_per_pod_s)[0]:
+            inside = buckets == bucket
+            if _max_concurrent(starts[inside], ends[inside]) * 2 >= pods:
+                convoy = True
+                break
+    return {
+        "loads": int(starts.size),
+        "cold_loads": int(loads[:, 3].sum()),
+        "loads_per_pod_s": round(starts.size / (pods * span_s), 6),
+        "loads_per_pod_s_peak": round(peak, 6),
+        "load_wait_share": round(float((ends - starts).sum()) / (pods * span_s), 6),
+        "max_pods_loading": _max_concurrent(starts, ends),
+        "convoy": convoy,
+    }
+
+
+def compute_metrics(
+    log: SimLog, pods: list[SimPod], arrival_s: list[float], *, sim: SimSettings
+) -> Metrics:
+    outcome = np.asarray(log.outcome, dtype=np.int8)
+    ttft = np.asarray(log.ttft_ms, dtype=float)
+    served = outcome != REJECTED
+    count = int(served.sum())
+    hits = outcome == GPU_HIT
+    first = arrival_s[0] if arrival_s else 0.0
+    last_end = max(log.end_s, default=0.0)
+    span_s = max(last_end - first, 1e-9)
+    residency = np.asarray(log.residency_s, dtype=float)
+    metrics: Metrics = {
+        "requests": len(outcome),
+        "served": count,
+        "rejected": len(outcome) - count,
+        "gpu_hit_rate": round(float(hits.sum()) / max(count, 1), 6),
+        "cpu_hit_rate": round(float((outcome == CPU_HIT).sum()) / max(count, 1), 6),
+        "cold_load_rate": round(float((outcome == COLD_LOAD).sum()) / max(count, 1), 6),
+    }
+    metrics.update(_load_metrics(log, len(pods), span_s, sim))
+    metrics["residency_p50_s"] = round(_pct(residency, 50), 3)
+    metrics["residency_p95_s"] = round(_pct(residency, 95), 3)
+    metrics.update(_ttft(ttft, served, "ttft"))
+    metrics.update(_ttft(ttft, hits, "ttft_hit"))
+    metrics.update(_ttft(ttft, served & ~hits, "ttft_miss"))
+    metrics["throughput_rps"] = round(count / span_s, 6)
+    metrics["distinct_adapters_per_pod"] = round(
+        sum(len(pod.served) for pod in pods) / max(len(pods), 1), 3
+    )
+    metrics["plans"] = log.plans
+    return metrics

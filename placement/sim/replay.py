@@ -1,0 +1,168 @@
+"""Replay one workload under several policies: the entry point of ``lorafleet replay``.
+
+Owns the choice of router per policy name, the eviction each uses (LRU unless
+swapped; Belady for the oracle) and the per-policy result: the metrics and, when
+asked, the per-request log. Each policy runs on a fresh fleet with the same requests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from placement.domain import Fleet
+from placement.errors import InputError, Problem
+from placement.settings import Settings
+from placement.sim.engine import Engine, PodSpec, SimLog, SimRouter
+from placement.sim.metrics import Metrics, compute_metrics
+from placement.sim.planning import (
+    Forecaster,
+    History,
+    Planner,
+    greedy_rate_planner,
+    recent_and_yesterday,
+    true_future,
+)
+from placement.sim.routers import PLANNED, POLICIES, PlannedRouter, ReactiveRouter
+from placement.sim.workload import SimWorkload
+from policies.eviction import EvictionPolicy, EvictionSettings
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanningParts:
+    """The forecaster and planner ``lorafleet`` uses, and the planner of ``oracle``."""
+
+    forecaster: Forecaster = recent_and_yesterday
+    planner: Planner = greedy_rate_planner
+    oracle_planner: Planner = greedy_rate_planner
+    description: str = "fallback: recent-and-yesterday forecast, greedy-by-rate planner"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReplayResult:
+    policy: str
+    eviction: EvictionPolicy
+    metrics: Metrics
+    log: SimLog
+    pod_ids: tuple[str, ...]
+    plan_sources: dict[str, int]
+
+
+def pod_specs(fleet: Fleet) -> list[PodSpec]:
+    if len(fleet.pools) != 1:
+        names = ", ".join(pool.name for pool in fleet.pools)
+        raise InputError(
+            [Problem(source="fleet", message=f"replay models one pool; this fleet has: {names}")]
+        )
+    return [
+        PodSpec(
+            pod_id=str(pod.name),
+            max_loras=pod.max_loras,
+            max_cpu_loras=max(pod.max_cpu_loras, pod.max_loras),
+            capacity_rps=pod.capacity_rps,
+        )
+        for pod in fleet.pods
+    ]
+
+
+def check_policies(names: Sequence[str]) -> None:
+    unknown = [name for name in names if name not in POLICIES]
+    if unknown:
+        raise InputError(
+            [
+                Problem(
+                    source="--policy",
+                    message=f"unknown policy {name!r}; choose from {', '.join(POLICIES)}",
+                )
+                for name in unknown
+            ]
+        )
+
+
+def _router(
+    name: str,
+    engine: Engine,
+    settings: Settings,
+    eviction: EvictionPolicy,
+    parts: PlanningParts,
+    future: History | None,
+) -> SimRouter:
+    if name not in PLANNED:
+        return ReactiveRouter(name, engine, settings, eviction)
+    if name == "oracle":
+        assert future is not None
+        return PlannedRouter(
+            name,
+            engine,
+            settings,
+            EvictionPolicy.BELADY,
+            forecaster=true_future(future),
+            planner=parts.oracle_planner,
+        )
+    return PlannedRouter(
+        name, engine, settings, eviction, forecaster=parts.forecaster, planner=parts.planner
+    )
+
+
+def _future(workload: SimWorkload) -> History:
+    future = History()
+    for moment, adapter in zip(workload.arrival_s, workload.adapters, strict=True):
+        future.add(adapter, moment)
+    return future
+
+
+def run_policy(
+    name: str,
+    workload: SimWorkload,
+    specs: list[PodSpec],
+    *,
+    settings: Settings,
+    eviction: EvictionPolicy = EvictionPolicy.LRU,
+    parts: PlanningParts | None = None,
+    future: History | None = None,
+) -> ReplayResult:
+    """Replay ``workload`` on a fresh fleet of ``specs`` under policy ``name``."""
+    check_policies([name])
+    chosen_parts = parts or PlanningParts()
+    if name == "oracle" and future is None:
+        future = _future(workload)
+    engine = Engine(
+        workload,
+        specs,
+        sim=settings.sim,
+        load_cost=settings.load_cost,
+        eviction_settings=EvictionSettings(),
+    )
+    router = _router(name, engine, settings, eviction, chosen_parts, future)
+    log = engine.run(router)
+    metrics = compute_metrics(log, engine.pods, workload.arrival_s, sim=settings.sim)
+    sources = router.plan_sources if isinstance(router, PlannedRouter) else {}
+    return ReplayResult(
+        policy=name,
+        eviction=router.eviction,
+        metrics=metrics,
+        log=log,
+        pod_ids=tuple(spec.pod_id for spec in specs),
+        plan_sources=sources,
+    )
+
+
+def run_replay(
+    workload: SimWorkload,
+    fleet: Fleet,
+    policies: Sequence[str],
+    *,
+    settings: Settings,
+    eviction: EvictionPolicy = EvictionPolicy.LRU,
+    parts: PlanningParts | None = None,
+) -> list[ReplayResult]:
+    """Every named policy on the same requests, in the order given."""
+    check_policies(policies)
+    specs = pod_specs(fleet)
+    future = _future(workload) if "oracle" in policies else None
+    return [
+        run_policy(
+            name, workload, specs, settings=settings, eviction=eviction, parts=parts, future=future
+        )
+        for name in policies
+    ]
