@@ -23,7 +23,7 @@ from placement.errors import EngineError
 from placement.executor import ActionResult, ApplyReport, Executor, Ledger, Sleep
 from placement.plan import Plan
 from placement.ports import EngineClient
-from placement.reconcile import PodState, reconcile
+from placement.reconcile import PodState, Schedule, schedule
 from placement.settings import ExecutorSettings
 
 
@@ -111,10 +111,10 @@ async def plan_actions(
     clients: Mapping[PodId, EngineClient],
     catalog: Catalog | None = None,
     ledger: Ledger | None = None,
-) -> tuple[Observation, tuple[Action, ...]]:
-    """What applying ``plan`` would do now (``--dry-run``)."""
+) -> tuple[Observation, Schedule]:
+    """What applying ``plan`` would do now (``--dry-run``), in the order it needs."""
     observation = await observe(fleet, clients, catalog=catalog, ledger=ledger)
-    return observation, reconcile(plan, observation.states)
+    return observation, schedule(plan, observation.states)
 
 
 async def apply_plan(
@@ -131,11 +131,11 @@ async def apply_plan(
     on_result: Callable[[ActionResult], None] | None = None,
 ) -> ApplyOutcome:
     """Observe, reconcile and execute once. Applying the same plan again does nothing."""
-    observation, actions = await plan_actions(
+    observation, steps = await plan_actions(
         plan, fleet=fleet, clients=clients, catalog=catalog, ledger=ledger
     )
     if on_actions is not None:
-        on_actions(actions)
+        on_actions(steps.actions)
     executor = Executor(
         clients,
         lora_paths=lora_paths(catalog),
@@ -145,8 +145,8 @@ async def apply_plan(
         ledger=ledger,
         on_result=on_result,
     )
-    report = await executor.run(actions)
-    return ApplyOutcome(observation=observation, actions=actions, report=report)
+    report = await executor.run(steps.actions, after=steps.after)
+    return ApplyOutcome(observation=observation, actions=steps.actions, report=report)
 
 
 def unreachable_lines(observation: Observation) -> Iterable[str]:

@@ -159,8 +159,12 @@ class Executor:
         self.ledger = ledger if ledger is not None else Ledger()
         self._on_result = on_result
 
-    async def run(self, actions: tuple[Action, ...]) -> ApplyReport:
-        deps = depends_on(actions)
+    async def run(
+        self, actions: tuple[Action, ...], *, after: tuple[tuple[int, ...], ...] | None = None
+    ) -> ApplyReport:
+        """Run ``actions``; ``after`` (from ``reconcile.schedule``) gives what each waits
+        for, else the conservative ``reconcile.depends_on`` order is used."""
+        deps = depends_on(actions) if after is None else after
         finished = [asyncio.Event() for _ in actions]
         results: list[ActionResult | None] = [None] * len(actions)
         gate = asyncio.Semaphore(max(1, self._settings.max_concurrency))

@@ -93,6 +93,9 @@ class _Simulation:
             for adapter in want.adapters:
                 self.homes.setdefault(adapter, set()).add(pod_id)
         self.actions: list[Action] = []
+        #: Where each load was emitted, and the load each make-before-break unload needs.
+        self.loaded_at: dict[tuple[PodId, AdapterId], int] = {}
+        self.waits_on: dict[int, int] = {}
 
     def pods(self) -> list[PodId]:
         return sorted(self.observed)
@@ -101,27 +104,48 @@ class _Simulation:
         return self.observed[pod_id].max_cpu_loras - len(self.regs[pod_id])
 
     def extras(self, pod_id: PodId) -> list[AdapterId]:
-        """Registered adapters the plan does not want here, cheapest to lose first."""
+        """Registered adapters the plan does not want here, cheapest to lose first:
+        wanted nowhere; then those whose unload waits on no load elsewhere (short
+        dependency chains let pods work in parallel); then warm before hot."""
         want = self.wants[pod_id]
         extra = self.regs[pod_id] - set(want.adapters) - want.pinned
-        return sorted(extra, key=lambda a: (self._cost(a), a))
+
+        def key(adapter: AdapterId) -> tuple[int, int, str]:
+            cost = self._cost(adapter)
+            safe, dep = self.support(pod_id, adapter)
+            waits = 0 if cost == 0 else 1 if safe and dep is None else 2
+            return (waits, cost, adapter)
+
+        return sorted(extra, key=key)
 
     def _cost(self, adapter: AdapterId) -> int:
         if adapter not in self.homes:
             return 0
         return 2 if adapter in self.hot_anywhere else 1
 
-    def safe(self, pod_id: PodId, adapter: AdapterId) -> bool:
-        """Unloading keeps a replica where the plan wants one (or the plan wants none)."""
+    def support(self, pod_id: PodId, adapter: AdapterId) -> tuple[bool, int | None]:
+        """Whether unloading keeps a replica where the plan wants one (or the plan wants
+        none), and the index of the load that replica waits on (None: it is there now)."""
         homes = self.homes.get(adapter)
         if not homes:
-            return True
-        return any(
-            other != pod_id and other in self.regs and adapter in self.regs[other]
-            for other in homes
-        )
+            return True, None
+        loads = []
+        for other in sorted(homes):
+            if other == pod_id or other not in self.regs or adapter not in self.regs[other]:
+                continue
+            index = self.loaded_at.get((other, adapter))
+            if index is None:
+                return True, None
+            loads.append(index)
+        return (True, min(loads)) if loads else (False, None)
+
+    def safe(self, pod_id: PodId, adapter: AdapterId) -> bool:
+        return self.support(pod_id, adapter)[0]
 
     def unload(self, pod_id: PodId, adapter: AdapterId, reason: str) -> None:
+        _, dep = self.support(pod_id, adapter)
+        if dep is not None:
+            self.waits_on[len(self.actions)] = dep
         self.regs[pod_id].discard(adapter)
         gpu = self.gpu[pod_id]
         if gpu is not None and adapter in gpu:
@@ -142,6 +166,7 @@ class _Simulation:
         hot = adapter in want.hot
         tier = "pinned" if adapter in want.pinned else "hot" if hot else "warm"
         self.regs[pod_id].add(adapter)
+        self.loaded_at[(pod_id, adapter)] = len(self.actions)
         self.actions.append(
             Load(
                 pod=pod_id,
@@ -153,10 +178,16 @@ class _Simulation:
         if hot:
             self.warm(pod_id, adapter, "hot: pull onto GPU")
 
-    def fill(self, pod_id: PodId) -> bool:
-        """Make room safely where loads wait, then load; True if anything was emitted."""
-        pending = self.pending[pod_id]
-        before = len(self.actions)
+    def load_into_room(self, pod_id: PodId) -> bool:
+        """Load what waits while the pod has room; True if anything was emitted."""
+        pending, before = self.pending[pod_id], len(self.actions)
+        while pending and self.room(pod_id) > 0:
+            self.load(pod_id, pending.pop(0))
+        return len(self.actions) > before
+
+    def make_room(self, pod_id: PodId) -> bool:
+        """Unload safely as many extras as the waiting loads need (or the pod is over)."""
+        pending, before = self.pending[pod_id], len(self.actions)
         short = len(pending) - self.room(pod_id)
         for adapter in self.extras(pod_id):
             if short <= 0:
@@ -165,8 +196,6 @@ class _Simulation:
                 reason = f"full pod: room for {pending[0]}" if pending else "over max_cpu_loras"
                 self.unload(pod_id, adapter, reason)
                 short -= 1
-        while pending and self.room(pod_id) > 0:
-            self.load(pod_id, pending.pop(0))
         return len(self.actions) > before
 
     def force(self) -> bool:
@@ -207,19 +236,46 @@ class _Simulation:
             self.warm(pod_id, adapter, reason)
 
 
+@dataclass(frozen=True, kw_only=True)
+class Schedule:
+    """Reconcile's actions, and for each the indices of earlier ones it must wait for:
+    the previous action on its pod and, for a make-before-break unload, the load of
+    the replica that keeps its adapter served."""
+
+    actions: tuple[Action, ...]
+    after: tuple[tuple[int, ...], ...]
+
+
 def reconcile(desired: Plan, observed: Mapping[PodId, PodState]) -> tuple[Action, ...]:
     """The actions that bring the observed pods to ``desired``, in a safe order."""
+    return schedule(desired, observed).actions
+
+
+def schedule(desired: Plan, observed: Mapping[PodId, PodState]) -> Schedule:
+    """``reconcile`` with the precise order each action needs (see ``Schedule``)."""
     sim = _Simulation(desired, observed)
     while True:
+        # Loads everywhere first, then the unloads they make safe: an unload then waits
+        # on a load of the previous phase, never on a chain through this one.
         progressed = False
         for pod_id in sim.pods():
-            progressed = sim.fill(pod_id) or progressed
+            progressed = sim.load_into_room(pod_id) or progressed
+        for pod_id in sim.pods():
+            progressed = sim.make_room(pod_id) or progressed
         if progressed:
             continue
         if not any(sim.pending.values()) or not sim.force():
             break
     sim.finish()
-    return tuple(sim.actions)
+    last_on_pod: dict[PodId, int] = {}
+    after = []
+    for index, action in enumerate(sim.actions):
+        before = {last_on_pod[action.pod]} if action.pod in last_on_pod else set()
+        if index in sim.waits_on:
+            before.add(sim.waits_on[index])
+        after.append(tuple(sorted(before)))
+        last_on_pod[action.pod] = index
+    return Schedule(actions=tuple(sim.actions), after=tuple(after))
 
 
 def depends_on(actions: tuple[Action, ...]) -> tuple[tuple[int, ...], ...]:

@@ -115,16 +115,16 @@ async def _run(
     limits = httpx.Limits(max_connections=max(8, settings.max_concurrency * 2))
     async with httpx.AsyncClient(limits=limits) as http:
         clients = make_clients(fleet, http=http, timeout_s=timeout_s)
-        observation, actions = await plan_actions(
+        observation, steps = await plan_actions(
             plan, fleet=fleet, clients=clients, catalog=catalog, ledger=ledger
         )
-        _print_diff(out(), actions, observation)
+        _print_diff(out(), steps.actions, observation)
         if dry_run:
             return not observation.unreachable
         with Progress(
             TextColumn("applying"), BarColumn(), MofNCompleteColumn(), console=err()
         ) as progress:
-            task = progress.add_task("apply", total=len(actions))
+            task = progress.add_task("apply", total=len(steps.actions))
 
             def advance(_: ActionResult) -> None:
                 progress.advance(task)
@@ -137,7 +137,7 @@ async def _run(
                 ledger=ledger,
                 on_result=advance,
             )
-            report = await executor.run(actions)
+            report = await executor.run(steps.actions, after=steps.after)
     return _print_outcome(report, observation)
 
 

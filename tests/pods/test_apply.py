@@ -247,8 +247,8 @@ async def test_dry_run_observes_without_changing_anything() -> None:
     fleet = _fleet()
     async with fleet.http() as http:
         clients = make_clients(fleet.domain(), http=http)
-        _, actions = await plan_actions(PLAN_A, fleet=fleet.domain(), clients=clients)
-    assert len(actions) == 20
+        _, steps = await plan_actions(PLAN_A, fleet=fleet.domain(), clients=clients)
+    assert len(steps.actions) == 20
     assert all(not h.pod.listed for h in fleet.handles)
 
 

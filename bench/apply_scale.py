@@ -1,0 +1,189 @@
+"""Apply plans of about 1,000 actions to 64 emulated vLLM pods and report the wall time.
+
+Target (issue 6): 1,000 actions over 64 pods within 30 s. Two steps: from empty pods
+to plan A (loads and warm-ups), then plan A to plan B (moves: loads, warm-ups, then
+unloads). The pods run in a subprocess (``lorafleet emulate``) on real sockets, or
+in-process with ``--in-process``; latencies are the emulate command's defaults
+(cold load 10 ms + 0.2 ms/MB, GPU swap 25 ms, TTFT 20 ms). The baseline in the same
+run is the critical path: the slowest pod's sum of simulated action times, which no
+executor can beat; the ratio says how close the executor gets to it.
+
+    .venv/bin/python bench/apply_scale.py [--pods 64] [--in-process]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import socket
+import subprocess
+import sys
+import time
+from collections import Counter
+from datetime import UTC, datetime
+from types import MappingProxyType
+
+import httpx
+
+from placement.apply import apply_plan, make_clients
+from placement.domain import ActionKind, Adapter, AdapterId, Catalog, PodId, Tier
+from placement.emulator import EmulatedFleet, Latency, PodConfig
+from placement.executor import Ledger
+from placement.plan import AdapterPlan, Plan, PodPlan
+from placement.settings import ExecutorSettings
+
+LATENCY = Latency(load_ms=10.0, load_ms_per_mb=0.2, activate_ms=25.0, ttft_ms=20.0, tpot_ms=5.0)
+ADAPTER_MB = 50
+N_ADAPTERS = 200
+HOT, WARM = 4, 8
+
+
+def _catalog() -> Catalog:
+    return Catalog(
+        adapters=tuple(
+            Adapter(
+                name=AdapterId(f"ad-{i:03d}"),
+                base_model="llama-3.1-8b",
+                rank=16,
+                alpha=16,
+                target_modules=("q_proj", "v_proj"),
+                dtype="float16",
+                source=f"s3://adapters/ad-{i:03d}",
+                size_bytes=ADAPTER_MB * 1_000_000,
+            )
+            for i in range(N_ADAPTERS)
+        )
+    )
+
+
+def _plan(pods: list[PodId], *, seed: int) -> Plan:
+    rng = random.Random(seed)
+    names = [AdapterId(f"ad-{i:03d}") for i in range(N_ADAPTERS)]
+    pod_plans, tiers = {}, {}
+    for pod in pods:
+        chosen = rng.sample(names, HOT + WARM)
+        pod_plans[pod] = PodPlan(hot=tuple(chosen[:HOT]), warm=tuple(chosen[HOT:]))
+        for adapter in chosen[:HOT]:
+            tiers[adapter] = Tier.HOT
+        for adapter in chosen[HOT:]:
+            tiers.setdefault(adapter, Tier.WARM)
+    now = datetime.now(UTC)
+    return Plan(
+        id=f"bench-{seed}",
+        created_at=now,
+        valid_from=now,
+        valid_until=now,
+        pods=MappingProxyType(pod_plans),
+        adapters=MappingProxyType({a: AdapterPlan(tier=t) for a, t in tiers.items()}),
+    )
+
+
+def _critical_path_s(actions: tuple[object, ...]) -> float:
+    """The slowest pod's sum of simulated times: a bound no executor beats."""
+    per_pod: Counter[str] = Counter()
+    load_ms = LATENCY.cold_ms(ADAPTER_MB * 1_000_000)
+    warm_ms = LATENCY.swap_ms(ADAPTER_MB * 1_000_000) + LATENCY.ttft_ms
+    for action in actions:
+        kind = action.kind  # type: ignore[attr-defined]
+        cost = load_ms if kind is ActionKind.LOAD else warm_ms if kind is ActionKind.WARMUP else 0.0
+        per_pod[action.pod] += cost  # type: ignore[attr-defined]
+    return max(per_pod.values(), default=0.0) / 1000.0
+
+
+def _free_base_port(n: int) -> int:
+    for _ in range(100):
+        base = random.randint(21000, 40000)
+        try:
+            for port in range(base, base + n):
+                with socket.socket() as probe:
+                    probe.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return base
+    raise RuntimeError("no run of free ports")
+
+
+def _start_subprocess(n: int, base: int) -> subprocess.Popen[bytes]:
+    command = [
+        sys.executable, "-c", "from placement.cli import main; main()",
+        "emulate", "--pods", str(n), "--port", str(base),
+        "--max-loras", "4", "--max-cpu-loras", "16", "--max-lora-rank", "64",
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+
+
+async def _wait_up(http: httpx.AsyncClient, urls: list[str]) -> None:
+    deadline = time.monotonic() + 60
+    for url in urls:
+        while True:
+            try:
+                if (await http.get(url + "/health")).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{url} did not come up")
+            await asyncio.sleep(0.1)
+
+
+async def _bench(n: int, *, in_process: bool) -> None:
+    base = _free_base_port(n)
+    config = PodConfig(max_loras=4, max_cpu_loras=16, max_lora_rank=64, latency=LATENCY)
+    fleet = EmulatedFleet.start(n, base_port=base, config=config)
+    domain = fleet.domain()
+    process = None if in_process else _start_subprocess(n, base)
+    limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
+    http = fleet.http() if in_process else httpx.AsyncClient(limits=limits)
+    try:
+        async with http:
+            if process is not None:
+                await _wait_up(http, [h.url for h in fleet.handles])
+            clients = make_clients(domain, http=http, timeout_s=30.0)
+            ledger, catalog = Ledger(), _catalog()
+            pods = [pod.name for pod in domain.pods]
+            mode = "in-process" if in_process else "sockets (pods in a subprocess)"
+            print(f"{n} emulated vLLM pods, {mode}")
+            steps = (("empty -> A", _plan(pods, seed=1)), ("A -> B", _plan(pods, seed=2)))
+            for label, plan in steps:
+                start = time.perf_counter()
+                outcome = await apply_plan(
+                    plan, fleet=domain, catalog=catalog, clients=clients,
+                    settings=ExecutorSettings(), rng=random.Random(0), ledger=ledger,
+                )  # fmt: skip
+                wall_s = time.perf_counter() - start
+                kinds = Counter(a.kind.value for a in outcome.actions)
+                bound_s = _critical_path_s(outcome.actions)
+                print(
+                    f"  {label}: {len(outcome.actions)} actions ({dict(kinds)}), "
+                    f"ok={outcome.report.ok}, wall {wall_s:.2f} s, "
+                    f"critical path {bound_s:.2f} s, ratio {wall_s / max(bound_s, 1e-9):.2f}, "
+                    f"{len(outcome.actions) / wall_s:.0f} actions/s"
+                )
+            again = time.perf_counter()
+            repeat = await apply_plan(
+                _plan(pods, seed=2), fleet=domain, catalog=catalog, clients=clients,
+                settings=ExecutorSettings(), rng=random.Random(0), ledger=ledger,
+            )  # fmt: skip
+            print(
+                f"  B again: {len(repeat.actions)} actions, "
+                f"wall {time.perf_counter() - again:.2f} s"
+            )
+    finally:
+        if process is not None:
+            process.terminate()
+            process.wait(timeout=10)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pods", type=int, default=64)
+    parser.add_argument("--in-process", action="store_true")
+    args = parser.parse_args()
+    asyncio.run(_bench(args.pods, in_process=args.in_process))
+
+
+if __name__ == "__main__":
+    main()
