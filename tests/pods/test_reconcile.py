@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from placement.domain import Action, ActionKind, AdapterId, PodId
 from placement.plan import Plan
-from placement.reconcile import PodState, depends_on, reconcile
+from placement.reconcile import PodState, depends_on, reconcile, schedule
 
 from .plans import after, make_plan, replay, state
 
@@ -189,3 +191,33 @@ def test_dependencies_point_backwards_and_cover_make_before_break(
                 and actions[i].kind is ActionKind.LOAD
             }
             assert loads <= set(deps)
+
+
+def _any_order(after: tuple[tuple[int, ...], ...], rnd: random.Random) -> list[int]:
+    """One order a concurrent executor may run the actions in, honouring ``after``."""
+    done: set[int] = set()
+    order: list[int] = []
+    while len(order) < len(after):
+        ready = [i for i in range(len(after)) if i not in done and set(after[i]) <= done]
+        pick = rnd.choice(ready)
+        done.add(pick)
+        order.append(pick)
+    return order
+
+
+@settings(max_examples=200, deadline=None)
+@given(scenarios(slack=1), st.randoms(use_true_random=False))
+@example(MOVE_OUT, random.Random(0))
+def test_every_order_the_schedule_allows_keeps_the_promises(
+    scenario: tuple[Plan, dict[PodId, PodState]], rnd: random.Random
+) -> None:
+    plan, observed = scenario
+    steps = schedule(plan, observed)
+    actions = tuple(steps.actions[i] for i in _any_order(steps.after, rnd))
+    hot = {a for pod_plan in plan.pods.values() for a in pod_plan.hot}
+    ready = {a for s in observed.values() for a in s.registered} & hot
+    for regs in replay(observed, actions):
+        held = {a for adapters in regs.values() for a in adapters}
+        assert ready <= held, f"hot adapters without a replica: {ready - held}"
+        ready |= held & hot
+    _check_limits(observed, actions)
