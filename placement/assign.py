@@ -120,6 +120,7 @@ class _Packer:
         self.hot: dict[AdapterId, list[PodId]] = {}
         self.warm: dict[AdapterId, list[PodId]] = {}
         self.groups: dict[tuple[str, PodId], int] = {}
+        self.class_size = {cls.key: cls.size for cls in problem.classes}
 
     def _rank(
         self, candidate: Candidate, *, hot: bool
@@ -132,7 +133,15 @@ class _Packer:
             together = -self.groups.get((candidate.group or "", state.name), 0)
             if self.pack_first:
                 return (held, together, -state.slots, -state.hbm_bytes, state.name)
-            return (held, together, state.mean_load_rps, -state.slots, state.name)
+            # Worst fit: the pod with the most room left over all budgets, so that every
+            # budget drains evenly and late replicas still find distinct pods.
+            cls = self.class_of[state.name]
+            room = (
+                state.slots / max(1, cls.max_loras)
+                + state.hbm_bytes / max(1, cls.hbm_bytes)
+                + state.q90_room_rps / max(1e-9, cls.capacity_rps * self.problem.headroom)
+            )
+            return (held, together, -round(room, 9), state.mean_load_rps, state.name)
 
         return key
 
@@ -153,6 +162,12 @@ class _Packer:
             )
         ]
         return sorted(pool, key=self._rank(candidate, hot=hot))
+
+    def dominant(self, candidate: Candidate) -> float:
+        """The largest share of one pod's GPU bytes or q90 capacity a replica takes."""
+        hbm = min(s.hbm_bytes for s in self.states.values())
+        room = min(s.q90_room_rps for s in self.states.values())
+        return max(candidate.size_bytes / max(1, hbm), self.q90_share(candidate) / max(room, 1e-9))
 
     def q90_share(self, candidate: Candidate) -> float:
         return candidate.q90_rps / max(1, self.total_hot(candidate))
@@ -178,15 +193,21 @@ def assign_pods(problem: PoolProblem, counts: Counts, *, repair: bool = False) -
     ``repair`` an adapter whose replicas do not fit is made warm, or else cold; only
     pins that do not fit give None.
     """
-    for pack_first in (False, True):
-        assignment = _assign(problem, counts, pack_first=pack_first, repair=repair)
+    # Balance first; when slots are tight, place the most replicated adapters first on
+    # the pods with the most free slots, which packs any counts that fit the slots.
+    for pack_first, replicas_first in ((False, False), (True, True), (False, True)):
+        assignment = _assign(
+            problem, counts, pack_first=pack_first, replicas_first=replicas_first, repair=False
+        )
         if assignment is not None:
             return assignment
+    if repair:
+        return _assign(problem, counts, pack_first=False, replicas_first=False, repair=True)
     return None
 
 
 def _assign(
-    problem: PoolProblem, counts: Counts, *, pack_first: bool, repair: bool
+    problem: PoolProblem, counts: Counts, *, pack_first: bool, replicas_first: bool, repair: bool
 ) -> Assignment | None:
     packer = _Packer(problem, counts, pack_first=pack_first)
     by_name = {c.name: c for c in problem.candidates}
@@ -195,27 +216,51 @@ def _assign(
     targets: dict[AdapterId, dict[str, int]] = {}
     for (adapter, class_key), n in counts.hot.items():
         targets.setdefault(adapter, {})[class_key] = n
-    # Pins first (they must fit), then the most replicated, then the largest.
-    order = sorted(
-        targets,
-        key=lambda a: (not by_name[a].pinned, -packer.counts_total[a], -by_name[a].size_bytes, a),
-    )
+
+    # Pins first (they must fit), then by the share of a pod a replica takes in its
+    # scarcest resource (q90 traffic or GPU bytes), as first-fit-decreasing packs best.
+    def priority(a: AdapterId) -> tuple[bool, int, float, str]:
+        replicas = packer.counts_total[a] if replicas_first else 0
+        return (not by_name[a].pinned, -replicas, -packer.dominant(by_name[a]), a)
+
+    order = sorted(targets, key=priority)
     for adapter in order:
         candidate = by_name[adapter]
         if _place_hot(packer, candidate, targets[adapter]):
             continue
         if not repair or candidate.pinned:
             return None
-        packer.counts_total[adapter] = 0
-        _place_warm(packer, candidate, [cls.key for cls in problem.classes])
-    warm_items = sorted(counts.warm.items(), key=lambda i: (-by_name[i[0][0]].size_bytes, i[0]))
-    for (adapter, class_key), n in warm_items:
+        if not _place_spread(packer, candidate, targets[adapter]):
+            packer.counts_total[adapter] = 0
+            _place_warm(packer, candidate, [cls.key for cls in problem.classes])
+    if not _place_warm_items(packer, counts, repair=repair):
+        return None
+    return _with_weights(problem, packer)
+
+
+def assign_around(
+    problem: PoolProblem, counts: Counts, hot: Mapping[AdapterId, tuple[PodId, ...]]
+) -> Assignment:
+    """Warm registrations around hot replicas chosen elsewhere; what does not fit is cold."""
+    packer = _Packer(problem, counts, pack_first=False)
+    by_name = {c.name: c for c in problem.candidates}
+    for adapter, pods in hot.items():
+        for pod in pods:
+            packer.take(by_name[adapter], pod, hot=True)
+    _place_warm_items(packer, counts, repair=True)
+    return _with_weights(problem, packer)
+
+
+def _place_warm_items(packer: _Packer, counts: Counts, *, repair: bool) -> bool:
+    by_name = {c.name: c for c in packer.problem.candidates}
+    items = sorted(counts.warm.items(), key=lambda i: (-by_name[i[0][0]].size_bytes, i[0]))
+    for (adapter, class_key), n in items:
         if not n or adapter in packer.hot:
             continue
-        keys = [class_key] + ([c.key for c in problem.classes] if repair else [])
+        keys = [class_key] + ([c.key for c in packer.problem.classes] if repair else [])
         if not _place_warm(packer, by_name[adapter], keys) and not repair:
-            return None
-    return _with_weights(problem, packer)
+            return False
+    return True
 
 
 def _place_hot(packer: _Packer, candidate: Candidate, targets: Mapping[str, int]) -> bool:
@@ -233,6 +278,17 @@ def _place_hot(packer: _Packer, candidate: Candidate, targets: Mapping[str, int]
     for pod in chosen:
         packer.take(candidate, pod, hot=True)
     return True
+
+
+def _place_spread(packer: _Packer, candidate: Candidate, targets: Mapping[str, int]) -> bool:
+    """Repair: more replicas, so that each carries less q90 traffic, up to max_hot."""
+    widest = max(targets, key=lambda key: (packer.class_size[key], key))
+    for extra in range(1, candidate.max_hot - sum(targets.values()) + 1):
+        packer.counts_total[candidate.name] = sum(targets.values()) + extra
+        if _place_hot(packer, candidate, {**targets, widest: targets[widest] + extra}):
+            return True
+    packer.counts_total[candidate.name] = sum(targets.values())
+    return False
 
 
 def _place_warm(packer: _Packer, candidate: Candidate, class_keys: list[str]) -> bool:
@@ -332,7 +388,12 @@ def pod_loads(
 
 
 def evaluate(problem: PoolProblem, assignment: Assignment) -> PoolCost:
-    """Price an assignment: misses by tier, new loads over validity, hot load above the mean."""
+    """Price an assignment: misses by tier, new loads over validity, and imbalance.
+
+    Imbalance is the traffic of each hot adapter that its replicas cannot carry without
+    rising above the pool's mean pod load: too few replicas make a hot spot whatever
+    the router does. How evenly the rest spreads is the routing weights' job.
+    """
     miss = 0.0
     load_ms = 0.0
     loads = 0
@@ -349,12 +410,12 @@ def evaluate(problem: PoolProblem, assignment: Assignment) -> PoolCost:
             if (candidate.name, pod) not in problem.current_registered:
                 load_ms += candidate.fetch_ms
                 loads += 1
-    pods = problem.pods
-    imbalance = 0.0
-    if pods:
-        mean_rps = sum(c.mean_rps for c in problem.candidates) / len(pods)
-        hot_load = pod_loads(problem, assignment)
-        imbalance = sum(max(0.0, rps - mean_rps) for rps in hot_load.values())
+    mean_rps = problem.pod_mean_rps
+    imbalance = sum(
+        max(0.0, c.mean_rps - mean_rps * len(assignment.hot[c.name]))
+        for c in problem.candidates
+        if c.name in assignment.hot
+    )
     return PoolCost(
         miss_ms_per_s=miss,
         load_ms_per_s=load_ms / problem.validity_s,

@@ -103,6 +103,12 @@ class PoolProblem:
     def pods(self) -> tuple[PodId, ...]:
         return tuple(pod for cls in self.classes for pod in cls.pods)
 
+    @property
+    def pod_mean_rps(self) -> float:
+        """Forecast mean traffic of the pool per ready pod: what an even spread gives."""
+        pods = sum(cls.size for cls in self.classes)
+        return sum(c.mean_rps for c in self.candidates) / pods if pods else 0.0
+
     def class_of(self) -> dict[PodId, PodClass]:
         return {pod: cls for cls in self.classes for pod in cls.pods}
 

@@ -75,6 +75,8 @@ class PlannerSettings:
     time_limit_s: float = 10.0
     workers: int = 2
     seed: int = 0
+    #: The solver stops once its plan is within this fraction of the best bound.
+    gap_limit: float = 0.001
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -163,6 +165,12 @@ class SimSettings:
     event_replan_min_gap_s: float = 60.0
     #: GPU slots per pod the plan leaves free for the long tail (seed 003).
     tail_slots: int = 1
+    #: Adapters forecast below this rate are not planned hot: LRU serves them better
+    #: than a guess (one request a minute).
+    plan_hot_min_rps: float = 1.0 / 60.0
+    #: A preload may evict only an adapter idle at least this long (else it is skipped:
+    #: evicting a busy adapter to guess at the future costs more than it saves).
+    preload_min_idle_s: float = 120.0
     #: Windows for peak load rate and the convoy flag.
     metrics_window_s: float = 300.0
     #: Seed 000: above 0.5 swaps per second per pod a cascade is under way.

@@ -27,7 +27,8 @@ from types import MappingProxyType
 
 from ortools.sat.python import cp_model
 
-from placement.assign import Assignment, assign_pods, evaluate
+from placement.assign import Assignment, assign_around, assign_pods, evaluate
+from placement.assign_sat import pack_hot
 from placement.domain import AdapterId, PodId, Tier
 from placement.errors import InfeasibleError, SolverError
 from placement.greedy import (
@@ -91,6 +92,8 @@ class SolveOptions:
     seed: int = 0
     #: Byte budgets are scaled by this in stage 1.
     scale: float = 1.0
+    #: Stage 1 stops once its objective is within this fraction of the bound.
+    gap_limit: float = 0.001
     #: CP-SAT's deterministic time limit (its own work units): a solve that ends by it
     #: gives the same answer on any machine, unlike one that ends by wall time.
     deterministic_time: float | None = None
@@ -114,6 +117,7 @@ def build_model(
     objective: list[cp_model.LinearExprT] = []
     constant = 0.0
     new_regs: dict[str, list[cp_model.LinearExprT]] = {cls.key: [] for cls in problem.classes}
+    pod_mean_rps = problem.pod_mean_rps
     for c in problem.candidates:
         name = str(c.name)
         h = model.new_bool_var(f"hot[{name}]")
@@ -149,6 +153,15 @@ def build_model(
         # Replication: a hot adapter has between min and max replicas, none when not hot.
         model.add(sum(per_class_hot) >= min_hot * h)
         model.add(sum(per_class_hot) <= c.max_hot * h)
+        # Imbalance: traffic of a hot adapter that its replicas cannot take without
+        # rising above the pool's mean pod load (an under-replicated hot spot).
+        if c.mean_rps > pod_mean_rps:
+            excess = model.new_int_var(0, round(c.mean_rps * 1000), f"excess[{name}]")
+            model.add(
+                excess
+                >= round(c.mean_rps * 1000) * h - round(pod_mean_rps * 1000) * sum(per_class_hot)
+            )
+            objective.append(_coef(problem.imbalance_weight / 1000) * excess)
         # A warm adapter is registered on exactly one pod; a hot one needs no warm copy.
         model.add(sum(per_class_warm) == w)
         # Misses: every request of a cold adapter pays a storage load, of a warm one a
@@ -157,6 +170,13 @@ def build_model(
         objective.append(-_coef(c.mean_rps * c.cold_miss_ms) * h)
         objective.append(-_coef(c.mean_rps * (c.cold_miss_ms - c.warm_miss_ms)) * w)
     _add_budgets(model, problem, replicas, registered, scale=scale)
+    # Capacity: q90 traffic of hot adapters is routed only to their replicas, so it
+    # must fit the pool's capacity with headroom (the rest goes wherever there is room).
+    carry_mrps = sum(cls.capacity_rps * cls.size for cls in problem.classes) * problem.headroom
+    model.add(
+        sum(round(c.q90_rps * 1000) * hot[str(c.name)] for c in problem.candidates)
+        <= round(carry_mrps * 1000)
+    )
     # Churn: at most K new registrations per pod; pins are an operator's order, exempt.
     if problem.churn_limit is not None and "churn" not in relax:
         for cls in problem.classes:
@@ -178,7 +198,10 @@ def _coef(ms_per_s: float) -> int:
 
 def _excess(
     model: cp_model.CpModel, expr: cp_model.LinearExprT, now: int, name: str
-) -> cp_model.IntVar:
+) -> cp_model.LinearExprT:
+    """``max(0, expr - now)``; with nothing held now that is ``expr`` itself."""
+    if now == 0:
+        return expr
     excess = model.new_int_var(0, 1 << 20, name)
     model.add(excess >= expr - now)
     return excess
@@ -231,8 +254,11 @@ def _parameters(options: SolveOptions) -> cp_model.CpSolver:
     solver.parameters.max_time_in_seconds = max(0.05, options.time_limit_s)
     solver.parameters.num_workers = max(1, options.workers)
     solver.parameters.random_seed = options.seed
-    # Same inputs, seed and workers give the same plan when the search ends by proof.
-    solver.parameters.interleave_search = options.workers > 1
+    # One worker is deterministic; several race a portfolio, which is deterministic
+    # only when the search ends by proof with a unique optimum (CP-SAT's interleaved
+    # deterministic mode was tried: on 2,000 adapters it did not improve the hint in 4 s
+    # where the portfolio proved optimality in 1 s). ``deterministic_time`` helps too.
+    solver.parameters.relative_gap_limit = options.gap_limit
     if options.deterministic_time is not None:
         solver.parameters.max_deterministic_time = options.deterministic_time
     return solver
@@ -244,6 +270,7 @@ def options_from(problem: PlacementProblem, *, time_limit_s: float | None = None
         time_limit_s=planner.time_limit_s if time_limit_s is None else time_limit_s,
         workers=planner.workers,
         seed=planner.seed,
+        gap_limit=planner.gap_limit,
     )
 
 
@@ -256,11 +283,12 @@ def solve(problem: PlacementProblem, *, options: SolveOptions | None = None) -> 
     if reasons:
         raise InfeasibleError(reasons)
     sizes = [max(1, len(p.candidates)) for p in problem.pools]
-    solutions = []
-    for pool, size in zip(problem.pools, sizes, strict=True):
-        share = options.time_limit_s * size / sum(sizes)
-        pool_options = replace(options, time_limit_s=share)
-        solution = _solve_pool(pool, pool_options)
+    solutions: list[PoolSolution] = []
+    for index, pool in enumerate(problem.pools):
+        # Time a pool leaves unused goes to the pools after it, by their size.
+        left_s = options.time_limit_s - sum(s.report.wall_s for s in solutions)
+        share = max(0.5, left_s) * sizes[index] / sum(sizes[index:])
+        solution = _solve_pool(pool, replace(options, time_limit_s=share))
         if solution is None:
             raise InfeasibleError(explain_by_relaxing(pool, time_limit_s=max(1.0, share)))
         solutions.append(solution)
@@ -291,6 +319,7 @@ def _solve_pool(problem: PoolProblem, options: SolveOptions) -> PoolSolution | N
         return None
     assignment = None
     bound = float("-inf")
+    wall_s = solver.wall_time
     if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         bound = variables.constant_ms_per_s + solver.best_objective_bound / SCALE
         counts = _counts(solver, variables)
@@ -298,16 +327,35 @@ def _solve_pool(problem: PoolProblem, options: SolveOptions) -> PoolSolution | N
         # replicas that do not fit are made warm or cold, and the status says FEASIBLE.
         assignment = assign_pods(problem, counts)
         if assignment is None:
+            assignment, extra_s = _pack_exactly(problem, counts, options, solver.wall_time)
+            wall_s += extra_s
+        if assignment is None:
             assignment = assign_pods(problem, counts, repair=True)
             status = cp_model.FEASIBLE
     return _pick(
         problem,
         assignment,
         fallback,
-        solver.wall_time,
+        wall_s,
         proven=status == cp_model.OPTIMAL,
         bound=bound,
     )
+
+
+def _pack_exactly(
+    problem: PoolProblem, counts: Counts, options: SolveOptions, used_s: float
+) -> tuple[Assignment | None, float]:
+    """Stage 2 by CP-SAT, in what is left of the time limit (at least two seconds)."""
+    hot, elapsed_s = pack_hot(
+        problem,
+        counts,
+        time_limit_s=max(2.0, options.time_limit_s - used_s),
+        workers=options.workers,
+        seed=options.seed,
+    )
+    if hot is None:
+        return None, elapsed_s
+    return assign_around(problem, counts, hot), elapsed_s
 
 
 def greedy_assignment(problem: PoolProblem) -> tuple[Counts, Assignment] | None:
@@ -365,12 +413,18 @@ def _pick(
     gap = max(0.0, objective - bound) / max(abs(objective), 1e-9)
     if assignment is None:
         status = "FALLBACK_GREEDY"
-    elif proven and gap <= 1e-4:
+    elif proven and objective - bound <= _rounding_slack(problem, objective):
         status = "OPTIMAL"
     else:
         status = "FEASIBLE"
     report = SolverReport(status=status, objective=objective, bound=bound, gap=gap, wall_s=wall_s)
     return PoolSolution(problem=problem, assignment=chosen, cost=cost, report=report, source=source)
+
+
+def _rounding_slack(problem: PoolProblem, objective: float) -> float:
+    """How far rounding the model's coefficients to 1/SCALE can move an objective."""
+    terms = len(problem.candidates) * (3 + 2 * len(problem.classes))
+    return max(1e-4 * abs(objective), terms * 0.5 / SCALE)
 
 
 def _combine(reports: list[SolverReport]) -> SolverReport:

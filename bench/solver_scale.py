@@ -1,0 +1,264 @@
+"""How fast and how close to optimal the placement solver is, against the direct model.
+
+Generated problems (two pools of identical pods, power-law demand, ranks 8-128,
+10 pins, replication 2 for the busiest 10%) at the issue's three sizes. For each:
+lorafleet's solver (pod classes, greedy hint, two stages) and, where practical, the
+baseline: one CP-SAT boolean per (adapter, pod) for hot and for warm, the same
+objective, no hint, the same time limit and workers. Both plans are priced by the
+same yardstick (``placement.assign.evaluate`` without the imbalance term, which the
+baseline does not model), and the baseline's ratio to ours is printed.
+
+    .venv/bin/python bench/solver_scale.py            # all three sizes
+    .venv/bin/python bench/solver_scale.py --only 200x16
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from datetime import UTC, datetime
+from types import MappingProxyType
+
+import numpy as np
+from ortools.sat.python import cp_model
+
+from placement.assign import Assignment, evaluate
+from placement.domain import (
+    Adapter,
+    AdapterId,
+    Catalog,
+    Engine,
+    Fleet,
+    ModelDims,
+    Pod,
+    PodId,
+    Pool,
+    PoolId,
+)
+from placement.greedy import hot_eligible, warm_eligible
+from placement.problem import Demand, PlacementProblem, PoolProblem, build_problem
+from placement.settings import PlannerSettings, Settings
+from placement.solver import SolveOptions, solve
+
+MIB = 1 << 20
+DIMS = ModelDims(
+    name="bench",
+    hidden_size=4096,
+    num_layers=32,
+    num_attention_heads=32,
+    num_kv_heads=8,
+    head_dim=128,
+    intermediate_size=14336,
+)
+BASES = ("llama-3.1-8b", "mistral-7b")
+
+
+def generate(
+    adapters: int, pods: int, *, seed: int = 7, total_rps: float = 400.0
+) -> tuple[Catalog, Fleet, dict[AdapterId, Demand], PlannerSettings]:
+    rng = np.random.default_rng(seed)
+    ranks = rng.choice([8, 16, 32, 64, 128], size=adapters, p=[0.2, 0.35, 0.25, 0.15, 0.05])
+    weights = 1.0 / np.arange(1, adapters + 1) ** 1.1
+    rng.shuffle(weights)
+    rates = total_rps * weights / weights.sum()
+    order = np.argsort(-rates)
+    pinned = set(order[:10].tolist())
+    catalog = Catalog(
+        adapters=tuple(
+            Adapter(
+                name=AdapterId(f"ad-{i:05d}"),
+                base_model=BASES[i % 2],
+                rank=int(ranks[i]),
+                alpha=float(ranks[i]),
+                target_modules=("q_proj", "v_proj"),
+                dtype="float16",
+                source=f"/a/{i}",
+                # About 3.2 MB per unit of rank: rank 16 is seed 000's 50 MB adapter.
+                size_bytes=int(ranks[i]) * 3_200_000,
+                pinned=i in pinned,
+                max_replicas=8,
+            )
+            for i in range(adapters)
+        )
+    )
+    per_pool = pods // 2
+    # Pods carry about 3x the mean load, so capacity binds only for the busiest adapters.
+    capacity = math.ceil(total_rps * 3.0 / pods)
+    fleet = Fleet(
+        pools=tuple(
+            _pool(name, base, per_pool, capacity)
+            for name, base in (("pool-a", BASES[0]), ("pool-b", BASES[1]))
+        )
+    )
+    demand = {
+        AdapterId(f"ad-{i:05d}"): Demand(mean_rps=float(rates[i]), q90_rps=float(rates[i]) * 1.5)
+        for i in range(adapters)
+    }
+    # Replication 2 for the busiest 10%: the share of the adapter at the 90th percentile.
+    threshold = float(np.sort(rates)[::-1][max(0, adapters // 10 - 1)]) / total_rps
+    planner = PlannerSettings(replicate_share=threshold, time_limit_s=10.0, workers=2)
+    return catalog, fleet, demand, planner
+
+
+def _pool(name: str, base: str, pods: int, capacity: float) -> Pool:
+    members = tuple(
+        Pod(
+            name=PodId(f"{name}-{i}"),
+            pool=PoolId(name),
+            url=f"http://127.0.0.1:{20000 + i}",
+            engine=Engine.VLLM,
+            max_loras=16,
+            max_cpu_loras=64,
+            max_lora_rank=128,
+            hbm_adapter_bytes=2 << 30,
+            host_adapter_bytes=16 << 30,
+            capacity_rps=capacity,
+        )
+        for i in range(pods)
+    )
+    return Pool(
+        name=PoolId(name),
+        base_model=base,
+        served_model_name=base,
+        engine=Engine.VLLM,
+        max_lora_rank=128,
+        dims=DIMS,
+        pods=members,
+    )
+
+
+def direct_model(problem: PoolProblem) -> tuple[cp_model.CpModel, dict, dict]:  # type: ignore[type-arg]
+    """The baseline: a boolean per (adapter, pod) for hot and for warm, no aggregation."""
+    model = cp_model.CpModel()
+    pods = {pod: cls for cls in problem.classes for pod in cls.pods}
+    hot, warm, terms = {}, {}, []
+    for c in problem.candidates:
+        h_any, w_any = model.new_bool_var(""), model.new_bool_var("")
+        model.add(h_any + w_any <= 1)
+        hs, ws = [], []
+        for pod, cls in pods.items():
+            h = model.new_bool_var("") if hot_eligible(c, cls) else model.new_constant(0)
+            w = model.new_bool_var("") if warm_eligible(c, cls) else model.new_constant(0)
+            model.add(h + w <= 1)
+            hot[(c.name, pod)], warm[(c.name, pod)] = h, w
+            hs.append(h)
+            ws.append(w)
+            load = (c.activate_ms + c.fetch_ms) / problem.validity_s
+            terms.append(round(load * 1e4) * h + round(c.fetch_ms / problem.validity_s * 1e4) * w)
+        for pod in c.pinned_pods:
+            model.add(hot[(c.name, pod)] == 1)
+        if c.pinned:
+            model.add(h_any == 1)
+        model.add(sum(hs) >= c.min_hot * h_any)
+        model.add(sum(hs) <= c.max_hot * h_any)
+        model.add(sum(ws) == w_any)
+        terms.append(-round(c.mean_rps * c.cold_miss_ms * 1e4) * h_any)
+        terms.append(-round(c.mean_rps * (c.cold_miss_ms - c.warm_miss_ms) * 1e4) * w_any)
+    for pod, cls in pods.items():
+        cands = problem.candidates
+        model.add(sum(hot[(c.name, pod)] for c in cands) <= cls.max_loras)
+        model.add(sum(hot[(c.name, pod)] + warm[(c.name, pod)] for c in cands) <= cls.max_cpu_loras)
+        model.add(sum(c.size_bytes * hot[(c.name, pod)] for c in cands) <= cls.hbm_bytes)
+        model.add(
+            sum(c.size_bytes * (hot[(c.name, pod)] + warm[(c.name, pod)]) for c in cands)
+            <= cls.host_bytes
+        )
+        model.add(
+            sum(round(c.q90_rps / max(1, c.min_hot) * 1000) * hot[(c.name, pod)] for c in cands)
+            <= round(cls.capacity_rps * problem.headroom * 1000)
+        )
+    model.minimize(sum(terms))
+    return model, hot, warm
+
+
+def run_direct(problem: PlacementProblem, time_limit_s: float) -> tuple[float, float, str]:
+    """Baseline objective (by ``evaluate``, no imbalance), its bound, and its status."""
+    objective, bound, statuses = 0.0, 0.0, []
+    for pool in problem.pools:
+        model, hot, warm = direct_model(pool)
+        solver = cp_model.CpSolver()
+        solver.parameters.max_time_in_seconds = (
+            time_limit_s * len(pool.candidates) / sum(len(p.candidates) for p in problem.pools)
+        )
+        solver.parameters.num_workers = 2
+        status = solver.solve(model)
+        statuses.append(solver.status_name(status))
+        constant = sum(c.mean_rps * c.cold_miss_ms for c in pool.candidates)
+        bound += constant + solver.best_objective_bound / 1e4
+        if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            objective = math.inf
+            continue
+        held_hot: dict[AdapterId, list[PodId]] = {}
+        held_warm: dict[AdapterId, list[PodId]] = {}
+        for (name, pod), var in hot.items():
+            if solver.value(var):
+                held_hot.setdefault(name, []).append(pod)
+        for (name, pod), var in warm.items():
+            if solver.value(var):
+                held_warm.setdefault(name, []).append(pod)
+        weights = {a: MappingProxyType(dict.fromkeys(p, 1 / len(p))) for a, p in held_hot.items()}
+        assignment = Assignment(
+            hot={a: tuple(p) for a, p in held_hot.items()},
+            warm={a: tuple(p) for a, p in held_warm.items()},
+            weights=weights,
+        )
+        cost = evaluate(pool, assignment)
+        objective += cost.miss_ms_per_s + cost.load_ms_per_s
+    return objective, bound, "/".join(statuses)
+
+
+def run(label: str, adapters: int, pods: int, time_limit_s: float, *, baseline: bool) -> None:
+    catalog, fleet, demand, planner = generate(adapters, pods)
+    settings = Settings(planner=planner)
+    started = time.perf_counter()
+    problem = build_problem(
+        catalog, fleet, demand, settings=settings, valid_from=datetime(2026, 3, 2, 9, tzinfo=UTC)
+    )
+    built_s = time.perf_counter() - started
+    options = SolveOptions(time_limit_s=time_limit_s, workers=2, seed=0)
+    solution = solve(problem, options=options)
+    total_s = time.perf_counter() - started
+    report = solution.report
+    ours = sum(s.cost.miss_ms_per_s + s.cost.load_ms_per_s for s in solution.pools)
+    imbalance = sum(s.cost.imbalance_ms_per_s for s in solution.pools)
+    sources = "/".join(f"{s.report.status}:{s.source}" for s in solution.pools)
+    print(f"\n== {label}: {adapters} adapters x {pods} pods, limit {time_limit_s:g} s, 2 workers")
+    print(
+        f"lorafleet: {total_s:.2f} s wall (build {built_s:.2f} s, CP-SAT {report.wall_s:.2f} s)"
+        f"  status {report.status} [{sources}]"
+    )
+    print(
+        f"  objective {report.objective:.2f} ms/s (misses+loads {ours:.2f}, imbalance"
+        f" {imbalance:.2f}), bound {report.bound:.2f}, gap {report.gap:.3%}"
+    )
+    if not baseline:
+        return
+    started = time.perf_counter()
+    direct, direct_bound, status = run_direct(problem, time_limit_s)
+    direct_s = time.perf_counter() - started
+    gap = (direct - direct_bound) / direct if math.isfinite(direct) else math.inf
+    print(f"direct (bool per adapter x pod, no hint): {direct_s:.2f} s, status {status}")
+    print(
+        f"  objective {direct:.2f} ms/s, bound {direct_bound:.2f}, gap {gap:.1%},"
+        f" ratio to lorafleet {direct / ours:.2f}x"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--only", choices=["200x16", "2000x64", "10000x256"])
+    parser.add_argument("--no-baseline", action="store_true")
+    args = parser.parse_args()
+    sizes = [
+        ("200x16", 200, 16, 2.0, True),
+        ("2000x64", 2000, 64, 10.0, True),
+        ("10000x256", 10000, 256, 60.0, False),
+    ]
+    for label, adapters, pods, limit, baseline in sizes:
+        if args.only in (None, label):
+            run(label, adapters, pods, limit, baseline=baseline and not args.no_baseline)
+
+
+if __name__ == "__main__":
+    main()
