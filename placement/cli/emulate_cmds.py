@@ -10,8 +10,8 @@ import typer
 
 from placement.cli.app import app, err, out, report_errors
 from placement.domain import Engine
+from placement.emulator.config import Faults, Latency, PodConfig
 from placement.emulator.fleet import HOST, EmulatedFleet, serve_fleet
-from placement.emulator.pod import Faults, Latency, PodConfig
 from placement.errors import InputError, Problem
 
 

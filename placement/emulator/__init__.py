@@ -5,6 +5,7 @@ Public API: ``PodConfig``, ``Latency``, ``Faults``, ``ZERO_LATENCY``, ``build_po
 ``serving_in_thread`` (real sockets on 127.0.0.1).
 """
 
+from placement.emulator.config import ZERO_LATENCY, Faults, Latency, PodConfig
 from placement.emulator.fleet import (
     EmulatedFleet,
     FleetTransport,
@@ -13,7 +14,7 @@ from placement.emulator.fleet import (
     serve_fleet,
     serving_in_thread,
 )
-from placement.emulator.pod import ZERO_LATENCY, EmulatedPod, Faults, Latency, PodConfig
+from placement.emulator.pod import EmulatedPod
 
 __all__ = [
     "ZERO_LATENCY",

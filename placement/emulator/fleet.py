@@ -29,7 +29,8 @@ import uvicorn
 from fastapi import FastAPI
 
 from placement.domain import Engine, Fleet, ModelDims, Pod, PodId, Pool, PoolId
-from placement.emulator.pod import EmulatedPod, PodConfig
+from placement.emulator.config import PodConfig
+from placement.emulator.pod import EmulatedPod
 from placement.emulator.sglang_app import create_sglang_app
 from placement.emulator.vllm_app import create_vllm_app
 
