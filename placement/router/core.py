@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import aiohttp
+import httpx
 from prometheus_client import CollectorRegistry
 
 from placement.adapters.metrics_text import parse_sglang_metrics, parse_vllm_metrics
@@ -80,6 +81,7 @@ class Router:
         self.plan_error: str | None = "no plan read yet"
         self.unplanned: Counter[AdapterId] = Counter()
         self.session: aiohttp.ClientSession | None = None
+        self.engine_http: httpx.AsyncClient | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._scrapes = 0
         self._loads: set[asyncio.Task[None]] = set()
@@ -92,6 +94,9 @@ class Router:
             limit=self.settings.max_connections, limit_per_host=0, ttl_dns_cache=300
         )
         self.session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
+        # One client for the engine calls (loads, listings): a new httpx client costs
+        # tens of milliseconds of CPU building its TLS context.
+        self.engine_http = httpx.AsyncClient()
         await self.refresh_pods()
         await self.refresh_plan()
         await self.scrape_all()
@@ -109,6 +114,9 @@ class Router:
         if self.session is not None:
             await self.session.close()
             self.session = None
+        if self.engine_http is not None:
+            await self.engine_http.aclose()
+            self.engine_http = None
 
     # -- plan and pods ---------------------------------------------------------------
 
@@ -199,11 +207,7 @@ class Router:
         self.metrics.pod_healthy.labels(pod=state.upstream.pod).set(0)
 
     async def _read_listing(self, state: PodState) -> None:
-        client = self.engine_client(state.upstream)
-        try:
-            registered = await client.registered()
-        finally:
-            await client.aclose()
+        registered = await self.engine_client(state.upstream).registered()
         state.ledger.reconcile_listing(registered.names())
 
     def engine_client(self, upstream: Upstream) -> VllmClient | SglangClient:
@@ -212,6 +216,7 @@ class Router:
             upstream.pod,
             upstream.url,
             served_model_name=upstream.served_model,
+            http=self.engine_http,
             timeout_s=self.settings.load_timeout_s,
         )
 
@@ -251,4 +256,3 @@ class Router:
             done.exception()  # retrieved here: waiters that gave up must not warn
         finally:
             state.loading.pop(adapter, None)
-            await client.aclose()

@@ -113,7 +113,7 @@ async def forward(
     url = state.upstream.url + exchange.path
     body = exchange.body_for(state)
     _note_admission(router, state, exchange)
-    state.inflight += 1
+    state.begin()
     try:
         async with router.session.post(url, data=body, headers=headers, timeout=timeout) as reply:
             if reply.status == 503 and not last_try:
@@ -128,7 +128,7 @@ async def forward(
                 await _relay_whole(router, state, exchange, reply, send)
             return True
     finally:
-        state.inflight -= 1
+        state.end()
         exchange.finished = True
 
 

@@ -38,19 +38,34 @@ class Upstream:
 
 
 class PodState:
-    """The live, mutable state of one pod."""
+    """The live, mutable state of one pod.
+
+    It is also ``policies.routing.PodLike`` as plain attributes, kept current as the
+    state changes, so that a routing decision over 64 pods reads fields, not
+    properties, and copies nothing.
+    """
 
     __slots__ = (
         "failures",
+        "gpu_adapters",
+        "gpu_util",
         "healthy",
         "inflight",
         "inflight_at_scrape",
+        "kv_usage",
         "last_used_s",
         "ledger",
         "loading",
+        "max_loras",
         "metrics",
+        "pod_id",
+        "queue_depth",
+        "registered",
+        "running",
+        "running_adapters",
         "service_ms",
         "upstream",
+        "waiting_adapters",
     )
 
     def __init__(self, upstream: Upstream) -> None:
@@ -68,52 +83,22 @@ class PodState:
         self.loading: dict[AdapterId, asyncio.Future[None]] = {}
         #: When each adapter was last routed here, on the router's clock.
         self.last_used_s: dict[AdapterId, float] = {}
-
-    # -- policies.routing.PodLike, read straight from the live state (no copy) --------
-
-    @property
-    def pod_id(self) -> str:
-        return self.upstream.pod
-
-    @property
-    def queue_depth(self) -> int:
-        return self.metrics.waiting + max(0, self.inflight - self.inflight_at_scrape)
-
-    @property
-    def running(self) -> int:
-        return self.metrics.running
-
-    @property
-    def kv_usage(self) -> float:
-        return self.metrics.kv_usage
-
-    @property
-    def gpu_util(self) -> float:
-        return 0.0  # neither engine exports it; the scorers that use it see an idle GPU
-
-    @property
-    def gpu_adapters(self) -> Collection[str]:
-        return self.ledger.active_view
-
-    @property
-    def registered(self) -> Collection[str]:
-        return self.ledger.registered_view
-
-    @property
-    def running_adapters(self) -> Collection[str]:
-        return self.metrics.running_adapters
-
-    @property
-    def waiting_adapters(self) -> Collection[str]:
-        return self.metrics.waiting_adapters
+        # policies.routing.PodLike:
+        self.pod_id: str = upstream.pod
+        self.max_loras = self.ledger.max_loras
+        #: Live views of the ledger's LRUs (least recently used first), not copies.
+        self.gpu_adapters: Collection[str] = self.ledger.active_view
+        self.registered: Collection[str] = self.ledger.registered_view
+        self.gpu_util = 0.0  # neither engine exports it; scorers that use it see an idle GPU
+        self.queue_depth = 0
+        self.running = 0
+        self.kv_usage = 0.0
+        self.running_adapters: Collection[str] = frozenset()
+        self.waiting_adapters: Collection[str] = frozenset()
 
     @property
     def free_slots(self) -> int:
-        return self.ledger.max_loras - len(self.ledger.active_view)
-
-    @property
-    def max_loras(self) -> int:
-        return self.ledger.max_loras
+        return self.max_loras - len(self.gpu_adapters)
 
     @property
     def victim_last_used_s(self) -> float:
@@ -127,16 +112,30 @@ class PodState:
         if len(self.last_used_s) > 4 * self.ledger.max_cpu_loras + 64:
             self.last_used_s = {a: self.last_used_s.get(a, 0.0) for a in self.ledger.active_view}
 
-    def queue_len(self) -> float:
-        """Requests waiting at the pod: the last scrape plus what the router sent since."""
-        return self.metrics.waiting + max(0, self.inflight - self.inflight_at_scrape)
+    def begin(self) -> None:
+        """A request was sent to the pod."""
+        self.inflight += 1
+        self._requeue()
 
-    def queue_delay_ms(self) -> float:
-        return self.queue_len() * self.service_ms
+    def end(self) -> None:
+        self.inflight -= 1
+        self._requeue()
+
+    def _requeue(self) -> None:
+        #: Waiting at the pod: the last scrape, plus what the router sent since.
+        self.queue_depth = self.metrics.waiting + max(0, self.inflight - self.inflight_at_scrape)
+
+    def queue_len(self) -> float:
+        return self.queue_depth
 
     def observe(self, metrics: PodMetrics) -> None:
         self.metrics = metrics
         self.inflight_at_scrape = self.inflight
+        self.running = metrics.running
+        self.kv_usage = metrics.kv_usage
+        self.running_adapters = metrics.running_adapters
+        self.waiting_adapters = metrics.waiting_adapters
+        self._requeue()
 
     def observe_ttfb(self, ms: float) -> None:
         self.service_ms += 0.1 * (ms - self.service_ms)
