@@ -1,0 +1,216 @@
+"""Parse catalog.yaml: adapters, their sizes, pins and replication, checked against the fleet."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from placement import sizing
+from placement.domain import Adapter, AdapterId, Catalog, Fleet, ModelDims, PodId, TenantId
+from placement.errors import Problem
+from placement.inputs.fields import (
+    Reader,
+    as_dns_name,
+    as_integer,
+    as_number,
+    as_strings,
+    as_text,
+    load_yaml,
+    parse_bytes,
+    raise_errors,
+)
+
+
+def _dims_for(base_model: str, fleet: Fleet | None) -> ModelDims | None:
+    pool = fleet.pool_for_base(base_model) if fleet is not None else None
+    if pool is not None:
+        return pool.dims
+    return sizing.BUILTIN_MODELS.get(base_model.lower())
+
+
+def _resolve_size(
+    reader: Reader,
+    raw: Mapping[str, Any],
+    *,
+    entry: str,
+    base: Path,
+    fleet: Fleet | None,
+    rank: int,
+    targets: tuple[str, ...],
+    dtype: str,
+    base_model: str,
+) -> int | None:
+    if raw.get("size_bytes") is not None:
+        return reader.get(raw, "size_bytes", parse_bytes, entry=entry)
+    source = str(raw.get("source", ""))
+    local = base / source if source and "://" not in source else None
+    if local is not None and local.is_dir():
+        try:
+            return sizing.peft_adapter_size(local).bytes
+        except sizing.SizingError as exc:
+            reader.add(
+                f"size cannot be read from the PEFT directory: {exc}", entry=entry, field_="source"
+            )
+            return None
+    dims = _dims_for(base_model, fleet)
+    if dims is None:
+        reader.add(
+            f"size cannot be computed: no dimensions for base model {base_model!r}; "
+            "give size_bytes, a PEFT directory as source, or a pool with model_config",
+            entry=entry,
+            field_="size_bytes",
+        )
+        return None
+    try:
+        return sizing.adapter_bytes(dims, rank, targets, dtype)
+    except sizing.SizingError as exc:
+        reader.add(f"size cannot be computed: {exc}", entry=entry, field_="target_modules")
+        return None
+
+
+def _pins(value: Any) -> tuple[bool, tuple[PodId, ...]]:
+    if isinstance(value, bool):
+        return value, ()
+    return True, tuple(PodId(pod) for pod in as_strings(value))
+
+
+def _adapter(
+    reader: Reader, raw: Any, *, index: int, base: Path, fleet: Fleet | None
+) -> Adapter | None:
+    entry = f"adapters[{index}]"
+    if not isinstance(raw, dict):
+        reader.add("expected a mapping", entry=entry)
+        return None
+    name = reader.get(raw, "name", as_dns_name, entry=entry, required=True)
+    entry = f"adapter {name}" if name else entry
+    base_model = reader.get(raw, "base_model", as_text, entry=entry, required=True)
+    rank = reader.get(raw, "rank", as_integer(1), entry=entry, required=True)
+    default_targets: tuple[str, ...] = ("q_proj", "v_proj")
+    targets = reader.get(raw, "target_modules", as_strings, entry=entry, default=default_targets)
+    dtype = reader.get(raw, "dtype", as_text, entry=entry, default="float16") or "float16"
+    source = reader.get(raw, "source", as_text, entry=entry, required=True)
+    no_pins: tuple[bool, tuple[PodId, ...]] = (False, ())
+    pinned, pinned_pods = reader.get(raw, "pinned", _pins, entry=entry, default=no_pins) or no_pins
+    min_replicas = reader.get(raw, "min_replicas", as_integer(0), entry=entry, default=1)
+    max_replicas = reader.get(raw, "max_replicas", as_integer(1), entry=entry, default=4)
+    if min_replicas is not None and max_replicas is not None and min_replicas > max_replicas:
+        reader.add(
+            f"min_replicas ({min_replicas}) exceeds max_replicas ({max_replicas})",
+            entry=entry,
+            field_="min_replicas",
+        )
+    timezone = reader.get(raw, "timezone", as_timezone, entry=entry)
+    if name is None or base_model is None or rank is None or targets is None or source is None:
+        return None
+    size = _resolve_size(
+        reader,
+        raw,
+        entry=entry,
+        base=base,
+        fleet=fleet,
+        rank=rank,
+        targets=targets,
+        dtype=dtype,
+        base_model=base_model,
+    )
+    _check_against_fleet(
+        reader, entry=entry, fleet=fleet, base_model=base_model, rank=rank, pinned_pods=pinned_pods
+    )
+    if size is None or min_replicas is None or max_replicas is None:
+        return None
+    tenant = reader.get(raw, "tenant", as_text, entry=entry)
+    return Adapter(
+        name=AdapterId(name),
+        base_model=base_model,
+        rank=rank,
+        alpha=reader.get(raw, "alpha", as_number, entry=entry, default=float(rank)) or float(rank),
+        target_modules=targets,
+        dtype=dtype,
+        source=source,
+        size_bytes=size,
+        tenant=TenantId(tenant) if tenant else None,
+        timezone=timezone,
+        pinned=pinned,
+        pinned_pods=pinned_pods,
+        min_replicas=min_replicas,
+        max_replicas=max_replicas,
+        slo_ttft_ms=reader.get(raw, "slo_ttft_ms", as_number, entry=entry),
+        group=reader.get(raw, "group", as_text, entry=entry),
+    )
+
+
+def as_timezone(value: Any) -> str:
+    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+    text = as_text(value)
+    try:
+        ZoneInfo(text)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise ValueError(
+            f"unknown time zone {text!r} (use an IANA name like America/New_York)"
+        ) from None
+    return text
+
+
+def _check_against_fleet(
+    reader: Reader,
+    *,
+    entry: str,
+    fleet: Fleet | None,
+    base_model: str,
+    rank: int,
+    pinned_pods: tuple[PodId, ...],
+) -> None:
+    if fleet is None:
+        return
+    pool = fleet.pool_for_base(base_model)
+    if pool is None:
+        served = ", ".join(sorted({p.base_model for p in fleet.pools})) or "none"
+        reader.add(
+            f"no pool serves base model {base_model!r} (served: {served})",
+            entry=entry,
+            field_="base_model",
+        )
+        return
+    if rank > pool.max_lora_rank:
+        reader.add(
+            f"rank {rank} is above max_lora_rank {pool.max_lora_rank} of pool {pool.name}",
+            entry=entry,
+            field_="rank",
+        )
+    pods = {pod.name for pod in pool.pods}
+    for pod in pinned_pods:
+        if pod not in pods:
+            reader.add(
+                f"pinned to unknown pod {pod!r} (pool {pool.name} has {', '.join(sorted(pods))})",
+                entry=entry,
+                field_="pinned",
+            )
+
+
+def parse_catalog(path: Path, fleet: Fleet | None) -> tuple[Catalog, list[Problem]]:
+    reader, adapters_raw = load_yaml(path, "adapters")
+    adapters = [
+        _adapter(reader, raw, index=i, base=path.parent, fleet=fleet)
+        for i, raw in enumerate(adapters_raw)
+    ]
+    catalog = Catalog(adapters=tuple(a for a in adapters if a is not None))
+    names = [raw.get("name") for raw in adapters_raw if isinstance(raw, dict)]
+    for duplicate, count in Counter(n for n in names if n is not None).items():
+        if count > 1:
+            reader.add(
+                f"adapter name {duplicate!r} is used {count} times",
+                entry=f"adapter {duplicate}",
+                field_="name",
+            )
+    return catalog, reader.problems
+
+
+def load_catalog(path: str | os.PathLike[str], *, fleet: Fleet | None = None) -> Catalog:
+    """Read catalog.yaml (checked against ``fleet`` when given); raise InputError on problems."""
+    catalog, problems = parse_catalog(Path(path), fleet)
+    raise_errors(problems)
+    return catalog
