@@ -1,0 +1,46 @@
+"""Fixtures of the controller tests: a fake Kubernetes API server, plans, a fake clock."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from controller_kubefake import FakeApiServer
+from controller_support import FakeClock
+
+from placement.adapters.kube import KubeTarget, connect
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def fake_api() -> Iterator[FakeApiServer]:
+    server = FakeApiServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def kube_api(fake_api: FakeApiServer) -> Iterator[client.ApiClient]:
+    api = connect(host=fake_api.url)
+    yield api
+    api.close()
+
+
+@pytest.fixture
+def target() -> KubeTarget:
+    return KubeTarget(namespace="lf", request_timeout_s=5.0)
