@@ -18,11 +18,15 @@ Must not decide anything or read the clock: times come in as ``now_s`` arguments
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from datetime import datetime
 
+import pandas as pd
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import generate_latest
 
+from placement.domain import Catalog, Fleet, PodId, PoolId
+from placement.executor import ApplyReport, Status
 from placement.plan import Plan
 
 #: Residency buckets in seconds: seed 000 calls under 30 s thrashing and under 5 min a
@@ -31,7 +35,14 @@ RESIDENCY_BUCKETS_S = (5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.
 #: CP-SAT wall time buckets in seconds: the default time limit is seconds, not minutes.
 SOLVER_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
-ACTION_RESULTS = ("ok", "failed")
+#: ``result`` label of lorafleet_controller_actions_total, by executor status: only
+#: ``ok`` changed a pod (an ``unchanged`` load found the adapter already there).
+ACTION_RESULTS = {
+    Status.DONE: "ok",
+    Status.UNCHANGED: "unchanged",
+    Status.SKIPPED: "skipped",
+    Status.FAILED: "failed",
+}
 
 
 class FleetMetrics:
@@ -116,6 +127,22 @@ class FleetMetrics:
         self.active_adapters.labels(pool=pool).set(active_adapters)
         self.slot_capacity.labels(pool=pool).set(slots)
 
+    def fleet_activity(
+        self,
+        counts: pd.DataFrame,
+        *,
+        catalog: Catalog,
+        fleet: Fleet,
+        since: datetime,
+        ready: Collection[PodId] | None = None,
+    ) -> None:
+        """``pool_activity`` for every pool, from a counts frame (``ts``, ``adapter``,
+        ``requests``, as ``RequestLog.counts`` or the Prometheus history source give)."""
+        active = active_adapters_by_pool(counts, catalog=catalog, fleet=fleet, since=since)
+        for pool in fleet.pools:
+            slots = sum(p.max_loras for p in pool.pods if ready is None or p.name in ready)
+            self.pool_activity(pool.name, active_adapters=active.get(pool.name, 0), slots=slots)
+
 
 class ControllerMetrics:
     """The controller's own health: plan age, solver quality, forecast error, actions."""
@@ -191,6 +218,14 @@ class ControllerMetrics:
     def action_done(self, kind: str, pod: str, *, ok: bool) -> None:
         self.actions.labels(kind=kind, pod=pod, result="ok" if ok else "failed").inc()
 
+    def apply_reported(self, report: ApplyReport) -> None:
+        """Count every action of an executor run by kind, pod and result."""
+        for result in report.results:
+            action = result.action
+            self.actions.labels(
+                kind=action.kind.value, pod=action.pod, result=ACTION_RESULTS[result.status]
+            ).inc()
+
     def job_failed(self, job: str) -> None:
         self.job_failures.labels(job=job).inc()
 
@@ -203,6 +238,21 @@ def forecast_error_ratio(forecast: dict[str, float], actual: dict[str, float]) -
     if total <= 0.0:
         return 0.0 if error == 0.0 else 1.0
     return error / total
+
+
+def active_adapters_by_pool(
+    counts: pd.DataFrame, *, catalog: Catalog, fleet: Fleet, since: datetime
+) -> dict[PoolId, int]:
+    """Distinct adapters with requests at or after ``since``, per pool of their base
+    model (adapters missing from the catalog or served by no pool are not counted)."""
+    recent = counts.loc[(counts["ts"] >= pd.Timestamp(since)) & (counts["requests"] > 0)]
+    names = set(recent["adapter"].astype(str))
+    active: dict[PoolId, int] = {}
+    for adapter in catalog.adapters:
+        pool = fleet.pool_for_base(adapter.base_model)
+        if pool is not None and adapter.name in names:
+            active[pool.name] = active.get(pool.name, 0) + 1
+    return active
 
 
 def render(registry: CollectorRegistry) -> bytes:

@@ -6,12 +6,15 @@ import math
 from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
 
+import pandas as pd
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
+from placement.domain import AdapterId, Load, PodId, Unload, Warmup
+from placement.executor import ActionResult, ApplyReport, Status
 from placement.metrics import (
     ControllerMetrics,
     FleetMetrics,
@@ -20,6 +23,8 @@ from placement.metrics import (
 )
 from placement.plan import Plan, SolverReport
 from placement.router.metrics import RouterMetrics
+
+from .plans import make_catalog, make_fleet
 
 
 def sample(registry: CollectorRegistry, name: str, **labels: str) -> float | None:
@@ -181,3 +186,61 @@ def test_render_is_prometheus_text() -> None:
     families = {f.name: f for f in text_string_to_metric_families(render(registry).decode())}
     (value,) = families["lorafleet_load_queue_depth"].samples
     assert value.labels == {"pod": "pod-3"} and value.value == 2
+
+
+def test_apply_report_counts_actions_by_kind_pod_and_result() -> None:
+    pod0, pod1 = PodId("pod-0"), PodId("pod-1")
+    results = (
+        ActionResult(
+            action=Load(pod=pod0, adapter=AdapterId("a"), reason="plan"), status=Status.DONE
+        ),
+        ActionResult(
+            action=Load(pod=pod0, adapter=AdapterId("b"), reason="plan"), status=Status.UNCHANGED
+        ),
+        ActionResult(
+            action=Warmup(pod=pod1, adapter=AdapterId("a"), reason="plan"), status=Status.FAILED
+        ),
+        ActionResult(
+            action=Unload(pod=pod1, adapter=AdapterId("c"), reason="plan"), status=Status.SKIPPED
+        ),
+    )
+    registry = CollectorRegistry()
+    ControllerMetrics(registry).apply_reported(ApplyReport(results=results))
+
+    def count(kind: str, pod: str, result: str) -> float | None:
+        return sample(
+            registry, "lorafleet_controller_actions_total", kind=kind, pod=pod, result=result
+        )
+
+    assert count("load", "pod-0", "ok") == 1
+    assert count("load", "pod-0", "unchanged") == 1
+    assert count("warmup", "pod-1", "failed") == 1
+    assert count("unload", "pod-1", "skipped") == 1
+
+
+def test_fleet_activity_counts_distinct_recent_adapters_per_pool() -> None:
+    catalog = make_catalog(["a", "b", "c", "d"])
+    fleet = make_fleet(3, max_loras=4)
+    now = datetime(2026, 3, 12, 12, 0, tzinfo=UTC)
+    counts = pd.DataFrame(
+        {
+            "ts": pd.to_datetime(
+                [now - timedelta(hours=3), now - timedelta(minutes=30), now - timedelta(minutes=5)]
+                * 2,
+                utc=True,
+            ),
+            "adapter": ["a", "b", "c", "d", "unknown", "b"],
+            "requests": [5, 1, 2, 0, 9, 3],
+        }
+    )
+    registry = CollectorRegistry()
+    FleetMetrics(registry).fleet_activity(
+        counts,
+        catalog=catalog,
+        fleet=fleet,
+        since=now - timedelta(hours=1),
+        ready=[PodId("pod-0"), PodId("pod-1")],
+    )
+    # b and c had requests in the last hour; a is older, d had none, unknown is not ours.
+    assert sample(registry, "lorafleet_active_adapters", pool="base") == 2
+    assert sample(registry, "lorafleet_slot_capacity", pool="base") == 8
