@@ -114,6 +114,17 @@ class FleetMetrics:
         self.evictions.labels(pod=pod).inc()
         self.gpu_adapters.labels(pod=pod).dec()
 
+    def observe_gpu(self, pod: str, active: Collection[str], *, now_s: float) -> None:
+        """A snapshot of the adapters on ``pod``'s GPU slots (the router's ledger after
+        each scrape): arrivals start a stay, departures end one. Residency is then exact
+        to the snapshot interval, and the caller needs no eviction hook."""
+        current = set(active)
+        held = {adapter for (owner, adapter) in self._since_s if owner == pod}
+        for adapter in sorted(held - current):
+            self.evicted(pod, adapter, now_s=now_s)
+        for adapter in sorted(current - held):
+            self.activated(pod, adapter, now_s=now_s)
+
     def pod_emptied(self, pod: str, *, now_s: float) -> None:
         """The pod restarted or left the fleet: every resident adapter's stay ends."""
         for key in [key for key in self._since_s if key[0] == pod]:

@@ -244,3 +244,17 @@ def test_fleet_activity_counts_distinct_recent_adapters_per_pool() -> None:
     # b and c had requests in the last hour; a is older, d had none, unknown is not ours.
     assert sample(registry, "lorafleet_active_adapters", pool="base") == 2
     assert sample(registry, "lorafleet_slot_capacity", pool="base") == 8
+
+
+def test_gpu_snapshots_start_and_end_stays() -> None:
+    registry = CollectorRegistry()
+    fleet = FleetMetrics(registry)
+    fleet.observe_gpu("pod-0", ["a", "b"], now_s=0.0)
+    fleet.observe_gpu("pod-0", ["a", "b"], now_s=10.0)
+    fleet.observe_gpu("pod-0", ["a", "c"], now_s=20.0)  # b evicted by c
+    fleet.observe_gpu("pod-1", ["b"], now_s=20.0)
+    fleet.observe_gpu("pod-0", ["c"], now_s=50.0)  # a evicted
+    assert sample(registry, "lorafleet_adapter_residency_seconds_count", pod="pod-0") == 2
+    assert sample(registry, "lorafleet_adapter_residency_seconds_sum", pod="pod-0") == 20.0 + 50.0
+    assert sample(registry, "lorafleet_pod_gpu_adapters", pod="pod-0") == 1
+    assert sample(registry, "lorafleet_pod_gpu_adapters", pod="pod-1") == 1
