@@ -119,8 +119,8 @@ async def _run(
             plan, fleet=fleet, clients=clients, catalog=catalog, ledger=ledger
         )
         _print_diff(out(), steps.actions, observation)
-        if dry_run:
-            return not observation.unreachable
+        if dry_run or not steps.actions:
+            return _print_outcome(ApplyReport(results=()), observation)
         with Progress(
             TextColumn("applying"), BarColumn(), MofNCompleteColumn(), console=err()
         ) as progress:
