@@ -16,6 +16,8 @@ from prometheus_client import CollectorRegistry
 from placement.metrics import ControllerMetrics, FleetMetrics
 from placement.router.metrics import RouterMetrics
 
+from .conftest import require_tool
+
 REPO = Path(__file__).resolve().parents[2]
 MONITORING = REPO / "deploy" / "monitoring"
 RULES = MONITORING / "rules.yaml"
@@ -168,3 +170,13 @@ def test_kustomization_names_existing_files() -> None:
     for generator in kustomization["configMapGenerator"]:
         for entry in generator["files"]:
             assert (MONITORING / entry.split("=")[-1]).is_file()
+
+
+@pytest.mark.parametrize(("ci", "outcome"), [("true", "fail"), ("", "skip")], ids=["ci", "local"])
+def test_a_missing_tool_fails_under_ci_and_skips_elsewhere(
+    monkeypatch: pytest.MonkeyPatch, ci: str, outcome: str
+) -> None:
+    monkeypatch.setenv("CI", ci)
+    expected = pytest.fail.Exception if outcome == "fail" else pytest.skip.Exception
+    with pytest.raises(expected, match=r"not installed .*ensure-prometheus"):
+        require_tool("lorafleet-no-such-tool")
