@@ -19,12 +19,15 @@ import httpx
 
 from placement.adapters.engines import engine_client
 from placement.domain import Action, AdapterId, Catalog, Fleet, PodId
-from placement.errors import EngineError
+from placement.errors import EngineError, RetryableEngineError
 from placement.executor import ActionResult, ApplyReport, Executor, Ledger, Sleep
 from placement.plan import Plan
 from placement.ports import EngineClient
 from placement.reconcile import PodState, Schedule, schedule
 from placement.settings import ExecutorSettings
+
+#: Tries at listing a pod before calling it unreachable (a lone 5xx is not a dead pod).
+LIST_ATTEMPTS = 3
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,10 +79,18 @@ async def observe(
     pods = fleet.pods
 
     async def listed(pod_id: PodId) -> frozenset[AdapterId] | str:
-        try:
-            return (await clients[pod_id].registered()).names()
-        except EngineError as exc:
-            return str(exc)
+        client = clients.get(pod_id)
+        if client is None:
+            return "no client for this pod"
+        for attempt in range(1, LIST_ATTEMPTS + 1):
+            try:
+                return (await client.registered()).names()
+            except RetryableEngineError as exc:
+                if attempt == LIST_ATTEMPTS:
+                    return str(exc)
+            except EngineError as exc:
+                return str(exc)
+        return "not listed"
 
     answers = await asyncio.gather(*(listed(pod.name) for pod in pods))
     states: dict[PodId, PodState] = {}

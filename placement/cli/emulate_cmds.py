@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 import signal
 from typing import Annotated
 
@@ -31,12 +32,29 @@ def _fleet_yaml(fleet: EmulatedFleet, *, base_model: str) -> str:
     return "\n".join(lines)
 
 
-async def _serve(fleet: EmulatedFleet) -> None:
+async def _crash_now_and_then(fleet: EmulatedFleet, *, every_s: float, down_s: float) -> None:
+    """Kill a random pod every ``every_s`` seconds; it comes back empty after ``down_s``."""
+    rng = random.Random(0)
+    while True:
+        await asyncio.sleep(every_s)
+        victim = rng.choice(fleet.handles)
+        victim.pod.kill(down_s)
+        err().print(f"{victim.name} died; back empty in {down_s:g} s")
+
+
+async def _serve(fleet: EmulatedFleet, *, crash_every_s: float, down_s: float) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    crasher = None
+    if crash_every_s > 0:
+        crasher = asyncio.create_task(
+            _crash_now_and_then(fleet, every_s=crash_every_s, down_s=down_s)
+        )
     await serve_fleet(fleet.handles, stop=stop)
+    if crasher is not None:
+        crasher.cancel()
 
 
 @app.command()
@@ -65,12 +83,17 @@ def emulate(
     no_runtime_updating: Annotated[
         bool, typer.Option(help="Act as vLLM without VLLM_ALLOW_RUNTIME_LORA_UPDATING.")
     ] = False,
+    crash_every_s: Annotated[
+        float, typer.Option(help="Kill a random pod this often (0: never); it answers 503.")
+    ] = 0.0,
+    down_s: Annotated[float, typer.Option(help="How long a killed pod stays down.")] = 2.0,
     seed: Annotated[int, typer.Option(help="Seed of the injected failures.")] = 0,
 ) -> None:
     """Serve emulated pods that speak the engine's API exactly (POD-API.md).
 
     Each pod also answers GET /admin/stats, POST /admin/fault
-    {"error_rate", "slow_load_ms", "down_s"} and POST /admin/restart.
+    {"error_rate", "slow_load_ms", "down_s"} and POST /admin/restart. A killed pod
+    answers 503 until it comes back empty.
     """
     template = PodConfig(
         engine=engine,
@@ -96,4 +119,4 @@ def emulate(
     fleet = EmulatedFleet.start(pods, engine=engine, base_port=port, config=template)
     err().print(f"{pods} emulated {engine.value} pods on {HOST}:{port}..{port + pods - 1}")
     out().print(_fleet_yaml(fleet, base_model=base_model), highlight=False, markup=False)
-    asyncio.run(_serve(fleet))
+    asyncio.run(_serve(fleet, crash_every_s=crash_every_s, down_s=down_s))
