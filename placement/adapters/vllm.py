@@ -55,8 +55,8 @@ class VllmClient(HttpEngine):
         if is_route_missing(response):
             raise self._runtime_updating_off()
         message = error_text(response)
-        if response.status_code == 404 and "cannot be found" in message:
-            return False
+        if response.status_code in (400, 404) and "cannot be found" in message:
+            return False  # older vLLM answered 400 here
         raise self.unexpected(UNLOAD_PATH, response)
 
     async def warmup(self, adapter: AdapterId) -> None:
