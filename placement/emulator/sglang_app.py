@@ -2,8 +2,8 @@
 
 LoRA failures are HTTP 400 ``{"success": false, "error_message": ...}``; requests name
 an adapter as ``<served-base>:<adapter>`` and a bare adapter name is "not served".
-Texts POD-API.md does not give (a missing path, a full pool, too many pins) are this
-emulator's own, worded like SGLang's. A dead pod answers 503.
+The full-pool text is SGLang's tokenizer manager's; texts neither gives (a missing
+path, too many pins) are this emulator's own, worded like SGLang's. A dead pod answers 503.
 """
 
 from __future__ import annotations
@@ -56,8 +56,9 @@ def _load_refusal(pod: EmulatedPod, exc: EmulatorError, name: str, path: str) ->
         AlreadyLoadedError: f"Failed to load LoRA adapter {name} because it is already loaded",
         BadPathError: f"Failed to load LoRA adapter {name}: no adapter found at {path}",
         PoolFullError: (
-            f"Failed to load LoRA adapter {name} because the maximum number of loaded "
-            f"LoRA adapters ({config.cpu_slots}) has been reached"
+            f"Cannot load LoRA adapter {name} at path {path}. Maximum number of loaded "
+            f"LoRA adapters is {config.cpu_slots}. Please unload some LoRA adapters before "
+            "loading new ones."
         ),
         PinLimitError: (
             f"Failed to pin LoRA adapter {name}: at most max_loras_per_batch - 1 "

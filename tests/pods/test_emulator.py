@@ -207,7 +207,8 @@ async def test_sglang_refuses_bare_names_and_full_pools(emulated: EmulatedFactor
         full = await _post(http, "/load_lora_adapter", {"lora_name": "c", "lora_path": "c"})
         bare = await _post(http, "/v1/chat/completions", {"model": "a", "messages": []})
         named = await _post(http, "/v1/chat/completions", {"model": "base-model:a", "messages": []})
-    assert full.status_code == 400 and "maximum number" in full.json()["error_message"]
+    assert full.status_code == 400
+    assert "Maximum number of loaded LoRA adapters is 2" in full.json()["error_message"]
     assert (bare.status_code, bare.json()["message"]) == (404, "Model 'a' is not served.")
     assert named.status_code == 200
 
