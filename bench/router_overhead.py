@@ -211,7 +211,7 @@ def _decision_us(pods: int = 64, adapters: int = 2000, calls: int = 20000) -> di
             PodMetrics(waiting=rng.randint(0, 4), running=rng.randint(0, 8), kv_usage=0.5)
         )
         for name in rng.sample(names, 8):
-            state.ledger.activate(AdapterId(name))
+            state.note_use(AdapterId(name), rng.random())
     picker = Picker(settings=RouterSettings(), load_cost=LoadCostSettings())
     chosen = [rng.choice(names) for _ in range(calls)]
     wall, cpu = [], []

@@ -81,6 +81,9 @@ class Router:
         self.plan_error: str | None = "no plan read yet"
         self.unplanned: Counter[AdapterId] = Counter()
         self.session: aiohttp.ClientSession | None = None
+        self.upstream_timeout = aiohttp.ClientTimeout(
+            total=self.settings.upstream_timeout_s, sock_connect=self.settings.connect_timeout_s
+        )
         self.engine_http: httpx.AsyncClient | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._scrapes = 0
@@ -209,6 +212,7 @@ class Router:
     async def _read_listing(self, state: PodState) -> None:
         registered = await self.engine_client(state.upstream).registered()
         state.ledger.reconcile_listing(registered.names())
+        state.sync()
 
     def engine_client(self, upstream: Upstream) -> VllmClient | SglangClient:
         kind = SglangClient if upstream.engine is Engine.SGLANG else VllmClient
@@ -248,6 +252,7 @@ class Router:
         try:
             loaded = await client.load(adapter, lora_path=self.adapters.sources[adapter])
             state.ledger.register(adapter)
+            state.sync()
             if loaded:
                 self.metrics.loads.labels(pod=state.upstream.pod, reason="cold").inc()
             done.set_result(None)

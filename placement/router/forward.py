@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 _PASSED_HEADERS = (b"authorization",)
+_JSON_HEADERS = {"content-type": "application/json"}
 _TAIL_BYTES = 4096
 
 
@@ -103,25 +105,24 @@ async def forward(
 ) -> bool:
     """Send the request to ``state``'s pod and relay the answer; False means try another."""
     assert router.session is not None
-    settings = router.settings
-    headers = {"content-type": "application/json"}
+    headers = _JSON_HEADERS
     if exchange.auth is not None:
-        headers["authorization"] = exchange.auth.decode("latin-1")
-    timeout = aiohttp.ClientTimeout(
-        total=settings.upstream_timeout_s, sock_connect=settings.connect_timeout_s
-    )
+        headers = {**_JSON_HEADERS, "authorization": exchange.auth.decode("latin-1")}
     url = state.upstream.url + exchange.path
     body = exchange.body_for(state)
     _note_admission(router, state, exchange)
     state.begin()
     try:
-        async with router.session.post(url, data=body, headers=headers, timeout=timeout) as reply:
+        async with router.session.post(
+            url, data=body, headers=headers, timeout=router.upstream_timeout
+        ) as reply:
             if reply.status == 503 and not last_try:
                 await reply.read()
                 return False
             exchange.status = reply.status
             if reply.status == 404 and exchange.outcome is not None:
                 state.ledger.forget(AdapterId(exchange.model))
+                state.sync()
             if exchange.stream and reply.status == 200:
                 await _relay_stream(router, state, exchange, reply, send)
             else:
@@ -150,9 +151,8 @@ async def _relay_whole(
     data = await reply.read()
     exchange.ttft_s = router.clock() - exchange.started_s
     state.observe_ttfb(exchange.ttft_s * 1000.0)
-    if reply.status == 200 and b'"usage"' in data:
-        with contextlib.suppress(json.JSONDecodeError, UnicodeDecodeError, AttributeError):
-            exchange.read_usage(json.loads(data).get("usage"))
+    if reply.status == 200:
+        _usage_from_text(exchange, data)
     headers = _reply_headers(reply)
     headers.append((b"content-length", str(len(data)).encode()))
     exchange.streamed_bytes = True
@@ -183,6 +183,20 @@ async def _relay_stream(
     await send({"type": "http.response.body", "body": b"", "more_body": False})
     exchange.output_tokens = events
     _usage_from_tail(exchange, tail)
+
+
+_PROMPT_TOKENS = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
+_COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
+
+
+def _usage_from_text(exchange: Exchange, data: bytes) -> None:
+    """Token counts from an OpenAI body's ``usage``, without parsing the whole body."""
+    prompt = _PROMPT_TOKENS.search(data)
+    completion = _COMPLETION_TOKENS.search(data)
+    if prompt is not None:
+        exchange.prompt_tokens = int(prompt.group(1))
+    if completion is not None:
+        exchange.output_tokens = int(completion.group(1))
 
 
 def _usage_from_tail(exchange: Exchange, tail: bytes) -> None:

@@ -81,7 +81,9 @@ class Picker:
         pool = topology.pool_of(model)
         if pool is None:
             return Choice(None, reject=Reject.UNKNOWN_MODEL)
-        pods = [topology.pods[p] for p in pool.pods if p not in exclude]
+        pods = pool.states
+        if exclude:
+            pods = tuple(state for state in pods if state.pod_id not in exclude)
         adapter = AdapterId(model)
         warm_s, cold_s = self._load_costs(adapter)
         context = RoutingContext(

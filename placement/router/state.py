@@ -47,6 +47,7 @@ class PodState:
 
     __slots__ = (
         "failures",
+        "free_slots",
         "gpu_adapters",
         "gpu_util",
         "healthy",
@@ -65,6 +66,7 @@ class PodState:
         "running_adapters",
         "service_ms",
         "upstream",
+        "victim_last_used_s",
         "waiting_adapters",
     )
 
@@ -95,22 +97,24 @@ class PodState:
         self.kv_usage = 0.0
         self.running_adapters: Collection[str] = frozenset()
         self.waiting_adapters: Collection[str] = frozenset()
+        self.free_slots = self.max_loras
+        self.victim_last_used_s = 0.0
 
-    @property
-    def free_slots(self) -> int:
-        return self.max_loras - len(self.gpu_adapters)
-
-    @property
-    def victim_last_used_s(self) -> float:
-        """When the adapter this pod would evict next was last routed here."""
-        victim = next(iter(self.ledger.active_view), None)
-        return 0.0 if victim is None else self.last_used_s.get(victim, 0.0)
+    def sync(self) -> None:
+        """Recompute the fields derived from the ledger; call after changing it."""
+        self.free_slots = self.max_loras - len(self.gpu_adapters)
+        victim = next(iter(self.gpu_adapters), None)
+        #: When the adapter this pod would evict next was last routed here.
+        self.victim_last_used_s = (
+            0.0 if victim is None else self.last_used_s.get(AdapterId(victim), 0.0)
+        )
 
     def note_use(self, adapter: AdapterId, now_s: float) -> None:
         self.ledger.activate(adapter)
         self.last_used_s[adapter] = now_s
         if len(self.last_used_s) > 4 * self.ledger.max_cpu_loras + 64:
             self.last_used_s = {a: self.last_used_s.get(a, 0.0) for a in self.ledger.active_view}
+        self.sync()
 
     def begin(self) -> None:
         """A request was sent to the pod."""
@@ -136,6 +140,7 @@ class PodState:
         self.running_adapters = metrics.running_adapters
         self.waiting_adapters = metrics.waiting_adapters
         self._requeue()
+        self.sync()
 
     def observe_ttfb(self, ms: float) -> None:
         self.service_ms += 0.1 * (ms - self.service_ms)
@@ -147,6 +152,8 @@ class PoolView:
     served_model: str
     engine: Engine
     pods: tuple[PodId, ...]
+    #: The same pods' live states, in the same order (what the policy scans).
+    states: tuple[PodState, ...]
     ring: HashRing
 
 
@@ -169,10 +176,10 @@ class Topology:
     def pool_of(self, model: str) -> PoolView | None:
         """The pool a request's ``model`` belongs to, or None when no pool fits."""
         pool_id = self.adapter_pool.get(AdapterId(model)) or self.base_pool.get(model)
-        if pool_id is None:
-            pool_id = self._listing_pool(AdapterId(model))
         if pool_id is None and len(self.pools) == 1:
             pool_id = next(iter(self.pools))
+        if pool_id is None:
+            pool_id = self._listing_pool(AdapterId(model))
         return None if pool_id is None else self.pools.get(pool_id)
 
     def _listing_pool(self, adapter: AdapterId) -> PoolId | None:
@@ -239,6 +246,7 @@ def _pool_views(pods: Mapping[PodId, PodState]) -> dict[PoolId, PoolView]:
             served_model=ups[0].served_model,
             engine=ups[0].engine,
             pods=tuple(sorted(u.pod for u in ups)),
+            states=tuple(pods[u.pod] for u in sorted(ups, key=lambda u: u.pod)),
             ring=build_ring(u.pod for u in ups),
         )
         for pool, ups in members.items()
@@ -263,3 +271,4 @@ def _read_plan(
         state = pods.get(pod_id)
         if state is not None:
             state.ledger.seed(hot=pod_plan.hot, warm=pod_plan.warm)
+            state.sync()
