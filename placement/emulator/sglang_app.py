@@ -2,8 +2,8 @@
 
 LoRA failures are HTTP 400 ``{"success": false, "error_message": ...}``; requests name
 an adapter as ``<served-base>:<adapter>`` and a bare adapter name is "not served".
-The full-pool text is SGLang's tokenizer manager's; texts neither gives (a missing
-path, too many pins) are this emulator's own, worded like SGLang's. A dead pod answers 503.
+The full-pool, rank and pin texts are SGLang's (tokenizer and LoRA managers); the
+missing-path text is this emulator's own, worded like SGLang's. A dead pod answers 503.
 """
 
 from __future__ import annotations
@@ -61,14 +61,18 @@ def _load_refusal(pod: EmulatedPod, exc: EmulatorError, name: str, path: str) ->
             "loading new ones."
         ),
         PinLimitError: (
-            f"Failed to pin LoRA adapter {name}: at most max_loras_per_batch - 1 "
-            f"({config.max_loras - 1}) adapters can be pinned"
+            f"Failed to load LoRA adapter {name} as a pinned adapter. It is not allowed to "
+            "pin all slots in the LoRA memory pool to avoid starvation for unpinned adapters "
+            "and base models. Please increase your `--max-loras-per-batch` or load it as "
+            "unpinned LoRA adapters."
         ),
     }
     if isinstance(exc, RankTooLargeError):
         return (
             f"LoRA adapter {name} with rank {exc.rank} is incompatible with the current LoRA "
-            f"memory pool configuration (max_lora_rank={config.max_lora_rank})."
+            "memory pool configuration. Please ensure that the LoRA adapter's rank is within "
+            "the configured `--max-lora-rank` and that the target modules are included in "
+            "`--lora-target-modules`."
         )
     return messages.get(type(exc), f"Failed to load LoRA adapter {name}: {type(exc).__name__}")
 

@@ -226,6 +226,7 @@ async def test_sglang_pins_at_most_one_less_than_the_batch(emulated: EmulatedFac
             await _post(http, "/load_lora_adapter", {"lora_name": model[-1], "lora_path": "x"})
             await _post(http, "/v1/chat/completions", {"model": model, "messages": []})
     assert first.status_code == 200 and second.status_code == 400
+    assert "It is not allowed to pin all slots" in second.json()["error_message"]
     assert "a" in fleet.handles[0].pod.stats()["gpu"]  # pinned: never evicted
 
 
