@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections import Counter
 from collections.abc import Awaitable, Callable
 
+import httpx
 import pytest
 
-from placement.apply import ApplyOutcome, apply_plan, make_clients, plan_actions
-from placement.domain import Adapter, AdapterId, Catalog, Engine
-from placement.emulator import ZERO_LATENCY, EmulatedFleet, Faults, PodConfig
-from placement.executor import Ledger, Status, backoff_s
+from placement.apply import ApplyOutcome, apply_plan, lora_paths, make_clients, plan_actions
+from placement.domain import Adapter, AdapterId, Catalog, Engine, Load, PodId, Warmup
+from placement.emulator import ZERO_LATENCY, EmulatedFleet, Faults, Latency, PodConfig
+from placement.executor import Executor, Ledger, Status, backoff_s
 from placement.plan import Plan
 from placement.settings import ExecutorSettings
 
@@ -261,3 +263,77 @@ def test_backoff_is_jittered_below_an_exponential_cap(attempt: int) -> None:
     delays = [backoff_s(attempt, settings=settings, rng=random.Random(s)) for s in range(50)]
     assert all(0.0 <= d <= cap for d in delays)
     assert max(delays) > cap / 2 and len(set(delays)) > 1
+
+
+class _Counting(httpx.AsyncBaseTransport):
+    """Counts requests in flight at the wire, fleet-wide and per pod."""
+
+    def __init__(self, inner: httpx.AsyncBaseTransport) -> None:
+        self.inner = inner
+        self.now: Counter[str] = Counter()
+        self.peak: Counter[str] = Counter()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        pod = request.url.netloc.decode()
+        for key in (pod, "all"):
+            self.now[key] += 1
+            self.peak[key] = max(self.peak[key], self.now[key])
+        try:
+            return await self.inner.handle_async_request(request)
+        finally:
+            for key in (pod, "all"):
+                self.now[key] -= 1
+
+
+async def test_one_call_per_pod_and_a_global_limit_at_the_wire() -> None:
+    latency = Latency(load_ms=5.0, activate_ms=1.0, ttft_ms=1.0, tpot_ms=0.0)
+    template = PodConfig(latency=latency, max_loras=2, max_cpu_loras=4)
+    fleet = EmulatedFleet.start(4, config=template)
+    counting = _Counting(fleet.transport())
+    settings = ExecutorSettings(max_concurrency=3, backoff_base_s=0.0)
+    async with httpx.AsyncClient(transport=counting) as http:
+        outcome = await _applier(fleet, http, settings=settings)(PLAN_A)
+    assert outcome.report.ok
+    assert counting.peak["all"] == 3
+    assert all(counting.peak[h.url.removeprefix("http://")] == 1 for h in fleet.handles)
+
+
+async def test_retries_back_off_exponentially_with_jitter_until_attempts_run_out() -> None:
+    fleet = _fleet(faults=Faults(error_rate=1.0))
+    delays: list[float] = []
+
+    async def record(delay_s: float) -> None:
+        delays.append(delay_s)
+
+    settings = ExecutorSettings(max_attempts=4, backoff_base_s=0.2, backoff_max_s=0.5)
+    actions = (Load(pod=PodId("pod-0"), adapter=AdapterId("a0"), reason="test"),)
+    async with fleet.http() as http:
+        executor = Executor(
+            make_clients(fleet.domain(), http=http),
+            lora_paths=lora_paths(_catalog()),
+            settings=settings,
+            rng=random.Random(3),
+            sleep=record,
+        )
+        report = await executor.run(actions)
+    (result,) = report.results
+    assert (result.status, result.attempts, result.permanent) == (Status.FAILED, 4, False)
+    assert "500" in result.detail
+    caps = [0.2, 0.4, 0.5]
+    assert len(delays) == 3 and all(0.0 <= d <= cap for d, cap in zip(delays, caps, strict=True))
+
+
+def test_the_ledger_round_trips_and_forgets_what_a_pod_lost() -> None:
+    ledger = Ledger()
+    pod = PodId("pod-0")
+    for action in (
+        Load(pod=pod, adapter=AdapterId("p"), reason="", pinned=True),
+        Warmup(pod=pod, adapter=AdapterId("a"), reason=""),
+        Warmup(pod=pod, adapter=AdapterId("b"), reason=""),
+        Warmup(pod=pod, adapter=AdapterId("a"), reason=""),
+    ):
+        ledger.record(action)
+    copy = Ledger.from_dict(ledger.to_dict())
+    assert copy.warmed == {pod: ["b", "a"]} and copy.pinned == {pod: {"p"}}
+    copy.forget_missing(pod, [AdapterId("a")])
+    assert copy.warmed == {pod: ["a"]} and copy.pinned == {pod: set()}
