@@ -178,14 +178,14 @@ async def test_a_pod_killed_mid_apply_is_reported_and_the_next_apply_converges()
         nonlocal done
         done += 1
         if done == 5:
-            victim.kill(0.05)
+            victim.kill(0.4)
 
     settings = ExecutorSettings(per_action_deadline_s=2.0, max_attempts=2, backoff_base_s=0.0)
     async with fleet.http() as http:
         apply = _applier(fleet, http, settings=settings)
         broken = await apply(PLAN_A, on_result=kill_after_five)
         during = await apply(PLAN_A)
-        await asyncio.sleep(0.06)
+        await asyncio.sleep(0.45)
         healed = await apply(PLAN_A)
         final = await apply(PLAN_A)
     assert not broken.report.ok

@@ -238,10 +238,10 @@ async def test_injected_errors_and_a_pod_that_dies_and_comes_back_empty(
         await _post(http, "/v1/load_lora_adapter", {"lora_name": "a", "lora_path": "p"})
         await _post(http, "/admin/fault", {"error_rate": 1.0})
         failing = await http.get(URL + "/v1/models")
-        await _post(http, "/admin/fault", {"error_rate": 0.0, "down_s": 0.05})
+        await _post(http, "/admin/fault", {"error_rate": 0.0, "down_s": 0.3})
         with pytest.raises(httpx.ConnectError):
             await http.get(URL + "/health")
-        await asyncio.sleep(0.06)
+        await asyncio.sleep(0.35)
         listed = (await http.get(URL + "/v1/models")).json()["data"]
         stats = (await http.get(URL + "/admin/stats")).json()
     assert failing.status_code == 500
