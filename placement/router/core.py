@@ -192,7 +192,13 @@ class Router:
             state.observe(parse(text, pod=upstream.pod))
             if listing or not state.healthy:
                 await self._read_listing(state)
-        except (aiohttp.ClientError, TimeoutError, EngineError) as exc:
+        except TimeoutError:
+            # A slow answer may be our own loop being busy: two in a row take it out.
+            state.failures += 1
+            if state.failures >= 2:
+                self.mark_unhealthy(state, "scrapes timed out twice")
+            return
+        except (aiohttp.ClientError, EngineError) as exc:
             self.mark_unhealthy(state, str(exc) or type(exc).__name__)
             return
         if not state.healthy:
