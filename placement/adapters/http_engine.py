@@ -94,6 +94,8 @@ class HttpEngine:
             response = await self._http.request(
                 method, self._url + path, json=body, timeout=self._timeout
             )
+        except (httpx.InvalidURL, httpx.UnsupportedProtocol) as exc:
+            raise self.permanent(f"bad pod url {self._url!r}: {exc}") from None
         except httpx.TimeoutException:
             raise self.retryable(f"{method} {path} timed out") from None
         except httpx.TransportError as exc:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import replace
 
 import httpx
 import pytest
@@ -304,3 +305,11 @@ def test_sglang_metrics_read_the_pool_gauges() -> None:
 def test_unreadable_metrics_are_a_permanent_error() -> None:
     with pytest.raises(PermanentEngineError, match="unreadable"):
         parse_vllm_metrics('vllm:num_requests_running{engine="0" 3\n')
+
+
+async def test_a_bad_pod_url_is_permanent() -> None:
+    pod = replace(_pod(Engine.VLLM), url="ftp://127.0.0.1:1")
+    client = engine_client(pod, http=httpx.AsyncClient())
+    with pytest.raises(PermanentEngineError, match="bad pod url"):
+        await client.load(AdapterId("a"), lora_path="/p")
+    await client.aclose()
