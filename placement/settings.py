@@ -118,6 +118,18 @@ class ControllerSettings:
     webhook_max_body_bytes: int = 64 * 1024
     webhook_max_skew_s: int = 300
     webhook_rate_per_s: float = 20.0
+    webhook_burst: float = 40.0
+    #: Sources beyond this many share nothing: the least recently seen is forgotten.
+    webhook_max_sources: int = 4096
+    #: All sources together, so that many senders cannot add up to a flood.
+    webhook_total_rate_per_s: float = 200.0
+    #: Event ids remembered for idempotency (each for twice the timestamp window).
+    webhook_max_ids: int = 50_000
+    #: A failed job waits backoff_base_s, doubling per failure up to backoff_max_s.
+    backoff_base_s: float = 30.0
+    backoff_max_s: float = 900.0
+    misfire_grace_s: int = 60
+    lease_duration_s: int = 15
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -166,8 +178,8 @@ class SimSettings:
     #: GPU slots per pod the plan leaves free for the long tail (seed 003).
     tail_slots: int = 1
     #: Adapters forecast below this rate are not planned hot: LRU serves them better
-    #: than a guess (one request a minute).
-    plan_hot_min_rps: float = 1.0 / 60.0
+    #: than a guess (six requests a minute).
+    plan_hot_min_rps: float = 0.1
     #: A preload may evict only an adapter idle at least this long (else it is skipped:
     #: evicting a busy adapter to guess at the future costs more than it saves).
     preload_min_idle_s: float = 120.0

@@ -1,0 +1,264 @@
+"""From a pipeline or login event to the preloads it is worth: pure decision code.
+
+An event (``document.uploaded`` for tenant acme, or acme logging in) predicts
+adapters likely to be requested soon. ``event_preloads`` turns those predictions
+into at most ``max_loads`` Load/Warmup actions on the pods the plan would send the
+traffic to, at a bounded cost: it never displaces a pinned adapter, nor one busier
+than the adapter it brings. Adapters come only from the catalog, through
+pipelines.yaml or an event model, never from the event itself.
+
+No IO, no clock, no logging: the webhook parses the event, the controller runs the
+actions.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from placement.domain import (
+    Action,
+    Adapter,
+    AdapterId,
+    Catalog,
+    Fleet,
+    Load,
+    Pipelines,
+    Pod,
+    PodId,
+    TenantId,
+    Warmup,
+)
+from placement.plan import Plan
+
+#: A prediction due "now" still spreads its one expected request over this window.
+MIN_WINDOW_S = 60.0
+#: How soon a login's adapters are expected, when pipelines.yaml says nothing finer.
+LOGIN_WITHIN_S = 300.0
+
+
+class EventKind(enum.StrEnum):
+    PIPELINE = "pipeline"
+    LOGIN = "login"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Event:
+    """A webhook event, already parsed and authenticated."""
+
+    kind: EventKind
+    id: str
+    tenant: TenantId
+    trigger: str | None = None
+
+    def describe(self) -> str:
+        what = self.trigger if self.kind is EventKind.PIPELINE else "login"
+        return f"{what} for {self.tenant} ({self.id})"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Prediction:
+    """An adapter the event makes likely: with this probability, within this delay."""
+
+    adapter: AdapterId
+    probability: float
+    within_s: float
+
+    @property
+    def expected_rps(self) -> float:
+        return self.probability / max(self.within_s, MIN_WINDOW_S)
+
+
+#: What an event makes likely; pipelines.yaml gives one, a learned event model another.
+Predictor = Callable[[Event], tuple[Prediction, ...]]
+
+
+@dataclass(frozen=True, kw_only=True)
+class PodView:
+    """What a pod holds now, as far as lorafleet knows (its ledger and registrations)."""
+
+    pod: Pod
+    registered: frozenset[AdapterId] = frozenset()
+    #: Adapters on GPU slots, least recently used first (the one a new one displaces).
+    hot: tuple[AdapterId, ...] = ()
+    pinned: frozenset[AdapterId] = frozenset()
+
+
+@dataclass(frozen=True, kw_only=True)
+class EventDecision:
+    actions: tuple[Action, ...]
+    #: Per predicted adapter left out, why (already hot, no pod would take it, over K).
+    skipped: Mapping[AdapterId, str] = field(default_factory=dict)
+
+
+def pipeline_predictor(pipelines: Pipelines, catalog: Catalog) -> Predictor:
+    """Predictions from pipelines.yaml: a trigger's steps, or a tenant's login adapters."""
+    by_trigger = pipelines.by_trigger()
+    by_tenant: dict[TenantId, list[AdapterId]] = {}
+    for adapter in catalog.adapters:
+        if adapter.tenant is not None:
+            by_tenant.setdefault(adapter.tenant, []).append(adapter.name)
+
+    def predict(event: Event) -> tuple[Prediction, ...]:
+        if event.kind is EventKind.PIPELINE:
+            pipeline = by_trigger.get(event.trigger or "")
+            steps = pipeline.steps if pipeline is not None else ()
+            return tuple(
+                Prediction(adapter=s.adapter, probability=s.probability, within_s=s.within_s)
+                for s in steps
+            )
+        names = pipelines.logins.get(event.tenant) or tuple(by_tenant.get(event.tenant, ()))
+        return tuple(
+            Prediction(adapter=name, probability=1.0, within_s=LOGIN_WITHIN_S) for name in names
+        )
+
+    return predict
+
+
+def _ranked(
+    predictions: tuple[Prediction, ...], *, catalog: Catalog, tenant: TenantId
+) -> tuple[tuple[Prediction, ...], dict[AdapterId, str]]:
+    """Catalog adapters of this tenant (or of none), most likely and soonest first."""
+    adapters = catalog.by_name()
+    best: dict[AdapterId, Prediction] = {}
+    skipped: dict[AdapterId, str] = {}
+    for p in predictions:
+        adapter = adapters.get(p.adapter)
+        if adapter is None:
+            skipped[p.adapter] = "not in the catalog"
+        elif adapter.tenant is not None and adapter.tenant != tenant:
+            skipped[p.adapter] = f"belongs to tenant {adapter.tenant}"
+        elif p.probability > 0 and (
+            p.adapter not in best or p.expected_rps > best[p.adapter].expected_rps
+        ):
+            best[p.adapter] = p
+    ranked = sorted(best.values(), key=lambda p: (-p.probability, p.within_s, p.adapter))
+    return tuple(ranked), skipped
+
+
+def _preference(
+    view: PodView,
+    adapter: AdapterId,
+    *,
+    plan: Plan | None,
+    chosen: set[PodId],
+    group_pods: set[PodId],
+) -> tuple[float, ...]:
+    """Lower sorts first: where the plan routes it, this event's pods, its group, room."""
+    name = view.pod.name
+    pod_plan = plan.pods.get(name) if plan is not None else None
+    hot_weight = plan.hot_pods(adapter).get(name, 0.0) if plan is not None else 0.0
+    warm = pod_plan is not None and adapter in pod_plan.warm
+    return (
+        -hot_weight,
+        0.0 if warm else 1.0,
+        0.0 if name in chosen else 1.0,
+        0.0 if name in group_pods else 1.0,
+        -float(view.pod.max_loras - len(view.hot)),
+    )
+
+
+def victim(view: PodView) -> AdapterId | None:
+    """The adapter a new one would push off a full GPU: the least recently used unpinned."""
+    return next((a for a in view.hot if a not in view.pinned), None)
+
+
+def _has_free_slot(view: PodView) -> bool:
+    return len(view.hot) < view.pod.max_loras
+
+
+def _place(
+    prediction: Prediction,
+    views: list[PodView],
+    *,
+    busy_rps: Mapping[AdapterId, float],
+) -> tuple[PodView | None, str]:
+    """The first pod (in preference order) that already holds it or may take it."""
+    incoming_rps = busy_rps.get(prediction.adapter, 0.0) + prediction.expected_rps
+    why = "no ready pod serves its base model"
+    holder = next((v for v in views if prediction.adapter in v.hot), None)
+    if holder is not None:
+        return None, f"already hot on {holder.pod.name}"
+    for view in views:
+        if _has_free_slot(view):
+            return view, ""
+        displaced = victim(view)
+        if displaced is None:
+            why = "every candidate pod's GPU slots hold pinned adapters"
+        elif busy_rps.get(displaced, 0.0) >= incoming_rps:
+            why = f"it would displace {displaced}, which is at least as busy"
+        else:
+            return view, ""
+    return None, why
+
+
+def _group_pods(
+    adapter: Adapter, views: Mapping[PodId, PodView], adapters: Mapping[AdapterId, Adapter]
+) -> set[PodId]:
+    """Pods already holding an adapter of the same pipeline group (co-location)."""
+    if adapter.group is None:
+        return set()
+    return {
+        name
+        for name, view in views.items()
+        if any(a in adapters and adapters[a].group == adapter.group for a in view.hot)
+    }
+
+
+def event_preloads(
+    event: Event,
+    predictions: tuple[Prediction, ...],
+    *,
+    catalog: Catalog,
+    fleet: Fleet,
+    plan: Plan | None,
+    views: Mapping[PodId, PodView],
+    busy_rps: Mapping[AdapterId, float],
+    max_loads: int,
+) -> EventDecision:
+    """At most ``max_loads`` adapters brought onto a pod's GPU for this event."""
+    ranked, skipped = _ranked(predictions, catalog=catalog, tenant=event.tenant)
+    adapters = catalog.by_name()
+    current = dict(views)
+    chosen: set[PodId] = set()
+    actions: list[Action] = []
+    loads = 0
+    for prediction in ranked:
+        if loads >= max_loads:
+            skipped[prediction.adapter] = f"over the limit of {max_loads} loads per event"
+            continue
+        adapter = adapters[prediction.adapter]
+        pool = fleet.pool_for_base(adapter.base_model)
+        pool_pods = {p.name for p in pool.pods} if pool is not None else set()
+        group_pods = _group_pods(adapter, current, adapters)
+        candidates = sorted(
+            (v for name, v in current.items() if name in pool_pods),
+            key=lambda v: (
+                _preference(v, adapter.name, plan=plan, chosen=chosen, group_pods=group_pods),
+                v.pod.name,
+            ),
+        )
+        view, why = _place(prediction, candidates, busy_rps=busy_rps)
+        if view is None:
+            skipped[prediction.adapter] = why
+            continue
+        reason = (
+            f"event {event.describe()}: p={prediction.probability:.2f} "
+            f"within {prediction.within_s:.0f}s"
+        )
+        if adapter.name not in view.registered:
+            actions.append(Load(pod=view.pod.name, adapter=adapter.name, reason=reason))
+        actions.append(Warmup(pod=view.pod.name, adapter=adapter.name, reason=reason))
+        current[view.pod.name] = _after_warmup(view, adapter.name)
+        chosen.add(view.pod.name)
+        loads += 1
+    return EventDecision(actions=tuple(actions), skipped=skipped)
+
+
+def _after_warmup(view: PodView, adapter: AdapterId) -> PodView:
+    displaced = None if _has_free_slot(view) else victim(view)
+    hot = tuple(a for a in (*view.hot, adapter) if a != displaced)
+    return PodView(
+        pod=view.pod, registered=view.registered | {adapter}, hot=hot, pinned=view.pinned
+    )

@@ -1,0 +1,174 @@
+"""Events to preloads: bounded, never displacing pinned or busier adapters."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from controller_support import doc_catalog, doc_pipelines, make_fleet, make_plan
+from hypothesis import given
+from hypothesis import strategies as st
+
+from placement.domain import ActionKind, AdapterId, PodId, TenantId
+from placement.events import (
+    Event,
+    EventKind,
+    PodView,
+    Prediction,
+    event_preloads,
+    pipeline_predictor,
+)
+
+CATALOG = doc_catalog()
+FLEET = make_fleet(2, max_loras=2)
+PODS = FLEET.pod_by_name()
+UPLOAD = Event(
+    kind=EventKind.PIPELINE, id="e1", tenant=TenantId("acme"), trigger="document.uploaded"
+)
+LOGIN = Event(kind=EventKind.LOGIN, id="e2", tenant=TenantId("acme"))
+
+
+def views(**hot: tuple[str, ...]) -> dict[PodId, PodView]:
+    out = {name: PodView(pod=pod) for name, pod in PODS.items()}
+    for pod, names in hot.items():
+        name = PodId(pod.replace("_", "-"))
+        adapters = tuple(AdapterId(a) for a in names)
+        pinned = frozenset(a for a in adapters if a == "pinned-one")
+        out[name] = PodView(
+            pod=PODS[name], registered=frozenset(adapters), hot=adapters, pinned=pinned
+        )
+    return out
+
+
+def decide(
+    event: Event,
+    pod_views: Mapping[PodId, PodView],
+    *,
+    busy: Mapping[str, float] | None = None,
+    max_loads: int = 2,
+    plan: object = None,
+) -> list[tuple[str, str, str]]:
+    predict = pipeline_predictor(doc_pipelines(), CATALOG)
+    decision = event_preloads(
+        event,
+        predict(event),
+        catalog=CATALOG,
+        fleet=FLEET,
+        plan=plan,  # type: ignore[arg-type]
+        views=pod_views,
+        busy_rps={AdapterId(k): v for k, v in (busy or {}).items()},
+        max_loads=max_loads,
+    )
+    return [(a.kind.value, a.pod, a.adapter) for a in decision.actions]
+
+
+def test_upload_preloads_the_likeliest_steps_together_within_k() -> None:
+    assert decide(UPLOAD, views()) == [
+        ("load", "pod-0", "doc-classifier"),
+        ("warmup", "pod-0", "doc-classifier"),
+        ("load", "pod-0", "legal-extract"),
+        ("warmup", "pod-0", "legal-extract"),
+    ]
+
+
+def test_login_preloads_the_tenants_adapter_only() -> None:
+    assert decide(LOGIN, views()) == [
+        ("load", "pod-0", "acme-chat"),
+        ("warmup", "pod-0", "acme-chat"),
+    ]
+
+
+def test_already_hot_adapter_needs_nothing_and_registered_one_needs_only_a_warmup() -> None:
+    pod_views = views(pod_1=("acme-chat",))
+    assert decide(LOGIN, pod_views) == []
+    registered_only = dict(pod_views)
+    registered_only[PodId("pod-1")] = PodView(
+        pod=PODS[PodId("pod-1")], registered=frozenset({AdapterId("acme-chat")})
+    )
+    assert decide(LOGIN, registered_only, plan=make_plan(hot={"pod-1": ("acme-chat",)})) == [
+        ("warmup", "pod-1", "acme-chat")
+    ]
+
+
+def test_the_plans_hot_pod_is_preferred() -> None:
+    plan = make_plan(hot={"pod-1": ("doc-classifier",), "pod-0": ()})
+    assert decide(UPLOAD, views(), plan=plan, max_loads=1) == [
+        ("load", "pod-1", "doc-classifier"),
+        ("warmup", "pod-1", "doc-classifier"),
+    ]
+
+
+def test_never_displaces_a_pinned_adapter() -> None:
+    full = views(pod_0=("pinned-one", "pinned-one"), pod_1=("pinned-one", "pinned-one"))
+    assert decide(LOGIN, full) == []
+
+
+def test_never_displaces_a_busier_adapter_but_does_displace_an_idle_one() -> None:
+    # the least recently used (first) is the one a new adapter would displace
+    full = views(pod_0=("beta-chat", "busy-one"), pod_1=("beta-chat", "busy-one"))
+    assert decide(LOGIN, full, busy={"busy-one": 5.0, "beta-chat": 5.0}) == []
+    actions = decide(LOGIN, full, busy={"busy-one": 5.0, "beta-chat": 0.0})
+    assert actions == [("load", "pod-0", "acme-chat"), ("warmup", "pod-0", "acme-chat")]
+
+
+def test_events_cannot_reach_other_tenants_or_unknown_adapters() -> None:
+    beta_login = Event(kind=EventKind.LOGIN, id="e3", tenant=TenantId("beta"))
+    assert decide(beta_login, views()) == [
+        ("load", "pod-0", "beta-chat"),
+        ("warmup", "pod-0", "beta-chat"),
+    ]
+    decision = event_preloads(
+        UPLOAD,
+        (
+            Prediction(adapter=AdapterId("../../etc/passwd"), probability=1.0, within_s=0),
+            Prediction(adapter=AdapterId("beta-chat"), probability=1.0, within_s=0),
+        ),
+        catalog=CATALOG,
+        fleet=FLEET,
+        plan=None,
+        views=views(),
+        busy_rps={},
+        max_loads=5,
+    )
+    assert decision.actions == ()
+    assert set(decision.skipped) == {"../../etc/passwd", "beta-chat"}
+
+
+def test_unknown_trigger_predicts_nothing() -> None:
+    other = Event(kind=EventKind.PIPELINE, id="e4", tenant=TenantId("acme"), trigger="nope")
+    assert decide(other, views()) == []
+
+
+NAMES = sorted(str(a) for a in CATALOG.names())
+
+
+@given(
+    hot=st.lists(st.lists(st.sampled_from(NAMES), max_size=2, unique=True), min_size=2, max_size=2),
+    busy=st.dictionaries(st.sampled_from(NAMES), st.floats(0, 10)),
+    max_loads=st.integers(0, 4),
+    login=st.booleans(),
+)
+def test_bounded_and_never_displacing_pinned_or_busier(
+    hot: list[list[str]], busy: dict[str, float], max_loads: int, login: bool
+) -> None:
+    pod_views = views(pod_0=tuple(hot[0]), pod_1=tuple(hot[1]))
+    event = LOGIN if login else UPLOAD
+    predictions = pipeline_predictor(doc_pipelines(), CATALOG)(event)
+    decision = event_preloads(
+        event,
+        predictions,
+        catalog=CATALOG,
+        fleet=FLEET,
+        plan=None,
+        views=pod_views,
+        busy_rps={AdapterId(k): v for k, v in busy.items()},
+        max_loads=max_loads,
+    )
+    warmups = [a for a in decision.actions if a.kind is ActionKind.WARMUP]
+    assert len(warmups) <= max_loads
+    assert all(a.adapter in CATALOG.names() for a in decision.actions)
+    incoming = {p.adapter: p.expected_rps + busy.get(p.adapter, 0.0) for p in predictions}
+    for action in warmups:
+        view = pod_views[action.pod]
+        if len(view.hot) >= view.pod.max_loras:
+            victim = next(a for a in view.hot if a not in view.pinned)
+            assert busy.get(victim, 0.0) < incoming[action.adapter]
