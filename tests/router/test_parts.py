@@ -1,0 +1,131 @@
+"""The router's parts on their own: the ledger, the Kubernetes sources, the command line."""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from placement.adapters.kube_memory import MemoryPlanStore, MemoryPods
+from placement.cli.app import app
+from placement.cluster import DiscoveredPod
+from placement.domain import AdapterId, Engine, Outcome, PodId, PoolId
+from placement.errors import KubeError, PlanError
+from placement.router.kube_sources import DiscoveryPodSource, StorePlanSource
+from placement.router.ledger import PodLedger
+
+from .conftest import plan_of
+
+NAMES = st.sampled_from([AdapterId(f"a{i}") for i in range(12)])
+STEPS = st.lists(st.tuples(st.sampled_from(["activate", "register", "forget"]), NAMES), max_size=60)
+
+
+@given(steps=STEPS, max_loras=st.integers(1, 4), extra=st.integers(0, 4))
+@settings(max_examples=150, deadline=None)
+def test_the_ledger_never_holds_more_than_the_engine_does(
+    steps: list[tuple[str, AdapterId]], max_loras: int, extra: int
+) -> None:
+    ledger = PodLedger(max_loras=max_loras, max_cpu_loras=max_loras + extra)
+    for action, adapter in steps:
+        getattr(ledger, action)(adapter)
+        assert len(ledger.active()) <= max_loras
+        assert len(ledger.registered()) <= max_loras + extra
+        if action == "activate":
+            assert ledger.classify(adapter) is Outcome.GPU_HIT
+            assert ledger.active()[-1] == adapter  # the most recently used
+        if action == "forget":
+            assert ledger.classify(adapter) is Outcome.COLD_LOAD
+            assert not ledger.is_listed(adapter)
+
+
+def test_the_ledger_evicts_the_least_recently_used_and_trusts_the_listing() -> None:
+    ledger = PodLedger(max_loras=2, max_cpu_loras=3)
+    a, b, c, d = (AdapterId(n) for n in "abcd")
+    ledger.activate(a)
+    ledger.activate(b)
+    ledger.activate(a)
+    assert ledger.activate(c) == b  # b was used least recently
+    assert [ledger.classify(x) for x in (a, b, c)] == [
+        Outcome.GPU_HIT,
+        Outcome.CPU_HIT,
+        Outcome.GPU_HIT,
+    ]
+    ledger.reconcile_listing([a, d])  # b and c were unloaded; d was loaded by someone else
+    assert ledger.classify(c) is Outcome.COLD_LOAD
+    assert ledger.classify(d) is Outcome.CPU_HIT
+    assert ledger.is_listed(d) and not ledger.is_listed(b)
+
+
+@pytest.mark.anyio
+async def test_the_configmap_source_swaps_only_on_change_and_keeps_errors_apart() -> None:
+    store = MemoryPlanStore()
+    source = StorePlanSource(store)
+    with pytest.raises(PlanError, match="no plan"):
+        await source.poll()
+    store.publish(plan_of({"alpha": ["pod-0"]}, plan_id="one"))
+    first = await source.poll()
+    assert first is not None and first.id == "one"
+    assert await source.poll() is None
+    store.faults.queued.append(KubeError("503 from the API server"))
+    with pytest.raises(PlanError, match="503"):
+        await source.poll()
+    store.publish(plan_of({"alpha": ["pod-1"]}, plan_id="two"))
+    second = await source.poll()
+    assert second is not None and second.id == "two"
+
+
+def _discovered(name: str, **labels: str) -> DiscoveredPod:
+    return DiscoveredPod(
+        name=PodId(name),
+        pool=PoolId("llama"),
+        ip="10.0.0.7",
+        port=8000,
+        ready=True,
+        labels=MappingProxyType(labels),
+    )
+
+
+@pytest.mark.anyio
+async def test_the_selector_source_describes_pods_by_their_labels() -> None:
+    pods = MemoryPods(
+        (
+            _discovered("p0"),
+            _discovered(
+                "p1",
+                **{
+                    "lorafleet.io/engine": "sglang",
+                    "lorafleet.io/served-model": "llama-3.1-8b",
+                    "lorafleet.io/max-loras": "4",
+                },
+            ),
+        )
+    )
+    upstreams = await DiscoveryPodSource(pods).upstreams()
+    assert [(u.pod, u.engine, u.served_model, u.max_loras, u.max_cpu_loras) for u in upstreams] == [
+        ("p0", Engine.VLLM, "llama", 1, 1),
+        ("p1", Engine.SGLANG, "llama-3.1-8b", 4, 4),
+    ]
+    assert upstreams[0].url == "http://10.0.0.7:8000"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["router"], "exactly one of --fleet or --selector"),
+        (["router", "--fleet", "f.yaml", "--selector", "app=x"], "exactly one of"),
+    ],
+    ids=["no-pods", "both-pod-sources"],
+)
+def test_the_command_refuses_unclear_pod_sources(args: list[str], message: str) -> None:
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2
+    assert message in result.output
+
+
+def test_the_command_names_a_missing_fleet_file(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    result = CliRunner().invoke(app, ["router", "--fleet", str(tmp_path / "nope.yaml")])
+    assert result.exit_code == 2
+    assert "nope.yaml" in result.output
