@@ -84,7 +84,7 @@ def emulate(
         bool, typer.Option(help="Act as vLLM without VLLM_ALLOW_RUNTIME_LORA_UPDATING.")
     ] = False,
     crash_every_s: Annotated[
-        float, typer.Option(help="Kill a random pod this often (0: never); it answers 503.")
+        float, typer.Option(help="Kill a random pod this often (0: never); its port closes.")
     ] = 0.0,
     down_s: Annotated[float, typer.Option(help="How long a killed pod stays down.")] = 2.0,
     seed: Annotated[int, typer.Option(help="Seed of the injected failures.")] = 0,
@@ -93,7 +93,7 @@ def emulate(
 
     Each pod also answers GET /admin/stats, POST /admin/fault
     {"error_rate", "slow_load_ms", "down_s"} and POST /admin/restart. A killed pod
-    answers 503 until it comes back empty.
+    refuses connections until it comes back empty.
     """
     template = PodConfig(
         engine=engine,

@@ -185,19 +185,32 @@ def _servers(handles: Sequence[PodHandle]) -> list[_Server]:
     ]
 
 
+async def _serve_one(handle: PodHandle, server: _Server, stop: asyncio.Event) -> None:
+    """Serve one pod; while it is dead, close its port so that clients are refused."""
+    while not stop.is_set():
+        task = asyncio.create_task(server.serve())
+        while not stop.is_set() and not _is_down(handle.pod) and not task.done():
+            await asyncio.sleep(_WATCH_S)
+        server.should_exit = True
+        await task
+        while not stop.is_set() and _is_down(handle.pod):
+            await asyncio.sleep(_WATCH_S)
+        server = _servers([handle])[0]
+
+
+_WATCH_S = 0.05
+
+
 async def serve_fleet(handles: Sequence[PodHandle], *, stop: asyncio.Event | None = None) -> None:
-    """Serve every pod on its own port until ``stop`` is set (or forever)."""
-    servers = _servers(handles)
-    tasks = [asyncio.create_task(server.serve()) for server in servers]
-    try:
-        if stop is None:
-            await asyncio.gather(*tasks)
-        else:
-            await stop.wait()
-    finally:
-        for server in servers:
-            server.should_exit = True
-        await asyncio.gather(*tasks, return_exceptions=True)
+    """Serve every pod on its own port until ``stop`` is set (or forever).
+
+    A pod killed through ``/admin/fault`` (``down_s``) closes its port until it comes
+    back empty, so callers see refused connections as with a dead process.
+    """
+    stop = stop or asyncio.Event()
+    await asyncio.gather(
+        *(_serve_one(h, server, stop) for h, server in zip(handles, _servers(handles), strict=True))
+    )
 
 
 @contextlib.contextmanager
