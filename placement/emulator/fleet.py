@@ -185,19 +185,6 @@ def _servers(handles: Sequence[PodHandle]) -> list[_Server]:
     ]
 
 
-async def _serve_one(handle: PodHandle, server: _Server, stop: asyncio.Event) -> None:
-    """Serve one pod; while it is dead, close its port so that clients are refused."""
-    while not stop.is_set():
-        task = asyncio.create_task(server.serve())
-        while not stop.is_set() and not _is_down(handle.pod) and not task.done():
-            await asyncio.sleep(_WATCH_S)
-        server.should_exit = True
-        await task
-        while not stop.is_set() and _is_down(handle.pod):
-            await asyncio.sleep(_WATCH_S)
-        server = _servers([handle])[0]
-
-
 _WATCH_S = 0.05
 
 
@@ -208,9 +195,22 @@ async def serve_fleet(handles: Sequence[PodHandle], *, stop: asyncio.Event | Non
     back empty, so callers see refused connections as with a dead process.
     """
     stop = stop or asyncio.Event()
-    await asyncio.gather(
-        *(_serve_one(h, server, stop) for h, server in zip(handles, _servers(handles), strict=True))
-    )
+    servers = _servers(handles)
+    tasks: list[asyncio.Task[None] | None] = [asyncio.create_task(s.serve()) for s in servers]
+    while not stop.is_set():
+        for i, handle in enumerate(handles):
+            task, down = tasks[i], _is_down(handle.pod)
+            if down and task is not None:
+                servers[i].should_exit = True
+                await task
+                tasks[i] = None
+            elif not down and task is None:
+                servers[i] = _servers([handle])[0]
+                tasks[i] = asyncio.create_task(servers[i].serve())
+        await asyncio.sleep(_WATCH_S)
+    for server in servers:
+        server.should_exit = True
+    await asyncio.gather(*(task for task in tasks if task is not None), return_exceptions=True)
 
 
 @contextlib.contextmanager
