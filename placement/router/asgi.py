@@ -20,7 +20,7 @@ from typing import Any
 import aiohttp
 
 from placement.domain import AdapterId, Engine, PodId
-from placement.errors import EngineError
+from placement.errors import PermanentEngineError, RetryableEngineError
 from placement.router.core import Router
 from placement.router.forward import Exchange, forward
 from placement.router.metrics import CONTENT_TYPE
@@ -160,6 +160,10 @@ class RouterApp:
                 raise
             handler.uncancel()
             exchange.status = 499
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            # The pod failed in the middle of a streamed answer: nothing more can be sent.
+            log.warning("upstream %s failed mid-response: %s", exchange.pod, exc)
+            exchange.status = 502
         finally:
             watcher.cancel()
             self._record(exchange)
@@ -177,21 +181,35 @@ class RouterApp:
             if choice.unplanned and attempt == 0:
                 router.unplanned[AdapterId(exchange.model)] += 1
                 router.metrics.unplanned.labels(adapter=exchange.model).inc()
+            adapter = AdapterId(exchange.model)
             try:
-                if choice.outcome is not None and router.needs_load(
-                    state, AdapterId(exchange.model)
-                ):
-                    await router.load(state, AdapterId(exchange.model))
-                if await forward(router, state, exchange, send, last_try=attempt == 1):
-                    return
-            except (aiohttp.ClientConnectionError, TimeoutError, EngineError, OSError) as exc:
-                if exchange.streamed_bytes:
-                    raise
-                router.mark_unhealthy(state, f"{type(exc).__name__}: {exc}")
+                if choice.outcome is not None and router.needs_load(state, adapter):
+                    await router.load(state, adapter)
+            except PermanentEngineError as exc:
+                await self._load_failed(exchange, exc, send)
+                return
+            except (RetryableEngineError, OSError) as exc:
+                log.warning("loading %s on %s failed: %s", adapter, state.upstream.pod, exc)
+            else:
+                try:
+                    if await forward(router, state, exchange, send, last_try=attempt == 1):
+                        return
+                except (aiohttp.ClientConnectionError, TimeoutError, OSError) as exc:
+                    if exchange.streamed_bytes:
+                        raise
+                    router.mark_unhealthy(state, f"{type(exc).__name__}: {exc}")
             router.metrics.retries.inc()
             exclude = exclude | {state.upstream.pod}
         exchange.status = 502
+        exchange.finished = True
         await _respond(send, 502, _error("every pod tried failed", "BadGatewayError", code=502))
+
+    async def _load_failed(self, exchange: Exchange, exc: PermanentEngineError, send: Send) -> None:
+        """The pod refused to load the adapter (bad path, rank too large): say so."""
+        exchange.status = 502
+        exchange.finished = True
+        message = f"loading {exchange.model} failed: {exc}"
+        await _respond(send, 502, _error(message, "BadGatewayError", param="model", code=502))
 
     async def _choose(self, exchange: Exchange, exclude: frozenset[PodId]) -> Choice:
         """Pick a pod; under soft memory pressure wait a little for room before refusing."""
@@ -208,6 +226,7 @@ class RouterApp:
 
     async def _refuse(self, exchange: Exchange, choice: Choice, send: Send) -> None:
         settings = self.router.settings
+        exchange.finished = True
         if choice.reject == Reject.UNKNOWN_MODEL:
             exchange.status = 404
             message = f"The model `{exchange.model}` does not exist."

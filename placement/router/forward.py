@@ -130,7 +130,6 @@ async def forward(
             return True
     finally:
         state.end()
-        exchange.finished = True
 
 
 def _reply_headers(reply: aiohttp.ClientResponse) -> list[tuple[bytes, bytes]]:
@@ -158,6 +157,7 @@ async def _relay_whole(
     exchange.streamed_bytes = True
     await send({"type": "http.response.start", "status": reply.status, "headers": headers})
     await send({"type": "http.response.body", "body": data})
+    exchange.finished = True  # before any await: a disconnect now is not a cancellation
 
 
 async def _relay_stream(
@@ -181,6 +181,7 @@ async def _relay_stream(
         tail = (tail + chunk)[-_TAIL_BYTES:]
         await send({"type": "http.response.body", "body": chunk, "more_body": True})
     await send({"type": "http.response.body", "body": b"", "more_body": False})
+    exchange.finished = True
     exchange.output_tokens = events
     _usage_from_tail(exchange, tail)
 

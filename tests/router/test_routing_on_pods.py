@@ -178,3 +178,16 @@ def test_an_unhealthy_pod_leaves_the_rotation_and_returns_when_it_recovers() -> 
         while "pod-1" not in router.get("/healthz")["healthy_pods"]:
             assert time.monotonic() < deadline + 5, "pod-1 never came back"
             time.sleep(0.05)
+
+
+def test_an_adapter_the_pod_cannot_load_is_a_502_naming_it_and_the_pod_stays() -> None:
+    from placement.domain import Catalog
+
+    broken = catalog_of(["ghost"]).adapters[0]
+    catalog = Catalog(adapters=(replace(broken, source="s3://adapters/missing/ghost"),))
+    with emulated(1) as pods, router_for(pods.domain, catalog=catalog) as router:
+        with pytest.raises(openai.APIStatusError) as failure:
+            router.client().completions.create(model="ghost", prompt="p", max_tokens=1)
+        assert failure.value.status_code == 502
+        assert "ghost" in str(failure.value)
+        assert router.get("/healthz")["healthy_pods"] == ["pod-0"]
