@@ -8,7 +8,6 @@ free port), for tests, benchmarks and the demo.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import socket
@@ -162,4 +161,4 @@ def run_router(app: RouterApp, *, host: str, port: int) -> None:
     config = uvicorn.Config(
         app, host=host, port=port, access_log=False, http="httptools", loop="uvloop"
     )
-    asyncio.run(uvicorn.Server(config).serve())
+    uvicorn.Server(config).run()  # run(), not serve(): it installs the uvloop event loop
