@@ -268,13 +268,18 @@ def schedule(desired: Plan, observed: Mapping[PodId, PodState]) -> Schedule:
             break
     sim.finish()
     last_on_pod: dict[PodId, int] = {}
+    last_here: dict[tuple[PodId, AdapterId], int] = {}
     after = []
     for index, action in enumerate(sim.actions):
+        here = (action.pod, action.adapter)
         before = {last_on_pod[action.pod]} if action.pod in last_on_pod else set()
+        if here in last_here:
+            before.add(last_here[here])
         if index in sim.waits_on:
             before.add(sim.waits_on[index])
         after.append(tuple(sorted(before)))
         last_on_pod[action.pod] = index
+        last_here[here] = index
     return Schedule(actions=tuple(sim.actions), after=tuple(after))
 
 
