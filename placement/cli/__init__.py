@@ -6,6 +6,7 @@ from placement.cli import (
     apply_cmds,  # noqa: F401  (registers apply)
     emulate_cmds,  # noqa: F401  (registers emulate)
     inputs_cmds,  # noqa: F401  (registers validate, size, synth)
+    replay_cmds,  # noqa: F401  (registers replay)
     review_cmds,  # noqa: F401  (registers review, diff)
     router_cmds,  # noqa: F401  (registers router)
     summary_cmds,  # noqa: F401  (registers summary)

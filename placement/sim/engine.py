@@ -275,9 +275,9 @@ class Engine:
         while queue and pod.load_adapter is None:
             r = queue[0]
             adapter = adapters[r] if r >= 0 else self.preload_names[-1 - r]
-            if r < 0 and adapter not in pod.pinned:
-                queue.popleft()  # a preload the latest plan no longer wants
-                continue
+            if r < 0 and (adapter not in pod.pinned or not self._worth_preloading(pod, now_s)):
+                queue.popleft()  # the latest plan no longer wants it, or it would evict
+                continue  # an adapter in use a moment ago
             if adapter not in pod.gpu_adapters:
                 self._start_load(pod, p, adapter, now_s, r)
                 return
@@ -298,6 +298,14 @@ class Engine:
             else:
                 del waiting[adapter]
             self._admit(pod, p, r, adapter, need, now_s)
+
+    def _worth_preloading(self, pod: SimPod, now_s: float) -> bool:
+        if pod.free_slots > 0:
+            return True
+        victim = _lru_victim(pod)
+        return victim is not None and (
+            now_s - pod.last_used.get(victim, 0.0) >= self.sim.preload_min_idle_s
+        )
 
     def _admit(self, pod: SimPod, p: int, r: int, adapter: str, need: int, now_s: float) -> None:
         sim = self.sim
@@ -359,7 +367,11 @@ class Engine:
         cost = self.load_cost
         size = self.workload.size_bytes.get(adapter, 0)
         cold = adapter not in pod.registered
-        drain_ms = min(cost.max_drain_ms, max(0.0, pod.busy_until - now_s) * 1000.0)
+        # Into a free slot the weights move between steps (seed 000's best case, no
+        # drain); replacing an adapter drains the running batch first.
+        drain_ms = 0.0
+        if pod.free_slots <= 0:
+            drain_ms = min(cost.max_drain_ms, max(0.0, pod.busy_until - now_s) * 1000.0)
         load_ms = (
             cost.cold_load_ms(size, drain_ms=drain_ms)
             if cold

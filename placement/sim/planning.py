@@ -73,6 +73,8 @@ class PlanRequest:
     size_bytes: Mapping[str, int]
     tail_slots: int = 1
     capacity_headroom: float = 0.85
+    #: Adapters forecast below this rate are left to the routers' LRU (not planned).
+    hot_min_rps: float = 0.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -112,7 +114,7 @@ def greedy_rate_planner(request: PlanRequest) -> SimPlan:
     """Fallback planner: adapters by forecast rate, hottest first, each onto the least
     loaded pods with a free planned slot (pods already holding it first), with enough
     replicas for its rate; ``tail_slots`` slots per pod stay free for the long tail."""
-    room = {pod.pod_id: max(1, pod.max_loras - request.tail_slots) for pod in request.pods}
+    room = {pod.pod_id: max(0, pod.max_loras - request.tail_slots) for pod in request.pods}
     capacity = {pod.pod_id: pod.capacity_rps * request.capacity_headroom for pod in request.pods}
     load = {pod.pod_id: 0.0 for pod in request.pods}
     hot: dict[str, set[str]] = {pod.pod_id: set() for pod in request.pods}
@@ -120,7 +122,7 @@ def greedy_rate_planner(request: PlanRequest) -> SimPlan:
     ranked = sorted(request.rates.items(), key=lambda item: (-item[1], item[0]))
     for adapter, rate in ranked:
         free = [pod_id for pod_id in room if len(hot[pod_id]) < room[pod_id]]
-        if rate <= 0.0 or not free:
+        if rate <= 0.0 or rate < request.hot_min_rps or not free:
             break
         free.sort(
             key=lambda pod_id: (

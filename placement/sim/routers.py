@@ -179,8 +179,12 @@ class PlannedRouter(_Base):
         self.history = History()
         self.weights: dict[str, dict[str, float]] = {}
         pod_ids = [pod.pod_id for pod in self.pods]
+        # Unplanned adapters: bounded affinity over every pod (the general pool is the
+        # whole fleet; the plan's protected slots keep the hot set safe from them).
         self.fallback = HashFallback(
-            ring=build_ring(pod_ids), replicas=settings.router.hash_replicas
+            ring=build_ring(pod_ids),
+            replicas=settings.router.hash_replicas,
+            general_pool=frozenset(pod_ids),
         )
         self.known: frozenset[str] = frozenset()
         self.unplanned = DecayedCounts(settings.sim.rate_window_s)
@@ -219,6 +223,7 @@ class PlannedRouter(_Base):
             size_bytes=engine.workload.size_bytes,
             tail_slots=sim.tail_slots,
             capacity_headroom=self.settings.planner.capacity_headroom,
+            hot_min_rps=sim.plan_hot_min_rps,
         )
         plan = self.planner(request)
         self.known = frozenset(adapter for adapter, rate in rates.items() if rate > 0.0)

@@ -1,0 +1,153 @@
+"""``lorafleet replay``: every named policy on the same requests, one row per policy."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Annotated
+
+import numpy as np
+import pandas as pd
+import typer
+from rich.table import Table
+
+from placement.cli.app import app, err, out, report_errors
+from placement.errors import InputError, Problem
+from placement.inputs import load_catalog, load_fleet
+from placement.request_log import load_request_log
+from placement.settings import Settings
+from placement.sim.engine import COLD_LOAD, CPU_HIT, GPU_HIT
+from placement.sim.replay import PlanningParts, ReplayResult, check_policies, run_replay
+from placement.sim.routers import POLICIES
+from placement.sim.wiring import planning_parts
+from placement.sim.workload import SimWorkload, workload_from_log
+from policies.eviction import EvictionPolicy
+
+#: The table's columns: (metric key, header, format).
+COLUMNS = (
+    ("requests", "requests", "{:,}"),
+    ("gpu_hit_rate", "GPU hit", "{:.1%}"),
+    ("cpu_hit_rate", "CPU hit", "{:.1%}"),
+    ("cold_loads", "cold loads", "{:,}"),
+    ("loads", "loads", "{:,}"),
+    ("loads_per_pod_s", "loads/pod/s", "{:.4f}"),
+    ("loads_per_pod_s_peak", "peak", "{:.3f}"),
+    ("residency_p50_s", "resid p50 s", "{:.0f}"),
+    ("residency_p95_s", "resid p95 s", "{:.0f}"),
+    ("ttft_p50_ms", "TTFT p50", "{:.0f}"),
+    ("ttft_p95_ms", "TTFT p95", "{:.0f}"),
+    ("ttft_p99_ms", "TTFT p99", "{:.0f}"),
+    ("ttft_hit_p95_ms", "hit p95", "{:.0f}"),
+    ("ttft_miss_p95_ms", "miss p95", "{:.0f}"),
+    ("load_wait_share", "load wait", "{:.1%}"),
+    ("throughput_rps", "req/s", "{:.2f}"),
+    ("distinct_adapters_per_pod", "adapters/pod", "{:.1f}"),
+    ("convoy", "convoy", "{}"),
+)
+OUTCOME_NAMES = {GPU_HIT: "gpu_hit", CPU_HIT: "cpu_hit", COLD_LOAD: "cold_load"}
+
+
+def _eviction(name: str) -> EvictionPolicy:
+    try:
+        return EvictionPolicy(name)
+    except ValueError:
+        choices = ", ".join(policy.value for policy in EvictionPolicy)
+        raise InputError(
+            [
+                Problem(
+                    source="--eviction", message=f"unknown policy {name!r}; choose from {choices}"
+                )
+            ]
+        ) from None
+
+
+def _table(results: list[ReplayResult]) -> Table:
+    table = Table(title="replay")
+    table.add_column("policy")
+    for _, header, _ in COLUMNS:
+        table.add_column(header, justify="right")
+    for result in results:
+        cells = [fmt.format(result.metrics.get(key, 0)) for key, _, fmt in COLUMNS]
+        table.add_row(f"{result.policy} ({result.eviction.value})", *cells)
+    return table
+
+
+def replayed_frame(workload: SimWorkload, results: list[ReplayResult]) -> pd.DataFrame:
+    """The request log of every replay, one row per request and policy."""
+    start = pd.Timestamp(workload.start)
+    stamps = start + pd.to_timedelta(np.asarray(workload.arrival_s), unit="s")
+    frames = []
+    for result in results:
+        pods = np.asarray((*result.pod_ids, ""), dtype=object)
+        frames.append(
+            pd.DataFrame(
+                {
+                    "ts": stamps,
+                    "adapter": workload.adapters,
+                    "prompt_tokens": workload.prompt_tokens,
+                    "output_tokens": workload.output_tokens,
+                    "pod": pods[np.asarray(result.log.pod)],
+                    "outcome": [OUTCOME_NAMES.get(code, "rejected") for code in result.log.outcome],
+                    "ttft_ms": np.round(np.asarray(result.log.ttft_ms), 3),
+                    "policy": result.policy,
+                }
+            )
+        )
+    return pd.concat(frames, ignore_index=True)
+
+
+@app.command()
+@report_errors
+def replay(
+    catalog: Annotated[Path, typer.Option(help="catalog.yaml")],
+    fleet: Annotated[Path, typer.Option(help="fleet.yaml (one pool)")],
+    log: Annotated[Path, typer.Option(help="request log (.parquet, .csv, .jsonl)")],
+    policy: Annotated[
+        list[str], typer.Option(help=f"policy to replay, repeatable: {', '.join(POLICIES)}")
+    ],
+    eviction: Annotated[
+        str, typer.Option(help="GPU-slot eviction of the routers: lru, lfu, tw-lru, chameleon")
+    ] = "lru",
+    as_json: Annotated[bool, typer.Option("--json", help="print JSON instead of a table")] = False,
+    out_log: Annotated[
+        Path | None, typer.Option(help="write the replayed request log (Parquet)")
+    ] = None,
+    plan_interval_s: Annotated[
+        float | None, typer.Option(help="lorafleet/oracle replanning interval in seconds")
+    ] = None,
+    planner: Annotated[
+        str, typer.Option(help="lorafleet/oracle planner: solver (CP-SAT) or greedy")
+    ] = "solver",
+) -> None:
+    """Replay a request log on a simulated fleet under every named policy."""
+    check_policies(policy)
+    chosen_eviction = _eviction(eviction)
+    settings = Settings()
+    if plan_interval_s is not None:
+        settings = replace(settings, sim=replace(settings.sim, plan_interval_s=plan_interval_s))
+    parsed_fleet = load_fleet(fleet)
+    parsed_catalog = load_catalog(catalog, fleet=parsed_fleet)
+    workload = workload_from_log(load_request_log(log), parsed_catalog)
+    if planner not in ("solver", "greedy"):
+        raise InputError([Problem(source="--planner", message="choose solver or greedy")])
+    parts = (
+        planning_parts(parsed_catalog, parsed_fleet, settings=settings, start=workload.start)
+        if planner == "solver"
+        else PlanningParts()
+    )
+    if not as_json:
+        err().print(f"replaying {len(workload):,} requests; planning: {parts.description}")
+    results = run_replay(
+        workload, parsed_fleet, policy, settings=settings, eviction=chosen_eviction, parts=parts
+    )
+    if out_log is not None:
+        replayed_frame(workload, results).to_parquet(out_log, index=False)
+    if as_json:
+        payload = {"policies": {result.policy: result.metrics for result in results}}
+        typer.echo(json.dumps(payload, indent=2))
+        return
+    console = out()
+    # Nineteen columns: wider than a default pipe, so never squeeze them into 80.
+    console.width = max(console.width, 200)
+    console.print(_table(results))
