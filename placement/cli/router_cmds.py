@@ -84,6 +84,7 @@ def router(
         _selector_source(selector, namespace, parsed_fleet) if selector is not None else None
     )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per listing otherwise
     app_ = build_router(
         fleet=parsed_fleet,
         pod_source=pod_source,
