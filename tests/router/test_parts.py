@@ -129,3 +129,60 @@ def test_the_command_names_a_missing_fleet_file(tmp_path) -> None:  # type: igno
     result = CliRunner().invoke(app, ["router", "--fleet", str(tmp_path / "nope.yaml")])
     assert result.exit_code == 2
     assert "nope.yaml" in result.output
+
+
+def _topology(n: int, plan=None):  # type: ignore[no-untyped-def]
+    from placement.router.state import Upstream, build_topology
+
+    upstreams = tuple(
+        Upstream(
+            pod=PodId(f"pod-{i}"),
+            pool=PoolId("pool"),
+            url=f"http://127.0.0.1:{30000 + i}",
+            engine=Engine.VLLM,
+            served_model="base-model",
+            max_loras=2,
+            max_cpu_loras=8,
+        )
+        for i in range(n)
+    )
+    return build_topology(upstreams, plan)
+
+
+def _picker():  # type: ignore[no-untyped-def]
+    from placement.router.picking import Picker
+    from placement.settings import LoadCostSettings, RouterSettings
+
+    return Picker(settings=RouterSettings(), load_cost=LoadCostSettings())
+
+
+@pytest.mark.parametrize(
+    ("waiting", "expected", "reason"),
+    [(0, "pod-0", "plan"), (2, "pod-0", "plan"), (40, "pod-1", "spill")],
+    ids=["idle", "short-queue-stays", "long-queue-spills"],
+)
+def test_bounded_affinity_leaves_the_planned_pod_only_for_a_long_queue(
+    waiting: int, expected: str, reason: str
+) -> None:
+    from placement.ports import PodMetrics
+
+    topology = _topology(2, plan_of({"alpha": ["pod-0"]}))
+    topology.pods[PodId("pod-0")].observe(PodMetrics(waiting=waiting))
+    choice = _picker().pick(topology, "alpha")
+    assert choice.pod is not None
+    assert (choice.pod.pod_id, choice.reason) == (expected, reason)
+
+
+def test_unplanned_adapters_stay_on_their_two_ring_owners() -> None:
+    topology = _topology(6)
+    picker = _picker()
+    pool = next(iter(topology.pools.values()))
+    for name in [f"tail-{i}" for i in range(30)]:
+        owners = set(pool.ring.replicas(name, 2))
+        seen = set()
+        for _ in range(6):
+            choice = picker.pick(topology, name)
+            assert choice.pod is not None and choice.unplanned
+            seen.add(choice.pod.pod_id)
+            choice.pod.begin()  # keep it busy so the next pick may take the other owner
+        assert seen <= owners
