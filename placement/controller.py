@@ -1,0 +1,523 @@
+"""The controller's ticks: ingest, forecast, plan and apply, timed preloads, watchdog.
+
+Each tick is a plain coroutine over ports (``ControllerPorts``) and the controller's
+own state, so tests call a tick directly with in-memory twins and a fake clock; the
+scheduler wiring (``placement.controller_jobs``) only decides when ticks run.
+
+Rules every tick keeps:
+
+- Only the lease holder acts; a standby's ticks return ``Outcome.STANDBY``.
+- A failed tick leaves the last good plan in force and backs off: ``Backoff`` per job
+  doubles its wait up to a cap. A clock that jumps back never strands a job: a
+  retry time further ahead than the cap is treated as due.
+- Pod actions never run concurrently (one lock for the plan, the preloads, the
+  watchdog and the webhook), so the ledger always matches what was sent.
+- After every change on the pods, the last plan and the ledger are saved
+  (``StateStore``); a restarted controller loads them and sends no load twice.
+
+The decisions themselves are the pure modules' (``solver``, ``reconcile``,
+``events``); this module sequences them and does the IO through the ports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import json
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+from typing import Protocol
+
+from placement.cluster import (
+    DiscoveredPod,
+    PlanStore,
+    PodAnnotator,
+    PodDiscovery,
+    StateStore,
+    StoredState,
+)
+from placement.domain import Action, AdapterId, Catalog, Fleet, Load, PodId, Pool, Warmup
+from placement.errors import LorafleetError, PlanError
+from placement.events import Event, EventDecision, PodView, Predictor, event_preloads
+from placement.executor import ApplyReport, Ledger
+from placement.leader import LeaderElector
+from placement.plan import Plan, plan_from_json, plan_to_json
+from placement.problem import Demand
+from placement.request_log import RequestLog
+from placement.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+#: Preloads remembered as done; more than any look-ahead plan schedules.
+DONE_PRELOADS_KEPT = 4096
+
+
+class Job(enum.StrEnum):
+    INGEST = "ingest"
+    FORECAST = "forecast"
+    PLAN = "plan"
+    PRELOAD = "preload"
+    WATCHDOG = "watchdog"
+    LEASE = "lease"
+
+
+class Outcome(enum.StrEnum):
+    DONE = "done"
+    FAILED = "failed"
+    #: Not the lease holder: nothing done.
+    STANDBY = "standby"
+    #: Still backing off from an earlier failure.
+    BACKING_OFF = "backing_off"
+    #: Nothing to do (no history yet, no plan yet).
+    IDLE = "idle"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Backoff:
+    """A job's failure streak: no run before ``retry_at_s``."""
+
+    failures: int = 0
+    retry_at_s: float = 0.0
+    last_error: str = ""
+
+    def due(self, now_s: float, *, max_s: float) -> bool:
+        # A retry time further away than the cap means the clock jumped back.
+        return now_s >= self.retry_at_s or self.retry_at_s - now_s > max_s
+
+    def failed(self, error: str, *, now_s: float, base_s: float, max_s: float) -> Backoff:
+        failures = self.failures + 1
+        wait_s = min(max_s, base_s * 2 ** (failures - 1))
+        return Backoff(failures=failures, retry_at_s=now_s + wait_s, last_error=error)
+
+
+# --- the ports the ticks take ---------------------------------------------------------
+
+
+class HistorySource(Protocol):
+    def __call__(self) -> RequestLog: ...
+
+
+class DemandForecaster(Protocol):
+    def __call__(
+        self, history: RequestLog, *, start: datetime, duration_s: int
+    ) -> Mapping[AdapterId, Demand]:
+        """Each adapter's traffic over [start, start + duration_s)."""
+        ...
+
+
+class Planner(Protocol):
+    def __call__(
+        self,
+        demand: Mapping[AdapterId, Demand],
+        *,
+        fleet: Fleet,
+        valid_from: datetime,
+        current: Plan | None,
+    ) -> Plan: ...
+
+
+class Actuator(Protocol):
+    """Pushes actions to pods (``placement.apply`` and the executor behind it)."""
+
+    async def apply(self, plan: Plan, *, fleet: Fleet, ledger: Ledger) -> ApplyReport: ...
+
+    async def run(
+        self, actions: tuple[Action, ...], *, fleet: Fleet, ledger: Ledger
+    ) -> ApplyReport: ...
+
+    async def registered(self, fleet: Fleet) -> Mapping[PodId, frozenset[AdapterId] | None]:
+        """Each pod's registrations; None for a pod that did not answer."""
+        ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class ControllerPorts:
+    catalog: Catalog
+    #: The fleet file: the pods themselves locally; on Kubernetes, per pool the budgets
+    #: (its first pod's) that discovered pods of that pool inherit.
+    fleet: Fleet
+    history: HistorySource
+    forecaster: DemandForecaster
+    planner: Planner
+    actuator: Actuator
+    plans: PlanStore
+    state: StateStore
+    predictor: Predictor
+    discovery: PodDiscovery | None = None
+    annotator: PodAnnotator | None = None
+    elector: LeaderElector | None = None
+
+
+@dataclass(kw_only=True)
+class ControllerState:
+    history: RequestLog | None = None
+    demand: Mapping[AdapterId, Demand] | None = None
+    plan: Plan | None = None
+    lookahead: Plan | None = None
+    #: Set by a forecast that moves adapters between tiers: plan at once.
+    replan_now: bool = False
+    ledger: Ledger = field(default_factory=Ledger)
+    done_preloads: list[str] = field(default_factory=list)
+    backoff: dict[Job, Backoff] = field(default_factory=dict)
+
+
+def fleet_from_discovery(template: Fleet, pods: tuple[DiscoveredPod, ...]) -> Fleet:
+    """The fleet of the discovered pods, each with its pool's budgets from ``template``."""
+    pools = []
+    for pool in template.pools:
+        model = pool.pods[0] if pool.pods else None
+        found = tuple(p for p in pods if p.pool == pool.name and p.ready)
+        if model is None:
+            continue
+        members = tuple(
+            replace(model, name=p.name, url=p.url, labels=dict(p.labels)) for p in found
+        )
+        pools.append(replace(pool, pods=members))
+    return Fleet(pools=tuple(pools))
+
+
+def preload_key(at: datetime, pod: PodId, adapter: AdapterId) -> str:
+    return f"{at.astimezone(UTC).isoformat()}|{pod}|{adapter}"
+
+
+def tiers_moved(before: Plan | None, after: Plan) -> bool:
+    """Whether any adapter changes tier between two plans."""
+    if before is None:
+        return True
+    names = set(before.adapters) | set(after.adapters)
+    return any(before.tier_of(name) != after.tier_of(name) for name in names)
+
+
+class Controller:
+    """The state and the ticks; built by the entry point, driven by the scheduler."""
+
+    def __init__(
+        self,
+        ports: ControllerPorts,
+        *,
+        settings: Settings,
+        clock: Callable[[], float],
+        metrics: ControllerObserver | None = None,
+    ) -> None:
+        self.ports = ports
+        self.settings = settings
+        self.clock = clock
+        self.state = ControllerState()
+        self.metrics = metrics or ControllerObserver()
+        self._actuation = asyncio.Lock()
+        self._background: set[asyncio.Task[None]] = set()
+        self._fleet = ports.fleet if ports.discovery is None else Fleet(pools=())
+
+    # --- helpers ---------------------------------------------------------------
+
+    def now(self) -> datetime:
+        return datetime.fromtimestamp(self.clock(), UTC)
+
+    @property
+    def fleet(self) -> Fleet:
+        """The fleet as last discovered (or the fleet file, locally)."""
+        return self._fleet
+
+    def is_leader(self) -> bool:
+        elector = self.ports.elector
+        return elector is None or elector.is_leader()
+
+    async def guarded(self, job: Job, tick: Callable[[], Awaitable[Outcome]]) -> Outcome:
+        """Run one tick if this replica leads and the job is not backing off."""
+        if job is not Job.LEASE and not self.is_leader():
+            return self._observed(job, Outcome.STANDBY)
+        cfg = self.settings.controller
+        now_s = self.clock()
+        backoff = self.state.backoff.get(job, Backoff())
+        if not backoff.due(now_s, max_s=cfg.backoff_max_s):
+            return self._observed(job, Outcome.BACKING_OFF)
+        try:
+            outcome = await tick()
+        except Exception as exc:  # the loop never dies: every failure backs off
+            self.state.backoff[job] = backoff.failed(
+                str(exc), now_s=now_s, base_s=cfg.backoff_base_s, max_s=cfg.backoff_max_s
+            )
+            expected = isinstance(exc, LorafleetError | OSError)
+            logger.warning(
+                "%s tick failed (%d in a row): %s",
+                job,
+                backoff.failures + 1,
+                exc,
+                exc_info=not expected,
+            )
+            return self._observed(job, Outcome.FAILED)
+        self.state.backoff.pop(job, None)
+        return self._observed(job, outcome)
+
+    def _observed(self, job: Job, outcome: Outcome) -> Outcome:
+        self.metrics.tick(job, outcome, backoff=self.state.backoff.get(job))
+        return outcome
+
+    # --- restart ---------------------------------------------------------------
+
+    async def resume(self) -> None:
+        """Load the last plan and the ledger; a standby does this again when it leads."""
+        stored = await asyncio.to_thread(self.ports.state.load)
+        if stored.plan_json is not None:
+            try:
+                self.state.plan = plan_from_json(stored.plan_json, source="saved state")
+            except PlanError as exc:
+                logger.warning("saved plan unreadable, starting without one: %s", exc)
+        if stored.ledger_json is not None:
+            raw = json.loads(stored.ledger_json)
+            self.state.ledger = Ledger.from_dict(raw.get("ledger", {}))
+            self.state.done_preloads = [str(k) for k in raw.get("done_preloads", [])]
+
+    async def persist(self) -> None:
+        ledger = {"ledger": self.state.ledger.to_dict(), "done_preloads": self.state.done_preloads}
+        plan = self.state.plan
+        stored = StoredState(
+            plan_json=plan_to_json(plan) if plan is not None else None,
+            ledger_json=json.dumps(ledger, sort_keys=True),
+        )
+        await asyncio.to_thread(self.ports.state.save, stored)
+
+    # --- ticks -------------------------------------------------------------------
+
+    async def lease(self) -> Outcome:
+        elector = self.ports.elector
+        if elector is None:
+            return Outcome.IDLE
+        was_leader = elector.is_leader()
+        leads = await asyncio.to_thread(elector.tick)
+        if leads and not was_leader:
+            await self.resume()  # the previous leader's last plan and ledger
+        return Outcome.DONE if leads else Outcome.STANDBY
+
+    async def ingest(self) -> Outcome:
+        self.state.history = await asyncio.to_thread(self.ports.history)
+        return Outcome.DONE
+
+    async def forecast(self) -> Outcome:
+        """Demand for the coming plan, and a look-ahead plan for the next window."""
+        history = self.state.history
+        if history is None:
+            return Outcome.IDLE
+        await self.discover()
+        now = self.now()
+        validity_s = self.settings.planner.validity_s
+        demand = await asyncio.to_thread(
+            self.ports.forecaster, history, start=now, duration_s=validity_s
+        )
+        self.state.demand = demand
+        window = _next_window(now, validity_s)
+        ahead = await asyncio.to_thread(
+            self.ports.forecaster, history, start=window, duration_s=validity_s
+        )
+        current = self.state.plan
+        self.state.lookahead = await asyncio.to_thread(
+            self.ports.planner, ahead, fleet=self.fleet, valid_from=window, current=current
+        )
+        now_plan = await asyncio.to_thread(
+            self.ports.planner, demand, fleet=self.fleet, valid_from=now, current=current
+        )
+        self.state.replan_now = tiers_moved(current, now_plan)
+        return Outcome.DONE
+
+    async def plan_and_apply(self) -> Outcome:
+        demand = self.state.demand
+        if demand is None:
+            return Outcome.IDLE
+        await self.discover()
+        plan = await asyncio.to_thread(
+            self.ports.planner,
+            demand,
+            fleet=self.fleet,
+            valid_from=self.now(),
+            current=self.state.plan,
+        )
+        self.state.replan_now = False
+        async with self._actuation:
+            report = await self.ports.actuator.apply(
+                plan, fleet=self.fleet, ledger=self.state.ledger
+            )
+        self.metrics.applied(report)
+        # The plan is in force once sent, even if some pods failed: reconcile retries them.
+        self.state.plan = plan
+        await self.persist()
+        await asyncio.to_thread(self.ports.plans.publish, plan)
+        self.metrics.published(plan, period_s=float(self.settings.controller.plan_interval_s))
+        await self.mark_pods(plan)
+        return Outcome.DONE
+
+    def due_preloads(self) -> tuple[datetime, ...]:
+        """The times of the look-ahead plan's preloads not yet done, for timed triggers."""
+        ahead = self.state.lookahead
+        if ahead is None:
+            return ()
+        done = set(self.state.done_preloads)
+        return tuple(
+            sorted(
+                {p.at for p in ahead.preloads if preload_key(p.at, p.pod, p.adapter) not in done}
+            )
+        )
+
+    async def preload(self, at: datetime) -> Outcome:
+        """Load and warm the look-ahead plan's adapters due at ``at``, once each."""
+        ahead = self.state.lookahead
+        if ahead is None:
+            return Outcome.IDLE
+        done = set(self.state.done_preloads)
+        due = [
+            p
+            for p in ahead.preloads
+            if p.at == at and preload_key(p.at, p.pod, p.adapter) not in done
+        ]
+        if not due:
+            return Outcome.IDLE
+        present = await self.ports.actuator.registered(self.fleet)
+        actions: list[Action] = []
+        for p in due:
+            held = present.get(p.pod)
+            if held is None:
+                continue  # unreachable: the next plan tick covers it
+            reason = f"time-of-day preload for {ahead.valid_from:%H:%M}: {p.reason}"
+            if p.adapter not in held:
+                actions.append(Load(pod=p.pod, adapter=p.adapter, reason=reason))
+            actions.append(Warmup(pod=p.pod, adapter=p.adapter, reason=reason))
+        async with self._actuation:
+            report = await self.ports.actuator.run(
+                tuple(actions), fleet=self.fleet, ledger=self.state.ledger
+            )
+        self.metrics.applied(report)
+        failed = {(r.action.pod, r.action.adapter) for r in report.failed}
+        for p in due:
+            if (p.pod, p.adapter) not in failed and present.get(p.pod) is not None:
+                self._remember_preload(preload_key(p.at, p.pod, p.adapter))
+        await self.persist()
+        return Outcome.DONE
+
+    def _remember_preload(self, key: str) -> None:
+        self.state.done_preloads.append(key)
+        del self.state.done_preloads[:-DONE_PRELOADS_KEPT]
+
+    async def watchdog(self) -> Outcome:
+        """Restore at once the hot set of a pod that came back empty (it restarted)."""
+        plan = self.state.plan
+        if plan is None:
+            return Outcome.IDLE
+        await self.discover()
+        present = await self.ports.actuator.registered(self.fleet)
+        empty = [
+            pod
+            for pod, held in present.items()
+            if held is not None and not held and plan.pods.get(pod) and plan.pods[pod].registered
+        ]
+        if not empty:
+            return Outcome.IDLE
+        sub_fleet = _only(self.fleet, set(empty))
+        async with self._actuation:
+            report = await self.ports.actuator.apply(
+                plan, fleet=sub_fleet, ledger=self.state.ledger
+            )
+        self.metrics.applied(report)
+        self.metrics.restored(len(empty))
+        await self.persist()
+        await self.mark_pods(plan, only=set(empty))
+        return Outcome.DONE
+
+    async def on_event(self, event: Event) -> EventDecision:
+        """A webhook event's preloads, decided now and sent in the background."""
+        views = await self._views()
+        busy = {name: d.mean_rps for name, d in (self.state.demand or {}).items()}
+        decision = event_preloads(
+            event,
+            self.ports.predictor(event),
+            catalog=self.ports.catalog,
+            fleet=self.fleet,
+            plan=self.state.plan,
+            views=views,
+            busy_rps=busy,
+            max_loads=self.settings.controller.max_loads_per_event,
+        )
+        if decision.actions:
+            task = asyncio.get_running_loop().create_task(self._run_event(decision.actions))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+        return decision
+
+    async def _run_event(self, actions: tuple[Action, ...]) -> None:
+        try:
+            async with self._actuation:
+                report = await self.ports.actuator.run(
+                    actions, fleet=self.fleet, ledger=self.state.ledger
+                )
+            self.metrics.applied(report)
+            await self.persist()
+        except (LorafleetError, OSError) as exc:
+            logger.warning("event preloads failed: %s", exc)
+
+    async def _views(self) -> dict[PodId, PodView]:
+        pins = {a.name for a in self.ports.catalog.adapters if a.pinned}
+        ledger = self.state.ledger
+        views = {}
+        for pod in self.fleet.pods:
+            warmed = tuple(ledger.warmed.get(pod.name, []))
+            planned = self.state.plan.pods.get(pod.name) if self.state.plan else None
+            registered = frozenset(warmed) | frozenset(planned.registered if planned else ())
+            views[pod.name] = PodView(
+                pod=pod,
+                registered=registered,
+                hot=warmed[-pod.max_loras :] if pod.max_loras else (),
+                pinned=frozenset(pins) | frozenset(ledger.pinned.get(pod.name, set())),
+            )
+        return views
+
+    # --- cluster side effects ----------------------------------------------------
+
+    async def discover(self) -> None:
+        discovery = self.ports.discovery
+        if discovery is None:
+            return
+        pods = await asyncio.to_thread(discovery.list_pods)
+        self._fleet = fleet_from_discovery(self.ports.fleet, pods)
+
+    async def mark_pods(self, plan: Plan, *, only: set[PodId] | None = None) -> None:
+        """Label each pod with its hot set; a pod that vanished meanwhile is skipped."""
+        annotator = self.ports.annotator
+        if annotator is None:
+            return
+        for pod in self.fleet.pods:
+            if only is not None and pod.name not in only:
+                continue
+            hot = plan.pods[pod.name].hot if pod.name in plan.pods else ()
+            try:
+                await asyncio.to_thread(annotator.mark_hot_set, pod.name, hot, plan_id=plan.id)
+            except LorafleetError as exc:
+                logger.info("could not mark %s: %s", pod.name, exc)
+
+
+def _only(fleet: Fleet, names: set[PodId]) -> Fleet:
+    pools: list[Pool] = [
+        replace(pool, pods=tuple(p for p in pool.pods if p.name in names)) for pool in fleet.pools
+    ]
+    return Fleet(pools=tuple(pools))
+
+
+def _next_window(now: datetime, validity_s: int) -> datetime:
+    """The next boundary of ``validity_s`` windows (the next hour, by default)."""
+    start_s = (int(now.timestamp()) // validity_s + 1) * validity_s
+    return datetime.fromtimestamp(start_s, UTC) if start_s else now + timedelta(seconds=validity_s)
+
+
+class ControllerObserver:
+    """What the ticks report; ``placement.controller_jobs`` feeds it to Prometheus."""
+
+    def tick(self, job: Job, outcome: Outcome, *, backoff: Backoff | None) -> None:
+        pass
+
+    def applied(self, report: ApplyReport) -> None:
+        pass
+
+    def published(self, plan: Plan, *, period_s: float) -> None:
+        pass
+
+    def restored(self, pods: int) -> None:
+        pass

@@ -1,0 +1,415 @@
+"""Controller ticks called directly: emulated pods at the wire, in-memory cluster twins,
+a fake clock. Pods vanish, the API answers 500 and 409, the clock jumps."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+from types import MappingProxyType
+
+import pandas as pd
+import pytest
+from controller_support import T0, FakeClock
+
+from placement.adapters.kube_memory import (
+    MemoryAnnotator,
+    MemoryLeaseStore,
+    MemoryPlanStore,
+    MemoryPods,
+    MemoryStateStore,
+)
+from placement.cluster import HOT_COUNT_LABEL, DiscoveredPod
+from placement.controller import Controller, ControllerPorts, Job, Outcome
+from placement.controller_wiring import EngineActuator, SeasonalForecaster
+from placement.domain import (
+    Adapter,
+    AdapterId,
+    Catalog,
+    Fleet,
+    Pipelines,
+    PodId,
+    PoolId,
+    Tier,
+)
+from placement.emulator import ZERO_LATENCY, EmulatedFleet, PodConfig
+from placement.errors import KubeConflictError, RetryableKubeError, SolverError
+from placement.events import pipeline_predictor
+from placement.leader import LeaderElector
+from placement.plan import AdapterPlan, Plan, PodPlan, Preload
+from placement.problem import Demand
+from placement.request_log import RequestLog, request_log_from_frame
+from placement.settings import ControllerSettings, ExecutorSettings, Settings
+
+pytestmark = pytest.mark.anyio
+
+NAMES = [f"a{i}" for i in range(6)]
+SETTINGS = Settings(
+    executor=ExecutorSettings(per_action_deadline_s=5.0, max_attempts=2, backoff_base_s=0.0),
+    controller=ControllerSettings(backoff_base_s=30.0, backoff_max_s=240.0),
+)
+
+
+def catalog() -> Catalog:
+    return Catalog(
+        adapters=tuple(
+            Adapter(
+                name=AdapterId(name),
+                base_model="base-model",
+                rank=8,
+                alpha=8.0,
+                target_modules=("q_proj",),
+                dtype="float16",
+                source=f"s3://adapters/{name}",
+                size_bytes=1_000_000,
+            )
+            for name in NAMES
+        )
+    )
+
+
+def history(now: datetime, *, days: int = 3) -> RequestLog:
+    """a0 busiest, then a1, a2...; a5 only in the morning hour after 09:00."""
+    rows = []
+    for day in range(1, days + 1):
+        base = now - timedelta(days=day)
+        for minute in range(0, 120, 2):
+            ts = base + timedelta(minutes=minute)
+            for rank, name in enumerate(NAMES[:5]):
+                rows.append((ts, name, 5 - rank))
+            if ts.hour >= 9:
+                rows.append((ts, "a5", 8))
+    frame = pd.DataFrame(rows, columns=["ts", "adapter", "requests"])
+    frame["ts"] = pd.to_datetime(frame["ts"], utc=True)
+    return request_log_from_frame(frame, source="test")
+
+
+@dataclass
+class RankPlanner:
+    """A deterministic planner port: the busiest adapters hot, round robin over pods."""
+
+    fail_next: list[Exception] = field(default_factory=list)
+
+    def __call__(
+        self,
+        demand: Mapping[AdapterId, Demand],
+        *,
+        fleet: Fleet,
+        valid_from: datetime,
+        current: Plan | None,
+    ) -> Plan:
+        if self.fail_next:
+            raise self.fail_next.pop(0)
+        pods = [p for p in fleet.pods]
+        ranked = sorted(
+            (n for n in demand if demand[n].mean_rps > 0), key=lambda n: -demand[n].mean_rps
+        )
+        hot: dict[PodId, list[AdapterId]] = {p.name: [] for p in pods}
+        adapters: dict[AdapterId, AdapterPlan] = {}
+        slots = [(p.name, i) for i in range(pods[0].max_loras if pods else 0) for p in pods]
+        for name, (pod, _) in zip(ranked, slots, strict=False):
+            hot[pod].append(name)
+            adapters[name] = AdapterPlan(tier=Tier.HOT, pods=MappingProxyType({pod: 1.0}))
+        window = int(valid_from.timestamp())
+        preloads = tuple(
+            Preload(at=valid_from - timedelta(minutes=15), pod=pod, adapter=a, reason="rise")
+            for pod, names in hot.items()
+            for a in names
+        )
+        return Plan(
+            id=f"plan-{window}-{'-'.join(ranked[:3])}",
+            created_at=valid_from,
+            valid_from=valid_from,
+            valid_until=valid_from + timedelta(hours=1),
+            pods=MappingProxyType({p: PodPlan(hot=tuple(h)) for p, h in hot.items()}),
+            adapters=MappingProxyType(adapters),
+            preloads=preloads,
+        )
+
+
+@dataclass
+class Rig:
+    controller: Controller
+    emulated: EmulatedFleet
+    clock: FakeClock
+    planner: RankPlanner
+    plans: MemoryPlanStore
+    state: MemoryStateStore
+    annotator: MemoryAnnotator
+    pods: MemoryPods | None
+
+    def loads(self) -> int:
+        return sum(h.pod.counters["loads"] for h in self.emulated.handles)
+
+    def registered(self, pod: str) -> set[str]:
+        return set(self.emulated.pod(pod).listed)
+
+
+@pytest.fixture
+async def make_rig() -> AsyncIterator[object]:
+    clients = []
+
+    def build(
+        *,
+        emulated: EmulatedFleet | None = None,
+        state: MemoryStateStore | None = None,
+        pods: MemoryPods | None = None,
+        elector: LeaderElector | None = None,
+        clock: FakeClock | None = None,
+    ) -> Rig:
+        emulated = emulated or EmulatedFleet.start(
+            2, config=PodConfig(latency=ZERO_LATENCY, max_loras=2, max_cpu_loras=4)
+        )
+        clock = clock or FakeClock(T0.replace(hour=8, minute=0).timestamp())
+        http = emulated.http()
+        clients.append(http)
+        planner = RankPlanner()
+        rig_state = state or MemoryStateStore()
+        plans, annotator = MemoryPlanStore(), MemoryAnnotator()
+        cat = catalog()
+        log = history(clock.wall())
+        ports = ControllerPorts(
+            catalog=cat,
+            fleet=emulated.domain(pool="llama"),
+            history=lambda: log,
+            forecaster=SeasonalForecaster(days=3),
+            planner=planner,
+            actuator=EngineActuator(
+                catalog=cat, http=http, settings=SETTINGS, rng=random.Random(0), sleep=_no_sleep
+            ),
+            plans=plans,
+            state=rig_state,
+            predictor=pipeline_predictor(Pipelines(), cat),
+            discovery=pods,
+            annotator=annotator,
+            elector=elector,
+        )
+        controller = Controller(ports, settings=SETTINGS, clock=clock)
+        return Rig(controller, emulated, clock, planner, plans, rig_state, annotator, pods)
+
+    yield build
+    for http in clients:
+        await http.aclose()
+
+
+async def _no_sleep(_: float) -> None:
+    return None
+
+
+async def cycle(controller: Controller) -> list[Outcome]:
+    return [
+        await controller.guarded(Job.INGEST, controller.ingest),
+        await controller.guarded(Job.FORECAST, controller.forecast),
+        await controller.guarded(Job.PLAN, controller.plan_and_apply),
+    ]
+
+
+async def test_a_cycle_loads_the_plan_publishes_it_marks_pods_and_saves_state(make_rig) -> None:  # type: ignore[no-untyped-def]
+    rig: Rig = make_rig()
+    assert await cycle(rig.controller) == [Outcome.DONE] * 3
+    plan = rig.plans.current()
+    assert plan is not None and plan == rig.controller.state.plan
+    for pod, pod_plan in plan.pods.items():
+        assert set(pod_plan.hot) <= rig.registered(pod)
+        assert rig.annotator.labels[pod][HOT_COUNT_LABEL] == str(len(pod_plan.hot))
+    assert {a for p in plan.pods.values() for a in p.hot} == {"a0", "a1", "a2", "a3"}
+    assert rig.state.load().plan_json is not None
+
+
+async def test_nothing_to_plan_before_any_history(make_rig) -> None:  # type: ignore[no-untyped-def]
+    rig: Rig = make_rig()
+    assert await rig.controller.guarded(Job.PLAN, rig.controller.plan_and_apply) is Outcome.IDLE
+    assert await rig.controller.guarded(Job.FORECAST, rig.controller.forecast) is Outcome.IDLE
+
+
+async def test_a_failed_plan_keeps_the_last_good_plan_and_backs_off(make_rig) -> None:  # type: ignore[no-untyped-def]
+    rig: Rig = make_rig()
+    await cycle(rig.controller)
+    good = rig.controller.state.plan
+    rig.planner.fail_next.extend([SolverError("no solution"), SolverError("still none")])
+    plan_tick = lambda: rig.controller.guarded(Job.PLAN, rig.controller.plan_and_apply)  # noqa: E731
+
+    assert await plan_tick() is Outcome.FAILED
+    assert rig.controller.state.plan == good and rig.plans.current() == good
+    rig.clock.advance(10)
+    assert await plan_tick() is Outcome.BACKING_OFF
+    rig.clock.advance(25)
+    assert await plan_tick() is Outcome.FAILED  # second failure: waits 60 s now
+    assert rig.controller.state.backoff[Job.PLAN].failures == 2
+    rig.clock.advance(45)
+    assert await plan_tick() is Outcome.BACKING_OFF
+    rig.clock.advance(20)
+    assert await plan_tick() is Outcome.DONE
+    assert Job.PLAN not in rig.controller.state.backoff
+
+
+async def test_a_clock_jumping_back_does_not_strand_a_backing_off_job(make_rig) -> None:  # type: ignore[no-untyped-def]
+    rig: Rig = make_rig()
+    await cycle(rig.controller)
+    rig.planner.fail_next.append(SolverError("no solution"))
+    assert await rig.controller.guarded(Job.PLAN, rig.controller.plan_and_apply) is Outcome.FAILED
+    rig.clock.advance(-6 * 3600)
+    assert await rig.controller.guarded(Job.PLAN, rig.controller.plan_and_apply) is Outcome.DONE
+
+
+@pytest.mark.parametrize(
+    ("store", "error"),
+    [
+        pytest.param("plans", RetryableKubeError("HTTP 500", status=500), id="publish-500"),
+        pytest.param("plans", KubeConflictError("HTTP 409", status=409), id="publish-409"),
+        pytest.param("state", RetryableKubeError("HTTP 500", status=500), id="save-state-500"),
+    ],
+)
+async def test_kube_failures_fail_the_tick_which_recovers_later(
+    make_rig, store: str, error: Exception
+) -> None:  # type: ignore[no-untyped-def]
+    rig: Rig = make_rig()
+    getattr(rig, store).faults.queued.append(error)
+    assert await cycle(rig.controller) == [Outcome.DONE, Outcome.DONE, Outcome.FAILED]
+    rig.clock.advance(31)
+    assert await rig.controller.guarded(Job.PLAN, rig.controller.plan_and_apply) is Outcome.DONE
+    assert rig.plans.current() == rig.controller.state.plan
+
+
+async def test_a_restart_resumes_without_loading_anything_twice(make_rig) -> None:  # type: ignore[no-untyped-def]
+    first: Rig = make_rig()
+    await cycle(first.controller)
+    loads = first.loads()
+    assert loads >= 4
+    second: Rig = make_rig(emulated=first.emulated, state=first.state, clock=first.clock)
+    await second.controller.resume()
+    assert second.controller.state.plan == first.controller.state.plan
+    first.clock.advance(300)
+    assert await cycle(second.controller) == [Outcome.DONE] * 3
+    assert first.loads() == loads
+
+
+async def test_pods_that_vanish_leave_the_plan_and_the_rest_keep_working(make_rig) -> None:  # type: ignore[no-untyped-def]
+    emulated = EmulatedFleet.start(
+        2, config=PodConfig(latency=ZERO_LATENCY, max_loras=2, max_cpu_loras=4)
+    )
+    discovered = MemoryPods(
+        tuple(
+            DiscoveredPod(
+                name=h.name,
+                pool=PoolId("llama"),
+                ip="127.0.0.1",
+                port=int(h.url.rsplit(":", 1)[1]),
+                ready=True,
+            )
+            for h in emulated.handles
+        )
+    )
+    rig: Rig = make_rig(emulated=emulated, pods=discovered)
+    assert await cycle(rig.controller) == [Outcome.DONE] * 3
+    assert set(rig.controller.state.plan.pods) == {"pod-0", "pod-1"}  # type: ignore[union-attr]
+    discovered.remove(PodId("pod-1"))
+    rig.clock.advance(300)
+    assert await rig.controller.guarded(Job.PLAN, rig.controller.plan_and_apply) is Outcome.DONE
+    assert set(rig.controller.state.plan.pods) == {"pod-0"}  # type: ignore[union-attr]
+    # a pod that stops answering mid-apply does not fail the tick
+    emulated.pod("pod-0").kill(down_s=3600)
+    rig.clock.advance(300)
+    assert await rig.controller.guarded(Job.PLAN, rig.controller.plan_and_apply) is Outcome.DONE
+
+
+async def test_the_watchdog_refills_a_pod_that_came_back_empty(make_rig) -> None:  # type: ignore[no-untyped-def]
+    rig: Rig = make_rig()
+    await cycle(rig.controller)
+    assert await rig.controller.guarded(Job.WATCHDOG, rig.controller.watchdog) is Outcome.IDLE
+    wanted = set(rig.controller.state.plan.pods[PodId("pod-1")].hot)  # type: ignore[union-attr]
+    rig.emulated.pod("pod-1").restart()
+    assert rig.registered("pod-1") == set()
+    assert await rig.controller.guarded(Job.WATCHDOG, rig.controller.watchdog) is Outcome.DONE
+    assert wanted <= rig.registered("pod-1")
+
+
+async def test_timed_preloads_run_once_even_across_a_restart(make_rig) -> None:  # type: ignore[no-untyped-def]
+    rig: Rig = make_rig()
+    await cycle(rig.controller)
+    due = rig.controller.due_preloads()
+    assert due == (datetime(2026, 3, 2, 8, 45, tzinfo=UTC),)
+    ahead = rig.controller.state.lookahead
+    assert ahead is not None and "a5" in {p.adapter for p in ahead.preloads}
+    rig.clock.advance(45 * 60)
+    assert (
+        await rig.controller.guarded(Job.PRELOAD, lambda: rig.controller.preload(due[0]))
+        is Outcome.DONE
+    )
+    holder = next(p.pod for p in ahead.preloads if p.adapter == "a5")
+    assert "a5" in rig.registered(holder)
+    loads = rig.loads()
+    assert (
+        await rig.controller.guarded(Job.PRELOAD, lambda: rig.controller.preload(due[0]))
+        is Outcome.IDLE
+    )
+    restarted: Rig = make_rig(emulated=rig.emulated, state=rig.state, clock=rig.clock)
+    await restarted.controller.resume()
+    restarted.controller.state.lookahead = ahead
+    assert restarted.controller.due_preloads() == ()
+    assert await restarted.controller.preload(due[0]) is Outcome.IDLE
+    assert rig.loads() == loads
+
+
+async def test_a_forecast_that_moves_tiers_asks_for_a_plan_at_once(make_rig) -> None:  # type: ignore[no-untyped-def]
+    rig: Rig = make_rig()
+    await cycle(rig.controller)
+    await rig.controller.guarded(Job.FORECAST, rig.controller.forecast)
+    assert rig.controller.state.replan_now is False  # same demand, same tiers
+    rig.clock.advance(3600)  # 09:00: a5's morning traffic enters the window
+    await rig.controller.guarded(Job.FORECAST, rig.controller.forecast)
+    assert rig.controller.state.replan_now is True
+
+
+async def test_a_standby_does_nothing_and_takes_over_when_the_leader_stops(make_rig) -> None:  # type: ignore[no-untyped-def]
+    clock = FakeClock(T0.replace(hour=8).timestamp())
+    lease, shared_state = MemoryLeaseStore(), MemoryStateStore()
+    emulated = EmulatedFleet.start(
+        2, config=PodConfig(latency=ZERO_LATENCY, max_loras=2, max_cpu_loras=4)
+    )
+
+    def elector(name: str) -> LeaderElector:
+        return LeaderElector(lease, identity=name, duration_s=15, clock=clock, wall=clock.wall)
+
+    leader: Rig = make_rig(emulated=emulated, state=shared_state, elector=elector("a"), clock=clock)
+    standby: Rig = make_rig(
+        emulated=emulated, state=shared_state, elector=elector("b"), clock=clock
+    )
+    assert await leader.controller.guarded(Job.LEASE, leader.controller.lease) is Outcome.DONE
+    assert await standby.controller.guarded(Job.LEASE, standby.controller.lease) is Outcome.STANDBY
+    assert await cycle(standby.controller) == [Outcome.STANDBY] * 3
+    assert await cycle(leader.controller) == [Outcome.DONE] * 3
+    loads = leader.loads()
+    for _ in range(5):  # the leader stops renewing; the standby keeps trying
+        clock.advance(5)
+        await standby.controller.guarded(Job.LEASE, standby.controller.lease)
+    assert leader.controller.is_leader() is False
+    assert standby.controller.is_leader() is True
+    assert standby.controller.state.plan == leader.controller.state.plan  # resumed
+    assert await cycle(standby.controller) == [Outcome.DONE] * 3
+    assert leader.loads() == loads
+
+
+async def test_event_preloads_run_in_the_background_on_the_pods(make_rig) -> None:  # type: ignore[no-untyped-def]
+    from placement.domain import Pipeline, PipelineStep, TenantId
+    from placement.events import Event, EventKind
+
+    roomy = EmulatedFleet.start(
+        2, config=PodConfig(latency=ZERO_LATENCY, max_loras=3, max_cpu_loras=6)
+    )
+    rig: Rig = make_rig(emulated=roomy)
+    await cycle(rig.controller)  # 4 busy adapters on 6 slots: room for one more
+    pipelines = Pipelines(
+        pipelines=(Pipeline(trigger="doc", steps=(PipelineStep(adapter=AdapterId("a5")),)),)
+    )
+    rig.controller.ports = replace(
+        rig.controller.ports, predictor=pipeline_predictor(pipelines, rig.controller.ports.catalog)
+    )
+    decision = await rig.controller.on_event(
+        Event(kind=EventKind.PIPELINE, id="e", tenant=TenantId("acme"), trigger="doc")
+    )
+    assert [a.adapter for a in decision.actions] == ["a5", "a5"]
+    await asyncio.gather(*rig.controller._background)
+    assert "a5" in rig.registered(decision.actions[0].pod)
