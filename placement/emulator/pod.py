@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections import Counter, OrderedDict
+from collections import Counter, OrderedDict, deque
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
@@ -73,6 +73,8 @@ class EmulatedPod:
         self.rng = random.Random(config.seed)
         self.counters: Counter[str] = Counter()
         self.peaks: Counter[str] = Counter()
+        #: How long each adapter stayed on a GPU slot before it left (the latest ones).
+        self.residencies_s: deque[float] = deque(maxlen=10_000)
         self.generation = 0
         self.down_until = 0.0
         self._restart()
@@ -81,7 +83,7 @@ class EmulatedPod:
         self.generation += 1
         self.listed: dict[str, AdapterFile] = {}
         self.host: OrderedDict[str, None] = OrderedDict()
-        self.gpu: OrderedDict[str, None] = OrderedDict()
+        self.gpu: OrderedDict[str, float] = OrderedDict()
         self.pinned: set[str] = set()
         self.running: Counter[str] = Counter()
         self.waiting: Counter[str] = Counter()
@@ -172,7 +174,7 @@ class EmulatedPod:
             if victim is None:
                 break
             del self.host[victim]
-            self.gpu.pop(victim, None)
+            self._leave_gpu(victim)
             self.counters["host_evictions"] += 1
 
     async def unload(self, name: str) -> None:
@@ -187,11 +189,17 @@ class EmulatedPod:
             self._alive(generation)
             del self.listed[name]
             self.host.pop(name, None)
-            self.gpu.pop(name, None)
+            self._leave_gpu(name)
             self.pinned.discard(name)
             self.counters["unloads"] += 1
             async with self.slots:
                 self.slots.notify_all()
+
+    def _leave_gpu(self, name: str) -> None:
+        """Free ``name``'s GPU slot, remembering how long it stayed (seed 000's residency)."""
+        activated = self.gpu.pop(name, None)
+        if activated is not None:
+            self.residencies_s.append(time.monotonic() - activated)
 
     def _peak(self) -> None:
         self.peaks["registered"] = max(self.peaks["registered"], len(self.listed))
@@ -211,14 +219,14 @@ class EmulatedPod:
                 (n for n in self.gpu if not self.running[n] and n not in self.pinned), None
             )
             if victim is not None:
-                del self.gpu[victim]
+                self._leave_gpu(victim)
                 self.counters["gpu_evictions"] += 1
                 break
             await self.slots.wait()
         if name in self.gpu:
             self.gpu.move_to_end(name)
         else:
-            self.gpu[name] = None
+            self.gpu[name] = time.monotonic()
             self.counters["gpu_activations"] += 1
         self.running[name] += 1
         self._peak()
@@ -286,6 +294,10 @@ class EmulatedPod:
             "registered": list(self.listed),
             "host": list(self.host),
             "gpu": list(self.gpu),
+            "residency_s": {
+                "ended": [round(v, 3) for v in self.residencies_s],
+                "ongoing": [round(time.monotonic() - t, 3) for t in self.gpu.values()],
+            },
             "pinned": sorted(self.pinned),
             "running": sum(self.running.values()),
             "waiting": sum(self.waiting.values()),

@@ -133,8 +133,13 @@ async def test_alternating_adapters_on_one_slot_thrash(emulated: EmulatedFactory
             await _post(http, "/v1/load_lora_adapter", {"lora_name": name, "lora_path": name})
         for name in ("a", "b", "a", "b", "b"):
             await _post(http, "/v1/completions", {"model": name, "prompt": "x", "max_tokens": 1})
-    counters = fleet.handles[0].pod.stats()["counters"]
+    stats = fleet.handles[0].pod.stats()
+    counters = stats["counters"]
     assert (counters["gpu_activations"], counters["gpu_evictions"]) == (4, 3)
+    residency = stats["residency_s"]
+    # every eviction ended one residency; the adapter still on the slot is ongoing
+    assert (len(residency["ended"]), len(residency["ongoing"])) == (3, 1)
+    assert all(seconds >= 0 for seconds in residency["ended"])
 
 
 async def test_concurrent_loads_of_one_name_are_serialised(emulated: EmulatedFactory) -> None:
