@@ -1,12 +1,13 @@
 """The bundled router: an OpenAI-compatible proxy that follows the plan (issue 8).
 
-Start one programmatically::
+Start one programmatically (docs/router.md has more)::
 
-    router = Router(plan_source=FilePlanSource("plan.json"), pod_source=FleetPodSource(fleet))
-    app = RouterApp(router)          # an ASGI app; its lifespan starts the loops
-    uvicorn.run(app, host="127.0.0.1", port=8080)
+    app = build_router(fleet=fleet, plan="plan.json", catalog=catalog)  # a RouterApp
+    with ServedApp(app) as served:     # uvicorn in a thread; or run_router(app, ...)
+        ...                            # served.url is http://127.0.0.1:<port>
 
-or with ``build_router(...)`` below, which wires the usual sources from files.
+``RouterApp`` is a plain ASGI app whose lifespan starts the scrape, plan and log loops;
+``app.router`` is the ``Router`` with its ``topology`` (pods, ledger, plan in use).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from placement.router.reqlog import (
     open_request_log,
 )
 from placement.router.sources import FilePlanSource, FleetPodSource, StaticPlanSource
-from placement.router.wiring import adapter_info_from_catalog, build_router
+from placement.router.wiring import ServedApp, adapter_info_from_catalog, build_router, run_router
 
 __all__ = [
     "AdapterInfo",
@@ -31,9 +32,11 @@ __all__ = [
     "ParquetRequestLog",
     "Router",
     "RouterApp",
+    "ServedApp",
     "StaticPlanSource",
     "adapter_info_from_catalog",
     "build_router",
     "create_router_app",
     "open_request_log",
+    "run_router",
 ]
