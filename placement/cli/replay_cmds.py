@@ -64,7 +64,7 @@ def _eviction(name: str) -> EvictionPolicy:
 
 def _table(results: list[ReplayResult]) -> Table:
     table = Table(title="replay")
-    table.add_column("policy")
+    table.add_column("policy", no_wrap=True)
     for _, header, _ in COLUMNS:
         table.add_column(header, justify="right")
     for result in results:

@@ -120,13 +120,14 @@ def run_policy(
     eviction: EvictionPolicy = EvictionPolicy.LRU,
     parts: PlanningParts | None = None,
     future: History | None = None,
+    engine_type: type[Engine] = Engine,
 ) -> ReplayResult:
     """Replay ``workload`` on a fresh fleet of ``specs`` under policy ``name``."""
     check_policies([name])
     chosen_parts = parts or PlanningParts()
     if name == "oracle" and future is None:
         future = _future(workload)
-    engine = Engine(
+    engine = engine_type(
         workload,
         specs,
         sim=settings.sim,

@@ -1,0 +1,126 @@
+"""``lorafleet replay`` end to end on small files: JSON keys, table, replayed log, errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from placement.cli import app
+
+JSON_KEYS = {
+    "requests",
+    "gpu_hit_rate",
+    "cpu_hit_rate",
+    "cold_loads",
+    "loads",
+    "loads_per_pod_s",
+    "residency_p50_s",
+    "residency_p95_s",
+    "ttft_p50_ms",
+    "ttft_p95_ms",
+    "ttft_p99_ms",
+    "load_wait_share",
+    "throughput_rps",
+    "convoy",
+}
+
+CATALOG = """
+adapters:
+{entries}
+"""
+FLEET = """
+pools:
+  - name: small
+    base_model: llama-3.1-8b
+    engine: vllm
+    max_lora_rank: 64
+    pod_defaults: {max_loras: 2, max_cpu_loras: 4, hbm_adapter_bytes: 1GiB,
+                   host_adapter_bytes: 4GiB, capacity_rps: 5}
+    pods:
+      - {name: pod-0, url: "http://127.0.0.1:18000"}
+      - {name: pod-1, url: "http://127.0.0.1:18001"}
+"""
+
+
+@pytest.fixture
+def inputs(tmp_path: Path) -> dict[str, Path]:
+    names = [f"tenant-{i}" for i in range(5)]
+    entries = "\n".join(
+        f"  - {{name: {name}, base_model: llama-3.1-8b, rank: 16,"
+        f" target_modules: [q_proj, v_proj], source: s3://a/{name}}}"
+        for name in names
+    )
+    (tmp_path / "catalog.yaml").write_text(CATALOG.format(entries=entries))
+    (tmp_path / "fleet.yaml").write_text(FLEET)
+    start = pd.Timestamp("2026-03-10T09:00:00Z")
+    rows = [
+        {"ts": start + pd.Timedelta(seconds=2 * i), "adapter": names[(i * 7) % 5 if i % 3 else 0]}
+        for i in range(600)
+    ]
+    pd.DataFrame(rows).to_parquet(tmp_path / "requests.parquet", index=False)
+    return {
+        "catalog": tmp_path / "catalog.yaml",
+        "fleet": tmp_path / "fleet.yaml",
+        "log": tmp_path / "requests.parquet",
+    }
+
+
+def args(inputs: dict[str, Path], *extra: str) -> list[str]:
+    base = ["replay", "--catalog", str(inputs["catalog"]), "--fleet", str(inputs["fleet"])]
+    return [*base, "--log", str(inputs["log"]), *extra]
+
+
+def test_json_has_one_entry_per_policy_with_every_key(inputs: dict[str, Path]) -> None:
+    policies = ["round-robin", "epp", "hash", "lorafleet", "oracle"]
+    extra = [part for name in policies for part in ("--policy", name)]
+    result = CliRunner().invoke(app, args(inputs, *extra, "--planner", "greedy", "--json"))
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout)
+    assert list(payload["policies"]) == policies
+    for metrics in payload["policies"].values():
+        assert set(metrics) >= JSON_KEYS
+        assert metrics["requests"] == 600
+        assert 0.0 <= metrics["gpu_hit_rate"] <= 1.0
+        assert 0.0 <= metrics["cpu_hit_rate"] <= 1.0
+
+
+def test_table_and_replayed_log(inputs: dict[str, Path], tmp_path: Path) -> None:
+    out_log = tmp_path / "replayed.parquet"
+    extra = ["--policy", "epp", "--policy", "llm-d", "--eviction", "chameleon"]
+    result = CliRunner().invoke(app, args(inputs, *extra, "--out-log", str(out_log)))
+    assert result.exit_code == 0, result.output
+    assert "epp (chameleon)" in result.stdout
+    assert "llm-d" in result.stdout
+    replayed = pd.read_parquet(out_log)
+    assert len(replayed) == 1200
+    assert set(replayed["outcome"]) <= {"gpu_hit", "cpu_hit", "cold_load"}
+    assert set(replayed["pod"]) <= {"pod-0", "pod-1"}
+    assert {"ts", "adapter", "ttft_ms", "policy"} <= set(replayed.columns)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--policy", "fastest"], "unknown policy 'fastest'"),
+        (["--policy", "epp", "--eviction", "random"], "unknown policy 'random'"),
+    ],
+    ids=["bad-policy", "bad-eviction"],
+)
+def test_bad_options_are_one_line_errors(
+    inputs: dict[str, Path], extra: list[str], message: str
+) -> None:
+    result = CliRunner().invoke(app, args(inputs, *extra))
+    assert result.exit_code == 2
+    assert message in result.output
+    assert "Traceback" not in result.output
+
+
+def test_solver_planner_replays(inputs: dict[str, Path]) -> None:
+    result = CliRunner().invoke(app, args(inputs, "--policy", "lorafleet", "--json"))
+    assert result.exit_code == 0, result.output
+    metrics = json.loads(result.stdout)["policies"]["lorafleet"]
+    assert metrics["plans"] >= 1
