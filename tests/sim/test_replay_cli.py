@@ -9,7 +9,8 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from placement.cli import app
+import placement.cli  # noqa: F401  (registers the commands)
+from placement.cli.app import app
 
 JSON_KEYS = {
     "requests",
