@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from placement.cli import (
     apply_cmds,  # noqa: F401  (registers apply)
+    controller_cmds,  # noqa: F401  (registers controller, rollback)
     emulate_cmds,  # noqa: F401  (registers emulate)
     inputs_cmds,  # noqa: F401  (registers validate, size, synth)
     replay_cmds,  # noqa: F401  (registers replay)

@@ -1,0 +1,215 @@
+"""``lorafleet controller`` and ``lorafleet rollback``: the composition root of the controller.
+
+Reads controller.yaml and the inputs it names once, chooses the adapters of every
+port (Kubernetes or a state directory; Prometheus or a log file), and runs the
+scheduled jobs with the webhook and ``/metrics`` on one port. The environment is
+read here and only here: the lease identity (``POD_NAME``, else the host name) and
+the webhook secret when it is not mounted as a file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import socket
+import time
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated
+
+import httpx
+import typer
+from fastapi import FastAPI
+from kubernetes import client
+from prometheus_client import CollectorRegistry
+
+from placement.adapters.kube import (
+    KubeAnnotator,
+    KubeLeaseStore,
+    KubePlanStore,
+    KubePods,
+    KubeStateStore,
+    KubeTarget,
+    connect,
+)
+from placement.adapters.prom import PromHistorySource
+from placement.adapters.statedir import DirPlanStore, DirStateStore, ensure_state_dir
+from placement.cli.app import app, out, report_errors
+from placement.cluster import PlanStore
+from placement.controller import Controller, ControllerPorts, HistorySource
+from placement.controller_config import (
+    ControllerConfig,
+    KubernetesConfig,
+    load_controller_config,
+    read_secret,
+)
+from placement.controller_jobs import Schedule, add_process_routes, serve
+from placement.controller_wiring import (
+    EngineActuator,
+    FileHistory,
+    PrometheusHistory,
+    PrometheusObserver,
+    SeasonalForecaster,
+    SolverPlanner,
+)
+from placement.domain import Pipelines
+from placement.events import Event, EventDecision, pipeline_predictor
+from placement.inputs import load_catalog, load_fleet, load_pipelines
+from placement.leader import LeaderElector
+from placement.settings import Settings
+from placement.webhook import create_webhook_app
+
+DAY_S = 86_400
+
+
+def _target(section: KubernetesConfig) -> KubeTarget:
+    return KubeTarget(
+        namespace=section.namespace,
+        selector=section.selector,
+        pool_label=section.pool_label,
+        default_pool=section.default_pool,
+        port_name=section.port_name,
+        default_port=section.default_port,
+        plan_configmap=section.plan_configmap,
+        state_configmap=section.state_configmap,
+        lease_name=section.lease_name,
+    )
+
+
+def settings_for(config: ControllerConfig) -> Settings:
+    base = Settings()
+    controller = replace(
+        base.controller,
+        ingest_interval_s=config.intervals.ingest_s,
+        forecast_interval_s=config.intervals.forecast_s,
+        plan_interval_s=config.intervals.plan_s,
+        watchdog_interval_s=config.intervals.watchdog_s,
+        max_loads_per_event=config.max_loads_per_event,
+        lease_duration_s=config.lease_duration_s,
+    )
+    return replace(base, controller=controller)
+
+
+def plan_store_for(config: ControllerConfig, api: client.ApiClient | None) -> PlanStore:
+    if config.kubernetes is not None and api is not None:
+        return KubePlanStore(api, target=_target(config.kubernetes))
+    assert config.state_dir is not None  # the config's validator requires one of the two
+    return DirPlanStore(ensure_state_dir(config.state_dir))
+
+
+def _history(config: ControllerConfig, settings: Settings) -> HistorySource:
+    section = config.history
+    if section.log is not None:
+        return FileHistory(section.log)
+    assert section.prometheus_url is not None
+    return PrometheusHistory(
+        PromHistorySource(section.prometheus_url),
+        lookback_s=section.lookback_days * DAY_S,
+        bucket_s=settings.forecast.bucket_s,
+        clock=time.time,
+    )
+
+
+@dataclass
+class _Sink:
+    """The webhook's EventSink: the controller, acting only while it leads."""
+
+    controller: Controller
+
+    def accepting(self) -> bool:
+        return self.controller.is_leader()
+
+    async def submit(self, event: Event) -> EventDecision:
+        return await self.controller.on_event(event)
+
+
+def build(config: ControllerConfig, *, http: httpx.AsyncClient) -> tuple[Schedule, FastAPI]:
+    """Every port wired: the schedule and the ASGI app to serve."""
+    settings = settings_for(config)
+    fleet = load_fleet(config.fleet)
+    catalog = load_catalog(config.catalog, fleet=fleet)
+    pipelines = load_pipelines(config.pipelines, catalog=catalog) if config.pipelines else None
+    secret = read_secret(config.webhook, dict(os.environ))
+    identity = config.identity or os.environ.get("POD_NAME") or socket.gethostname()
+    api = None
+    if config.kubernetes is not None:
+        api = connect(host=config.kubernetes.api_host)
+    kube = config.kubernetes
+    target = _target(kube) if kube is not None else None
+    registry = CollectorRegistry()
+    ports = ControllerPorts(
+        catalog=catalog,
+        fleet=fleet,
+        history=_history(config, settings),
+        forecaster=SeasonalForecaster(bucket_s=settings.forecast.bucket_s),
+        planner=SolverPlanner(catalog, settings=settings, clock=time.time),
+        actuator=EngineActuator(catalog=catalog, http=http, settings=settings, rng=random.Random()),
+        plans=plan_store_for(config, api),
+        state=(
+            KubeStateStore(api, target=target)
+            if api is not None and target is not None
+            else DirStateStore(ensure_state_dir(config.state_dir or Path("state")))
+        ),
+        predictor=pipeline_predictor(pipelines or Pipelines(), catalog),
+        discovery=KubePods(api, target=target) if api is not None and target else None,
+        annotator=KubeAnnotator(api, target=target) if api is not None and target else None,
+        elector=(
+            LeaderElector(
+                KubeLeaseStore(api, target=target),
+                identity=identity,
+                duration_s=config.lease_duration_s,
+                clock=time.monotonic,
+                wall=lambda: datetime.now(UTC),
+            )
+            if api is not None and target is not None
+            else None
+        ),
+    )
+    controller = Controller(
+        ports, settings=settings, clock=time.time, metrics=PrometheusObserver(registry)
+    )
+    webhook = create_webhook_app(
+        _Sink(controller),
+        secret=secret,
+        settings=settings.controller,
+        clock=time.time,
+        registry=registry,
+    )
+    add_process_routes(webhook, controller, registry)
+    return Schedule(controller, settings=settings.controller), webhook
+
+
+@app.command()
+@report_errors
+def controller(
+    config: Annotated[Path, typer.Option("--config", "-c", help="controller.yaml")],
+) -> None:
+    """Run the controller: scheduled forecasts, plans, preloads, the webhook, /metrics."""
+    parsed = load_controller_config(config)
+
+    async def main() -> None:
+        async with httpx.AsyncClient() as http:
+            schedule, webhook = build(parsed, http=http)
+            await serve(schedule, webhook, host=parsed.webhook.host, port=parsed.webhook.port)
+
+    asyncio.run(main())
+
+
+@app.command()
+@report_errors
+def rollback(
+    config: Annotated[Path, typer.Option("--config", "-c", help="controller.yaml")],
+) -> None:
+    """Make the previous plan current again (the plan ConfigMap, or the state directory)."""
+    parsed = load_controller_config(config)
+    api = connect(host=parsed.kubernetes.api_host) if parsed.kubernetes is not None else None
+    try:
+        restored = plan_store_for(parsed, api).rollback()
+    finally:
+        if api is not None:
+            api.close()  # type: ignore[no-untyped-call]
+    out().print(
+        f"rolled back to plan {restored.id} (created {restored.created_at:%Y-%m-%d %H:%M}Z)"
+    )

@@ -1,0 +1,160 @@
+"""controller.yaml: the controller's typed configuration, parsed once at the edge.
+
+Every mistake is reported at once, each as a ``Problem`` naming the file and the
+field (``kubernetes.namespace: Field required``); relative paths are resolved
+against the file's directory. Reads the file only; wiring is the CLI's.
+
+```yaml
+catalog: catalog.yaml
+fleet: fleet.yaml                 # on Kubernetes: per pool, the budgets of its pods
+pipelines: pipelines.yaml         # optional
+history:
+  log: requests.parquet           # or prometheus_url: http://prometheus:9090
+state_dir: ./state                # without kubernetes: plans and ledger live here
+kubernetes:                       # optional: discover pods, ConfigMaps, Lease
+  namespace: lorafleet
+  selector: app.kubernetes.io/component=lora-server
+webhook:
+  port: 8080
+  secret_file: /var/run/secrets/lorafleet/webhook-secret
+intervals: {ingest_s: 300, forecast_s: 900, plan_s: 300, watchdog_s: 15}
+max_loads_per_event: 2
+```
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from placement.errors import InputError, Problem
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class HistoryConfig(_Section):
+    log: Path | None = None
+    prometheus_url: str | None = None
+    lookback_days: int = Field(default=14, ge=1, le=90)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> HistoryConfig:
+        if (self.log is None) == (self.prometheus_url is None):
+            raise ValueError("give exactly one of log or prometheus_url")
+        return self
+
+
+class KubernetesConfig(_Section):
+    namespace: str = Field(min_length=1, max_length=63)
+    selector: str = "app.kubernetes.io/component=lora-server"
+    pool_label: str = "lorafleet.io/pool"
+    default_pool: str | None = None
+    port_name: str = "http"
+    default_port: int = Field(default=8000, ge=1, le=65535)
+    plan_configmap: str = "lorafleet-plan"
+    state_configmap: str = "lorafleet-state"
+    lease_name: str = "lorafleet-controller"
+    #: An API server URL (a proxy, a test server); else in-cluster or kubeconfig.
+    api_host: str | None = None
+
+
+class WebhookConfig(_Section):
+    host: str = "0.0.0.0"
+    port: int = Field(default=8080, ge=1, le=65535)
+    #: The mounted Secret's file; else the environment variable ``secret_env``.
+    secret_file: Path | None = None
+    secret_env: str = "LORAFLEET_WEBHOOK_SECRET"
+
+
+class IntervalsConfig(_Section):
+    ingest_s: int = Field(default=300, ge=1)
+    forecast_s: int = Field(default=900, ge=1)
+    plan_s: int = Field(default=300, ge=1)
+    watchdog_s: int = Field(default=15, ge=1)
+
+
+class ControllerConfig(_Section):
+    catalog: Path
+    fleet: Path
+    pipelines: Path | None = None
+    history: HistoryConfig
+    state_dir: Path | None = None
+    kubernetes: KubernetesConfig | None = None
+    webhook: WebhookConfig = Field(default_factory=WebhookConfig)
+    intervals: IntervalsConfig = Field(default_factory=IntervalsConfig)
+    max_loads_per_event: int = Field(default=2, ge=0, le=64)
+    lease_duration_s: int = Field(default=15, ge=3)
+    #: The lease holder's name; the entry point defaults it to the pod's name.
+    identity: str | None = None
+
+    @model_validator(mode="after")
+    def _where_state_lives(self) -> ControllerConfig:
+        if self.kubernetes is None and self.state_dir is None:
+            raise ValueError("without a kubernetes section, state_dir is required")
+        return self
+
+
+def _resolve(config: ControllerConfig, base: Path) -> ControllerConfig:
+    def at(path: Path | None) -> Path | None:
+        return None if path is None or path.is_absolute() else base / path
+
+    history = config.history
+    if history.log is not None and not history.log.is_absolute():
+        history = history.model_copy(update={"log": base / history.log})
+    webhook = config.webhook
+    if webhook.secret_file is not None and not webhook.secret_file.is_absolute():
+        webhook = webhook.model_copy(update={"secret_file": base / webhook.secret_file})
+    updates: dict[str, Any] = {"history": history, "webhook": webhook}
+    for name in ("catalog", "fleet", "pipelines", "state_dir"):
+        resolved = at(getattr(config, name))
+        if resolved is not None:
+            updates[name] = resolved
+    return config.model_copy(update=updates)
+
+
+def load_controller_config(path: str | Path) -> ControllerConfig:
+    """Parse controller.yaml; InputError lists every problem with its field."""
+    source = Path(path)
+    try:
+        raw = yaml.safe_load(source.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError([Problem(source=str(source), message="no such file")]) from None
+    except (OSError, yaml.YAMLError) as exc:
+        raise InputError([Problem(source=str(source), message=f"cannot read: {exc}")]) from None
+    if not isinstance(raw, dict):
+        raise InputError([Problem(source=str(source), message="expected a mapping at the top")])
+    try:
+        config = ControllerConfig.model_validate(raw)
+    except ValidationError as exc:
+        problems = [
+            Problem(
+                source=str(source),
+                field=".".join(str(part) for part in error["loc"]) or None,
+                message=error["msg"],
+            )
+            for error in exc.errors(include_url=False)
+        ]
+        raise InputError(problems) from None
+    return _resolve(config, source.parent)
+
+
+def read_secret(config: WebhookConfig, environ: dict[str, str]) -> bytes:
+    """The webhook secret from the mounted file, else from the environment."""
+    if config.secret_file is not None:
+        try:
+            secret = config.secret_file.read_bytes().strip()
+        except OSError as exc:
+            raise InputError(
+                [Problem(source=str(config.secret_file), message=f"cannot read the secret: {exc}")]
+            ) from None
+    else:
+        secret = environ.get(config.secret_env, "").encode()
+    if not secret:
+        where = str(config.secret_file) if config.secret_file else f"${config.secret_env}"
+        raise InputError([Problem(source=where, message="the webhook secret is empty")])
+    return secret
