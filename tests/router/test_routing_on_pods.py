@@ -81,7 +81,7 @@ async def _burst(url: str, model: str, n: int) -> list[str]:
 
 @pytest.mark.parametrize("plan", [None, "unplanned"], ids=["no-plan", "absent-from-plan"])
 def test_a_stampede_of_100_requests_for_a_cold_adapter_causes_one_load(plan: str | None) -> None:
-    slow_load = replace(Latency(), load_ms=800.0)
+    slow_load = replace(Latency(), load_ms=1500.0)  # every request arrives during the load
     with emulated(3, max_loras=2, latency=slow_load) as pods:
         given = plan_of({"other": ["pod-0"]}) if plan else None
         with router_for(pods.domain, plan=given, catalog=catalog_of(["cold", "other"])) as router:
