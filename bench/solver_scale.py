@@ -55,9 +55,11 @@ BASES = ("llama-3.1-8b", "mistral-7b")
 
 
 def generate(
-    adapters: int, pods: int, *, seed: int = 7, total_rps: float = 400.0
+    adapters: int, pods: int, *, seed: int = 7
 ) -> tuple[Catalog, Fleet, dict[AdapterId, Demand], PlannerSettings]:
     rng = np.random.default_rng(seed)
+    # 6.25 requests/s per pod on average (400 on 64 pods), whatever the size.
+    total_rps = 6.25 * pods
     ranks = rng.choice([8, 16, 32, 64, 128], size=adapters, p=[0.2, 0.35, 0.25, 0.15, 0.05])
     weights = 1.0 / np.arange(1, adapters + 1) ** 1.1
     rng.shuffle(weights)
@@ -77,7 +79,7 @@ def generate(
                 # About 3.2 MB per unit of rank: rank 16 is seed 000's 50 MB adapter.
                 size_bytes=int(ranks[i]) * 3_200_000,
                 pinned=i in pinned,
-                max_replicas=8,
+                max_replicas=32,
             )
             for i in range(adapters)
         )

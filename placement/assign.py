@@ -195,14 +195,15 @@ def assign_pods(problem: PoolProblem, counts: Counts, *, repair: bool = False) -
     """
     # Balance first; when slots are tight, place the most replicated adapters first on
     # the pods with the most free slots, which packs any counts that fit the slots.
+    # A repair run is the first strict run that demotes instead of failing.
+    if repair:
+        return _assign(problem, counts, pack_first=False, replicas_first=False, repair=True)
     for pack_first, replicas_first in ((False, False), (True, True), (False, True)):
         assignment = _assign(
             problem, counts, pack_first=pack_first, replicas_first=replicas_first, repair=False
         )
         if assignment is not None:
             return assignment
-    if repair:
-        return _assign(problem, counts, pack_first=False, replicas_first=False, repair=True)
     return None
 
 

@@ -207,3 +207,33 @@ def _split_hot(
         if n and not rooms[key].fits(candidate.size_bytes, n, hot=True):
             return None
     return {key: n for key, n in split.items() if n > 0}
+
+
+def trim_counts(problem: PoolProblem, counts: Counts, *, fraction: float) -> Counts:
+    """Free ``fraction`` of every class's GPU slots and bytes by making the hot adapters
+    that save the least per slot warm, so that pods can be packed one by one.
+
+    Stage 1 fills pool totals exactly when slots bind; single pods then fragment. The
+    adapters trimmed are the cheapest to lose, so the plan stays close to the bound.
+    """
+    by_name = {c.name: c for c in problem.candidates}
+    hot = dict(counts.hot)
+    warm = dict(counts.warm)
+    for cls in problem.classes:
+        slots_goal = fraction * cls.max_loras * cls.size
+        bytes_goal = fraction * cls.hbm_bytes * cls.size
+        here = sorted(
+            (a for (a, key), n in hot.items() if key == cls.key and n and not by_name[a].pinned),
+            key=lambda a: (by_name[a].mean_rps * by_name[a].warm_miss_ms / hot[(a, cls.key)], a),
+        )
+        freed_slots, freed_bytes = 0, 0
+        for adapter in here:
+            if freed_slots >= slots_goal and freed_bytes >= bytes_goal:
+                break
+            for key in [k for (a, k) in hot if a == adapter]:
+                n = hot.pop((adapter, key))
+                if key == cls.key:
+                    freed_slots += n
+                    freed_bytes += n * by_name[adapter].size_bytes
+            warm[(adapter, cls.key)] = 1
+    return Counts(hot=MappingProxyType(hot), warm=MappingProxyType(warm))

@@ -167,9 +167,10 @@ def build_problem(
         by_pool[pool.name].append(adapter.name)
     pools = []
     for pool in fleet.pools:
+        members = set(by_pool[pool.name])
         pool_problem, pool_broken = _pool_problem(
             pool,
-            [a for a in catalog.adapters if a.name in set(by_pool[pool.name])],
+            [a for a in catalog.adapters if a.name in members],
             full_demand,
             total_rps=total_rps,
             settings=settings,
@@ -178,12 +179,9 @@ def build_problem(
             churn=current is not None,
         )
         broken.extend(pool_broken)
+        planned = {c.name for c in pool_problem.candidates}
         fixed_cold.update(
-            {
-                name: "no forecast traffic"
-                for name in by_pool[pool.name]
-                if name not in {c.name for c in pool_problem.candidates}
-            }
+            {name: "no forecast traffic" for name in by_pool[pool.name] if name not in planned}
         )
         pools.append(pool_problem)
     return PlacementProblem(
