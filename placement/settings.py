@@ -81,6 +81,10 @@ class PlannerSettings:
 
 @dataclass(frozen=True, kw_only=True)
 class RouterSettings:
+    #: How pods are picked: ``plan`` follows the plan (lorafleet); the reactive
+    #: baselines ``round-robin``, ``least-loaded``, ``epp`` (seed 000's score) and
+    #: ``llm-d`` (its lora-affinity scorer) ignore it, for comparisons on live pods.
+    policy: str = "plan"
     scrape_interval_s: float = 0.25
     #: A scrape slower than this counts as a failed health check.
     scrape_timeout_s: float = 1.0

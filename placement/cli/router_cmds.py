@@ -12,8 +12,10 @@ from placement.cli.app import app, err, report_errors
 from placement.domain import Catalog, Fleet
 from placement.errors import InputError, Problem
 from placement.inputs import load_catalog, load_fleet
+from placement.router.picking import POLICIES
 from placement.router.sources import FilePlanSource, PlanSource, PodSource
 from placement.router.wiring import build_router, run_router
+from placement.settings import RouterSettings, Settings
 
 CONFIGMAP_PREFIX = "configmap:"
 
@@ -70,8 +72,21 @@ def router(
     ] = None,
     host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="port to listen on")] = 8080,
+    policy: Annotated[
+        str,
+        typer.Option(help="plan (lorafleet), or a reactive baseline: " + ", ".join(POLICIES[1:])),
+    ] = "plan",
 ) -> None:
     """Route OpenAI requests to the pods that hold each adapter, following the plan."""
+    if policy not in POLICIES:
+        raise InputError(
+            [
+                Problem(
+                    source="--policy",
+                    message=f"unknown policy {policy!r}; one of {', '.join(POLICIES)}",
+                )
+            ]
+        )
     if (fleet is None) == (selector is None):
         raise InputError(
             [Problem(source="router", message="give exactly one of --fleet or --selector")]
@@ -91,8 +106,9 @@ def router(
         plan=_plan_source(plan),
         catalog=parsed_catalog,
         request_log=request_log,
+        settings=Settings(router=RouterSettings(policy=policy)),
     )
-    if plan is None:
+    if plan is None and policy == "plan":
         err().print("no --plan: routing every adapter by consistent hashing")
     err().print(f"lorafleet router on http://{host}:{port}")
     run_router(app_, host=host, port=port)

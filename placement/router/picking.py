@@ -25,9 +25,15 @@ from policies.routing import (
     RouteDecision,
     RouteReason,
     RoutingContext,
+    route_epp,
     route_least_loaded,
+    route_llmd,
     route_plan,
+    route_round_robin,
 )
+
+#: The routing policies the router can run; all but ``plan`` are reactive baselines.
+POLICIES = ("plan", "round-robin", "least-loaded", "epp", "llm-d")
 
 #: Size assumed for an adapter the catalog does not size (seed 000's rank-16 example).
 DEFAULT_ADAPTER_BYTES = 50_000_000
@@ -74,6 +80,9 @@ class Picker:
         self.adapter_bytes = dict(adapter_bytes or {})
         self._costs: dict[AdapterId, tuple[float, float]] = {}
         self._fallbacks: dict[tuple[int, PoolId], HashFallback] = {}
+        self._cursor = 0
+        if settings.policy not in POLICIES:
+            raise ValueError(f"unknown routing policy {settings.policy!r}; one of {POLICIES}")
 
     def pick(
         self, topology: Topology, model: str, *, exclude: frozenset[PodId] = frozenset()
@@ -97,6 +106,8 @@ class Picker:
         )
         if model == pool.served_model:
             return self._decided(topology, route_least_loaded(context), adapter, base=True)
+        if self.settings.policy != "plan":
+            return self._decided(topology, self._reactive(context), adapter, base=False)
         weights = topology.weights.get(adapter)
         decision = route_plan(context, weights, fallback=self._fallback(pool))
         choice = self._decided(topology, decision, adapter, base=False)
@@ -105,6 +116,18 @@ class Picker:
             unplanned = plan is None or adapter not in plan.adapters
             return Choice(choice.pod, choice.outcome, choice.reason, unplanned=unplanned)
         return choice
+
+    def _reactive(self, context: RoutingContext) -> RouteDecision:
+        """A baseline that ignores the plan (the pods evict by their own LRU)."""
+        policy = self.settings.policy
+        if policy == "round-robin":
+            decision, self._cursor = route_round_robin(context, cursor=self._cursor)
+            return decision
+        if policy == "epp":
+            return route_epp(context)
+        if policy == "llm-d":
+            return route_llmd(context)
+        return route_least_loaded(context)
 
     def _decided(
         self, topology: Topology, decision: RouteDecision, adapter: AdapterId, *, base: bool

@@ -191,3 +191,28 @@ def test_an_adapter_the_pod_cannot_load_is_a_502_naming_it_and_the_pod_stays() -
         assert failure.value.status_code == 502
         assert "ghost" in str(failure.value)
         assert router.get("/healthz")["healthy_pods"] == ["pod-0"]
+
+
+def _evictions_through_router(policy: str) -> int:
+    settings = replace(FAST, router=replace(FAST.router, policy=policy))
+    with emulated(4, max_loras=2, max_cpu_loras=8) as pods:
+        with router_for(pods.domain, catalog=catalog_of(ADAPTERS), settings=settings) as router:
+            client = router.client()
+            for name in _traffic():
+                client.completions.create(model=name, prompt="p", max_tokens=1)
+        return pods.counter("gpu_evictions")
+
+
+def test_the_reactive_baselines_run_through_the_same_proxy() -> None:
+    # The demo compares policies on live pods: round-robin sprays every adapter over
+    # every pod and thrashes; the EPP score's affinity keeps most requests where
+    # their adapter already is.
+    round_robin = _evictions_through_router("round-robin")
+    epp = _evictions_through_router("epp")
+    assert round_robin >= len(ADAPTERS)
+    assert epp < round_robin
+
+
+def test_an_unknown_policy_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown routing policy 'random'"):
+        _evictions_through_router("random")
