@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from placement.cli.app import app, out, report_errors
-from placement.domain import Catalog, Fleet
+from placement.domain import AdapterId, Catalog, Fleet
 from placement.inputs import load_catalog, load_fleet, load_request_log
 
 SPARK = " ▁▂▃▄▅▆▇█"
@@ -54,7 +54,7 @@ def demand_table(catalog: Catalog, counts: pd.DataFrame, *, top: int = 10) -> Ta
     for column in ("adapter", "rank", "MB", "share", "profile by hour of day (UTC)"):
         table.add_column(column)
     for name, requests in per_adapter.head(top).items():
-        adapter = by_name.get(str(name))
+        adapter = by_name.get(AdapterId(str(name)))
         profile = hours[hours["adapter"] == name].groupby("hour")["requests"].sum()
         profile = profile.reindex(range(24), fill_value=0)
         table.add_row(
