@@ -413,3 +413,28 @@ async def test_event_preloads_run_in_the_background_on_the_pods(make_rig) -> Non
     assert [a.adapter for a in decision.actions] == ["a5", "a5"]
     await asyncio.gather(*rig.controller._background)
     assert "a5" in rig.registered(decision.actions[0].pod)
+
+
+async def test_the_schedule_brings_the_plan_forward_and_adds_preload_triggers(make_rig) -> None:  # type: ignore[no-untyped-def]
+    from placement.controller_jobs import PRELOAD_PREFIX, Schedule
+
+    rig: Rig = make_rig()
+    schedule = Schedule(rig.controller, settings=SETTINGS.controller)
+    schedule.scheduler.start(paused=True)
+    try:
+        jobs = {job.id: job for job in schedule.scheduler.get_jobs()}
+        assert set(jobs) == {"lease", "ingest", "forecast", "plan", "watchdog"}
+        assert all(j.max_instances == 1 and j.coalesce for j in jobs.values())
+        assert {j.misfire_grace_time for j in jobs.values()} == {
+            SETTINGS.controller.misfire_grace_s
+        }
+        await rig.controller.guarded(Job.INGEST, rig.controller.ingest)
+        planned_at = schedule.scheduler.get_job("plan").next_run_time
+        rig.clock.advance(600)
+        assert await schedule._run(Job.FORECAST, schedule.forecast) is Outcome.DONE
+        assert rig.controller.state.replan_now is True  # no plan yet: everything moves
+        assert schedule.scheduler.get_job("plan").next_run_time != planned_at
+        preload_jobs = [j for j in schedule.scheduler.get_jobs() if j.id.startswith(PRELOAD_PREFIX)]
+        assert [j.id for j in preload_jobs] == [f"{PRELOAD_PREFIX}2026-03-02T08:45:00+00:00"]
+    finally:
+        schedule.scheduler.shutdown(wait=False)

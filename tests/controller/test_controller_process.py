@@ -1,0 +1,155 @@
+"""The controller process: controller.yaml, the composition, the routes, rollback, kube mode."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+from controller_kubefake import FakeApiServer, make_pod
+from controller_support import make_plan
+from typer.testing import CliRunner
+
+from placement.adapters.statedir import DirPlanStore
+from placement.cli.app import app
+from placement.cli.controller_cmds import build
+from placement.controller import Job, Outcome
+from placement.controller_config import load_controller_config, read_secret
+from placement.errors import InputError
+
+REPO = Path(__file__).resolve().parents[2]
+SCENARIO = REPO / "data" / "legal-research"
+
+
+def write_config(tmp_path: Path, body: str) -> Path:
+    for name in ("catalog.yaml", "fleet.yaml", "pipelines.yaml", "requests.parquet"):
+        shutil.copy(SCENARIO / name, tmp_path / name)
+    (tmp_path / "secret").write_text("topsecret\n")
+    path = tmp_path / "controller.yaml"
+    path.write_text(body)
+    return path
+
+
+LOCAL = """
+catalog: catalog.yaml
+fleet: fleet.yaml
+pipelines: pipelines.yaml
+history: {log: requests.parquet}
+state_dir: state
+webhook: {secret_file: secret, port: 18999}
+"""
+
+
+def test_a_local_config_resolves_paths_against_its_directory(tmp_path: Path) -> None:
+    config = load_controller_config(write_config(tmp_path, LOCAL))
+    assert config.catalog == tmp_path / "catalog.yaml"
+    assert config.history.log == tmp_path / "requests.parquet"
+    assert config.state_dir == tmp_path / "state"
+    assert read_secret(config.webhook, {}) == b"topsecret"
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        pytest.param("catalog: c.yaml\n", "fleet: Field required", id="missing-field"),
+        pytest.param(
+            LOCAL + "colour: blue\n", "colour: Extra inputs are not permitted", id="unknown"
+        ),
+        pytest.param(
+            LOCAL.replace("{log: requests.parquet}", "{log: a.parquet, prometheus_url: http://p}"),
+            "exactly one of log or prometheus_url",
+            id="two-histories",
+        ),
+        pytest.param(LOCAL.replace("state_dir: state", ""), "state_dir is required", id="no-state"),
+        pytest.param(
+            LOCAL + "kubernetes: {selector: a=b}\n",
+            "kubernetes.namespace: Field required",
+            id="kube-ns",
+        ),
+        pytest.param(LOCAL + "intervals: {plan_s: 0}\n", "intervals.plan_s", id="zero-interval"),
+        pytest.param("- a\n- b\n", "expected a mapping", id="not-a-mapping"),
+    ],
+)
+def test_config_mistakes_are_reported_with_their_field(
+    tmp_path: Path, body: str, expected: str
+) -> None:
+    path = write_config(tmp_path, body)
+    with pytest.raises(InputError) as raised:
+        load_controller_config(path)
+    assert expected in str(raised.value)
+    assert str(path) in str(raised.value)
+    result = CliRunner().invoke(app, ["controller", "--config", str(path)])
+    assert result.exit_code == 2
+    assert expected in result.output
+
+
+def test_an_empty_secret_is_refused(tmp_path: Path) -> None:
+    config = load_controller_config(
+        write_config(tmp_path, LOCAL.replace("secret_file: secret, ", ""))
+    )
+    with pytest.raises(InputError, match="LORAFLEET_WEBHOOK_SECRET: the webhook secret is empty"):
+        read_secret(config.webhook, {})
+    assert read_secret(config.webhook, {"LORAFLEET_WEBHOOK_SECRET": "x"}) == b"x"
+
+
+def test_rollback_swaps_the_plans_of_the_state_directory(tmp_path: Path) -> None:
+    path = write_config(tmp_path, LOCAL)
+    runner = CliRunner()
+    first = runner.invoke(app, ["rollback", "--config", str(path)])
+    assert first.exit_code == 1
+    assert "no previous plan" in first.output
+    store = DirPlanStore(tmp_path / "state")
+    store.publish(make_plan("p1"))
+    store.publish(make_plan("p2"))
+    result = runner.invoke(app, ["rollback", "--config", str(path)])
+    assert result.exit_code == 0, result.output
+    assert "rolled back to plan p1" in result.output
+    assert store.current() == make_plan("p1") and store.previous() == make_plan("p2")
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient() as client:
+        yield client
+
+
+@pytest.mark.anyio
+async def test_the_composed_app_serves_health_metrics_and_the_openapi_document(
+    tmp_path: Path, http: httpx.AsyncClient
+) -> None:
+    schedule, webhook = build(load_controller_config(write_config(tmp_path, LOCAL)), http=http)
+    assert schedule.job_ids() == ["forecast", "ingest", "lease", "plan", "watchdog"]
+    assert await schedule.controller.guarded(Job.INGEST, schedule.controller.ingest) is Outcome.DONE
+    transport = httpx.ASGITransport(app=webhook)
+    async with httpx.AsyncClient(transport=transport, base_url="http://c") as client:
+        assert (await client.get("/healthz")).status_code == 200
+        ready = (await client.get("/readyz")).json()
+        metrics = (await client.get("/metrics")).text
+        document = (await client.get("/openapi.json")).json()
+    assert ready == {"leader": True, "plan": None, "backing_off": []}
+    assert 'lorafleet_controller_ticks_total{job="ingest",outcome="done"} 1.0' in metrics
+    assert "/v1/events" in document["paths"]
+
+
+@pytest.mark.anyio
+async def test_kube_mode_discovers_pods_and_takes_the_lease_on_the_api_server(
+    tmp_path: Path, http: httpx.AsyncClient, fake_api: FakeApiServer
+) -> None:
+    for i in range(4):
+        fake_api.put("pods", make_pod(f"pod-{i}", ip=f"10.0.0.{i}", pool="llama-70b"))
+    body = LOCAL.replace("state_dir: state", "") + (
+        f"kubernetes: {{namespace: lf, api_host: '{fake_api.url}'}}\nidentity: controller-0\n"
+    )
+    schedule, _ = build(load_controller_config(write_config(tmp_path, body)), http=http)
+    controller = schedule.controller
+    assert controller.is_leader() is False
+    assert await controller.guarded(Job.LEASE, controller.lease) is Outcome.DONE
+    lease = fake_api.get("leases", "lorafleet-controller")
+    assert lease is not None and lease["spec"]["holderIdentity"] == "controller-0"
+    await controller.discover()
+    assert [(p.name, p.url) for p in controller.fleet.pods] == [
+        (f"pod-{i}", f"http://10.0.0.{i}:8000") for i in range(4)
+    ]
+    assert {p.max_loras for p in controller.fleet.pods} == {4}  # the fleet file's budgets
