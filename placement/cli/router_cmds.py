@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import logging
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from placement.cli.app import app, err, report_errors
+from placement.clock import Clock, clock_from_options
 from placement.domain import Catalog, Fleet
 from placement.errors import InputError, Problem
 from placement.inputs import load_catalog, load_fleet
@@ -51,6 +53,15 @@ def _plan_source(plan: str | None) -> PlanSource | None:
     return FilePlanSource(Path(plan))
 
 
+def _clock(start: datetime | None, speed: float) -> Clock:
+    if start is not None and start.tzinfo is None:
+        start = start.replace(tzinfo=UTC)
+    try:
+        return clock_from_options(start, speed)
+    except ValueError as exc:
+        raise InputError([Problem(source="--clock-speed", message=str(exc))]) from None
+
+
 @app.command()
 @report_errors
 def router(
@@ -76,6 +87,13 @@ def router(
         str,
         typer.Option(help="plan (lorafleet), or a reactive baseline: " + ", ".join(POLICIES[1:])),
     ] = "plan",
+    clock_start: Annotated[
+        datetime | None,
+        typer.Option(help="demos: stamp the request log from this moment of a scenario"),
+    ] = None,
+    clock_speed: Annotated[
+        float, typer.Option(help="demos: how many times faster than the wall clock time runs")
+    ] = 1.0,
 ) -> None:
     """Route OpenAI requests to the pods that hold each adapter, following the plan."""
     if policy not in POLICIES:
@@ -107,6 +125,7 @@ def router(
         catalog=parsed_catalog,
         request_log=request_log,
         settings=Settings(router=RouterSettings(policy=policy)),
+        wall_clock=_clock(clock_start, clock_speed),
     )
     if plan is None and policy == "plan":
         err().print("no --plan: routing every adapter by consistent hashing")

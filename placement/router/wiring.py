@@ -21,6 +21,7 @@ from typing import Any
 import uvicorn
 from prometheus_client import CollectorRegistry
 
+from placement.clock import Clock
 from placement.domain import AdapterId, Catalog, Fleet, PoolId
 from placement.plan import Plan
 from placement.router.asgi import RouterApp
@@ -60,9 +61,11 @@ def build_router(
     settings: Settings | None = None,
     registry: CollectorRegistry | None = None,
     request_log: str | os.PathLike[str] | RequestLogSink | None = None,
+    wall_clock: Clock = time.time,
 ) -> RouterApp:
     """A ready ASGI app. ``plan`` is a path (watched), a Plan, a PlanSource, or None
-    (consistent hashing only). Give ``fleet`` or a ``pod_source``."""
+    (consistent hashing only). Give ``fleet`` or a ``pod_source``. ``wall_clock``
+    stamps the request log (a warped clock in demos)."""
     settings = settings or Settings()
     if pod_source is None:
         if fleet is None:
@@ -76,6 +79,7 @@ def build_router(
         registry=registry,
         request_log=_sink(request_log),
         adapters=adapter_info_from_catalog(catalog, fleet) if catalog is not None else None,
+        wall_clock=wall_clock,
     )
     return RouterApp(router)
 
