@@ -15,12 +15,16 @@ from datetime import datetime
 Clock = Callable[[], float]
 
 
-def warped_clock(*, start: datetime, speed: float, wall: Clock = time.time) -> Clock:
-    """Epoch seconds that begin at ``start`` now and pass ``speed`` times faster."""
+def warped_clock(
+    *, start: datetime, speed: float, wall: Clock = time.time, wall_origin_s: float | None = None
+) -> Clock:
+    """Epoch seconds that read ``start`` at wall time ``wall_origin_s`` (default: now) and
+    pass ``speed`` times faster; before the origin they read earlier than ``start``."""
     if speed <= 0:
         raise ValueError(f"a clock speed must be positive, got {speed}")
     origin_s = start.timestamp()
-    wall_origin_s = wall()
+    if wall_origin_s is None:
+        wall_origin_s = wall()
 
     def now() -> float:
         return origin_s + (wall() - wall_origin_s) * speed
@@ -28,10 +32,11 @@ def warped_clock(*, start: datetime, speed: float, wall: Clock = time.time) -> C
     return now
 
 
-def clock_from_options(start: datetime | None, speed: float) -> Clock:
+def clock_from_options(
+    start: datetime | None, speed: float, *, wall_origin_s: float | None = None
+) -> Clock:
     """The wall clock, unless a start or a speed other than 1 warps it."""
     if start is None and speed == 1.0:
         return time.time
-    return warped_clock(
-        start=start or datetime.fromtimestamp(time.time()).astimezone(), speed=speed
-    )
+    begin = start or datetime.fromtimestamp(time.time()).astimezone()
+    return warped_clock(start=begin, speed=speed, wall_origin_s=wall_origin_s)

@@ -53,11 +53,11 @@ def _plan_source(plan: str | None) -> PlanSource | None:
     return FilePlanSource(Path(plan))
 
 
-def _clock(start: datetime | None, speed: float) -> Clock:
+def _clock(start: datetime | None, speed: float, origin_s: float | None) -> Clock:
     if start is not None and start.tzinfo is None:
         start = start.replace(tzinfo=UTC)
     try:
-        return clock_from_options(start, speed)
+        return clock_from_options(start, speed, wall_origin_s=origin_s)
     except ValueError as exc:
         raise InputError([Problem(source="--clock-speed", message=str(exc))]) from None
 
@@ -94,6 +94,10 @@ def router(
     clock_speed: Annotated[
         float, typer.Option(help="demos: how many times faster than the wall clock time runs")
     ] = 1.0,
+    clock_origin: Annotated[
+        float | None,
+        typer.Option(help="demos: the wall time (epoch s) at which the clock reads --clock-start"),
+    ] = None,
 ) -> None:
     """Route OpenAI requests to the pods that hold each adapter, following the plan."""
     if policy not in POLICIES:
@@ -125,7 +129,7 @@ def router(
         catalog=parsed_catalog,
         request_log=request_log,
         settings=Settings(router=RouterSettings(policy=policy)),
-        wall_clock=_clock(clock_start, clock_speed),
+        wall_clock=_clock(clock_start, clock_speed, clock_origin),
     )
     if plan is None and policy == "plan":
         err().print("no --plan: routing every adapter by consistent hashing")

@@ -25,3 +25,9 @@ def test_the_default_is_the_wall_clock() -> None:
 def test_a_speed_must_be_positive() -> None:
     with pytest.raises(ValueError, match="must be positive"):
         warped_clock(start=datetime(2026, 3, 12, tzinfo=UTC), speed=0.0)
+
+
+def test_before_its_origin_a_warped_clock_reads_earlier_than_its_start() -> None:
+    start = datetime(2026, 3, 12, 13, 0, tzinfo=UTC)
+    now = warped_clock(start=start, speed=100.0, wall=lambda: 990.0, wall_origin_s=1000.0)
+    assert now() == start.timestamp() - 1000.0
