@@ -9,8 +9,10 @@ caller's (``placement.controller``, ``placement.leader``).
 Every client exception leaves this module as a ``KubeError`` subclass: 409 becomes
 ``KubeConflictError``; 429, 5xx and transport failures ``RetryableKubeError``.
 
-The Role in ``deploy/base/rbac.yaml`` grants exactly the verbs used here: pods
-get/list/watch/patch, configmaps get/create/update, leases get/create/update.
+The controller's Role in ``deploy/base/rbac.yaml`` grants exactly what it uses here
+(``tests/deploy`` checks it against a fake API server): pods list/patch, configmaps
+get/create/update, leases get/create/update. ``watch_pods`` needs pods/watch too; no
+deployed process calls it yet.
 """
 
 from __future__ import annotations
