@@ -182,8 +182,8 @@ class SimSettings:
     #: GPU slots per pod the plan leaves free for the long tail (seed 003).
     tail_slots: int = 1
     #: Adapters forecast below this rate are not planned hot: LRU serves them better
-    #: than a guess (six requests a minute).
-    plan_hot_min_rps: float = 0.1
+    #: than a guess (twelve requests a minute).
+    plan_hot_min_rps: float = 0.2
     #: A preload may evict only an adapter idle at least this long (else it is skipped:
     #: evicting a busy adapter to guess at the future costs more than it saves).
     preload_min_idle_s: float = 120.0

@@ -1,8 +1,9 @@
 """Eviction: which adapter leaves a full cache (GPU slots or host RAM) for a new one.
 
 Owns the victim choice of LRU, LFU, time-weighted LRU over a sliding window (seed
-000), Chameleon's score (0.45 frequency + 0.10 recency + 0.45 size, lowest evicted)
-and Belady's clairvoyant rule (evict the adapter needed furthest in the future).
+000), Chameleon's score (0.45 frequency + 0.10 recency + 0.45 size, lowest evicted),
+a forecast-aware rule (forecast rate plus a fading session term) and Belady's
+clairvoyant rule (evict the adapter needed furthest in the future).
 Every policy is pinned-aware unless asked not to be: pinned adapters are never
 chosen, and adapters in use (requests running) are chosen only when nothing else can
 go, as Chameleon's reference counting does.
@@ -24,6 +25,7 @@ class EvictionPolicy(enum.StrEnum):
     LFU = "lfu"
     TIME_WEIGHTED_LRU = "tw-lru"
     CHAMELEON = "chameleon"
+    FORECAST = "forecast"
     BELADY = "belady"
 
 
@@ -39,6 +41,8 @@ class CacheEntry:
     size_bytes: int = 0
     pinned: bool = False
     in_use: bool = False
+    #: FORECAST only: the adapter's forecast request rate on this fleet (req/s).
+    forecast_rps: float = 0.0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -52,6 +56,11 @@ class EvictionSettings:
     chameleon_recency: float = 0.10
     chameleon_size: float = 0.45
     pinned_aware: bool = True
+    #: FORECAST: a request is followed by another of its session with this chance,
+    #: after a gap of about ``session_gap_s`` (the synthetic logs' sessions: 3 requests,
+    #: 15 s apart).
+    session_continue: float = 0.67
+    session_gap_s: float = 15.0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -99,6 +108,15 @@ def chameleon_scores(
     ]
 
 
+def forecast_retention(entry: CacheEntry, *, now_s: float, settings: EvictionSettings) -> float:
+    """Expected requests per second soon: the forecast rate plus the chance that the
+    current session goes on, fading as the adapter stays idle (a learned stand-in for
+    Belady's next use: a finished session's adapter goes first, a popular one stays)."""
+    idle_s = max(now_s - entry.last_used_s, 0.0)
+    session = settings.session_continue * math.exp(-idle_s / settings.session_gap_s)
+    return entry.forecast_rps + session / settings.session_gap_s
+
+
 def _retention(ctx: EvictionContext, candidates: Sequence[CacheEntry]) -> list[float]:
     """Higher means keep. The victim is the lowest."""
     policy, now_s, settings = ctx.policy, ctx.now_s, ctx.settings
@@ -111,6 +129,8 @@ def _retention(ctx: EvictionContext, candidates: Sequence[CacheEntry]) -> list[f
         return [time_weighted_score(entry, now_s=now_s, settings=settings) for entry in candidates]
     if policy is EvictionPolicy.CHAMELEON:
         return chameleon_scores(candidates, now_s=now_s, settings=settings)
+    if policy is EvictionPolicy.FORECAST:
+        return [forecast_retention(entry, now_s=now_s, settings=settings) for entry in candidates]
     # Belady: the further the next use, the lower the retention.
     return [-ctx.next_use_s.get(entry.adapter, math.inf) for entry in candidates]
 

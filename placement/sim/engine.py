@@ -174,6 +174,8 @@ class Engine:
         self._next_use: dict[str, list[float]] | None = None
         self._track_recent = False
         self.router_eviction = EvictionPolicy.LRU
+        #: The latest forecast (req/s per adapter), for forecast-aware eviction.
+        self.forecast_rps: dict[str, float] = {}
 
     # --- the loop ------------------------------------------------------------------
 
@@ -411,6 +413,7 @@ class Engine:
                 size_bytes=size.get(adapter, 0),
                 pinned=adapter in pod.pinned,
                 in_use=adapter in pod.running_adapters or adapter in pod.waiting_adapters,
+                forecast_rps=self.forecast_rps.get(adapter, 0.0),
             )
             for adapter, loaded_at in pod.gpu_adapters.items()
         ]

@@ -225,6 +225,7 @@ class PlannedRouter(_Base):
             capacity_headroom=self.settings.planner.capacity_headroom,
             hot_min_rps=sim.plan_hot_min_rps,
         )
+        engine.forecast_rps = dict(rates)
         plan = self.planner(request)
         self.known = frozenset(adapter for adapter, rate in rates.items() if rate > 0.0)
         self.weights = {adapter: dict(pods) for adapter, pods in plan.weights.items()}

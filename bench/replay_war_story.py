@@ -1,0 +1,101 @@
+"""Replay seed 000's war story (data/war-story) under every policy and print the table.
+
+Three days, 8 pods x 4 GPU slots, 40 adapters; on Thursday 10:15 an A/B test adds 20
+variants (60 active). Prints, per policy, the whole-run metrics, the same figures for
+the 4 hours after the experiment starts, and the replay speed (requests per minute
+of wall time). Baselines in the same run, as ratios: loads of round-robin and EPP
+over lorafleet's, lorafleet's hit-rate gap and TTFT p95 ratio to the oracle.
+
+    .venv/bin/python bench/replay_war_story.py [--planner solver|greedy] [--hours H]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from placement.inputs import load_catalog, load_fleet
+from placement.request_log import load_request_log
+from placement.settings import Settings
+from placement.sim.replay import PlanningParts, ReplayResult, pod_specs, run_policy
+from placement.sim.routers import POLICIES
+from placement.sim.wiring import planning_parts
+from placement.sim.workload import SimWorkload, workload_from_log
+
+DATA = Path("data/war-story")
+EXPERIMENT = pd.Timestamp("2026-03-12T10:15:00-05:00")
+
+
+def window(
+    result: ReplayResult, load: SimWorkload, start_s: float, end_s: float
+) -> dict[str, float]:
+    arrival = np.asarray(load.arrival_s)
+    inside = (arrival >= start_s) & (arrival < end_s)
+    outcome = np.asarray(result.log.outcome)[inside]
+    ttft = np.asarray(result.log.ttft_ms)[inside]
+    loads = np.asarray([start for start, *_ in result.log.loads])
+    count = int(((loads >= start_s) & (loads < end_s)).sum()) if loads.size else 0
+    pods = len(result.pod_ids)
+    return {
+        "hit": float(np.mean(outcome == 0)) if outcome.size else 0.0,
+        "p95": float(np.percentile(ttft, 95)) if ttft.size else 0.0,
+        "lps": count / (pods * max(end_s - start_s, 1.0)),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--planner", choices=["solver", "greedy"], default="solver")
+    parser.add_argument("--policy", action="append", default=None)
+    args = parser.parse_args()
+    settings = Settings()
+    fleet = load_fleet(DATA / "fleet.yaml")
+    catalog = load_catalog(DATA / "catalog.yaml", fleet=fleet)
+    load = workload_from_log(load_request_log(DATA / "requests.parquet"), catalog)
+    parts = (
+        planning_parts(catalog, fleet, settings=settings, start=load.start)
+        if args.planner == "solver"
+        else PlanningParts()
+    )
+    experiment_s = (EXPERIMENT - pd.Timestamp(load.start)).total_seconds()
+    print(
+        f"war story: {len(load):,} requests, {len(fleet.pods)} pods; planning: {parts.description}"
+    )
+    header = (
+        f"{'policy':12s} {'hit':>6s} {'loads':>7s} {'l/pod/s':>8s} {'peak':>6s} {'res50':>6s}"
+        f" {'p50':>5s} {'p95':>5s} {'p99':>5s} {'wait':>6s} {'convoy':>6s} |"
+        f" {'hit+4h':>6s} {'p95+4h':>6s} {'l/pod/s+4h':>10s} | {'Mreq/min':>8s}"
+    )
+    print(header)
+    results: dict[str, dict[str, float]] = {}
+    for name in args.policy or list(POLICIES):
+        began = time.perf_counter()
+        result = run_policy(name, load, pod_specs(fleet), settings=settings, parts=parts)
+        wall_s = time.perf_counter() - began
+        m = result.metrics
+        after = window(result, load, experiment_s, experiment_s + 4 * 3600)
+        results[name] = {**{k: float(v) for k, v in m.items()}, "wall_s": wall_s}
+        print(
+            f"{name:12s} {m['gpu_hit_rate']:6.3f} {m['loads']:7d} {m['loads_per_pod_s']:8.4f}"
+            f" {m['loads_per_pod_s_peak']:6.3f} {m['residency_p50_s']:6.0f} {m['ttft_p50_ms']:5.0f}"
+            f" {m['ttft_p95_ms']:5.0f} {m['ttft_p99_ms']:5.0f} {m['load_wait_share']:6.3f}"
+            f" {m['convoy']!s:>6s} | {after['hit']:6.3f} {after['p95']:6.0f} {after['lps']:10.4f} |"
+            f" {len(load) / wall_s * 60 / 1e6:8.2f}"
+        )
+    if {"lorafleet", "round-robin", "epp", "oracle"} <= results.keys():
+        ours, oracle = results["lorafleet"], results["oracle"]
+        gap = 100 * (oracle["gpu_hit_rate"] - ours["gpu_hit_rate"])
+        print(
+            f"loads round-robin/lorafleet {results['round-robin']['loads'] / ours['loads']:.1f}x,"
+            f" epp/lorafleet {results['epp']['loads'] / ours['loads']:.2f}x;"
+            f" oracle-lorafleet hit gap {gap:.2f} pt;"
+            f" TTFT p95 lorafleet/oracle {ours['ttft_p95_ms'] / oracle['ttft_p95_ms']:.3f}"
+        )
+
+
+if __name__ == "__main__":
+    main()
