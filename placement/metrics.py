@@ -211,6 +211,11 @@ class ControllerMetrics:
             registry=registry,
         )
 
+    def planning_period(self, period_s: float) -> None:
+        """Call at start-up: with the period set and no plan yet, the plan looks as old
+        as the epoch, so LorafleetPlanStale fires until a first plan is published."""
+        self.plan_period.set(period_s)
+
     def plan_published(self, plan: Plan, *, period_s: float) -> None:
         """A plan came into force: its age, the solver's quality and its prediction."""
         self.plan_created.set(_unix_s(plan.created_at))

@@ -149,6 +149,13 @@ def test_plan_published_sets_age_solver_quality_and_prediction() -> None:
     assert sample(registry, "lorafleet_plans_total", status="FALLBACK_GREEDY") == 1
 
 
+def test_planning_period_is_set_before_any_plan() -> None:
+    registry = CollectorRegistry()
+    ControllerMetrics(registry).planning_period(300)
+    assert sample(registry, "lorafleet_plan_period_seconds") == 300
+    assert sample(registry, "lorafleet_plan_created_timestamp_seconds") == 0
+
+
 def test_actions_jobs_and_forecast_error() -> None:
     registry = CollectorRegistry()
     controller = ControllerMetrics(registry)

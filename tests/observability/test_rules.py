@@ -107,7 +107,7 @@ def test_every_alert_has_a_firing_unit_test() -> None:
         ("LorafleetPodLoadRateHigh", "> 0.5"),
         ("LorafleetActiveAdaptersNearSlots", "> 0.8"),
         ("LorafleetGpuHitRatioLow", "< 0.9"),
-        ("LorafleetPlanStale", "> 3 * lorafleet_plan_period_seconds"),
+        ("LorafleetPlanStale", "> 3 * max(lorafleet_plan_period_seconds)"),
     ],
 )
 def test_seed_thresholds(alert: str, threshold: str) -> None:
@@ -180,3 +180,28 @@ def test_a_missing_tool_fails_under_ci_and_skips_elsewhere(
     expected = pytest.fail.Exception if outcome == "fail" else pytest.skip.Exception
     with pytest.raises(expected, match=r"not installed .*ensure-prometheus"):
         require_tool("lorafleet-no-such-tool")
+
+
+def _deployment(name: str) -> dict[str, Any]:
+    loaded = load_yaml(REPO / "deploy" / "base" / f"{name}-deployment.yaml")
+    assert isinstance(loaded, dict)
+    return loaded
+
+
+@pytest.mark.parametrize("component", ["controller", "router"])
+def test_pod_monitor_selects_the_pods_and_their_metrics_port(component: str) -> None:
+    monitor = load_yaml(MONITORING / "podmonitor.yaml")
+    template = _deployment(component)["spec"]["template"]
+    labels = template["metadata"]["labels"]
+    selector = monitor["spec"]["selector"]
+    assert all(labels.get(k) == v for k, v in selector["matchLabels"].items())
+    for expression in selector["matchExpressions"]:
+        assert expression["operator"] == "In"
+        assert labels.get(expression["key"]) in expression["values"]
+    ports = {
+        port["name"]
+        for container in template["spec"]["containers"]
+        for port in container.get("ports", [])
+    }
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    assert endpoint["port"] in ports and endpoint["path"] == "/metrics"
