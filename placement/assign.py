@@ -17,6 +17,7 @@ Pure: no IO, no clock; deterministic (ties break by pod name).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -60,28 +61,36 @@ class _PodState:
     host_count: int
     hbm_bytes: int
     host_bytes: int
-    q90_room_rps: float
+    capacity_rps: float
     loads_left: int
     max_rank: int
     mean_load_rps: float = 0.0
+    spread_sq: float = 0.0
 
-    def fits(self, candidate: Candidate, q90_share: float, *, hot: bool, new: bool) -> bool:
+    def q90_with(self, candidate: Candidate, share: float) -> float:
+        """The pod's pooled q90 load with ``share`` of ``candidate`` added."""
+        spread = share * max(0.0, candidate.q90_rps - candidate.mean_rps)
+        mean = self.mean_load_rps + share * candidate.mean_rps
+        return mean + math.sqrt(self.spread_sq + spread * spread)
+
+    def fits(self, candidate: Candidate, share: float, *, hot: bool, new: bool) -> bool:
         size = candidate.size_bytes
         if candidate.rank > self.max_rank:
             return False
-        if hot and (self.slots < 1 or self.hbm_bytes < size or self.q90_room_rps < q90_share):
+        if hot and (self.slots < 1 or self.hbm_bytes < size):
+            return False
+        if hot and self.q90_with(candidate, share) > self.capacity_rps + 1e-9:
             return False
         loads_ok = not new or candidate.pinned or self.loads_left >= 1
         return self.host_count >= 1 and self.host_bytes >= size and loads_ok
 
-    def take(
-        self, candidate: Candidate, q90_share: float, mean_share: float, *, hot: bool, new: bool
-    ) -> None:
+    def take(self, candidate: Candidate, share: float, *, hot: bool, new: bool) -> None:
         if hot:
             self.slots -= 1
             self.hbm_bytes -= candidate.size_bytes
-            self.q90_room_rps -= q90_share
-            self.mean_load_rps += mean_share
+            spread = share * max(0.0, candidate.q90_rps - candidate.mean_rps)
+            self.spread_sq += spread * spread
+            self.mean_load_rps += share * candidate.mean_rps
         self.host_count -= 1
         self.host_bytes -= candidate.size_bytes
         if new and not candidate.pinned:
@@ -97,7 +106,7 @@ def _states(problem: PoolProblem) -> dict[PodId, _PodState]:
             host_count=cls.max_cpu_loras,
             hbm_bytes=cls.hbm_bytes,
             host_bytes=cls.host_bytes,
-            q90_room_rps=cls.capacity_rps * problem.headroom,
+            capacity_rps=cls.capacity_rps * problem.headroom,
             loads_left=churn if churn is not None else 1 << 40,
             max_rank=cls.max_lora_rank,
         )
@@ -139,7 +148,8 @@ class _Packer:
             room = (
                 state.slots / max(1, cls.max_loras)
                 + state.hbm_bytes / max(1, cls.hbm_bytes)
-                + state.q90_room_rps / max(1e-9, cls.capacity_rps * self.problem.headroom)
+                + 1.0
+                - state.q90_with(candidate, 0.0) / max(1e-9, state.capacity_rps)
             )
             return (held, together, -round(room, 9), state.mean_load_rps, state.name)
 
@@ -148,7 +158,7 @@ class _Packer:
     def feasible(self, candidate: Candidate, class_key: str, *, hot: bool) -> list[_PodState]:
         """Pods of the class that can take one more replica of ``candidate``, best first."""
         taken = self.hot.get(candidate.name, []) + self.warm.get(candidate.name, [])
-        q90_share = self.q90_share(candidate) if hot else 0.0
+        share = self.share(candidate) if hot else 0.0
         pool = [
             self.states[p]
             for p in self.class_of
@@ -156,7 +166,7 @@ class _Packer:
             and p not in taken
             and self.states[p].fits(
                 candidate,
-                q90_share,
+                share,
                 hot=hot,
                 new=(candidate.name, p) not in self.problem.current_registered,
             )
@@ -166,17 +176,17 @@ class _Packer:
     def dominant(self, candidate: Candidate) -> float:
         """The largest share of one pod's GPU bytes or q90 capacity a replica takes."""
         hbm = min(s.hbm_bytes for s in self.states.values())
-        room = min(s.q90_room_rps for s in self.states.values())
-        return max(candidate.size_bytes / max(1, hbm), self.q90_share(candidate) / max(room, 1e-9))
+        room = min(s.capacity_rps for s in self.states.values())
+        q90 = candidate.q90_rps * self.share(candidate)
+        return max(candidate.size_bytes / max(1, hbm), q90 / max(room, 1e-9))
 
-    def q90_share(self, candidate: Candidate) -> float:
-        return candidate.q90_rps / max(1, self.total_hot(candidate))
+    def share(self, candidate: Candidate) -> float:
+        """The traffic share of one hot replica, split evenly."""
+        return 1.0 / max(1, self.total_hot(candidate))
 
     def take(self, candidate: Candidate, pod: PodId, *, hot: bool) -> None:
         new = (candidate.name, pod) not in self.problem.current_registered
-        q90_share = self.q90_share(candidate) if hot else 0.0
-        mean_share = candidate.mean_rps / max(1, self.total_hot(candidate))
-        self.states[pod].take(candidate, q90_share, mean_share, hot=hot, new=new)
+        self.states[pod].take(candidate, self.share(candidate), hot=hot, new=new)
         (self.hot if hot else self.warm).setdefault(candidate.name, []).append(pod)
         if candidate.group:
             key = (candidate.group, pod)
@@ -317,12 +327,26 @@ def _with_weights(problem: PoolProblem, packer: _Packer) -> Assignment:
 
 
 def within_capacity(problem: PoolProblem, assignment: Assignment) -> bool:
-    """Whether q90 hot traffic routed to every pod stays within capacity and headroom."""
+    """Whether the pooled q90 of hot traffic on every pod is within capacity and headroom."""
     class_of = problem.class_of()
-    loads = pod_loads(problem, assignment, quantile=True)
+    loads = pod_q90_loads(problem, assignment)
     return all(
         rps <= class_of[pod].capacity_rps * problem.headroom + 1e-9 for pod, rps in loads.items()
     )
+
+
+def pod_q90_loads(problem: PoolProblem, assignment: Assignment) -> dict[PodId, float]:
+    """Per pod, the q90 of its hot traffic: means add, and (adapters being independent)
+    so do the squares of their q90-minus-mean spreads."""
+    by_name = {c.name: c for c in problem.candidates}
+    mean = dict.fromkeys(problem.pods, 0.0)
+    spread_sq = dict.fromkeys(problem.pods, 0.0)
+    for adapter, shares in assignment.weights.items():
+        c = by_name[adapter]
+        for pod, share in shares.items():
+            mean[pod] += share * c.mean_rps
+            spread_sq[pod] += (share * max(0.0, c.q90_rps - c.mean_rps)) ** 2
+    return {pod: mean[pod] + math.sqrt(spread_sq[pod]) for pod in problem.pods}
 
 
 def _place_named_pins(packer: _Packer, problem: PoolProblem) -> bool:
@@ -332,7 +356,7 @@ def _place_named_pins(packer: _Packer, problem: PoolProblem) -> bool:
             if state is None:
                 continue
             new = (candidate.name, pod) not in problem.current_registered
-            if not state.fits(candidate, packer.q90_share(candidate), hot=True, new=new):
+            if not state.fits(candidate, packer.share(candidate), hot=True, new=new):
                 return False
             packer.take(candidate, pod, hot=True)
     return True
@@ -374,15 +398,13 @@ def _water_fill(levels: list[float], amount: float) -> list[float]:
     return [max(0.0, top - level) for level in levels]
 
 
-def pod_loads(
-    problem: PoolProblem, assignment: Assignment, *, quantile: bool = False
-) -> dict[PodId, float]:
-    """Hot traffic routed to each pod (mean, or q90 with ``quantile``), in rps."""
+def pod_loads(problem: PoolProblem, assignment: Assignment) -> dict[PodId, float]:
+    """Mean hot traffic routed to each pod, in rps."""
     by_name = {c.name: c for c in problem.candidates}
     load = dict.fromkeys(problem.pods, 0.0)
     for adapter, shares in assignment.weights.items():
         candidate = by_name[adapter]
-        rate = candidate.q90_rps if quantile else candidate.mean_rps
+        rate = candidate.mean_rps
         for pod, share in shares.items():
             load[pod] += share * rate
     return load

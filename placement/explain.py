@@ -49,23 +49,26 @@ def quick_reasons(problem: PlacementProblem) -> list[str]:
     """Every reason found by arithmetic, across all pools; empty when none shows."""
     reasons = list(problem.broken_pins)
     for pool in problem.pools:
-        reasons.extend(_capacity_reasons(pool))
         reasons.extend(_pinned_adapter_reasons(pool))
         reasons.extend(_named_pod_reasons(pool))
         reasons.extend(_pin_total_reasons(pool))
     return reasons
 
 
-def _capacity_reasons(pool: PoolProblem) -> list[str]:
-    carry = sum(cls.capacity_rps * cls.size for cls in pool.classes) * pool.headroom
-    if pool.q90_total_rps <= carry + 1e-9:
-        return []
-    per_pod = _pods_phrase(pool.classes, lambda c: f"{c.capacity_rps:g} rps")
-    return [
-        f"forecast q90 traffic of pool {pool.pool} is {pool.q90_total_rps:.4g} rps; {per_pod}, "
-        f"which carry {carry:.4g} rps at {pool.headroom:.0%} headroom: add pods or raise "
-        "capacity_rps"
-    ]
+def capacity_notes(problem: PlacementProblem, *, configured: float) -> list[str]:
+    """Pools whose forecast q90 traffic exceeds their capacity with headroom."""
+    notes = []
+    for pool in problem.pools:
+        if not pool.overloaded:
+            continue
+        carry = sum(cls.capacity_rps * cls.size for cls in pool.classes) * configured
+        per_pod = _pods_phrase(pool.classes, lambda c: f"{c.capacity_rps:g} rps")
+        notes.append(
+            f"forecast q90 traffic of pool {pool.pool} is {pool.q90_total_rps:.4g} rps; "
+            f"{per_pod}, which carry {carry:.4g} rps at {configured:.0%} headroom: the plan "
+            f"spreads it at {pool.headroom:.0%} of capacity; add pods or raise capacity_rps"
+        )
+    return notes
 
 
 def _pinned_adapter_reasons(pool: PoolProblem) -> list[str]:
@@ -133,16 +136,19 @@ def _pin_total_reasons(pool: PoolProblem) -> list[str]:
     have_hbm = sum(cls.hbm_bytes * cls.size for cls in pool.classes)
     have_places = sum(cls.max_cpu_loras * cls.size for cls in pool.classes)
     reasons = []
+    counted = f" ({len(pinned)} pinned adapters, {slots} replicas in all)"
     if slots > have_slots:
         per_pod = _pods_phrase(pool.classes, lambda c: str(c.max_loras))
-        reasons.append(f"pins need {slots} GPU slots in pool {pool.pool}; {per_pod}")
+        reasons.append(f"pins need {slots} GPU slots in pool {pool.pool}; {per_pod}{counted}")
     if slots > have_places:
         per_pod = _pods_phrase(pool.classes, lambda c: str(c.max_cpu_loras))
-        reasons.append(f"pins need {slots} host cache places in pool {pool.pool}; {per_pod}")
+        reasons.append(
+            f"pins need {slots} host cache places in pool {pool.pool}; {per_pod}{counted}"
+        )
     if size > have_hbm:
         per_pod = _pods_phrase(pool.classes, lambda c: gib(c.hbm_bytes))
         reasons.append(
-            f"pins need {gib(size)} of GPU adapter memory in pool {pool.pool}; {per_pod}"
+            f"pins need {gib(size)} of GPU adapter memory in pool {pool.pool}; {per_pod}{counted}"
         )
     return reasons
 

@@ -122,6 +122,10 @@ def predicted(problem: PlacementProblem, solution: Solution) -> dict[str, float]
         "objective_ms_per_s": solution.report.objective,
         "loads": float(sum(s.cost.loads for s in solution.pools)),
         "forecast_rps": total,
+        # Share of capacity_rps the busiest short pool runs at q90 (0 when none is short).
+        "capacity_overload": max(
+            (p.problem.headroom for p in solution.pools if p.problem.overloaded), default=0.0
+        ),
     }
 
 
@@ -152,5 +156,9 @@ def describe(solution: PoolSolution, *, total_rps: float) -> dict[AdapterId, str
 
 def _not_hot(c: Candidate) -> str:
     if not c.can_be_hot:
-        return f"cannot be hot: needs {c.min_hot} replicas, at most {c.max_hot} allowed"
+        return (
+            f"cannot be hot: needs {c.min_hot} replicas (min_replicas, traffic share or q90 "
+            f"against pod capacity) and at most {c.max_hot} are allowed (max_replicas, ready "
+            "pods): raise max_replicas or capacity_rps"
+        )
     return "GPU slots went to adapters that save more delay per slot"

@@ -94,10 +94,20 @@ class PoolProblem:
     churn_limit: int | None
     validity_s: float
     imbalance_weight: float
+    #: Share of capacity_rps a pod may carry at q90: the configured headroom, or more
+    #: when the pool's traffic needs more (then ``overloaded`` says so).
     headroom: float
-    #: Forecast q90 traffic of every adapter of the pool, hot or not.
+    #: Pooled forecast q90 traffic of every adapter of the pool, hot or not.
     q90_total_rps: float
     unready_pods: tuple[PodId, ...] = ()
+
+    @property
+    def carry_rps(self) -> float:
+        return sum(cls.capacity_rps * cls.size for cls in self.classes) * self.headroom
+
+    @property
+    def overloaded(self) -> bool:
+        return self.q90_total_rps > self.carry_rps * (1 - 1e-9) and self.q90_total_rps > 0
 
     @property
     def pods(self) -> tuple[PodId, ...]:
@@ -195,6 +205,23 @@ def build_problem(
     )
 
 
+def _headroom(classes: tuple[PodClass, ...], configured: float, q90_total_rps: float) -> float:
+    """The configured headroom, raised to what the traffic needs when the pool is short:
+    a placement cannot add capacity, so it spreads the overload evenly and says so."""
+    capacity = sum(cls.capacity_rps * cls.size for cls in classes)
+    if capacity <= 0 or q90_total_rps <= capacity * configured:
+        return configured
+    return q90_total_rps / capacity
+
+
+def pooled_q90_rps(demands: Collection[Demand]) -> float:
+    """The q90 of a sum of independent adapters' traffic: the means add, and so do the
+    squares of the q90-minus-mean spreads (a sum of q90s would plan for every adapter
+    peaking at once)."""
+    spread_sq = sum(max(0.0, d.q90_rps - d.mean_rps) ** 2 for d in demands)
+    return sum(d.mean_rps for d in demands) + math.sqrt(spread_sq)
+
+
 def pod_classes(pods: Collection[Pod]) -> tuple[PodClass, ...]:
     """Group pods with identical limits, in the order their first pod appears."""
     groups: dict[tuple[int, int, int, int, int, float], list[PodId]] = {}
@@ -255,6 +282,8 @@ def _pool_problem(
         rule=_tiering_rule(classes, settings),
     )
     placed_now = {a for a, _ in cur_reg}
+    q90_total = pooled_q90_rps([demand[a.name] for a in adapters])
+    headroom = _headroom(classes, settings.planner.capacity_headroom, q90_total)
     candidates = []
     broken: list[str] = []
     for adapter in adapters:
@@ -268,6 +297,7 @@ def _pool_problem(
             classes=classes,
             total_rps=total_rps,
             settings=settings,
+            headroom=headroom,
         )
         broken.extend(_named_pin_problems(adapter.name, adapter.pinned_pods, pool, pod_names))
         candidates.append(candidate)
@@ -280,8 +310,8 @@ def _pool_problem(
         churn_limit=settings.planner.max_loads_per_pod if churn else None,
         validity_s=float(settings.planner.validity_s),
         imbalance_weight=settings.planner.imbalance_weight,
-        headroom=settings.planner.capacity_headroom,
-        q90_total_rps=sum(demand[a.name].q90_rps for a in adapters),
+        headroom=headroom,
+        q90_total_rps=q90_total,
         unready_pods=tuple(pod.name for pod in pool.pods if pod.name not in ready),
     )
     return problem, broken
@@ -328,6 +358,7 @@ def _candidate(
     classes: tuple[PodClass, ...],
     total_rps: float,
     settings: Settings,
+    headroom: float,
 ) -> Candidate:
     cost = settings.load_cost
     planner = settings.planner
@@ -340,7 +371,7 @@ def _candidate(
     share = demand.mean_rps / total_rps if total_rps > 0 else 0.0
     by_share = planner.default_hot_replicas if share >= planner.replicate_share else 1
     by_share = max(1, min(by_share, max_hot))
-    capacity = max((cls.capacity_rps for cls in classes), default=0.0) * planner.capacity_headroom
+    capacity = max((cls.capacity_rps for cls in classes), default=0.0) * headroom
     by_capacity = math.ceil(demand.q90_rps / capacity - 1e-9) if capacity > 0 else pods + 1
     min_hot = max(adapter.min_replicas, len(adapter.pinned_pods), by_share, by_capacity, 1)
     return Candidate(

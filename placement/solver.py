@@ -179,13 +179,9 @@ def build_model(
         objective.append(-_coef(c.mean_rps * c.cold_miss_ms) * h)
         objective.append(-_coef(c.mean_rps * (c.cold_miss_ms - c.warm_miss_ms)) * w)
     _add_budgets(model, problem, replicas, registered, scale=scale)
-    # Capacity: q90 traffic of hot adapters is routed only to their replicas, so it
-    # must fit the pool's capacity with headroom (the rest goes wherever there is room).
-    carry_mrps = sum(cls.capacity_rps * cls.size for cls in problem.classes) * problem.headroom
-    model.add(
-        sum(round(c.q90_rps * 1000) * hot[str(c.name)] for c in problem.candidates)
-        <= round(carry_mrps * 1000)
-    )
+    # Capacity needs no constraint here: the pool's pooled q90 fits its pods (checked
+    # before solving), each hot adapter has replicas enough for its own q90 (min_hot),
+    # and stage 2 keeps every pod's pooled q90 within capacity and headroom.
     # Churn: at most K new registrations per pod; pins are an operator's order, exempt.
     if problem.churn_limit is not None and "churn" not in relax:
         for cls in problem.classes:
@@ -296,7 +292,7 @@ def options_from(problem: PlacementProblem, *, time_limit_s: float | None = None
 
 def solve(problem: PlacementProblem, *, options: SolveOptions | None = None) -> Solution:
     """Solve every pool; raise InfeasibleError with actionable reasons when none exists."""
-    from placement.explain import explain_by_relaxing, quick_reasons
+    from placement.explain import capacity_notes, explain_by_relaxing, quick_reasons
 
     options = options or options_from(problem)
     reasons = quick_reasons(problem)
@@ -312,7 +308,12 @@ def solve(problem: PlacementProblem, *, options: SolveOptions | None = None) -> 
         if solution is None:
             raise InfeasibleError(explain_by_relaxing(pool, time_limit_s=max(1.0, share)))
         solutions.append(solution)
-    return Solution(pools=tuple(solutions), report=_combine([s.report for s in solutions]))
+    notes = capacity_notes(problem, configured=problem.settings.planner.capacity_headroom)
+    return Solution(
+        pools=tuple(solutions),
+        report=_combine([s.report for s in solutions]),
+        notes=tuple(notes),
+    )
 
 
 def _solve_pool(problem: PoolProblem, options: SolveOptions) -> PoolSolution | None:

@@ -7,6 +7,7 @@ from placement.cli import (
     controller_cmds,  # noqa: F401  (registers controller, rollback)
     emulate_cmds,  # noqa: F401  (registers emulate)
     inputs_cmds,  # noqa: F401  (registers validate, size, synth)
+    plan_cmds,  # noqa: F401  (registers plan)
     replay_cmds,  # noqa: F401  (registers replay)
     review_cmds,  # noqa: F401  (registers review, diff)
     router_cmds,  # noqa: F401  (registers router)

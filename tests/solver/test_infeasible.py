@@ -12,7 +12,7 @@ from placement.errors import InfeasibleError
 from placement.explain import explain_by_relaxing
 from placement.problem import build_problem
 from placement.settings import Settings
-from placement.solver import SolveOptions, solve
+from placement.solver import SolveOptions, extract_plan, solve
 
 AT = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 FAST = SolveOptions(time_limit_s=1.0, workers=1)
@@ -102,14 +102,20 @@ def test_explanations_name_the_cause(
     assert any(expected in reason for reason in caught.value.reasons), caught.value.reasons
 
 
-def test_capacity_shortfall_says_how_much_traffic_and_how_much_room() -> None:
+def test_capacity_shortfall_still_plans_and_says_how_much_is_missing() -> None:
     cat = catalog(adapter("a", base=SEVENTY), adapter("b", base=SEVENTY))
     fl = fleet(pool("llama-70b", 2, base=SEVENTY, capacity_rps=10.0))
     problem = build_problem(
         cat, fl, demand({"a": 10.0, "b": 10.0}), settings=Settings(), valid_from=AT
     )
-    with pytest.raises(InfeasibleError, match=r"q90 traffic of pool llama-70b is 30 rps; .*17 rps"):
-        solve(problem, options=FAST)
+    solution = solve(problem, options=FAST)
+    assert solution.notes == (
+        "forecast q90 traffic of pool llama-70b is 27.07 rps; its pods have 10 rps each and "
+        "2 pods are ready, which carry 17 rps at 85% headroom: the plan spreads it at 135% "
+        "of capacity; add pods or raise capacity_rps",
+    )
+    plan = extract_plan(problem, solution, created_at=AT)
+    assert plan.predicted["capacity_overload"] == pytest.approx(1.3535, abs=1e-3)
 
 
 def test_relaxing_one_family_at_a_time_names_the_pins() -> None:

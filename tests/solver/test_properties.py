@@ -6,6 +6,7 @@ the same plan, and the plan is never worse than the solver's greedy hint.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -133,17 +134,22 @@ def check_churn(case: Case, plan: Plan, limit: int) -> None:
 
 
 def check_capacity(problem: PlacementProblem, plan: Plan) -> None:
-    q90 = {a: d.q90_rps for a, d in problem.demand.items()}
-    load = dict.fromkeys(plan.pods, 0.0)
+    """Pooled q90 per pod: means add, squared spreads (q90 minus mean) add."""
+    demand = problem.demand
+    mean = dict.fromkeys(plan.pods, 0.0)
+    spread_sq = dict.fromkeys(plan.pods, 0.0)
     for name, entry in plan.adapters.items():
         if entry.tier is Tier.HOT:
+            d = demand[name]
             for pod, weight in entry.pods.items():
-                load[pod] += weight * q90[name]
+                mean[pod] += weight * d.mean_rps
+                spread_sq[pod] += (weight * (d.q90_rps - d.mean_rps)) ** 2
     headroom = problem.settings.planner.capacity_headroom
     for pool_problem in problem.pools:
         for cls in pool_problem.classes:
             for pod in cls.pods:
-                assert load[pod] <= cls.capacity_rps * headroom + 1e-6
+                q90 = mean[pod] + math.sqrt(spread_sq[pod])
+                assert q90 <= cls.capacity_rps * headroom + 1e-6
 
 
 def plan_or_reasons(problem: PlacementProblem) -> tuple[Solution, Plan] | None:

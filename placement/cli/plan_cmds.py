@@ -1,0 +1,203 @@
+"""``lorafleet plan``: solve the placement for a time and write the plan, with a review.
+
+Reads catalog and fleet, takes demand from a forecast file (``--forecast``) or from the
+request log's same-time-of-day history (``--log``, a stand-in for the forecasting
+models until they are wired here), optionally the placement in force (``--current``:
+a plan file, or an observed ``{"pods": {pod: {"hot": [...], "warm": [...]}}}``), and
+writes the plan JSON. Prints per pod the hot and warm sets with slots and bytes used
+of the budget, per tier the counts and traffic share, and the solver's line.
+
+Owns the files and the printing; the decisions are ``placement.solver``'s.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from placement.cli.app import app, err, out, report_errors
+from placement.demand import bucket_seconds, demand_from_forecast, demand_from_log, read_forecast
+from placement.domain import AdapterId, Fleet, PodId, Tier
+from placement.errors import InputError, PlanError, Problem
+from placement.inputs import load_catalog, load_fleet, write_plan
+from placement.plan import Plan, plan_from_dict
+from placement.problem import Demand, build_problem
+from placement.request_log import load_request_log
+from placement.review import human_bytes
+from placement.settings import Settings
+from placement.solver import extract_plan, options_from, solve
+
+Current = dict[PodId, dict[AdapterId, Tier]]
+
+
+@app.command()
+@report_errors
+def plan(
+    catalog: Annotated[Path, typer.Option(help="catalog.yaml")],
+    fleet: Annotated[Path, typer.Option(help="fleet.yaml")],
+    at: Annotated[str, typer.Option(help="start of the plan, ISO 8601 (UTC if no zone)")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="where to write plan.json")],
+    log: Annotated[Path | None, typer.Option(help="request log: same-time history")] = None,
+    forecast: Annotated[Path | None, typer.Option(help="forecast Parquet")] = None,
+    current: Annotated[
+        Path | None, typer.Option(help="plan or observed placement in force")
+    ] = None,
+    time_limit: Annotated[
+        float | None, typer.Option("--time-limit", help="solver seconds (default 10)")
+    ] = None,
+) -> None:
+    """Solve where every adapter lives at --at and write the plan."""
+    if (log is None) == (forecast is None):
+        raise InputError(
+            [Problem(source="plan", message="give exactly one of --log or --forecast")]
+        )
+    moment = parse_at(at)
+    settings = Settings()
+    parsed_fleet = load_fleet(fleet)
+    parsed_catalog = load_catalog(catalog, fleet=parsed_fleet)
+    demand = _demand(log, forecast, at=moment, settings=settings)
+    placed = read_current(current, parsed_fleet) if current is not None else None
+    problem = build_problem(
+        parsed_catalog, parsed_fleet, demand, settings=settings, valid_from=moment, current=placed
+    )
+    solution = solve(problem, options=options_from(problem, time_limit_s=time_limit))
+    result = extract_plan(problem, solution, created_at=datetime.now(UTC))
+    write_plan(output, result)
+    print_review(result, parsed_fleet)
+    for note in solution.notes:
+        err().print(f"[bold yellow]warning[/]: {note}", highlight=False)
+    out().print(f"wrote {output} ({result.id})", highlight=False)
+
+
+def parse_at(text: str) -> datetime:
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise InputError(
+            [Problem(source="--at", message=f"not an ISO 8601 time: {text!r}")]
+        ) from None
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+
+
+def _demand(
+    log: Path | None, forecast: Path | None, *, at: datetime, settings: Settings
+) -> dict[AdapterId, Demand]:
+    validity_s = settings.planner.validity_s
+    if forecast is not None:
+        frame = read_forecast(forecast)
+        bucket_s = bucket_seconds(frame, default_s=settings.forecast.bucket_s)
+        return demand_from_forecast(frame, at=at, validity_s=validity_s, bucket_s=bucket_s)
+    assert log is not None
+    bucket_s = settings.forecast.bucket_s
+    counts = load_request_log(log).counts(bucket_s)
+    return demand_from_log(counts, at=at, validity_s=validity_s, bucket_s=bucket_s)
+
+
+def read_current(path: Path, fleet: Fleet) -> Current:
+    """A plan file, or an observed placement: per pod the hot and warm adapters."""
+    try:
+        raw: Any = json.loads(path.read_text())
+    except OSError as exc:
+        raise InputError(
+            [Problem(source=str(path), message=f"cannot read: {exc.strerror}")]
+        ) from None
+    except json.JSONDecodeError as exc:
+        raise InputError([Problem(source=str(path), message=f"not valid JSON: {exc}")]) from None
+    if isinstance(raw, dict) and "schema_version" in raw:
+        try:
+            return plan_from_dict(raw, source=str(path)).placement()
+        except PlanError as exc:
+            raise InputError([Problem(source=str(path), message=str(exc))]) from None
+    return _observed(raw, source=str(path), known=set(fleet.pod_by_name()))
+
+
+def _observed(raw: Any, *, source: str, known: set[PodId]) -> Current:
+    pods = raw.get("pods") if isinstance(raw, dict) else None
+    if not isinstance(pods, dict):
+        raise InputError(
+            [
+                Problem(
+                    source=source, message='expected {"pods": {pod: {"hot": [...], "warm": [...]}}}'
+                )
+            ]
+        )
+    placed: Current = {}
+    problems = []
+    for pod, entry in pods.items():
+        if pod not in known:
+            problems.append(
+                Problem(source=source, entry=f"pods.{pod}", message="not a pod of the fleet")
+            )
+            continue
+        if not isinstance(entry, dict):
+            problems.append(
+                Problem(source=source, entry=f"pods.{pod}", message="expected an object")
+            )
+            continue
+        tiers = {AdapterId(str(a)): Tier.WARM for a in entry.get("warm", [])}
+        tiers.update({AdapterId(str(a)): Tier.HOT for a in entry.get("hot", [])})
+        placed[PodId(pod)] = tiers
+    if problems:
+        raise InputError(problems)
+    return placed
+
+
+def print_review(result: Plan, fleet: Fleet) -> None:
+    """Per pod sets and budgets, per tier counts and traffic, and the solver's line."""
+    console = out()
+    console.print(_pods_table(result, fleet))
+    console.print(_tiers_table(result))
+    report = result.solver
+    predicted = result.predicted
+    console.print(
+        f"solver: {report.status}, objective {report.objective:.4g} ms/s, bound "
+        f"{report.bound:.4g}, gap {report.gap:.2%}, {report.wall_s:.2f} s; predicted GPU hit "
+        f"{predicted.get('gpu_hit_rate', 0.0):.1%}, expected delay "
+        f"{predicted.get('expected_delay_ms', 0.0):.3g} ms per request, "
+        f"{int(predicted.get('loads', 0))} loads",
+        highlight=False,
+    )
+
+
+def _names(names: tuple[AdapterId, ...], limit: int = 6) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f" (+{len(names) - limit})" if len(names) > limit else "")
+
+
+def _pods_table(result: Plan, fleet: Fleet) -> Table:
+    table = Table(title=f"plan {result.id}: pods")
+    for column in ("pod", "hot", "warm", "slots", "GPU bytes", "host bytes", "rps"):
+        table.add_column(column, justify="right" if column in ("slots", "rps") else "left")
+    pods = fleet.pod_by_name()
+    for pod_id, pod_plan in sorted(result.pods.items()):
+        pod = pods[pod_id]
+        table.add_row(
+            pod_id,
+            _names(pod_plan.hot),
+            f"{len(pod_plan.warm)}",
+            f"{len(pod_plan.hot)}/{pod.max_loras}",
+            f"{human_bytes(pod_plan.hbm_bytes_used)}/{human_bytes(pod.hbm_adapter_bytes)}",
+            f"{human_bytes(pod_plan.host_bytes_used)}/{human_bytes(pod.host_adapter_bytes)}",
+            f"{pod_plan.expected_rps:.3g}",
+        )
+    return table
+
+
+def _tiers_table(result: Plan) -> Table:
+    table = Table(title="tiers")
+    for column in ("tier", "adapters", "traffic share"):
+        table.add_column(column)
+    shares = {
+        Tier.HOT: result.predicted.get("gpu_hit_rate", 0.0),
+        Tier.WARM: result.predicted.get("cpu_hit_rate", 0.0),
+        Tier.COLD: result.predicted.get("cold_rate", 0.0),
+    }
+    for tier in Tier:
+        count = sum(1 for entry in result.adapters.values() if entry.tier is tier)
+        table.add_row(tier.value, str(count), f"{shares[tier]:.1%}")
+    return table

@@ -1,0 +1,134 @@
+"""Per-adapter demand for one plan window, from a forecast file or from a request log.
+
+The solver wants two numbers per adapter for the plan's validity window: the mean rate
+(for expected misses) and an upper quantile (q90, for capacity), in requests per
+second. A forecast (Parquet: ``ts``, ``adapter``, ``mean``, ``q50``, ``q90``, ``q99``,
+``p_nonzero``, in requests per bucket) gives them directly: the mean of ``mean`` over
+the window's buckets, and the largest ``q90`` (the plan must carry the window's peak).
+
+From a log, ``demand_from_log`` is a stand-in until the forecasting glue of ``models/``
+is wired to the CLI: it takes the same time-of-day window on each of the previous
+days (default 7) and uses the mean and the 0.9 quantile of the per-bucket rates.
+
+``read_forecast`` is the only function here that reads a file; the others are pure.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import pandas as pd
+
+from placement.domain import AdapterId
+from placement.errors import ForecastError, InputError, Problem
+from placement.problem import Demand
+
+FORECAST_COLUMNS = ("ts", "adapter", "mean", "q90")
+
+
+def read_forecast(path: str | Path) -> pd.DataFrame:
+    """Read a forecast Parquet file; InputError names the file and what is missing."""
+    source = Path(path)
+    try:
+        frame = pd.read_parquet(source)
+    except (OSError, ValueError) as exc:
+        raise InputError([Problem(source=str(source), message=f"cannot read: {exc}")]) from None
+    missing = [c for c in FORECAST_COLUMNS if c not in frame.columns]
+    if missing:
+        raise InputError(
+            [
+                Problem(
+                    source=str(source),
+                    message=f"missing columns {', '.join(missing)} "
+                    f"(a forecast has {', '.join(FORECAST_COLUMNS)}, q50, q99, p_nonzero)",
+                )
+            ]
+        )
+    frame = frame.assign(
+        ts=pd.to_datetime(frame["ts"], utc=True), adapter=frame["adapter"].astype(str)
+    )
+    bad = frame[(frame["mean"] < 0) | (frame["q90"] < 0) | frame["mean"].isna()]
+    if not bad.empty:
+        raise InputError(
+            [
+                Problem(
+                    source=str(source),
+                    entry=f"rows {', '.join(str(i) for i in bad.index[:5])}",
+                    message="mean and q90 must be non-negative numbers",
+                )
+            ]
+        )
+    return frame
+
+
+def bucket_seconds(frame: pd.DataFrame, *, default_s: int) -> int:
+    """The spacing of the forecast's buckets (smallest step of one adapter's times)."""
+    steps = frame.sort_values("ts").groupby("adapter")["ts"].diff().dropna()
+    steps = steps[steps > pd.Timedelta(0)]
+    return int(steps.min().total_seconds()) if not steps.empty else default_s
+
+
+def demand_from_forecast(
+    frame: pd.DataFrame, *, at: datetime, validity_s: int, bucket_s: int
+) -> dict[AdapterId, Demand]:
+    """Mean and peak q90 rates over the window ``[at, at + validity_s)``."""
+    end = at + timedelta(seconds=validity_s)
+    window = frame[(frame["ts"] >= at) & (frame["ts"] < end)]
+    if window.empty:
+        first, last = frame["ts"].min(), frame["ts"].max()
+        raise ForecastError(
+            f"the forecast has no bucket between {at.isoformat()} and {end.isoformat()}; "
+            f"it covers {first} to {last}: forecast further ahead or plan inside its range"
+        )
+    grouped = window.groupby("adapter")
+    means = grouped["mean"].mean() / bucket_s
+    peaks = grouped["q90"].max() / bucket_s
+    return {
+        AdapterId(str(name)): Demand(
+            mean_rps=float(means[name]), q90_rps=float(max(peaks[name], means[name]))
+        )
+        for name in sorted(means.index)
+    }
+
+
+def demand_from_log(
+    counts: pd.DataFrame,
+    *,
+    at: datetime,
+    validity_s: int,
+    bucket_s: int,
+    days: int = 7,
+) -> dict[AdapterId, Demand]:
+    """Same-time-of-day history: rates in the plan's window on each of the last ``days``.
+
+    ``counts`` has ``ts``, ``adapter``, ``requests`` per bucket of ``bucket_s``.
+    """
+    history = counts[counts["ts"] < at]
+    aligned = pd.Timestamp(at).floor(f"{bucket_s}s")
+    first = history["ts"].min() if not history.empty else aligned
+    # Only the days the log covers count; a covered window with no requests is zeros.
+    windows = [aligned - timedelta(days=d) for d in range(1, days + 1)]
+    windows = [start for start in windows if start >= first]
+    buckets = max(1, validity_s // bucket_s)
+    samples = pd.DatetimeIndex(
+        [start + timedelta(seconds=i * bucket_s) for start in windows for i in range(buckets)]
+    )
+    seen = history[history["ts"].isin(samples)]
+    if seen.empty:
+        raise ForecastError(
+            f"the log has no requests in the {validity_s} s after {at.time()} on any of the "
+            f"{days} days before {at.date()}: give a longer log or a forecast (--forecast)"
+        )
+    return _rates(seen, slots=len(samples), bucket_s=bucket_s)
+
+
+def _rates(seen: pd.DataFrame, *, slots: int, bucket_s: int) -> dict[AdapterId, Demand]:
+    demand: dict[AdapterId, Demand] = {}
+    for name, rows in seen.groupby("adapter"):
+        rates = list(rows["requests"] / bucket_s) + [0.0] * max(0, slots - len(rows))
+        series = pd.Series(rates, dtype="float64")
+        demand[AdapterId(str(name))] = Demand(
+            mean_rps=float(series.mean()), q90_rps=float(series.quantile(0.9))
+        )
+    return dict(sorted(demand.items()))
