@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 from bisect import bisect_right
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 #: Virtual nodes per pod: enough that adapters spread evenly over a handful of pods.
 DEFAULT_VNODES = 64
@@ -28,9 +28,20 @@ class HashRing:
     points: tuple[int, ...]
     owners: tuple[str, ...]
     pod_ids: tuple[str, ...]
+    #: A memo of lookups: the ring never changes, so neither do the answers.
+    _memo: dict[tuple[str, int], tuple[str, ...]] = field(
+        default_factory=dict, compare=False, hash=False, repr=False
+    )
 
     def replicas(self, adapter: str, count: int) -> tuple[str, ...]:
         """The first ``count`` distinct pods clockwise from the adapter's point."""
+        key = (adapter, count)
+        found = self._memo.get(key)
+        if found is None:
+            found = self._memo[key] = self._walk(adapter, count)
+        return found
+
+    def _walk(self, adapter: str, count: int) -> tuple[str, ...]:
         wanted = min(count, len(self.pod_ids))
         if wanted <= 0:
             return ()

@@ -148,10 +148,16 @@ def gate(ctx: RoutingContext) -> tuple[list[PodLike], RouteDecision | None]:
     on every healthy pod: only pods already holding the adapter may take it, and with
     none the request waits rather than forcing a load (seed 000, tiers 1 and 3).
     """
-    healthy = [pod for pod in ctx.pods if pod.healthy]
+    healthy = []
+    least_kv = 2.0
+    for pod in ctx.pods:
+        if pod.healthy:
+            healthy.append(pod)
+            kv = pod.kv_usage
+            if kv < least_kv:  # noqa: PLR1730  (min() per pod costs microseconds)
+                least_kv = kv
     if not healthy:
         return [], RouteDecision(None, RouteReason.NO_POD)
-    least_kv = min(pod.kv_usage for pod in healthy)
     if least_kv >= ctx.reject_kv_usage:
         return [], RouteDecision(None, RouteReason.REJECT)
     if least_kv >= ctx.no_load_kv_usage:
@@ -166,9 +172,14 @@ def coalesce(ctx: RoutingContext, candidates: Sequence[PodLike]) -> RouteDecisio
     """The least-queued candidate already loading the adapter, if any."""
     if not ctx.coalesce:
         return None
+    adapter = ctx.adapter
     best: PodLike | None = None
     for pod in candidates:
-        if ctx.adapter in pod.loading and (best is None or pod.queue_depth < best.queue_depth):
+        if (
+            pod.loading
+            and adapter in pod.loading
+            and (best is None or pod.queue_depth < best.queue_depth)
+        ):
             best = pod
     return None if best is None else RouteDecision(best.pod_id, RouteReason.COALESCE)
 
@@ -231,14 +242,32 @@ def epp_score(pod: PodLike, adapter: str, *, max_queue_depth: int = 8) -> float:
 
 
 def route_epp(ctx: RoutingContext, *, max_queue_depth: int = 8) -> RouteDecision:
-    """Seed 000's EPP: filter pods at max queue depth (unless all are), then best score."""
+    """Seed 000's EPP: filter pods at max queue depth (unless all are), then best score.
+
+    The loop inlines ``epp_score`` (same arithmetic) to stay within the latency budget.
+    """
     candidates, early = _prelude(ctx)
     if early is not None:
         return early
     open_pods = [pod for pod in candidates if pod.queue_depth < max_queue_depth] or candidates
-    best = max(
-        open_pods, key=lambda pod: epp_score(pod, ctx.adapter, max_queue_depth=max_queue_depth)
-    )
+    adapter = ctx.adapter
+    best, best_score = open_pods[0], -1.0
+    for pod in open_pods:
+        if adapter in pod.gpu_adapters:
+            affinity = 1.0 if adapter in pod.running_adapters else 0.8
+            kv_affinity = pod.kv_usage
+        else:
+            kv_affinity = 0.0
+            affinity = 0.4 if adapter in pod.registered else 0.3 if pod.free_slots > 0 else 0.0
+        queue_headroom = 1.0 - pod.queue_depth / max_queue_depth
+        score = (
+            0.5 * affinity
+            + 0.2 * kv_affinity
+            + 0.15 * (queue_headroom if queue_headroom > 0.0 else 0.0)
+            + 0.15 * (1.0 - pod.gpu_util)
+        )
+        if score > best_score:
+            best, best_score = pod, score
     return RouteDecision(best.pod_id, RouteReason.SCORE)
 
 
@@ -273,14 +302,22 @@ def route_llmd(ctx: RoutingContext, *, weights: LlmdWeights = LlmdWeights()) -> 
     depths = [pod.queue_depth for pod in candidates]
     low, high = min(depths), max(depths)
     span = high - low
+    adapter = ctx.adapter
+    w_affinity, w_queue, w_kv = weights.affinity, weights.queue, weights.kv
     best, best_score = candidates[0], -1.0
     for pod in candidates:
+        # llmd_affinity, inlined for speed.
+        running = pod.running_adapters
+        if adapter in running:
+            affinity = 1.0
+        elif len(running) + len(pod.waiting_adapters) < pod.max_loras:
+            affinity = 0.8
+        elif adapter in pod.waiting_adapters:
+            affinity = 0.6
+        else:
+            affinity = 0.0
         queue = 1.0 if span == 0 else (high - pod.queue_depth) / span
-        score = (
-            weights.affinity * llmd_affinity(pod, ctx.adapter)
-            + weights.queue * queue
-            + weights.kv * (1.0 - pod.kv_usage)
-        )
+        score = w_affinity * affinity + w_queue * queue + w_kv * (1.0 - pod.kv_usage)
         if score > best_score:
             best, best_score = pod, score
     return RouteDecision(best.pod_id, RouteReason.SCORE)
@@ -312,18 +349,28 @@ def _bounded_pick(ctx: RoutingContext, candidates: Sequence[PodLike]) -> tuple[P
     On equal cost a warm pod wins (staying put keeps residency long), then a pod with a
     free slot (no eviction), then the pod whose next victim has been idle longest (so
     the fleet's slots act as one LRU cache), then the one with the fewest running.
+    The loop inlines ``predicted_delay_s`` and ``load_penalty_s`` for speed.
     """
+    adapter = ctx.adapter
+    per_request_s = ctx.per_request_s
+    busy_s = 0.5 * ctx.warm_load_s
+    warm_load_s = ctx.warm_load_s * ctx.load_penalty_factor
+    cold_load_s = ctx.cold_load_s * ctx.load_penalty_factor
     best: PodLike = candidates[0]
     best_key = (float("inf"), 2, 0.0, 0)
     for pod in candidates:
-        penalty = load_penalty_s(pod, ctx)
-        if penalty == 0.0:
-            key = (predicted_delay_s(pod, ctx), 0, 0.0, pod.running)
-        elif pod.free_slots > 0:
-            key = (predicted_delay_s(pod, ctx) + penalty, 1, 0.0, pod.running)
+        loading = pod.loading
+        delay = pod.queue_depth * per_request_s
+        if adapter in pod.gpu_adapters or (loading and adapter in loading):
+            key = (delay, 0, 0.0, pod.running)
         else:
-            cost = predicted_delay_s(pod, ctx) + penalty
-            key = (cost, 2, pod.victim_last_used_s, pod.running)
+            if loading:
+                delay += busy_s
+            delay += warm_load_s if adapter in pod.registered else cold_load_s
+            if pod.free_slots > 0:
+                key = (delay, 1, 0.0, pod.running)
+            else:
+                key = (delay, 2, pod.victim_last_used_s, pod.running)
         if key < best_key:
             best, best_key = pod, key
     return best, best_key[1] == 0
