@@ -13,8 +13,10 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from placement.metrics import ControllerMetrics, FleetMetrics
+from placement.controller_wiring import PrometheusObserver
+from placement.metrics import FleetMetrics
 from placement.router.metrics import RouterMetrics
+from placement.webhook import WebhookMetrics
 
 from .conftest import require_tool
 
@@ -40,13 +42,21 @@ def rules() -> list[dict[str, Any]]:
     return [rule for group in load_yaml(RULES)["groups"] for rule in group["rules"]]
 
 
-def exported_samples() -> set[str]:
-    """Every sample name the three metric groups export (counters as _total, histograms
-    as _bucket/_sum/_count), with one labelled child each so that all appear."""
+def every_family() -> CollectorRegistry:
+    """One registry with every lorafleet metric family: router, fleet, controller (its
+    observer builds ControllerMetrics) and webhook. A name defined twice would raise."""
     registry = CollectorRegistry()
     RouterMetrics(registry)
     FleetMetrics(registry)
-    ControllerMetrics(registry)
+    PrometheusObserver(registry)
+    WebhookMetrics(registry)
+    return registry
+
+
+def exported_samples() -> set[str]:
+    """Every sample name lorafleet exports (counters as _total, histograms as
+    _bucket/_sum/_count)."""
+    registry = every_family()
     names = set()
     for family in registry.collect():
         names.add(family.name)
@@ -152,11 +162,7 @@ def test_dashboard_covers_every_alerted_signal() -> None:
 
 def test_docs_list_every_family_and_alert() -> None:
     text = DOC.read_text()
-    registry = CollectorRegistry()
-    RouterMetrics(registry)
-    FleetMetrics(registry)
-    ControllerMetrics(registry)
-    for family in registry.collect():
+    for family in every_family().collect():
         documented = family.name + ("_total" if family.type == "counter" else "")
         assert f"`{documented}`" in text, f"{documented} is not in docs/metrics.md"
     for rule in rules():
