@@ -40,8 +40,9 @@ TABLE = [
         (EvictionPolicy.LFU, "b"),  # fewest uses ever: LFU keeps the stale "a"
         (EvictionPolicy.TIME_WEIGHTED_LRU, "a"),  # nothing in the window, idle long
         (EvictionPolicy.CHAMELEON, "a"),  # no recent frequency, small, oldest
+        (EvictionPolicy.FORECAST, "a"),  # no forecast, idle longest
     ],
-    ids=["lru", "lfu", "tw-lru", "chameleon"],
+    ids=["lru", "lfu", "tw-lru", "chameleon", "forecast"],
 )
 def test_victim_on_a_small_table(policy: EvictionPolicy, victim: str) -> None:
     assert choose_victim(EvictionContext(entries=TABLE, now_s=NOW, policy=policy)) == victim
@@ -133,3 +134,13 @@ def test_pinned_adapters_never_miss_after_first_load(
     with_a = ("a", *trace, "a")
     misses = replay_cache(with_a, capacity=capacity, policy=policy, pinned=frozenset({"a"}))
     assert misses["a"] == 1
+
+
+def test_forecast_eviction_keeps_the_popular_over_a_finished_session() -> None:
+    popular = CacheEntry(adapter="popular", last_used_s=NOW - 90, forecast_rps=0.5)
+    finished = CacheEntry(adapter="tail", last_used_s=NOW - 60, forecast_rps=0.001)
+    ongoing = CacheEntry(adapter="session", last_used_s=NOW - 2, forecast_rps=0.001)
+    entries = [popular, finished, ongoing]
+    assert choose_victim(EvictionContext(entries=entries, now_s=NOW)) == "popular"  # LRU
+    forecast = EvictionContext(entries=entries, now_s=NOW, policy=EvictionPolicy.FORECAST)
+    assert choose_victim(forecast) == "tail"
