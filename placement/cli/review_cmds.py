@@ -21,6 +21,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from placement.adapters.statedir import PLAN_FILE, STATE_PLAN_FILE
 from placement.cli.app import app, err, out, report_errors
 from placement.domain import Catalog, Fleet
 from placement.errors import InputError, Problem
@@ -32,7 +33,9 @@ from placement.review_replay import ReplayComparison, compare_replays, last_day
 from placement.review_report import render_html
 from placement.settings import Settings
 
-STATE_PLAN_FILES = ("plan.json", "last-plan.json")
+#: The controller's state directory (``placement.adapters.statedir``): the published
+#: plan, else the last plan it saved for a restart.
+STATE_PLAN_FILES = (PLAN_FILE, STATE_PLAN_FILE)
 FORECAST_COLUMNS = ("ts", "adapter", "mean")
 
 FleetOption = Annotated[Path | None, typer.Option(help="fleet.yaml: budgets per pod")]
