@@ -26,6 +26,7 @@ from prometheus_client import CollectorRegistry
 from models.baselines import Persistence
 from models.series import panel_from_counts
 from placement.adapters.prom import PromHistorySource
+from placement.controller_wiring import PrometheusHistory
 from placement.domain import Adapter, AdapterId, Catalog, PodId, Tier
 from placement.emulator import EmulatedFleet, PodConfig, serving_in_thread
 from placement.plan import AdapterPlan, Plan, PodPlan
@@ -223,11 +224,11 @@ def test_counts_scraped_from_the_router_come_back_for_the_forecast(
                     end=datetime.fromtimestamp(bucket_end_s, tz=UTC),
                     bucket_s=BUCKET_S,
                 )
-                log = source.request_log(
-                    start=datetime.fromtimestamp(bucket_start_s - 3 * BUCKET_S, tz=UTC),
-                    end=datetime.fromtimestamp(bucket_end_s, tz=UTC),
-                    bucket_s=BUCKET_S,
+                # The controller's ingest of Prometheus history, at the bucket's end.
+                ingest = PrometheusHistory(
+                    source, lookback_s=4 * BUCKET_S, bucket_s=BUCKET_S, clock=lambda: bucket_end_s
                 )
+                log = ingest()
     totals = frame.groupby("adapter")["requests"].sum().to_dict()
     assert totals == SENT
     # Prometheus loaded the shipped rules and evaluates them without error.
@@ -237,7 +238,9 @@ def test_counts_scraped_from_the_router_come_back_for_the_forecast(
         for rule in group["rules"]
     }
     assert health and set(health.values()) <= {"ok", "unknown"}, health
-    # The forecast reads the counts: persistence repeats the last bucket's requests.
+    # The controller's ingest gives the same counts, and a forecaster reads them:
+    # persistence repeats the last bucket's requests.
+    assert log.aggregated
     panel = panel_from_counts(log.counts(BUCKET_S), bucket_s=BUCKET_S, end_s=int(bucket_end_s))
     assert dict(zip(panel.adapters, panel.counts.sum(axis=0), strict=True)) == SENT
     if one_bucket:
