@@ -153,3 +153,23 @@ async def test_kube_mode_discovers_pods_and_takes_the_lease_on_the_api_server(
         (f"pod-{i}", f"http://10.0.0.{i}:8000") for i in range(4)
     ]
     assert {p.max_loras for p in controller.fleet.pods} == {4}  # the fleet file's budgets
+
+
+@pytest.mark.anyio
+async def test_serve_starts_the_jobs_and_stops_cleanly(
+    tmp_path: Path, http: httpx.AsyncClient
+) -> None:
+    import asyncio
+
+    from placement.controller_jobs import serve
+
+    schedule, webhook = build(load_controller_config(write_config(tmp_path, LOCAL)), http=http)
+    DirPlanStore(tmp_path / "state")  # the state directory exists before the run
+    stop = asyncio.Event()
+    running = asyncio.create_task(serve(schedule, webhook, host="127.0.0.1", port=0, stop=stop))
+    while not schedule.scheduler.running:
+        await asyncio.sleep(0.01)
+    assert "lease" in schedule.job_ids()
+    stop.set()
+    await running
+    assert schedule.scheduler.running is False
