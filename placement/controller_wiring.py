@@ -245,7 +245,8 @@ class PrometheusObserver(ControllerObserver):
         if outcome is Outcome.FAILED:
             self.shared.job_failed(job.value)
         if job is Job.LEASE:
-            self.leader.set(1 if outcome is Outcome.DONE else 0)
+            # IDLE: no lease to hold (one replica, no Kubernetes): it always acts.
+            self.leader.set(1 if outcome in {Outcome.DONE, Outcome.IDLE} else 0)
 
     def applied(self, report: ApplyReport) -> None:
         self.shared.apply_reported(report)

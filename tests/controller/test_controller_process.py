@@ -173,3 +173,27 @@ async def test_serve_starts_the_jobs_and_stops_cleanly(
     stop.set()
     await running
     assert schedule.scheduler.running is False
+
+
+def test_rollback_on_kubernetes_swaps_the_plan_configmap(
+    tmp_path: Path, fake_api: FakeApiServer
+) -> None:
+    from placement.adapters.kube import KubePlanStore, KubeTarget, connect
+
+    body = LOCAL.replace("state_dir: state", "") + (
+        f"kubernetes: {{namespace: lf, api_host: '{fake_api.url}'}}\n"
+    )
+    path = write_config(tmp_path, body)
+    api = connect(host=fake_api.url)
+    try:
+        store = KubePlanStore(api, target=KubeTarget(namespace="lf"))
+        store.publish(make_plan("p1"))
+        store.publish(make_plan("p2"))
+        fake_api.inject("GET", "configmaps", 500)
+        failed = CliRunner().invoke(app, ["rollback", "--config", str(path)])
+        result = CliRunner().invoke(app, ["rollback", "--config", str(path)])
+        assert (failed.exit_code, result.exit_code) == (1, 0), result.output
+        assert "HTTP 500" in failed.output
+        assert store.current() == make_plan("p1")
+    finally:
+        api.close()
