@@ -66,6 +66,8 @@ class _PodState:
     max_rank: int
     mean_load_rps: float = 0.0
     spread_sq: float = 0.0
+    #: q90 of a replica placed alone because it exceeds capacity; nothing joins it.
+    alone_rps: float = 0.0
 
     def q90_with(self, candidate: Candidate, share: float) -> float:
         """The pod's pooled q90 load with ``share`` of ``candidate`` added."""
@@ -73,13 +75,19 @@ class _PodState:
         mean = self.mean_load_rps + share * candidate.mean_rps
         return mean + math.sqrt(self.spread_sq + spread * spread)
 
+    def limit_rps(self, candidate: Candidate, share: float) -> float:
+        """Capacity with headroom; a replica too busy for any pod may have one to itself."""
+        if self.mean_load_rps == 0.0 and self.slots > 0:
+            return max(self.capacity_rps, share * candidate.q90_rps)
+        return max(self.capacity_rps, self.alone_rps)
+
     def fits(self, candidate: Candidate, share: float, *, hot: bool, new: bool) -> bool:
         size = candidate.size_bytes
         if candidate.rank > self.max_rank:
             return False
         if hot and (self.slots < 1 or self.hbm_bytes < size):
             return False
-        if hot and self.q90_with(candidate, share) > self.capacity_rps + 1e-9:
+        if hot and self.q90_with(candidate, share) > self.limit_rps(candidate, share) + 1e-9:
             return False
         loads_ok = not new or candidate.pinned or self.loads_left >= 1
         return self.host_count >= 1 and self.host_bytes >= size and loads_ok
@@ -88,6 +96,9 @@ class _PodState:
         if hot:
             self.slots -= 1
             self.hbm_bytes -= candidate.size_bytes
+            if self.mean_load_rps == 0.0 and share * candidate.q90_rps > self.capacity_rps:
+                self.alone_rps = share * candidate.q90_rps
+                self.capacity_rps = 0.0
             spread = share * max(0.0, candidate.q90_rps - candidate.mean_rps)
             self.spread_sq += spread * spread
             self.mean_load_rps += share * candidate.mean_rps

@@ -6,9 +6,8 @@ second. A forecast (Parquet: ``ts``, ``adapter``, ``mean``, ``q50``, ``q90``, ``
 ``p_nonzero``, in requests per bucket) gives them directly: the mean of ``mean`` over
 the window's buckets, and the largest ``q90`` (the plan must carry the window's peak).
 
-From a log, ``demand_from_log`` is a stand-in until the forecasting glue of ``models/``
-is wired to the CLI: it takes the same time-of-day window on each of the previous
-days (default 7) and uses the mean and the 0.9 quantile of the per-bucket rates.
+A log is first forecast by ``placement.forecasting.forecast_demand``, whose frame
+``demand_from_forecast`` then reads like a file's.
 
 ``read_forecast`` is the only function here that reads a file; the others are pure.
 """
@@ -90,45 +89,3 @@ def demand_from_forecast(
         )
         for name in sorted(means.index)
     }
-
-
-def demand_from_log(
-    counts: pd.DataFrame,
-    *,
-    at: datetime,
-    validity_s: int,
-    bucket_s: int,
-    days: int = 7,
-) -> dict[AdapterId, Demand]:
-    """Same-time-of-day history: rates in the plan's window on each of the last ``days``.
-
-    ``counts`` has ``ts``, ``adapter``, ``requests`` per bucket of ``bucket_s``.
-    """
-    history = counts[counts["ts"] < at]
-    aligned = pd.Timestamp(at).floor(f"{bucket_s}s")
-    first = history["ts"].min() if not history.empty else aligned
-    # Only the days the log covers count; a covered window with no requests is zeros.
-    windows = [aligned - timedelta(days=d) for d in range(1, days + 1)]
-    windows = [start for start in windows if start >= first]
-    buckets = max(1, validity_s // bucket_s)
-    samples = pd.DatetimeIndex(
-        [start + timedelta(seconds=i * bucket_s) for start in windows for i in range(buckets)]
-    )
-    seen = history[history["ts"].isin(samples)]
-    if seen.empty:
-        raise ForecastError(
-            f"the log has no requests in the {validity_s} s after {at.time()} on any of the "
-            f"{days} days before {at.date()}: give a longer log or a forecast (--forecast)"
-        )
-    return _rates(seen, slots=len(samples), bucket_s=bucket_s)
-
-
-def _rates(seen: pd.DataFrame, *, slots: int, bucket_s: int) -> dict[AdapterId, Demand]:
-    demand: dict[AdapterId, Demand] = {}
-    for name, rows in seen.groupby("adapter"):
-        rates = list(rows["requests"] / bucket_s) + [0.0] * max(0, slots - len(rows))
-        series = pd.Series(rates, dtype="float64")
-        demand[AdapterId(str(name))] = Demand(
-            mean_rps=float(series.mean()), q90_rps=float(series.quantile(0.9))
-        )
-    return dict(sorted(demand.items()))

@@ -373,6 +373,9 @@ def _candidate(
     by_share = max(1, min(by_share, max_hot))
     capacity = max((cls.capacity_rps for cls in classes), default=0.0) * headroom
     by_capacity = math.ceil(demand.q90_rps / capacity - 1e-9) if capacity > 0 else pods + 1
+    # An adapter busier than its allowed replicas can carry is still best hot on all of
+    # them (each then has a pod to itself, see placement.assign); never warm for it.
+    by_capacity = min(by_capacity, max_hot)
     min_hot = max(adapter.min_replicas, len(adapter.pinned_pods), by_share, by_capacity, 1)
     return Candidate(
         name=adapter.name,

@@ -1,8 +1,8 @@
 """``lorafleet plan``: solve the placement for a time and write the plan, with a review.
 
-Reads catalog and fleet, takes demand from a forecast file (``--forecast``) or from the
-request log's same-time-of-day history (``--log``, a stand-in for the forecasting
-models until they are wired here), optionally the placement in force (``--current``:
+Reads catalog and fleet, takes demand from a forecast file (``--forecast``) or from a
+forecast of the request log made on the spot (``--log``, by ``placement.forecasting``
+over the plan's validity), optionally the placement in force (``--current``:
 a plan file, or an observed ``{"pods": {pod: {"hot": [...], "warm": [...]}}}``), and
 writes the plan JSON. Prints per pod the hot and warm sets with slots and bytes used
 of the budget, per tier the counts and traffic share, and the solver's line.
@@ -21,9 +21,10 @@ import typer
 from rich.table import Table
 
 from placement.cli.app import app, err, out, report_errors
-from placement.demand import bucket_seconds, demand_from_forecast, demand_from_log, read_forecast
-from placement.domain import AdapterId, Fleet, PodId, Tier
+from placement.demand import bucket_seconds, demand_from_forecast, read_forecast
+from placement.domain import AdapterId, Catalog, Fleet, PodId, Tier
 from placement.errors import InputError, PlanError, Problem
+from placement.forecasting import forecast_demand, timezones_of
 from placement.inputs import load_catalog, load_fleet, write_plan
 from placement.plan import Plan, plan_from_dict
 from placement.problem import Demand, build_problem
@@ -60,7 +61,7 @@ def plan(
     settings = Settings()
     parsed_fleet = load_fleet(fleet)
     parsed_catalog = load_catalog(catalog, fleet=parsed_fleet)
-    demand = _demand(log, forecast, at=moment, settings=settings)
+    demand = _demand(log, forecast, at=moment, settings=settings, catalog=parsed_catalog)
     placed = read_current(current, parsed_fleet) if current is not None else None
     problem = build_problem(
         parsed_catalog, parsed_fleet, demand, settings=settings, valid_from=moment, current=placed
@@ -85,7 +86,12 @@ def parse_at(text: str) -> datetime:
 
 
 def _demand(
-    log: Path | None, forecast: Path | None, *, at: datetime, settings: Settings
+    log: Path | None,
+    forecast: Path | None,
+    *,
+    at: datetime,
+    settings: Settings,
+    catalog: Catalog,
 ) -> dict[AdapterId, Demand]:
     validity_s = settings.planner.validity_s
     if forecast is not None:
@@ -94,8 +100,18 @@ def _demand(
         return demand_from_forecast(frame, at=at, validity_s=validity_s, bucket_s=bucket_s)
     assert log is not None
     bucket_s = settings.forecast.bucket_s
-    counts = load_request_log(log).counts(bucket_s)
-    return demand_from_log(counts, at=at, validity_s=validity_s, bucket_s=bucket_s)
+    # The forecasting models (placement.forecasting), over the plan's validity only.
+    predicted = forecast_demand(
+        load_request_log(log).counts(bucket_s),
+        at=at,
+        horizon_s=validity_s,
+        bucket_s=bucket_s,
+        timezones=timezones_of(catalog),
+        adapters=[str(a.name) for a in catalog.adapters],
+    )
+    for note in predicted.notes:
+        err().print(f"note: {note}", highlight=False)
+    return demand_from_forecast(predicted.frame, at=at, validity_s=validity_s, bucket_s=bucket_s)
 
 
 def read_current(path: Path, fleet: Fleet) -> Current:

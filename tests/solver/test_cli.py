@@ -99,9 +99,7 @@ def test_plan_from_a_forecast_writes_the_plan_and_prints_the_review(
     assert "hot" in output and "traffic share" in output
 
 
-def test_plan_from_a_log_uses_the_same_hour_yesterday(
-    files: dict[str, Path], tmp_path: Path
-) -> None:
+def test_plan_from_a_log_forecasts_it_first(files: dict[str, Path], tmp_path: Path) -> None:
     out = tmp_path / "plan.json"
     code, output = _run(files, out, "--log", str(files["log"]))
     assert code == 0, output

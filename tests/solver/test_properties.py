@@ -138,18 +138,22 @@ def check_capacity(problem: PlacementProblem, plan: Plan) -> None:
     demand = problem.demand
     mean = dict.fromkeys(plan.pods, 0.0)
     spread_sq = dict.fromkeys(plan.pods, 0.0)
+    alone = dict.fromkeys(plan.pods, 0.0)
     for name, entry in plan.adapters.items():
         if entry.tier is Tier.HOT:
             d = demand[name]
             for pod, weight in entry.pods.items():
                 mean[pod] += weight * d.mean_rps
                 spread_sq[pod] += (weight * (d.q90_rps - d.mean_rps)) ** 2
+                if len(plan.pods[pod].hot) == 1:
+                    # A replica too busy for any pod may have one to itself.
+                    alone[pod] = weight * d.q90_rps
     headroom = problem.settings.planner.capacity_headroom
     for pool_problem in problem.pools:
         for cls in pool_problem.classes:
             for pod in cls.pods:
                 q90 = mean[pod] + math.sqrt(spread_sq[pod])
-                assert q90 <= cls.capacity_rps * headroom + 1e-6
+                assert q90 <= max(cls.capacity_rps * headroom, alone[pod]) + 1e-6
 
 
 def plan_or_reasons(problem: PlacementProblem) -> tuple[Solution, Plan] | None:
