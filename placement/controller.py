@@ -148,11 +148,15 @@ class ControllerPorts:
     discovery: PodDiscovery | None = None
     annotator: PodAnnotator | None = None
     elector: LeaderElector | None = None
+    #: Learns event models (transitions, login affinities) from each new history;
+    #: until it has, and when it fails, ``predictor`` answers events alone.
+    learn_predictor: Callable[[RequestLog], Predictor] | None = None
 
 
 @dataclass(kw_only=True)
 class ControllerState:
     history: RequestLog | None = None
+    predictor: Predictor | None = None
     demand: Mapping[AdapterId, Demand] | None = None
     plan: Plan | None = None
     lookahead: Plan | None = None
@@ -292,7 +296,14 @@ class Controller:
         return Outcome.DONE if leads else Outcome.STANDBY
 
     async def ingest(self) -> Outcome:
-        self.state.history = await asyncio.to_thread(self.ports.history)
+        history = await asyncio.to_thread(self.ports.history)
+        self.state.history = history
+        learn = self.ports.learn_predictor
+        if learn is not None:
+            try:
+                self.state.predictor = await asyncio.to_thread(learn, history)
+            except LorafleetError as exc:  # events keep the predictor they had
+                logger.warning("event models not refreshed: %s", exc)
         return Outcome.DONE
 
     async def forecast(self) -> Outcome:
@@ -429,7 +440,7 @@ class Controller:
         busy = {name: d.mean_rps for name, d in (self.state.demand or {}).items()}
         decision = event_preloads(
             event,
-            self.ports.predictor(event),
+            (self.state.predictor or self.ports.predictor)(event),
             catalog=self.ports.catalog,
             fleet=self.fleet,
             plan=self.state.plan,

@@ -14,8 +14,9 @@ actions.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from placement.domain import (
     Action,
@@ -112,6 +113,70 @@ def pipeline_predictor(pipelines: Pipelines, catalog: Catalog) -> Predictor:
         return tuple(
             Prediction(adapter=name, probability=1.0, within_s=LOGIN_WITHIN_S) for name in names
         )
+
+    return predict
+
+
+class LearnedPreload(Protocol):
+    """One preload a learned event model proposes (``models.events.EventPreload``)."""
+
+    @property
+    def adapter(self) -> str: ...
+
+    @property
+    def due_s(self) -> float: ...
+
+    @property
+    def probability(self) -> float: ...
+
+
+class EventModel(Protocol):
+    """Transitions and login affinities learned from the log (``placement.forecasting``)."""
+
+    def after_request(
+        self, *, tenant: str | None, adapter: str, at_s: float, min_probability: float = 0.3
+    ) -> Sequence[LearnedPreload]: ...
+
+    def after_login(
+        self, *, tenant: str, at_s: float, min_probability: float = 0.3
+    ) -> Sequence[LearnedPreload]: ...
+
+
+def _merged(predictions: list[Prediction]) -> tuple[Prediction, ...]:
+    best: dict[AdapterId, Prediction] = {}
+    for p in predictions:
+        if p.adapter not in best or p.probability > best[p.adapter].probability:
+            best[p.adapter] = p
+    return tuple(best.values())
+
+
+def learned_predictor(model: EventModel, *, declared: Predictor) -> Predictor:
+    """pipelines.yaml's predictions, plus what the learned model adds: a login's usual
+    adapters, and the likely followers of each adapter a trigger leads to (their chance
+    multiplied, their delays added)."""
+
+    def predict(event: Event) -> tuple[Prediction, ...]:
+        found = list(declared(event))
+        if event.kind is EventKind.LOGIN:
+            found += [
+                Prediction(
+                    adapter=AdapterId(p.adapter),
+                    probability=p.probability,
+                    within_s=max(0.0, p.due_s),
+                )
+                for p in model.after_login(tenant=event.tenant, at_s=0.0)
+            ]
+            return _merged(found)
+        for step in tuple(found):
+            found += [
+                Prediction(
+                    adapter=AdapterId(p.adapter),
+                    probability=step.probability * p.probability,
+                    within_s=step.within_s + max(0.0, p.due_s),
+                )
+                for p in model.after_request(tenant=event.tenant, adapter=step.adapter, at_s=0.0)
+            ]
+        return _merged(found)
 
     return predict
 

@@ -172,3 +172,30 @@ def test_bounded_and_never_displacing_pinned_or_busier(
         if len(view.hot) >= view.pod.max_loras:
             victim = next(a for a in view.hot if a not in view.pinned)
             assert busy.get(victim, 0.0) < incoming[action.adapter]
+
+
+class _Learned:
+    """A learned event model's answers, canned: legal-extract follows doc-classifier."""
+
+    def after_request(self, *, tenant, adapter, at_s, min_probability=0.3):  # type: ignore[no-untyped-def]
+        from types import SimpleNamespace
+
+        if adapter == "doc-classifier":
+            return (SimpleNamespace(adapter="medical-extract", due_s=at_s + 30, probability=0.9),)
+        return ()
+
+    def after_login(self, *, tenant, at_s, min_probability=0.3):  # type: ignore[no-untyped-def]
+        from types import SimpleNamespace
+
+        return (SimpleNamespace(adapter="busy-one", due_s=at_s + 600, probability=0.5),)
+
+
+def test_learned_models_add_followers_and_login_habits_to_the_declared_ones() -> None:
+    from placement.events import learned_predictor
+
+    predict = learned_predictor(_Learned(), declared=pipeline_predictor(doc_pipelines(), CATALOG))
+    upload = {p.adapter: (p.probability, p.within_s) for p in predict(UPLOAD)}
+    login = {p.adapter: (p.probability, p.within_s) for p in predict(LOGIN)}
+    assert upload["medical-extract"] == (0.9, 30.0)  # learned beats declared 0.4
+    assert upload["legal-extract"] == (0.6, 120.0)
+    assert login == {"acme-chat": (1.0, 300.0), "busy-one": (0.5, 600.0)}
