@@ -27,6 +27,7 @@ from placement.adapters.sglang import SglangClient
 from placement.adapters.vllm import VllmClient
 from placement.domain import AdapterId, Engine, PoolId
 from placement.errors import EngineError, PlanError
+from placement.metrics import FleetMetrics
 from placement.plan import Plan
 from placement.router.metrics import RouterMetrics
 from placement.router.picking import Picker
@@ -68,7 +69,10 @@ class Router:
         self.adapters = adapters or AdapterInfo()
         self.plan_source = plan_source
         self.pod_source = pod_source
-        self.metrics = RouterMetrics(registry if registry is not None else CollectorRegistry())
+        registry = registry if registry is not None else CollectorRegistry()
+        self.metrics = RouterMetrics(registry)
+        #: Seed 000's thrashing signals (residency, adapters on slots) from the ledger.
+        self.fleet_metrics = FleetMetrics(registry)
         self.picker = Picker(
             settings=self.settings,
             load_cost=load_cost or LoadCostSettings(),
@@ -152,6 +156,8 @@ class Router:
         self.topology = build_topology(
             upstreams, plan, previous=self.topology.pods, adapter_pools=self.adapters.pools
         )
+        for state in self.topology.pods.values():
+            self.fleet_metrics.pod_slots(state.upstream.pod, slots=state.max_loras)
 
     async def _plan_loop(self) -> None:
         while True:
@@ -205,6 +211,9 @@ class Router:
             log.info("pod %s is back", upstream.pod)
         state.healthy = True
         state.failures = 0
+        self.fleet_metrics.observe_gpu(
+            upstream.pod, state.ledger.active_view, now_s=self.wall_clock()
+        )
         self.metrics.pod_healthy.labels(pod=upstream.pod).set(1)
         self.metrics.queue_depth.labels(pod=upstream.pod).set(state.queue_len())
 
@@ -213,6 +222,8 @@ class Router:
             log.warning("pod %s leaves the rotation: %s", state.upstream.pod, why)
         state.healthy = False
         state.failures += 1
+        # A pod out of the rotation may come back empty: its adapters' stays end here.
+        self.fleet_metrics.pod_emptied(state.upstream.pod, now_s=self.wall_clock())
         self.metrics.pod_healthy.labels(pod=state.upstream.pod).set(0)
 
     async def _read_listing(self, state: PodState) -> None:
