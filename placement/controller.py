@@ -39,7 +39,7 @@ from placement.cluster import (
     StoredState,
 )
 from placement.domain import Action, AdapterId, Catalog, Fleet, Load, PodId, Pool, Warmup
-from placement.errors import LorafleetError, PlanError
+from placement.errors import ForecastError, KubeError, LorafleetError, PlanError
 from placement.events import Event, EventDecision, PodView, Predictor, event_preloads
 from placement.executor import ApplyReport, Ledger
 from placement.leader import LeaderElector
@@ -317,6 +317,9 @@ class Controller:
         demand = await asyncio.to_thread(
             self.ports.forecaster, history, start=now, duration_s=validity_s
         )
+        if not any(d.mean_rps > 0 for d in demand.values()):
+            # An empty or stale history would plan everything cold: keep the last plan.
+            raise ForecastError("the history shows no traffic for the coming window")
         self.state.demand = demand
         window = _next_window(now, validity_s)
         ahead = await asyncio.to_thread(
@@ -488,7 +491,11 @@ class Controller:
         if discovery is None:
             return
         pods = await asyncio.to_thread(discovery.list_pods)
-        self._fleet = fleet_from_discovery(self.ports.fleet, pods)
+        fleet = fleet_from_discovery(self.ports.fleet, pods)
+        if not fleet.pods:
+            # Planning for no pods would publish an all-cold plan: keep the last one.
+            raise KubeError("the pod selector matched no ready pod of a known pool")
+        self._fleet = fleet
 
     async def mark_pods(self, plan: Plan, *, only: set[PodId] | None = None) -> None:
         """Label each pod with its hot set; a pod that vanished meanwhile is skipped."""

@@ -438,3 +438,43 @@ async def test_the_schedule_brings_the_plan_forward_and_adds_preload_triggers(ma
         assert [j.id for j in preload_jobs] == [f"{PRELOAD_PREFIX}2026-03-02T08:45:00+00:00"]
     finally:
         schedule.scheduler.shutdown(wait=False)
+
+
+async def test_no_pods_or_no_traffic_keeps_the_last_plan(make_rig) -> None:  # type: ignore[no-untyped-def]
+    emulated = EmulatedFleet.start(
+        1, config=PodConfig(latency=ZERO_LATENCY, max_loras=2, max_cpu_loras=4)
+    )
+    handle = emulated.handles[0]
+    discovered = MemoryPods(
+        (
+            DiscoveredPod(
+                name=handle.name,
+                pool=PoolId("llama"),
+                ip="127.0.0.1",
+                port=int(handle.url.rsplit(":", 1)[1]),
+                ready=True,
+            ),
+        )
+    )
+    rig: Rig = make_rig(emulated=emulated, pods=discovered)
+    await cycle(rig.controller)
+    good = rig.controller.state.plan
+    assert good is not None
+    discovered.remove(handle.name)
+    assert await rig.controller.guarded(Job.PLAN, rig.controller.plan_and_apply) is Outcome.FAILED
+    assert rig.controller.state.plan == good and rig.plans.current() == good
+    discovered.put(
+        DiscoveredPod(
+            name=handle.name,
+            pool=PoolId("llama"),
+            ip="127.0.0.1",
+            port=int(handle.url.rsplit(":", 1)[1]),
+            ready=True,
+        )
+    )
+    rig.controller.state.history = request_log_from_frame(
+        pd.DataFrame({"ts": pd.Series([], dtype="datetime64[ns, UTC]"), "adapter": []}),
+        source="empty",
+    )
+    assert await rig.controller.guarded(Job.FORECAST, rig.controller.forecast) is Outcome.FAILED
+    assert "no traffic" in rig.controller.state.backoff[Job.FORECAST].last_error
