@@ -223,13 +223,15 @@ def test_the_router_exports_residency_and_slot_use_from_its_ledger() -> None:
     # Seed 000's thrashing signals: round-robin over one slot per pod makes adapters
     # leave their slots, and each stay the router's scrapes see is a residency.
     settings = replace(FAST, router=replace(FAST.router, policy="round-robin"))
-    with emulated(2, max_loras=1, max_cpu_loras=8) as pods:
-        with router_for(pods.domain, catalog=catalog_of(ADAPTERS), settings=settings) as router:
-            client = router.client()
-            for name in _traffic()[:10]:
-                client.completions.create(model=name, prompt="p", max_tokens=1)
-                time.sleep(3 * FAST.router.scrape_interval_s)  # let a scrape see each change
-            sample = router.registry.get_sample_value
-            assert sample("lorafleet_pod_gpu_slots", {"pod": "pod-0"}) == 1.0
-            stays = sample("lorafleet_adapter_residency_seconds_count", {"pod": "pod-0"})
-            assert stays is not None and stays >= 2
+    with (
+        emulated(2, max_loras=1, max_cpu_loras=8) as pods,
+        router_for(pods.domain, catalog=catalog_of(ADAPTERS), settings=settings) as router,
+    ):
+        client = router.client()
+        for name in _traffic()[:10]:
+            client.completions.create(model=name, prompt="p", max_tokens=1)
+            time.sleep(3 * FAST.router.scrape_interval_s)  # let a scrape see each change
+        sample = router.registry.get_sample_value
+        assert sample("lorafleet_pod_gpu_slots", {"pod": "pod-0"}) == 1.0
+        stays = sample("lorafleet_adapter_residency_seconds_count", {"pod": "pod-0"})
+        assert stays is not None and stays >= 2
