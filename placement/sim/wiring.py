@@ -40,8 +40,11 @@ def solver_planner(
     from placement.problem import Demand, build_problem
     from placement.solver import extract_plan, options_from, solve
 
+    # No availability replicas (seed 001's second copy for a pod failure): a replay
+    # has no failures, and each such copy costs a GPU slot the LRU tail would use.
     planner_settings = replace(
-        settings, planner=replace(settings.planner, time_limit_s=REPLAY_SOLVER_TIME_S)
+        settings,
+        planner=replace(settings.planner, time_limit_s=REPLAY_SOLVER_TIME_S, replicate_share=1.0),
     )
 
     def plan(request: PlanRequest) -> SimPlan:
