@@ -27,7 +27,8 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CollectorRegistry
 
-from placement.controller import Controller, Job, Outcome
+from placement.controller import Controller
+from placement.controller_ports import Job, Outcome
 from placement.metrics import render
 from placement.settings import ControllerSettings
 

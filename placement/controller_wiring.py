@@ -27,7 +27,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from placement.adapters.prom import PromHistorySource
 from placement.apply import apply_plan, lora_paths, make_clients
-from placement.controller import Backoff, ControllerObserver, Job, Outcome
+from placement.controller_ports import Backoff, ControllerObserver, Job, Outcome
 from placement.domain import Action, AdapterId, Catalog, Fleet, PodId
 from placement.errors import EngineError
 from placement.executor import ApplyReport, Executor, Ledger, Sleep

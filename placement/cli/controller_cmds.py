@@ -38,7 +38,7 @@ from placement.adapters.prom import PromHistorySource
 from placement.adapters.statedir import DirPlanStore, DirStateStore, ensure_state_dir
 from placement.cli.app import app, out, report_errors
 from placement.cluster import PlanStore
-from placement.controller import Controller, ControllerPorts, HistorySource
+from placement.controller import Controller
 from placement.controller_config import (
     ControllerConfig,
     KubernetesConfig,
@@ -46,6 +46,7 @@ from placement.controller_config import (
     read_secret,
 )
 from placement.controller_jobs import Schedule, add_process_routes, serve
+from placement.controller_ports import ControllerPorts, HistorySource
 from placement.controller_wiring import (
     EngineActuator,
     FileHistory,

@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 from placement.adapters.statedir import DirPlanStore
 from placement.cli.app import app
 from placement.cli.controller_cmds import build
-from placement.controller import Job, Outcome
 from placement.controller_config import load_controller_config, read_secret
+from placement.controller_ports import Job, Outcome
 from placement.errors import InputError
 
 REPO = Path(__file__).resolve().parents[2]

@@ -22,7 +22,8 @@ from placement.adapters.kube_memory import (
     MemoryStateStore,
 )
 from placement.cluster import HOT_COUNT_LABEL, DiscoveredPod
-from placement.controller import Controller, ControllerPorts, Job, Outcome
+from placement.controller import Controller
+from placement.controller_ports import ControllerPorts, Job, Outcome
 from placement.controller_wiring import EngineActuator, SeasonalForecaster
 from placement.domain import (
     Adapter,

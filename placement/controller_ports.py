@@ -1,0 +1,187 @@
+"""The controller's vocabulary: its jobs, tick outcomes, backoff, ports and state.
+
+The ports are what ``placement.controller.Controller`` takes (``ControllerPorts``);
+their real implementations are in ``placement.controller_wiring`` and the cluster
+adapters, their twins in tests. Types and small pure helpers only: no IO.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Protocol
+
+from placement.cluster import (
+    DiscoveredPod,
+    PlanStore,
+    PodAnnotator,
+    PodDiscovery,
+    StateStore,
+)
+from placement.domain import Action, AdapterId, Catalog, Fleet, PodId
+from placement.events import Predictor
+from placement.executor import ApplyReport, Ledger
+from placement.leader import LeaderElector
+from placement.plan import Plan
+from placement.problem import Demand
+from placement.request_log import RequestLog
+
+DONE_PRELOADS_KEPT = 4096
+
+
+class Job(enum.StrEnum):
+    INGEST = "ingest"
+    FORECAST = "forecast"
+    PLAN = "plan"
+    PRELOAD = "preload"
+    WATCHDOG = "watchdog"
+    LEASE = "lease"
+
+
+class Outcome(enum.StrEnum):
+    DONE = "done"
+    FAILED = "failed"
+    #: Not the lease holder: nothing done.
+    STANDBY = "standby"
+    #: Still backing off from an earlier failure.
+    BACKING_OFF = "backing_off"
+    #: Nothing to do (no history yet, no plan yet).
+    IDLE = "idle"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Backoff:
+    """A job's failure streak: no run before ``retry_at_s``."""
+
+    failures: int = 0
+    retry_at_s: float = 0.0
+    last_error: str = ""
+
+    def due(self, now_s: float, *, max_s: float) -> bool:
+        # A retry time further away than the cap means the clock jumped back.
+        return now_s >= self.retry_at_s or self.retry_at_s - now_s > max_s
+
+    def failed(self, error: str, *, now_s: float, base_s: float, max_s: float) -> Backoff:
+        failures = self.failures + 1
+        wait_s = min(max_s, base_s * 2 ** (failures - 1))
+        return Backoff(failures=failures, retry_at_s=now_s + wait_s, last_error=error)
+
+
+# --- the ports the ticks take ---------------------------------------------------------
+
+
+class HistorySource(Protocol):
+    def __call__(self) -> RequestLog: ...
+
+
+class DemandForecaster(Protocol):
+    def __call__(
+        self, history: RequestLog, *, start: datetime, duration_s: int
+    ) -> Mapping[AdapterId, Demand]:
+        """Each adapter's traffic over [start, start + duration_s)."""
+        ...
+
+
+class Planner(Protocol):
+    def __call__(
+        self,
+        demand: Mapping[AdapterId, Demand],
+        *,
+        fleet: Fleet,
+        valid_from: datetime,
+        current: Plan | None,
+    ) -> Plan: ...
+
+
+class Actuator(Protocol):
+    """Pushes actions to pods (``placement.apply`` and the executor behind it)."""
+
+    async def apply(self, plan: Plan, *, fleet: Fleet, ledger: Ledger) -> ApplyReport: ...
+
+    async def run(
+        self, actions: tuple[Action, ...], *, fleet: Fleet, ledger: Ledger
+    ) -> ApplyReport: ...
+
+    async def registered(self, fleet: Fleet) -> Mapping[PodId, frozenset[AdapterId] | None]:
+        """Each pod's registrations; None for a pod that did not answer."""
+        ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class ControllerPorts:
+    catalog: Catalog
+    #: The fleet file: the pods themselves locally; on Kubernetes, per pool the budgets
+    #: (its first pod's) that discovered pods of that pool inherit.
+    fleet: Fleet
+    history: HistorySource
+    forecaster: DemandForecaster
+    planner: Planner
+    actuator: Actuator
+    plans: PlanStore
+    state: StateStore
+    predictor: Predictor
+    discovery: PodDiscovery | None = None
+    annotator: PodAnnotator | None = None
+    elector: LeaderElector | None = None
+    #: Learns event models (transitions, login affinities) from each new history;
+    #: until it has, and when it fails, ``predictor`` answers events alone.
+    learn_predictor: Callable[[RequestLog], Predictor] | None = None
+
+
+@dataclass(kw_only=True)
+class ControllerState:
+    history: RequestLog | None = None
+    predictor: Predictor | None = None
+    demand: Mapping[AdapterId, Demand] | None = None
+    plan: Plan | None = None
+    lookahead: Plan | None = None
+    #: Set by a forecast that moves adapters between tiers: plan at once.
+    replan_now: bool = False
+    ledger: Ledger = field(default_factory=Ledger)
+    done_preloads: list[str] = field(default_factory=list)
+    backoff: dict[Job, Backoff] = field(default_factory=dict)
+
+
+def fleet_from_discovery(template: Fleet, pods: tuple[DiscoveredPod, ...]) -> Fleet:
+    """The fleet of the discovered pods, each with its pool's budgets from ``template``."""
+    pools = []
+    for pool in template.pools:
+        model = pool.pods[0] if pool.pods else None
+        found = tuple(p for p in pods if p.pool == pool.name and p.ready)
+        if model is None:
+            continue
+        members = tuple(
+            replace(model, name=p.name, url=p.url, labels=dict(p.labels)) for p in found
+        )
+        pools.append(replace(pool, pods=members))
+    return Fleet(pools=tuple(pools))
+
+
+def preload_key(at: datetime, pod: PodId, adapter: AdapterId) -> str:
+    return f"{at.astimezone(UTC).isoformat()}|{pod}|{adapter}"
+
+
+def tiers_moved(before: Plan | None, after: Plan) -> bool:
+    """Whether any adapter changes tier between two plans."""
+    if before is None:
+        return True
+    names = set(before.adapters) | set(after.adapters)
+    return any(before.tier_of(name) != after.tier_of(name) for name in names)
+
+
+class ControllerObserver:
+    """What the ticks report; ``placement.controller_jobs`` feeds it to Prometheus."""
+
+    def tick(self, job: Job, outcome: Outcome, *, backoff: Backoff | None) -> None:
+        pass
+
+    def applied(self, report: ApplyReport) -> None:
+        pass
+
+    def published(self, plan: Plan, *, period_s: float) -> None:
+        pass
+
+    def restored(self, pods: int) -> None:
+        pass
