@@ -361,8 +361,10 @@ def _bounded_pick(ctx: RoutingContext, candidates: Sequence[PodLike]) -> tuple[P
     for pod in candidates:
         loading = pod.loading
         delay = pod.queue_depth * per_request_s
-        if adapter in pod.gpu_adapters or (loading and adapter in loading):
+        if loading and adapter in loading:
             key = (delay, 0, 0.0, pod.running)
+        elif adapter in pod.gpu_adapters:
+            key = (delay + busy_s if loading else delay, 0, 0.0, pod.running)
         else:
             if loading:
                 delay += busy_s
