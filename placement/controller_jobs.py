@@ -5,8 +5,9 @@ coalesce into one, and a run later than ``misfire_grace_s`` is skipped; the tick
 themselves (``placement.controller``) do the work and keep their own backoff. Jobs:
 
 - ``lease``: every third of the lease duration (acquire, renew, take over);
-- ``ingest``, ``forecast``, ``plan``, ``watchdog``: at their intervals; a forecast
-  that moves adapters between tiers brings the next ``plan`` run forward to now;
+- ``ingest``, ``forecast``, ``plan``, ``watchdog``: at their intervals; the first
+  history brings the first forecast forward, and a forecast that moves adapters
+  between tiers (the first one included) brings the next ``plan`` run forward to now;
 - ``preload@<time>``: one date trigger per time the look-ahead plan preloads at.
 
 ``serve`` runs the scheduler and the webhook/metrics app in one event loop.
@@ -58,7 +59,7 @@ class Schedule:
         start = c.now()
         jobs: list[tuple[Job, Callable[[], Awaitable[Outcome]], float]] = [
             (Job.LEASE, c.lease, max(1.0, cfg.lease_duration_s / 3)),
-            (Job.INGEST, c.ingest, cfg.ingest_interval_s),
+            (Job.INGEST, self.ingest, cfg.ingest_interval_s),
             (Job.FORECAST, self.forecast, cfg.forecast_interval_s),
             (Job.PLAN, c.plan_and_apply, cfg.plan_interval_s),
             (Job.WATCHDOG, c.watchdog, cfg.watchdog_interval_s),
@@ -76,6 +77,13 @@ class Schedule:
 
     async def _run(self, job: Job, tick: Callable[[], Awaitable[Outcome]]) -> Outcome:
         return await self.controller.guarded(job, tick)
+
+    async def ingest(self) -> Outcome:
+        """The ingest tick; the first history brings the first forecast forward to now."""
+        outcome = await self.controller.ingest()
+        if outcome is Outcome.DONE and self.controller.state.demand is None:
+            self.scheduler.modify_job(Job.FORECAST.value, next_run_time=self.controller.now())
+        return outcome
 
     async def forecast(self) -> Outcome:
         """The forecast tick, then what it changes in the schedule."""

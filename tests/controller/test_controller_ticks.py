@@ -429,7 +429,10 @@ async def test_the_schedule_brings_the_plan_forward_and_adds_preload_triggers(ma
         assert {j.misfire_grace_time for j in jobs.values()} == {
             SETTINGS.controller.misfire_grace_s
         }
-        await rig.controller.guarded(Job.INGEST, rig.controller.ingest)
+        forecast_at = schedule.scheduler.get_job("forecast").next_run_time
+        rig.clock.advance(1)
+        assert await schedule._run(Job.INGEST, schedule.ingest) is Outcome.DONE
+        assert schedule.scheduler.get_job("forecast").next_run_time != forecast_at
         planned_at = schedule.scheduler.get_job("plan").next_run_time
         rig.clock.advance(600)
         assert await schedule._run(Job.FORECAST, schedule.forecast) is Outcome.DONE
