@@ -239,8 +239,11 @@ def run(label: str, adapters: int, pods: int, time_limit_s: float, *, baseline: 
     started = time.perf_counter()
     direct, direct_bound, status = run_direct(problem, time_limit_s)
     direct_s = time.perf_counter() - started
-    gap = (direct - direct_bound) / direct if math.isfinite(direct) else math.inf
     print(f"direct (bool per adapter x pod, no hint): {direct_s:.2f} s, status {status}")
+    if not math.isfinite(direct):
+        print(f"  no plan within {time_limit_s:g} s (lorafleet's bound {report.bound:.2f})")
+        return
+    gap = (direct - direct_bound) / direct
     print(
         f"  objective {direct:.2f} ms/s, bound {direct_bound:.2f}, gap {gap:.1%},"
         f" ratio to lorafleet {direct / ours:.2f}x"

@@ -17,6 +17,7 @@ Pure: no IO, no clock; deterministic (ties break by pod name).
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -141,6 +142,7 @@ class _Packer:
         self.warm: dict[AdapterId, list[PodId]] = {}
         self.groups: dict[tuple[str, PodId], int] = {}
         self.class_size = {cls.key: cls.size for cls in problem.classes}
+        self.class_pods = {cls.key: cls.pods for cls in problem.classes}
 
     def _rank(
         self, candidate: Candidate, *, hot: bool
@@ -166,15 +168,23 @@ class _Packer:
 
         return key
 
+    def best(
+        self, candidate: Candidate, class_key: str, count: int, *, hot: bool
+    ) -> list[_PodState] | None:
+        """The ``count`` best pods of the class for ``candidate``; None if too few fit."""
+        pool = self.feasible(candidate, class_key, hot=hot)
+        if len(pool) < count:
+            return None
+        return heapq.nsmallest(count, pool, key=self._rank(candidate, hot=hot))
+
     def feasible(self, candidate: Candidate, class_key: str, *, hot: bool) -> list[_PodState]:
-        """Pods of the class that can take one more replica of ``candidate``, best first."""
-        taken = self.hot.get(candidate.name, []) + self.warm.get(candidate.name, [])
+        """Pods of the class that can take one more replica of ``candidate``."""
+        taken = set(self.hot.get(candidate.name, ())) | set(self.warm.get(candidate.name, ()))
         share = self.share(candidate) if hot else 0.0
         pool = [
             self.states[p]
-            for p in self.class_of
-            if self.class_of[p].key == class_key
-            and p not in taken
+            for p in self.class_pods[class_key]
+            if p not in taken
             and self.states[p].fits(
                 candidate,
                 share,
@@ -182,7 +192,7 @@ class _Packer:
                 new=(candidate.name, p) not in self.problem.current_registered,
             )
         ]
-        return sorted(pool, key=self._rank(candidate, hot=hot))
+        return pool
 
     def dominant(self, candidate: Candidate) -> float:
         """The largest share of one pod's GPU bytes or q90 capacity a replica takes."""
@@ -293,10 +303,10 @@ def _place_hot(packer: _Packer, candidate: Candidate, targets: Mapping[str, int]
         need = n - sum(1 for p in held if packer.class_of[p].key == class_key)
         if need <= 0:
             continue
-        pool = packer.feasible(candidate, class_key, hot=True)
-        if len(pool) < need:
+        pool = packer.best(candidate, class_key, need, hot=True)
+        if pool is None:
             return False
-        chosen.extend(state.name for state in pool[:need])
+        chosen.extend(state.name for state in pool)
     for pod in chosen:
         packer.take(candidate, pod, hot=True)
     return True
@@ -315,7 +325,7 @@ def _place_spread(packer: _Packer, candidate: Candidate, targets: Mapping[str, i
 
 def _place_warm(packer: _Packer, candidate: Candidate, class_keys: list[str]) -> bool:
     for class_key in class_keys:
-        pool = packer.feasible(candidate, class_key, hot=False)
+        pool = packer.best(candidate, class_key, 1, hot=False)
         if pool:
             packer.take(candidate, pool[0].name, hot=False)
             return True

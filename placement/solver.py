@@ -35,12 +35,12 @@ from placement.greedy import (
     ClassKey,
     Counts,
     current_per_class,
-    greedy_counts,
     hot_eligible,
     named_pins_per_class,
     trim_counts,
     warm_eligible,
 )
+from placement.pick import combine_reports, counts_of, greedy_assignment, pick_plan
 from placement.plan import AdapterPlan, Plan, PodPlan, Preload, SolverReport
 from placement.plan_content import (
     PoolSolution,
@@ -311,7 +311,7 @@ def solve(problem: PlacementProblem, *, options: SolveOptions | None = None) -> 
     notes = capacity_notes(problem, configured=problem.settings.planner.capacity_headroom)
     return Solution(
         pools=tuple(solutions),
-        report=_combine([s.report for s in solutions]),
+        report=combine_reports([s.report for s in solutions]),
         notes=tuple(notes),
     )
 
@@ -356,13 +356,14 @@ def _solve_pool(problem: PoolProblem, options: SolveOptions) -> PoolSolution | N
                 assignment = assign_pods(problem, trim_counts(problem, counts, fraction=fraction))
         if assignment is None:
             assignment = assign_pods(problem, counts, repair=True)
-    return _pick(
+    return pick_plan(
         problem,
         assignment,
         fallback,
         wall_s,
         proven=status == cp_model.OPTIMAL,
         bound=bound,
+        slack=_rounding_slack(problem),
     )
 
 
@@ -388,93 +389,10 @@ def _pack_exactly(
     return assign_around(problem, counts, hot), elapsed_s
 
 
-def greedy_assignment(problem: PoolProblem) -> tuple[Counts, Assignment] | None:
-    """The greedy plan, packed onto pods (repairing what does not fit), with its counts."""
-    from placement.explain import honours_pins
-
-    assignment = assign_pods(problem, greedy_counts(problem), repair=True)
-    if assignment is None or not honours_pins(problem, assignment):
-        return None
-    return counts_of(problem, assignment), assignment
-
-
-def counts_of(problem: PoolProblem, assignment: Assignment) -> Counts:
-    """Replicas per (adapter, class) of an assignment: the hint the model starts from."""
-    class_of = problem.class_of()
-    hot: dict[ClassKey, int] = {}
-    warm: dict[ClassKey, int] = {}
-    for held, counts in ((assignment.hot, hot), (assignment.warm, warm)):
-        for adapter, pods in held.items():
-            for pod in pods:
-                key = (adapter, class_of[pod].key)
-                counts[key] = counts.get(key, 0) + 1
-    return Counts(hot=MappingProxyType(hot), warm=MappingProxyType(warm))
-
-
-def _pick(
-    problem: PoolProblem,
-    assignment: Assignment | None,
-    fallback: tuple[Counts, Assignment] | None,
-    wall_s: float,
-    *,
-    proven: bool = False,
-    bound: float = float("-inf"),
-) -> PoolSolution:
-    """The better of the solver's and the greedy plan; the greedy when the solver has none."""
-    options = []
-    if assignment is not None:
-        options.append(("solver", assignment, evaluate(problem, assignment)))
-    if fallback is not None:
-        options.append(("greedy", fallback[1], evaluate(problem, fallback[1])))
-    if not options:
-        from placement.explain import pin_packing_reasons
-
-        reasons = pin_packing_reasons(problem)
-        if reasons:
-            raise InfeasibleError(reasons)
-        raise SolverError(
-            f"pool {problem.pool}: no plan found within the time limit and the greedy "
-            "could not pack the pods; raise --time-limit"
-        )
-    source, chosen, cost = min(options, key=lambda item: item[2].total)
-    objective = cost.total
-    # Rounded coefficients can lift the bound a hair above a proven objective.
-    bound = 0.0 if bound == float("-inf") else min(bound, objective)
-    gap = max(0.0, objective - bound) / max(abs(objective), 1e-9)
-    if assignment is None:
-        status = "FALLBACK_GREEDY"
-    elif proven and objective - bound <= _rounding_slack(problem, objective):
-        status = "OPTIMAL"
-    else:
-        status = "FEASIBLE"
-    report = SolverReport(status=status, objective=objective, bound=bound, gap=gap, wall_s=wall_s)
-    return PoolSolution(problem=problem, assignment=chosen, cost=cost, report=report, source=source)
-
-
-def _rounding_slack(problem: PoolProblem, objective: float) -> float:
+def _rounding_slack(problem: PoolProblem) -> float:
     """How far rounding the model's coefficients to 1/SCALE can move an objective."""
     terms = len(problem.candidates) * (3 + 2 * len(problem.classes))
-    return max(1e-4 * abs(objective), terms * 0.5 / SCALE)
-
-
-def _combine(reports: list[SolverReport]) -> SolverReport:
-    objective = sum(r.objective for r in reports)
-    bound = sum(r.bound for r in reports)
-    statuses = {r.status for r in reports}
-    if "FALLBACK_GREEDY" in statuses:
-        status = "FALLBACK_GREEDY"
-    elif statuses <= {"OPTIMAL"}:
-        status = "OPTIMAL"
-    else:
-        status = "FEASIBLE"
-    gap = max(0.0, objective - bound) / max(abs(objective), 1e-9)
-    return SolverReport(
-        status=status,
-        objective=objective,
-        bound=bound,
-        gap=gap,
-        wall_s=sum(r.wall_s for r in reports),
-    )
+    return terms * 0.5 / SCALE
 
 
 def extract_plan(problem: PlacementProblem, solution: Solution, *, created_at: datetime) -> Plan:
