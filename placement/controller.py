@@ -159,8 +159,8 @@ class Controller:
         if learn is not None:
             try:
                 self.state.predictor = await asyncio.to_thread(learn, history)
-            except LorafleetError as exc:  # events keep the predictor they had
-                logger.warning("event models not refreshed: %s", exc)
+            except Exception as exc:  # events keep the predictor they had; ingest stands
+                logger.warning("event models not refreshed: %s", exc, exc_info=True)
         return Outcome.DONE
 
     async def forecast(self) -> Outcome:
