@@ -119,6 +119,10 @@ def replay(
     planner: Annotated[
         str, typer.Option(help="lorafleet/oracle planner: solver (CP-SAT) or greedy")
     ] = "solver",
+    forecast_model: Annotated[
+        str,
+        typer.Option(help="lorafleet's forecaster (models/ name), or 'sim' for the replay's own"),
+    ] = "level-profile",
 ) -> None:
     """Replay a request log on a simulated fleet under every named policy."""
     check_policies(policy)
@@ -132,7 +136,13 @@ def replay(
     if planner not in ("solver", "greedy"):
         raise InputError([Problem(source="--planner", message="choose solver or greedy")])
     parts = (
-        planning_parts(parsed_catalog, parsed_fleet, settings=settings, start=workload.start)
+        planning_parts(
+            parsed_catalog,
+            parsed_fleet,
+            settings=settings,
+            start=workload.start,
+            forecast_model=None if forecast_model == "sim" else forecast_model,
+        )
         if planner == "solver"
         else PlanningParts()
     )

@@ -8,8 +8,8 @@ pods' GPU contents the current placement, and the plan's hot pods and weights th
 LRU, which the replays show serves a long tail better than a guess. When the solver
 fails (infeasible, or an error) the greedy fallback plans instead, and says so.
 
-The forecaster is the simulator's ``recent_and_yesterday`` until ``placement.forecasting``
-offers one (checked at import time of this module's caller, not here).
+``ModelsForecaster`` adapts ``placement.forecasting.forecast_demand`` (imported lazily:
+a replay without the forecasting stack still runs on the simulator's own forecast).
 """
 
 from __future__ import annotations
@@ -17,10 +17,14 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import datetime, timedelta
 
+import pandas as pd
+
 from placement.domain import AdapterId, Catalog, Fleet, PodId, Tier
 from placement.errors import LorafleetError
 from placement.settings import Settings
 from placement.sim.planning import (
+    Forecaster,
+    History,
     Planner,
     PlanRequest,
     SimPlan,
@@ -89,14 +93,85 @@ def solver_planner(
     return plan
 
 
+class ModelsForecaster:
+    """``placement.forecasting`` (the ``models/`` forecasters) as a replay ``Forecaster``.
+
+    Keeps the history as 10-minute bucket rows, appending only buckets completed since
+    the last call. The rate per adapter is the peak bucket mean over the horizon, and
+    at least the last 20 minutes' rate, so an adapter that just appeared (the war
+    story's variants) is planned before a bucket model could see it. Falls back to
+    ``recent_and_yesterday`` when the model cannot forecast.
+    """
+
+    def __init__(self, *, start: datetime, model: str, bucket_s: int = 600) -> None:
+        self.start = start
+        self.model = model
+        self.bucket_s = bucket_s
+        self.rows: list[tuple[datetime, str, int]] = []
+        self.done_until_s = 0.0
+        self.failures = 0
+
+    def __call__(self, history: History, now_s: float, horizon_s: float) -> dict[str, float]:
+        from placement.errors import ForecastError
+
+        try:
+            from placement.forecasting import forecast_demand
+        except ImportError:
+            self.failures += 1
+            return recent_and_yesterday(history, now_s, horizon_s)
+        self._extend(history, now_s)
+        recent = recent_and_yesterday(history, now_s, 0.0)
+        if not self.rows:
+            return recent
+        counts = pd.DataFrame(self.rows, columns=["ts", "adapter", "requests"])
+        try:
+            forecast = forecast_demand(
+                counts,
+                at=self.start + timedelta(seconds=self.done_until_s),
+                horizon_s=int(horizon_s + now_s - self.done_until_s),
+                bucket_s=self.bucket_s,
+                model=self.model,
+            )
+        except (ForecastError, ValueError, KeyError):
+            self.failures += 1
+            return recent_and_yesterday(history, now_s, horizon_s)
+        peaks = forecast.frame.groupby("adapter", observed=True)["mean"].max() / self.bucket_s
+        rates = {str(name): float(rate) for name, rate in peaks.items()}
+        for name, rate in recent.items():
+            rates[name] = max(rates.get(name, 0.0), rate)
+        return rates
+
+    def _extend(self, history: History, now_s: float) -> None:
+        complete_s = (now_s // self.bucket_s) * self.bucket_s
+        while self.done_until_s + self.bucket_s <= complete_s:
+            begin = self.done_until_s
+            moment = self.start + timedelta(seconds=begin)
+            for name, count in history.totals(begin, begin + self.bucket_s).items():
+                self.rows.append((moment, name, count))
+            self.done_until_s = begin + self.bucket_s
+
+
 def planning_parts(
-    catalog: Catalog, fleet: Fleet, *, settings: Settings, start: datetime
+    catalog: Catalog,
+    fleet: Fleet,
+    *,
+    settings: Settings,
+    start: datetime,
+    forecast_model: str | None = "level-profile",
 ) -> PlanningParts:
-    """The solver-backed planning the ``lorafleet`` and ``oracle`` policies use."""
+    """The planning the ``lorafleet`` and ``oracle`` policies use: the project's
+    forecaster (``forecast_model``; None for the simulator's own) and its CP-SAT solver.
+    """
     planner = solver_planner(catalog, fleet, settings=settings, start=start)
+    if forecast_model is None:
+        forecaster: Forecaster = recent_and_yesterday
+        described = "recent-and-yesterday forecast (sim fallback)"
+    else:
+        forecaster = ModelsForecaster(start=start, model=forecast_model)
+        described = f"{forecast_model} forecast (placement.forecasting)"
     return PlanningParts(
-        forecaster=recent_and_yesterday,
+        forecaster=forecaster,
         planner=planner,
         oracle_planner=planner,
-        description="recent-and-yesterday forecast (sim fallback), CP-SAT solver plan",
+        description=f"{described}, CP-SAT solver plan",
     )
