@@ -3,8 +3,8 @@
 Owns ``Solution`` (per pool: the assignment, its cost and the solver's report) and
 turns it into the pieces of a ``Plan``: per-pod sets with bytes and expected traffic,
 per-adapter tiers and routing weights, the preloads the plan needs, predicted hit
-rates and one line of why per adapter. ``placement.solver.extract_plan`` assembles
-them.
+rates and one line of why per adapter, assembled by ``assemble_plan`` (which
+``placement.solver.extract_plan`` calls).
 
 Pure: no IO, no clock.
 """
@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from types import MappingProxyType
 
 from placement.assign import Assignment, PoolCost, pod_loads
 from placement.domain import AdapterId, PodId, Tier
-from placement.plan import AdapterPlan, PodPlan, Preload, SolverReport
+from placement.plan import AdapterPlan, Plan, PodPlan, Preload, SolverReport
 from placement.problem import Candidate, PlacementProblem, PoolProblem
 
 
@@ -162,3 +162,35 @@ def _not_hot(c: Candidate) -> str:
             "pods): raise max_replicas or capacity_rps"
         )
     return "GPU slots went to adapters that save more delay per slot"
+
+
+def assemble_plan(problem: PlacementProblem, solution: Solution, *, created_at: datetime) -> Plan:
+    """The plan of a solution: pods' sets, adapters' tiers and weights, preloads, why."""
+    pods: dict[PodId, PodPlan] = {}
+    adapters: dict[AdapterId, AdapterPlan] = {}
+    preloads: list[Preload] = []
+    why: dict[AdapterId, str] = {}
+    lead = timedelta(seconds=problem.settings.forecast.preload_lead_s)
+    for pool_solution in solution.pools:
+        pods.update(pod_plans(pool_solution))
+        adapters.update(adapter_plans(pool_solution))
+        why.update(describe(pool_solution, total_rps=problem.total_mean_rps))
+        preloads.extend(preloads_of(pool_solution, at=problem.valid_from - lead))
+    for name, reason in problem.fixed_cold.items():
+        adapters[name] = AdapterPlan(tier=Tier.COLD)
+        why[name] = f"cold: {reason}"
+    digest = inputs_digest(problem)
+    valid_until = problem.valid_from + timedelta(seconds=problem.settings.planner.validity_s)
+    return Plan(
+        id=f"plan-{problem.valid_from.strftime('%Y%m%dT%H%M%SZ')}-{digest[:10]}",
+        inputs_digest=digest,
+        created_at=created_at,
+        valid_from=problem.valid_from,
+        valid_until=valid_until,
+        pods=MappingProxyType(pods),
+        adapters=MappingProxyType(adapters),
+        preloads=tuple(sorted(preloads, key=lambda p: (p.at, p.pod, p.adapter))),
+        predicted=MappingProxyType(predicted(problem, solution)),
+        solver=solution.report,
+        why=MappingProxyType(why),
+    )

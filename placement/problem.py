@@ -161,20 +161,7 @@ def build_problem(
         a.name: demand.get(a.name, Demand(mean_rps=0.0, q90_rps=0.0)) for a in catalog.adapters
     }
     total_rps = sum(d.mean_rps for d in full_demand.values())
-    fixed_cold: dict[AdapterId, str] = {}
-    broken: list[str] = []
-    by_pool: dict[PoolId, list[AdapterId]] = {pool.name: [] for pool in fleet.pools}
-    for adapter in catalog.adapters:
-        pool = fleet.pool_for_base(adapter.base_model)
-        if pool is None:
-            fixed_cold[adapter.name] = f"no pool serves base model {adapter.base_model}"
-            if adapter.is_pinned:
-                broken.append(
-                    f"{adapter.name} is pinned but no pool serves its base model "
-                    f"{adapter.base_model}"
-                )
-            continue
-        by_pool[pool.name].append(adapter.name)
+    by_pool, fixed_cold, broken = _split_by_pool(catalog, fleet)
     pools = []
     for pool in fleet.pools:
         members = set(by_pool[pool.name])
@@ -203,6 +190,43 @@ def build_problem(
         broken_pins=tuple(broken),
         fleet_pods=tuple(p.name for p in fleet.pods),
     )
+
+
+def _split_by_pool(
+    catalog: Catalog, fleet: Fleet
+) -> tuple[dict[PoolId, list[AdapterId]], dict[AdapterId, str], list[str]]:
+    """Adapters per pool of their base model; those with no pool are cold, with why."""
+    fixed_cold: dict[AdapterId, str] = {}
+    broken: list[str] = []
+    by_pool: dict[PoolId, list[AdapterId]] = {pool.name: [] for pool in fleet.pools}
+    for adapter in catalog.adapters:
+        pool = fleet.pool_for_base(adapter.base_model)
+        if pool is not None:
+            by_pool[pool.name].append(adapter.name)
+            continue
+        fixed_cold[adapter.name] = f"no pool serves base model {adapter.base_model}"
+        if adapter.is_pinned:
+            broken.append(
+                f"{adapter.name} is pinned but no pool serves its base model {adapter.base_model}"
+            )
+    return by_pool, fixed_cold, broken
+
+
+def _current_pairs(
+    current: Current, pods: set[PodId], names: set[AdapterId]
+) -> tuple[frozenset[tuple[AdapterId, PodId]], frozenset[tuple[AdapterId, PodId]]]:
+    """(adapter, pod) pairs in force on ready pods of the pool: hot, and registered."""
+    hot = frozenset(
+        (a, p)
+        for p, tiers in current.items()
+        if p in pods
+        for a, tier in tiers.items()
+        if a in names and tier is Tier.HOT
+    )
+    registered = frozenset(
+        (a, p) for p, tiers in current.items() if p in pods for a in tiers if a in names
+    )
+    return hot, registered
 
 
 def _headroom(classes: tuple[PodClass, ...], configured: float, q90_total_rps: float) -> float:
@@ -263,18 +287,8 @@ def _pool_problem(
 ) -> tuple[PoolProblem, list[str]]:
     ready_pods = [pod for pod in pool.pods if pod.name in ready]
     classes = pod_classes(ready_pods)
-    names = {a.name for a in adapters}
     pod_names = {pod.name for pod in ready_pods}
-    cur_hot = frozenset(
-        (a, p)
-        for p, tiers in current.items()
-        if p in pod_names
-        for a, tier in tiers.items()
-        if a in names and tier is Tier.HOT
-    )
-    cur_reg = frozenset(
-        (a, p) for p, tiers in current.items() if p in pod_names for a in tiers if a in names
-    )
+    cur_hot, cur_reg = _current_pairs(current, pod_names, {a.name for a in adapters})
     rates: dict[str, float] = {a.name: demand[a.name].mean_rps for a in adapters}
     proposals = propose_tiers(
         rates,

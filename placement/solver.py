@@ -7,7 +7,8 @@ Two stages, one pool at a time (pools share nothing, so each is its own problem)
    the class totals of slots, host places and bytes. Pods of a class are
    interchangeable, so this model has a handful of variables per adapter instead of
    one per (adapter, pod), and its optimum bounds the full problem's.
-2. ``placement.assign``: which pods of the class, with every per-pod budget checked.
+2. ``placement.pick.pack_counts``: which pods of the class, with every per-pod budget
+   checked (greedy packing, an exact CP-SAT packing for small pools, trimming).
 
 The objective is in one unit, milliseconds of request delay per second: requests of
 a warm adapter wait a host-to-GPU load, those of a cold one a storage load (both by
@@ -22,14 +23,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from datetime import datetime, timedelta
+from datetime import datetime
 from types import MappingProxyType
 
 from ortools.sat.python import cp_model
 
-from placement.assign import Assignment, assign_around, assign_pods, evaluate
-from placement.assign_sat import pack_hot
-from placement.domain import AdapterId, PodId, Tier
 from placement.errors import InfeasibleError, SolverError
 from placement.greedy import (
     ClassKey,
@@ -37,22 +35,23 @@ from placement.greedy import (
     current_per_class,
     hot_eligible,
     named_pins_per_class,
-    trim_counts,
     warm_eligible,
 )
-from placement.pick import combine_reports, counts_of, greedy_assignment, pick_plan
-from placement.plan import AdapterPlan, Plan, PodPlan, Preload, SolverReport
+from placement.pick import (
+    combine_reports,
+    counts_of,
+    empty_solution,
+    greedy_assignment,
+    pack_counts,
+    pick_plan,
+)
+from placement.plan import Plan
 from placement.plan_content import (
     PoolSolution,
     Solution,
-    adapter_plans,
-    describe,
-    inputs_digest,
-    pod_plans,
-    predicted,
-    preloads_of,
+    assemble_plan,
 )
-from placement.problem import PlacementProblem, PoolProblem
+from placement.problem import Candidate, PlacementProblem, PoolProblem
 
 __all__ = [
     "FAMILIES",
@@ -70,9 +69,6 @@ __all__ = [
 
 #: Objective coefficients are integers, in 1/10,000 ms of delay per second.
 SCALE = 10_000.0
-#: Above this many (adapter, pod) pairs the exact stage-2 model is skipped: at 10,000
-#: adapters on 128 pods (190,000 pairs) it found nothing in 18 s; 10,000 pairs take 2 s.
-EXACT_PACKING_PAIRS = 50_000
 #: Constraint families that ``build_model`` can leave out, to explain infeasibility.
 FAMILIES = ("pins", "replication", "churn")
 
@@ -113,90 +109,114 @@ def build_model(
     scale: float = 1.0,
 ) -> tuple[cp_model.CpModel, ModelVars]:
     """Stage 1 of one pool: replica counts per adapter and pod class."""
-    model = cp_model.CpModel()
-    named = named_pins_per_class(problem) if "pins" not in relax else {}
-    cur_hot = current_per_class(problem, hot_only=True)
-    cur_reg = current_per_class(problem, hot_only=False)
-    hot: dict[str, cp_model.IntVar] = {}
-    warm: dict[str, cp_model.IntVar] = {}
-    replicas: dict[ClassKey, cp_model.IntVar] = {}
-    registered: dict[ClassKey, cp_model.IntVar] = {}
-    objective: list[cp_model.LinearExprT] = []
-    constant = 0.0
-    new_regs: dict[str, list[cp_model.LinearExprT]] = {cls.key: [] for cls in problem.classes}
-    pod_mean_rps = problem.pod_mean_rps
-    excesses: dict[str, tuple[cp_model.IntVar, int, int]] = {}
-    for c in problem.candidates:
-        name = str(c.name)
-        h = model.new_bool_var(f"hot[{name}]")
-        w = model.new_bool_var(f"warm[{name}]")
-        hot[name], warm[name] = h, w
-        # An adapter is in one tier: hot somewhere, warm somewhere, or cold.
-        model.add(h + w <= 1)
-        min_hot = c.min_hot if "replication" not in relax else max(1, len(c.pinned_pods))
-        # Pins: a pinned adapter is hot, and on the pods the catalog names.
-        if c.pinned and "pins" not in relax:
-            model.add(h == 1)
-        if min_hot > c.max_hot:
-            model.add(h == 0)
-        per_class_hot = []
-        per_class_warm = []
-        for cls in problem.classes:
-            key = (c.name, cls.key)
-            top = min(cls.size, c.max_hot) if hot_eligible(c, cls) else 0
-            low = min(named.get(key, 0), top)
-            r = model.new_int_var(low, max(low, top), f"rep[{name},{cls.key}]")
-            wr = model.new_int_var(0, 1 if warm_eligible(c, cls) else 0, f"reg[{name},{cls.key}]")
-            replicas[key], registered[key] = r, wr
-            per_class_hot.append(r)
-            per_class_warm.append(wr)
-            # Loads the plan needs: activations above the hot replicas now in this class,
-            # registrations above those now held; they cost once, over the validity.
-            activations = _excess(model, r, cur_hot.get(key, 0), f"act[{name},{cls.key}]")
-            fetches = _excess(model, r + wr, cur_reg.get(key, 0), f"new[{name},{cls.key}]")
-            objective.append(_coef(c.activate_ms / problem.validity_s) * activations)
-            objective.append(_coef(c.fetch_ms / problem.validity_s) * fetches)
-            if not c.pinned:
-                new_regs[cls.key].append(fetches)
-        # Replication: a hot adapter has between min and max replicas, none when not hot.
-        model.add(sum(per_class_hot) >= min_hot * h)
-        model.add(sum(per_class_hot) <= c.max_hot * h)
-        # Imbalance: traffic of a hot adapter that its replicas cannot take without
-        # rising above the pool's mean pod load (an under-replicated hot spot).
-        if c.mean_rps > pod_mean_rps:
-            excess = model.new_int_var(0, round(c.mean_rps * 1000), f"excess[{name}]")
-            model.add(
-                excess
-                >= round(c.mean_rps * 1000) * h - round(pod_mean_rps * 1000) * sum(per_class_hot)
-            )
-            objective.append(_coef(problem.imbalance_weight / 1000) * excess)
-            excesses[name] = (excess, round(c.mean_rps * 1000), round(pod_mean_rps * 1000))
-        # A warm adapter is registered on exactly one pod; a hot one needs no warm copy.
-        model.add(sum(per_class_warm) == w)
-        # Misses: every request of a cold adapter pays a storage load, of a warm one a
-        # host-to-GPU load. Written as savings against all-cold plus a constant.
-        constant += c.mean_rps * c.cold_miss_ms
-        objective.append(-_coef(c.mean_rps * c.cold_miss_ms) * h)
-        objective.append(-_coef(c.mean_rps * (c.cold_miss_ms - c.warm_miss_ms)) * w)
-    _add_budgets(model, problem, replicas, registered, scale=scale)
+    builder = _Stage1(problem, relax=relax)
+    for candidate in problem.candidates:
+        builder.add_adapter(candidate)
+    _add_budgets(builder.model, problem, builder.replicas, builder.registered, scale=scale)
     # Capacity needs no constraint here: the pool's pooled q90 fits its pods (checked
     # before solving), each hot adapter has replicas enough for its own q90 (min_hot),
     # and stage 2 keeps every pod's pooled q90 within capacity and headroom.
     # Churn: at most K new registrations per pod; pins are an operator's order, exempt.
     if problem.churn_limit is not None and "churn" not in relax:
         for cls in problem.classes:
-            if new_regs[cls.key]:
-                model.add(sum(new_regs[cls.key]) <= problem.churn_limit * cls.size)
-    objective.append(_coef(constant))
-    model.minimize(sum(objective))
-    return model, ModelVars(
-        hot=MappingProxyType(hot),
-        warm=MappingProxyType(warm),
-        replicas=MappingProxyType(replicas),
-        registered=MappingProxyType(registered),
-        excess=MappingProxyType(excesses),
-        constant_ms_per_s=constant,
-    )
+            if builder.new_regs[cls.key]:
+                builder.model.add(sum(builder.new_regs[cls.key]) <= problem.churn_limit * cls.size)
+    return builder.finish()
+
+
+class _Stage1:
+    """Adds one adapter's variables, constraints and objective terms at a time."""
+
+    def __init__(self, problem: PoolProblem, *, relax: frozenset[str]) -> None:
+        self.problem = problem
+        self.relax = relax
+        self.model = cp_model.CpModel()
+        self.named = named_pins_per_class(problem) if "pins" not in relax else {}
+        self.cur_hot = current_per_class(problem, hot_only=True)
+        self.cur_reg = current_per_class(problem, hot_only=False)
+        self.hot: dict[str, cp_model.IntVar] = {}
+        self.warm: dict[str, cp_model.IntVar] = {}
+        self.replicas: dict[ClassKey, cp_model.IntVar] = {}
+        self.registered: dict[ClassKey, cp_model.IntVar] = {}
+        self.excess: dict[str, tuple[cp_model.IntVar, int, int]] = {}
+        self.objective: list[cp_model.LinearExprT] = []
+        self.constant = 0.0
+        self.new_regs: dict[str, list[cp_model.LinearExprT]] = {
+            cls.key: [] for cls in problem.classes
+        }
+
+    def add_adapter(self, c: Candidate) -> None:
+        model, name = self.model, str(c.name)
+        h = self.hot[name] = model.new_bool_var(f"hot[{name}]")
+        w = self.warm[name] = model.new_bool_var(f"warm[{name}]")
+        # An adapter is in one tier: hot somewhere, warm somewhere, or cold.
+        model.add(h + w <= 1)
+        min_hot = c.min_hot if "replication" not in self.relax else max(1, len(c.pinned_pods))
+        # Pins: a pinned adapter is hot, and on the pods the catalog names.
+        if c.pinned and "pins" not in self.relax:
+            model.add(h == 1)
+        if min_hot > c.max_hot:
+            model.add(h == 0)
+        per_class_hot, per_class_warm = self._per_class(c)
+        # Replication: a hot adapter has between min and max replicas, none when not hot.
+        model.add(sum(per_class_hot) >= min_hot * h)
+        model.add(sum(per_class_hot) <= c.max_hot * h)
+        self._imbalance(c, h, per_class_hot)
+        # A warm adapter is registered on exactly one pod; a hot one needs no warm copy.
+        model.add(sum(per_class_warm) == w)
+        # Misses: every request of a cold adapter pays a storage load, of a warm one a
+        # host-to-GPU load. Written as savings against all-cold plus a constant.
+        self.constant += c.mean_rps * c.cold_miss_ms
+        self.objective.append(-_coef(c.mean_rps * c.cold_miss_ms) * h)
+        self.objective.append(-_coef(c.mean_rps * (c.cold_miss_ms - c.warm_miss_ms)) * w)
+
+    def _per_class(self, c: Candidate) -> tuple[list[cp_model.IntVar], list[cp_model.IntVar]]:
+        name, hot, warm = str(c.name), [], []
+        for cls in self.problem.classes:
+            key = (c.name, cls.key)
+            top = min(cls.size, c.max_hot) if hot_eligible(c, cls) else 0
+            low = min(self.named.get(key, 0), top)
+            r = self.model.new_int_var(low, max(low, top), f"rep[{name},{cls.key}]")
+            wr = self.model.new_int_var(
+                0, 1 if warm_eligible(c, cls) else 0, f"reg[{name},{cls.key}]"
+            )
+            self.replicas[key], self.registered[key] = r, wr
+            hot.append(r)
+            warm.append(wr)
+            # Loads the plan needs: activations above the hot replicas now in this class,
+            # registrations above those now held; they cost once, over the validity.
+            validity_s = self.problem.validity_s
+            activations = _excess(self.model, r, self.cur_hot.get(key, 0), f"act[{name}]")
+            fetches = _excess(self.model, r + wr, self.cur_reg.get(key, 0), f"new[{name}]")
+            self.objective.append(_coef(c.activate_ms / validity_s) * activations)
+            self.objective.append(_coef(c.fetch_ms / validity_s) * fetches)
+            if not c.pinned:
+                self.new_regs[cls.key].append(fetches)
+        return hot, warm
+
+    def _imbalance(self, c: Candidate, h: cp_model.IntVar, replicas: list[cp_model.IntVar]) -> None:
+        """Traffic of a hot adapter that its replicas cannot take without rising above the
+        pool's mean pod load: an under-replicated hot spot."""
+        pod_mean_rps = self.problem.pod_mean_rps
+        if c.mean_rps <= pod_mean_rps:
+            return
+        mean, pod_mean = round(c.mean_rps * 1000), round(pod_mean_rps * 1000)
+        excess = self.model.new_int_var(0, mean, f"excess[{c.name}]")
+        self.model.add(excess >= mean * h - pod_mean * sum(replicas))
+        self.objective.append(_coef(self.problem.imbalance_weight / 1000) * excess)
+        self.excess[str(c.name)] = (excess, mean, pod_mean)
+
+    def finish(self) -> tuple[cp_model.CpModel, ModelVars]:
+        self.objective.append(_coef(self.constant))
+        self.model.minimize(sum(self.objective))
+        return self.model, ModelVars(
+            hot=MappingProxyType(self.hot),
+            warm=MappingProxyType(self.warm),
+            replicas=MappingProxyType(self.replicas),
+            registered=MappingProxyType(self.registered),
+            excess=MappingProxyType(self.excess),
+            constant_ms_per_s=self.constant,
+        )
 
 
 def _coef(ms_per_s: float) -> int:
@@ -320,15 +340,7 @@ def _solve_pool(problem: PoolProblem, options: SolveOptions) -> PoolSolution | N
     """One pool's plan, or None when CP-SAT proves its stage 1 infeasible."""
     fallback = greedy_assignment(problem)
     if not problem.candidates:
-        empty = Assignment(hot={}, warm={}, weights={})
-        report = SolverReport(status="OPTIMAL", objective=0.0, bound=0.0, gap=0.0, wall_s=0.0)
-        return PoolSolution(
-            problem=problem,
-            assignment=empty,
-            cost=evaluate(problem, empty),
-            report=report,
-            source="solver",
-        )
+        return empty_solution(problem)
     model, variables = build_model(problem, scale=options.scale)
     if fallback is not None:
         _hint(model, variables, fallback[0])
@@ -344,18 +356,14 @@ def _solve_pool(problem: PoolProblem, options: SolveOptions) -> PoolSolution | N
     wall_s = solver.wall_time
     if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         bound = solver.best_objective_bound / SCALE
-        counts = _counts(solver, variables)
-        # Pool totals can pack where single pods cannot (bytes fragment): then the
-        # replicas that do not fit are made warm or cold, and the status says FEASIBLE.
-        assignment = assign_pods(problem, counts)
-        if assignment is None and _hot_pairs(problem, counts) <= EXACT_PACKING_PAIRS:
-            assignment, extra_s = _pack_exactly(problem, counts, options, solver.wall_time)
-            wall_s += extra_s
-        for fraction in (0.005, 0.01, 0.03):
-            if assignment is None:
-                assignment = assign_pods(problem, trim_counts(problem, counts, fraction=fraction))
-        if assignment is None:
-            assignment = assign_pods(problem, counts, repair=True)
+        assignment, extra_s = pack_counts(
+            problem,
+            _counts(solver, variables),
+            time_left_s=options.time_limit_s - solver.wall_time,
+            workers=options.workers,
+            seed=options.seed,
+        )
+        wall_s += extra_s
     return pick_plan(
         problem,
         assignment,
@@ -367,28 +375,6 @@ def _solve_pool(problem: PoolProblem, options: SolveOptions) -> PoolSolution | N
     )
 
 
-def _hot_pairs(problem: PoolProblem, counts: Counts) -> int:
-    """(adapter, pod) booleans the exact packing model would need."""
-    sizes = {cls.key: cls.size for cls in problem.classes}
-    return sum(sizes[key] for (_, key), n in counts.hot.items() if n)
-
-
-def _pack_exactly(
-    problem: PoolProblem, counts: Counts, options: SolveOptions, used_s: float
-) -> tuple[Assignment | None, float]:
-    """Stage 2 by CP-SAT, in what is left of the time limit (at least two seconds)."""
-    hot, elapsed_s = pack_hot(
-        problem,
-        counts,
-        time_limit_s=max(2.0, options.time_limit_s - used_s),
-        workers=options.workers,
-        seed=options.seed,
-    )
-    if hot is None:
-        return None, elapsed_s
-    return assign_around(problem, counts, hot), elapsed_s
-
-
 def _rounding_slack(problem: PoolProblem) -> float:
     """How far rounding the model's coefficients to 1/SCALE can move an objective."""
     terms = len(problem.candidates) * (3 + 2 * len(problem.classes))
@@ -397,31 +383,4 @@ def _rounding_slack(problem: PoolProblem) -> float:
 
 def extract_plan(problem: PlacementProblem, solution: Solution, *, created_at: datetime) -> Plan:
     """The plan of a solution: pods' sets, adapters' tiers and weights, preloads, why."""
-    pods: dict[PodId, PodPlan] = {}
-    adapters: dict[AdapterId, AdapterPlan] = {}
-    preloads: list[Preload] = []
-    why: dict[AdapterId, str] = {}
-    lead = timedelta(seconds=problem.settings.forecast.preload_lead_s)
-    for pool_solution in solution.pools:
-        pods.update(pod_plans(pool_solution))
-        adapters.update(adapter_plans(pool_solution))
-        why.update(describe(pool_solution, total_rps=problem.total_mean_rps))
-        preloads.extend(preloads_of(pool_solution, at=problem.valid_from - lead))
-    for name, reason in problem.fixed_cold.items():
-        adapters[name] = AdapterPlan(tier=Tier.COLD)
-        why[name] = f"cold: {reason}"
-    digest = inputs_digest(problem)
-    valid_until = problem.valid_from + timedelta(seconds=problem.settings.planner.validity_s)
-    return Plan(
-        id=f"plan-{problem.valid_from.strftime('%Y%m%dT%H%M%SZ')}-{digest[:10]}",
-        inputs_digest=digest,
-        created_at=created_at,
-        valid_from=problem.valid_from,
-        valid_until=valid_until,
-        pods=MappingProxyType(pods),
-        adapters=MappingProxyType(adapters),
-        preloads=tuple(sorted(preloads, key=lambda p: (p.at, p.pod, p.adapter))),
-        predicted=MappingProxyType(predicted(problem, solution)),
-        solver=solution.report,
-        why=MappingProxyType(why),
-    )
+    return assemble_plan(problem, solution, created_at=created_at)

@@ -11,7 +11,7 @@ from placement.domain import Adapter, AdapterId, Catalog, Fleet, PodId
 from placement.errors import InfeasibleError
 from placement.explain import explain_by_relaxing
 from placement.problem import build_problem
-from placement.settings import Settings
+from placement.settings import PlannerSettings, Settings
 from placement.solver import SolveOptions, extract_plan, solve
 
 AT = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
@@ -143,3 +143,15 @@ def test_unpinned_adapters_that_fit_nowhere_are_cold_not_infeasible() -> None:
     solution = solve(problem, options=FAST)
     assert AdapterId("big") not in solution.pools[0].assignment.hot
     assert AdapterId("ok") in solution.pools[0].assignment.hot
+
+
+def test_pins_that_fit_the_pool_but_not_pod_by_pod_are_named() -> None:
+    # 3 x 60 MiB fit 2 x 100 MiB of GPU adapter memory in total, but one per pod.
+    cat = catalog(*[adapter(f"p{i}", base=SEVENTY, pinned=True, size_mib=60) for i in range(3)])
+    fl = fleet(pool("llama-70b", 2, base=SEVENTY, hbm_mib=100))
+    settings = Settings(planner=PlannerSettings(replicate_share=1.0))
+    problem = build_problem(
+        cat, fl, demand({"p0": 1.0, "p1": 1.0, "p2": 1.0}), settings=settings, valid_from=AT
+    )
+    with pytest.raises(InfeasibleError, match="pins do not fit pod by pod in pool llama-70b"):
+        solve(problem, options=FAST)
