@@ -1,0 +1,54 @@
+"""Forecasters by name, for the CLI, backtests and benchmarks.
+
+Pure: builds settings objects only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from models.base import Forecaster
+from models.baselines import (
+    DailyProfile,
+    Ewma,
+    LevelProfile,
+    Persistence,
+    SameBucketMedian,
+    SeasonalNaive,
+)
+from models.boosting import GlobalBoosting
+from models.select import Selecting
+from models.smoothing import HoltWinters
+
+
+def forecaster_named(
+    name: str, *, timezones: Mapping[str, str] | None = None, seed: int = 0
+) -> Forecaster:
+    zones = tuple(sorted((timezones or {}).items()))
+    table: dict[str, Forecaster] = {
+        "persistence": Persistence(),
+        "seasonal-naive-day": SeasonalNaive(),
+        "seasonal-naive-week": SeasonalNaive(period_days=7, name="seasonal-naive-week"),
+        "median-7d": SameBucketMedian(),
+        "profile-7d": DailyProfile(),
+        "ewma": Ewma(),
+        "level-profile": LevelProfile(),
+        "global-gbm": GlobalBoosting(timezones=zones, seed=seed),
+        "holt-winters": HoltWinters(),
+    }
+    table["auto"] = Selecting(
+        candidates=tuple(
+            table[key]
+            for key in (
+                "global-gbm",
+                "level-profile",
+                "persistence",
+                "ewma",
+                "median-7d",
+                "profile-7d",
+            )
+        )
+    )
+    if name not in table:
+        raise KeyError(f"unknown forecaster {name!r}; known: {', '.join(sorted(table))}")
+    return table[name]

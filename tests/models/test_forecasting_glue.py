@@ -1,0 +1,139 @@
+"""placement.forecasting: bad logs get a sane forecast with notes, or a clear error."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from models.preload import HotRule
+from models.series import CountPanel
+from placement.errors import ForecastError
+from placement.forecasting import FORECAST_COLUMNS, ModelForecaster, forecast_demand, preloads
+from placement.request_log import request_log_from_frame
+from placement.settings import ForecastSettings
+
+AT = pd.Timestamp("2026-01-05T00:00:00Z")
+
+
+def rows(*pairs: tuple[str, str]) -> pd.DataFrame:
+    return pd.DataFrame(
+        {"ts": pd.to_datetime([p[0] for p in pairs], utc=True), "adapter": [p[1] for p in pairs]}
+    )
+
+
+def assert_sane_frame(frame: pd.DataFrame) -> None:
+    assert tuple(frame.columns) == FORECAST_COLUMNS
+    values = frame[list(FORECAST_COLUMNS[2:])].to_numpy()
+    assert np.isfinite(values).all()
+    assert (values >= 0).all()
+    assert (frame["p_nonzero"] <= 1).all()
+    assert (frame["q50"] <= frame["q90"]).all() and (frame["q90"] <= frame["q99"]).all()
+
+
+def test_empty_log_is_a_clear_error() -> None:
+    empty = pd.DataFrame(
+        {"ts": pd.Series([], dtype="datetime64[ns, UTC]"), "adapter": pd.Series([], dtype=str)}
+    )
+    with pytest.raises(ForecastError, match="no requests before"):
+        forecast_demand(empty, at=AT)
+
+
+def test_log_only_after_the_origin_is_a_clear_error() -> None:
+    with pytest.raises(ForecastError, match="no requests before"):
+        forecast_demand(rows(("2026-01-06T00:00", "a")), at=AT)
+
+
+def spread(
+    days: float, *, adapters: tuple[str, ...] = ("a", "b"), every_min: int = 7
+) -> pd.DataFrame:
+    stamps = pd.date_range(
+        AT - pd.Timedelta(days=days), AT, freq=f"{every_min}min", inclusive="left"
+    )
+    return pd.DataFrame(
+        {"ts": np.tile(stamps, len(adapters)), "adapter": np.repeat(adapters, len(stamps))}
+    )
+
+
+def with_gap(frame: pd.DataFrame) -> pd.DataFrame:
+    ts = frame["ts"]
+    return frame[(ts < AT - pd.Timedelta(days=2)) | (ts >= AT - pd.Timedelta(days=1))]
+
+
+def duplicated(frame: pd.DataFrame) -> pd.DataFrame:
+    return pd.concat([frame, frame.iloc[::3]])
+
+
+def in_berlin(frame: pd.DataFrame) -> pd.DataFrame:
+    return frame.assign(ts=frame["ts"].dt.tz_convert("Europe/Berlin"))
+
+
+CASES: dict[str, Callable[[], pd.DataFrame]] = {
+    "shorter-than-a-day": lambda: spread(0.3),
+    "one-request": lambda: rows(("2026-01-04T09:00", "lonely")),
+    "one-request-next-to-a-busy-one": lambda: pd.concat(
+        [spread(4, adapters=("busy",)), rows(("2026-01-03T09:00", "lonely"))]
+    ),
+    "gaps": lambda: with_gap(spread(4)),
+    "duplicates": lambda: duplicated(spread(2)),
+    "out-of-order": lambda: spread(2).sample(frac=1.0, random_state=3),
+    "other-time-zone": lambda: in_berlin(spread(2)),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
+def test_bad_logs_still_get_a_sane_forecast(case: str) -> None:
+    result = forecast_demand(CASES[case](), at=AT, horizon_s=6 * 3600)
+    assert_sane_frame(result.frame)
+    assert result.frame["ts"].min() == AT
+    assert len(result.frame) == 36 * len(result.models)
+
+
+@pytest.mark.parametrize(
+    ("case", "note"),
+    [
+        ("shorter-than-a-day", "too short"),
+        ("duplicates", "duplicate"),
+        ("other-time-zone", "converted to UTC"),
+    ],
+)
+def test_fallbacks_and_cleaning_are_said(case: str, note: str) -> None:
+    result = forecast_demand(CASES[case](), at=AT, horizon_s=3600)
+    assert any(note in n for n in result.notes), result.notes
+
+
+def test_unknown_zone_and_unknown_model() -> None:
+    result = forecast_demand(
+        spread(1), at=AT, horizon_s=3600, timezones={"a": "Mars/Olympus"}, model="profile-7d"
+    )
+    assert any("Mars/Olympus" in n for n in result.notes)
+    with pytest.raises(ForecastError, match="unknown forecaster"):
+        forecast_demand(spread(1), at=AT, model="crystal-ball")
+
+
+def test_daily_pattern_reaches_the_frame_and_the_schedule(
+    seasonal_panel: Callable[..., CountPanel], to_requests: Callable[[CountPanel], pd.DataFrame]
+) -> None:
+    panel = seasonal_panel(days=4, peaks=(40.0,))
+    at = datetime.fromtimestamp(panel.end_s, tz=UTC)
+    result = forecast_demand(to_requests(panel), at=at, model="profile-7d", horizon_s=86_400)
+    by_hour = result.frame.set_index("ts")["mean"]
+    assert by_hour.idxmax().hour in (12, 13, 14)
+    rule = HotRule(mean_per_bucket=10.0, p_nonzero=1.1)
+    (rise,) = preloads(result, settings=ForecastSettings(preload_lead_s=900), rule=rule)
+    assert rise.needed_at_s - rise.load_at_s == 900
+
+
+def test_model_forecaster_is_the_controllers_port(
+    seasonal_panel: Callable[..., CountPanel], to_requests: Callable[[CountPanel], pd.DataFrame]
+) -> None:
+    panel = seasonal_panel(days=3, peaks=(40.0, 2.0))
+    log = request_log_from_frame(to_requests(panel))
+    start = datetime.fromtimestamp(panel.end_s + 12 * 3600, tz=UTC)  # 12:00, near the peak
+    demand = ModelForecaster(model="profile-7d")(log, start=start, duration_s=3600)
+    assert set(demand) == {"adapter-0", "adapter-1"}
+    assert demand["adapter-0"].mean_rps > demand["adapter-1"].mean_rps > 0
+    assert demand["adapter-0"].q90_rps >= demand["adapter-0"].mean_rps
