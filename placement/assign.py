@@ -153,6 +153,9 @@ class _Packer:
             if not hot or held:
                 held = 0 if pair in self.problem.current_registered else 2
             together = -self.groups.get((candidate.group or "", state.name), 0)
+            if not hot:
+                # Warm registrations spread over host caches, most room first.
+                return (held, together, -state.host_count, -state.host_bytes, state.name)
             if self.pack_first:
                 return (held, together, -state.slots, -state.hbm_bytes, state.name)
             # Worst fit: the pod with the most room left over all budgets, so that every
