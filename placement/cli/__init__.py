@@ -6,6 +6,7 @@ from placement.cli import (
     apply_cmds,  # noqa: F401  (registers apply)
     controller_cmds,  # noqa: F401  (registers controller, rollback)
     emulate_cmds,  # noqa: F401  (registers emulate)
+    forecast_cmds,  # noqa: F401  (registers forecast, backtest)
     inputs_cmds,  # noqa: F401  (registers validate, size, synth)
     plan_cmds,  # noqa: F401  (registers plan)
     replay_cmds,  # noqa: F401  (registers replay)
