@@ -9,7 +9,8 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from placement.cli import app
+from placement.cli.app import app
+from placement.domain import AdapterId
 from placement.inputs import read_plan
 
 CATALOG = """
@@ -28,7 +29,7 @@ pools:
       - {name: pod-0, url: "http://127.0.0.1:18000"}
       - {name: pod-1, url: "http://127.0.0.1:18001"}
 """
-NAMES = [f"tenant-{i}" for i in range(6)]
+NAMES = [AdapterId(f"tenant-{i}") for i in range(6)]
 
 
 def _entry(name: str, *, pinned: bool = False) -> str:
