@@ -144,6 +144,8 @@ def print_forecast(
         table.add_column(
             column, justify="right" if column in ("expected", "P(any)", "lead") else "left"
         )
+    width = min(40, max((len(item.adapter) for item in schedule), default=7))
+    table.columns[2].min_width = width
     for item in schedule[: max(top, 10)]:
         lead_min = (item.needed_at_s - item.load_at_s) / 60
         table.add_row(
@@ -171,7 +173,11 @@ def _top_table(result: Forecast, top: int) -> Table:
         "q90 at peak",
         "max P(any)",
     ):
-        table.add_column(column, justify="left" if column in ("adapter", "model") else "right")
+        justify = "left" if column in ("adapter", "model") else "right"
+        width = (
+            min(40, max(len(a) for a in forecast_result.adapters)) if column == "adapter" else None
+        )
+        table.add_column(column, justify=justify, overflow="fold", min_width=width)
     for column in order:
         peak = int(np.argmax(forecast_result.mean[:, column]))
         table.add_row(
