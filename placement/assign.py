@@ -49,10 +49,18 @@ class PoolCost:
     load_ms_per_s: float
     imbalance_ms_per_s: float
     loads: int
+    #: Hysteresis: credit for keeping adapters hot that are hot now (not a delay).
+    stability_credit_ms_per_s: float = 0.0
 
     @property
     def total(self) -> float:
+        """The plan's expected delay: misses, loads and imbalance."""
         return self.miss_ms_per_s + self.load_ms_per_s + self.imbalance_ms_per_s
+
+    @property
+    def model_total(self) -> float:
+        """What the solver minimises: the delay less the stability credit."""
+        return self.total - self.stability_credit_ms_per_s
 
 
 @dataclass
@@ -463,9 +471,16 @@ def evaluate(problem: PoolProblem, assignment: Assignment) -> PoolCost:
         for c in problem.candidates
         if c.name in assignment.hot
     )
+    hot_now = {a for a, _ in problem.current_hot}
+    credit = sum(
+        problem.stability * c.mean_rps * c.warm_miss_ms
+        for c in problem.candidates
+        if c.name in hot_now and c.name in assignment.hot
+    )
     return PoolCost(
         miss_ms_per_s=miss,
         load_ms_per_s=load_ms / problem.validity_s,
         imbalance_ms_per_s=imbalance * problem.imbalance_weight,
         loads=loads,
+        stability_credit_ms_per_s=credit,
     )

@@ -100,6 +100,10 @@ class PoolProblem:
     #: Pooled forecast q90 traffic of every adapter of the pool, hot or not.
     q90_total_rps: float
     unready_pods: tuple[PodId, ...] = ()
+    #: Hysteresis against flapping: an adapter hot now is credited this share of what
+    #: being hot saves it, so a challenger must save that much more to take its place
+    #: (1 - demote_factor when a placement is in force, else 0).
+    stability: float = 0.0
 
     @property
     def carry_rps(self) -> float:
@@ -326,6 +330,7 @@ def _pool_problem(
         imbalance_weight=settings.planner.imbalance_weight,
         headroom=headroom,
         q90_total_rps=q90_total,
+        stability=1.0 - settings.planner.demote_factor if churn else 0.0,
         unready_pods=tuple(pod.name for pod in pool.pods if pod.name not in ready),
     )
     return problem, broken

@@ -136,6 +136,7 @@ class _Stage1:
         self.named = named_pins_per_class(problem) if "pins" not in relax else {}
         self.cur_hot = current_per_class(problem, hot_only=True)
         self.cur_reg = current_per_class(problem, hot_only=False)
+        self.hot_now = {a for a, _ in problem.current_hot}
         self.hot: dict[str, cp_model.IntVar] = {}
         self.warm: dict[str, cp_model.IntVar] = {}
         self.replicas: dict[ClassKey, cp_model.IntVar] = {}
@@ -171,6 +172,11 @@ class _Stage1:
         self.constant += c.mean_rps * c.cold_miss_ms
         self.objective.append(-_coef(c.mean_rps * c.cold_miss_ms) * h)
         self.objective.append(-_coef(c.mean_rps * (c.cold_miss_ms - c.warm_miss_ms)) * w)
+        # Hysteresis: keeping an adapter hot that is hot now earns a stability credit,
+        # so plans do not flap when forecasts move a little (tiering's demote factor).
+        if c.name in self.hot_now:
+            credit = self.problem.stability * c.mean_rps * c.warm_miss_ms
+            self.objective.append(-_coef(credit) * h)
 
     def _per_class(self, c: Candidate) -> tuple[list[cp_model.IntVar], list[cp_model.IntVar]]:
         name, hot, warm = str(c.name), [], []
@@ -335,7 +341,7 @@ def solve(problem: PlacementProblem, *, options: SolveOptions | None = None) -> 
     notes = capacity_notes(problem, configured=problem.settings.planner.capacity_headroom)
     return Solution(
         pools=tuple(solutions),
-        report=combine_reports([s.report for s in solutions]),
+        report=combine_reports(solutions),
         notes=tuple(notes),
     )
 

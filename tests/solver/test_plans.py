@@ -155,3 +155,23 @@ def test_gap_and_bound_are_reported() -> None:
     assert report.bound <= report.objective
     assert report.gap == pytest.approx((report.objective - report.bound) / report.objective)
     assert report.wall_s > 0
+
+
+@pytest.mark.parametrize(
+    ("challenger_rps", "promoted"),
+    [
+        pytest.param(1.05, False, id="five-percent-busier-does-not-displace"),
+        pytest.param(1.5, True, id="half-again-busier-displaces"),
+    ],
+)
+def test_hysteresis_keeps_the_incumbent_unless_the_gain_is_worth_it(
+    challenger_rps: float, promoted: bool
+) -> None:
+    cat = catalog(adapter("incumbent"), adapter("challenger"))
+    fl = fleet(pool("p", 1, max_loras=1))
+    planner = PlannerSettings(replicate_share=1.0)
+    first = _plan(_problem(cat, fl, {"incumbent": 1.0, "challenger": 0.5}, planner=planner))
+    assert first.tier_of(A("incumbent")) is Tier.HOT
+    rates = {"incumbent": 1.0, "challenger": challenger_rps}
+    second = _plan(_problem(cat, fl, rates, current=first.placement(), planner=planner))
+    assert (second.tier_of(A("challenger")) is Tier.HOT) is promoted
