@@ -19,6 +19,7 @@ webhook:
   secret_file: /var/run/secrets/lorafleet/webhook-secret
 intervals: {ingest_s: 300, forecast_s: 900, plan_s: 300, watchdog_s: 15}
 max_loads_per_event: 2
+forecast_model: level-profile     # a models/ forecaster, or same-hour
 ```
 """
 
@@ -30,7 +31,11 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from models.registry import forecaster_named
 from placement.errors import InputError, Problem
+
+#: The forecaster that needs no fitting (``placement.controller_wiring.SeasonalForecaster``).
+SAME_HOUR_MODEL = "same-hour"
 
 
 class _Section(BaseModel):
@@ -88,6 +93,11 @@ class ControllerConfig(_Section):
     webhook: WebhookConfig = Field(default_factory=WebhookConfig)
     intervals: IntervalsConfig = Field(default_factory=IntervalsConfig)
     max_loads_per_event: int = Field(default=2, ge=0, le=64)
+    #: A forecaster of ``models/`` by name (``level-profile``, ``global-gbm``, ``auto``,
+    #: ...), or ``same-hour``: the same window of the last 7 days, with no fitting.
+    forecast_model: str = "level-profile"
+    #: Learn pipeline transitions and login habits from a per-request log at each ingest.
+    learn_events: bool = True
     lease_duration_s: int = Field(default=15, ge=3)
     #: The lease holder's name; the entry point defaults it to the pod's name.
     identity: str | None = None
@@ -140,6 +150,13 @@ def load_controller_config(path: str | Path) -> ControllerConfig:
             for error in exc.errors(include_url=False)
         ]
         raise InputError(problems) from None
+    if config.forecast_model != SAME_HOUR_MODEL:
+        try:
+            forecaster_named(config.forecast_model)
+        except KeyError as exc:
+            raise InputError(
+                [Problem(source=str(source), field="forecast_model", message=str(exc.args[0]))]
+            ) from None
     return _resolve(config, source.parent)
 
 

@@ -2,9 +2,10 @@
 
 - ``EngineActuator``: pods through ``placement.apply`` and the ``Executor``.
 - ``SolverPlanner``: ``build_problem`` → ``solve`` → ``extract_plan``.
+- ``ReusingForecaster``: ``placement.forecasting.ModelForecaster`` (``models/``), one
+  fit per history for both windows of a forecast tick.
 - ``SeasonalForecaster``: the same window on each of the last days, averaged (mean)
-  and its 90th percentile across days (q90). A small, honest forecaster that needs no
-  fitting; ``placement.forecasting`` replaces it when configured.
+  and its 90th percentile across days (q90); no fitting (``forecast_model: same-hour``).
 - history sources: a request-log file, or Prometheus (``placement.adapters.prom``).
 - ``PrometheusObserver``: the ticks' outcomes and ``placement.metrics.ControllerMetrics``.
 
@@ -28,9 +29,11 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from placement.adapters.prom import PromHistorySource
 from placement.apply import apply_plan, lora_paths, make_clients
 from placement.controller_ports import Backoff, ControllerObserver, Job, Outcome
+from placement.demand import demand_from_forecast
 from placement.domain import Action, AdapterId, Catalog, Fleet, PodId
 from placement.errors import EngineError
 from placement.executor import ApplyReport, Executor, Ledger, Sleep
+from placement.forecasting import ModelForecaster
 from placement.metrics import ControllerMetrics
 from placement.plan import Plan
 from placement.problem import Demand, build_problem
@@ -177,6 +180,33 @@ class SeasonalForecaster:
         totals = inside.groupby("adapter", observed=True)["requests"].sum()
         names = sorted(counts["adapter"].astype(str).unique())
         return [float(totals.get(name, 0.0)) for name in names]
+
+
+class ReusingForecaster:
+    """``placement.forecasting.ModelForecaster``, fitted once per history: a later window
+    inside the forecast's horizon (the forecast tick's look-ahead) reuses the fit."""
+
+    def __init__(self, model: ModelForecaster, *, bucket_s: int) -> None:
+        self._model = model
+        self._bucket_s = bucket_s
+        self._cached: tuple[RequestLog, pd.DataFrame] | None = None
+
+    def __call__(
+        self, history: RequestLog, *, start: datetime, duration_s: int
+    ) -> Mapping[AdapterId, Demand]:
+        frame = self._frame(history, start=start, duration_s=duration_s)
+        return demand_from_forecast(frame, at=start, validity_s=duration_s, bucket_s=self._bucket_s)
+
+    def _frame(self, history: RequestLog, *, start: datetime, duration_s: int) -> pd.DataFrame:
+        if self._cached is not None and self._cached[0] is history:
+            frame = self._cached[1]
+            end = pd.Timestamp(start) + pd.Timedelta(seconds=duration_s)
+            last = frame["ts"].max() + pd.Timedelta(seconds=self._bucket_s)
+            if not frame.empty and frame["ts"].min() <= pd.Timestamp(start) and end <= last:
+                return frame
+        forecast = self._model.forecast(history, start=start, duration_s=duration_s)
+        self._cached = (history, forecast.frame)
+        return forecast.frame
 
 
 class FileHistory:

@@ -14,12 +14,14 @@ import os
 import random
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated
 
 import httpx
+import pandas as pd
 import typer
 from fastapi import FastAPI
 from kubernetes import client
@@ -40,25 +42,35 @@ from placement.cli.app import app, out, report_errors
 from placement.cluster import PlanStore
 from placement.controller import Controller
 from placement.controller_config import (
+    SAME_HOUR_MODEL,
     ControllerConfig,
     KubernetesConfig,
     load_controller_config,
     read_secret,
 )
 from placement.controller_jobs import Schedule, add_process_routes, serve
-from placement.controller_ports import ControllerPorts, HistorySource
+from placement.controller_ports import ControllerPorts, DemandForecaster, HistorySource
 from placement.controller_wiring import (
     EngineActuator,
     FileHistory,
     PrometheusHistory,
     PrometheusObserver,
+    ReusingForecaster,
     SeasonalForecaster,
     SolverPlanner,
 )
-from placement.domain import Pipelines
-from placement.events import Event, EventDecision, pipeline_predictor
+from placement.domain import Catalog, Pipelines
+from placement.events import (
+    Event,
+    EventDecision,
+    Predictor,
+    learned_predictor,
+    pipeline_predictor,
+)
+from placement.forecasting import ModelForecaster, learn_events
 from placement.inputs import load_catalog, load_fleet, load_pipelines
 from placement.leader import LeaderElector
+from placement.request_log import RequestLog
 from placement.settings import Settings
 from placement.webhook import create_webhook_app
 
@@ -113,6 +125,31 @@ def _history(config: ControllerConfig, settings: Settings) -> HistorySource:
     )
 
 
+def _forecaster(config: ControllerConfig, settings: Settings, catalog: Catalog) -> DemandForecaster:
+    bucket_s = settings.forecast.bucket_s
+    if config.forecast_model == SAME_HOUR_MODEL:
+        return SeasonalForecaster(bucket_s=bucket_s)
+    model = ModelForecaster(
+        settings=settings.forecast, catalog=catalog, model=config.forecast_model
+    )
+    return ReusingForecaster(model, bucket_s=bucket_s)
+
+
+def _event_learner(
+    pipelines: Pipelines | None, catalog: Catalog, declared: Predictor
+) -> Callable[[RequestLog], Predictor]:
+    def learn(history: RequestLog) -> Predictor:
+        # learn_events fills missing tenants with "", which a categorical column refuses.
+        frame = history.frame
+        if "tenant" in frame and isinstance(frame["tenant"].dtype, pd.CategoricalDtype):
+            frame = frame.assign(tenant=frame["tenant"].astype(object))
+            history = replace(history, frame=frame)
+        models = learn_events(history, pipelines=pipelines, catalog=catalog)
+        return learned_predictor(models, declared=declared)
+
+    return learn
+
+
 @dataclass
 class _Sink:
     """The webhook's EventSink: the controller, acting only while it leads."""
@@ -132,6 +169,7 @@ def build(config: ControllerConfig, *, http: httpx.AsyncClient) -> tuple[Schedul
     fleet = load_fleet(config.fleet)
     catalog = load_catalog(config.catalog, fleet=fleet)
     pipelines = load_pipelines(config.pipelines, catalog=catalog) if config.pipelines else None
+    declared = pipeline_predictor(pipelines or Pipelines(), catalog)
     secret = read_secret(config.webhook, dict(os.environ))
     identity = config.identity or os.environ.get("POD_NAME") or socket.gethostname()
     api = None
@@ -144,7 +182,7 @@ def build(config: ControllerConfig, *, http: httpx.AsyncClient) -> tuple[Schedul
         catalog=catalog,
         fleet=fleet,
         history=_history(config, settings),
-        forecaster=SeasonalForecaster(bucket_s=settings.forecast.bucket_s),
+        forecaster=_forecaster(config, settings, catalog),
         planner=SolverPlanner(catalog, settings=settings, clock=time.time),
         actuator=EngineActuator(catalog=catalog, http=http, settings=settings, rng=random.Random()),
         plans=plan_store_for(config, api),
@@ -153,7 +191,10 @@ def build(config: ControllerConfig, *, http: httpx.AsyncClient) -> tuple[Schedul
             if api is not None and target is not None
             else DirStateStore(ensure_state_dir(config.state_dir or Path("state")))
         ),
-        predictor=pipeline_predictor(pipelines or Pipelines(), catalog),
+        predictor=declared,
+        learn_predictor=_event_learner(pipelines, catalog, declared)
+        if config.learn_events
+        else None,
         discovery=KubePods(api, target=target) if api is not None and target else None,
         annotator=KubeAnnotator(api, target=target) if api is not None and target else None,
         elector=(

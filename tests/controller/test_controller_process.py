@@ -70,6 +70,7 @@ def test_a_local_config_resolves_paths_against_its_directory(tmp_path: Path) -> 
         ),
         pytest.param(LOCAL + "intervals: {plan_s: 0}\n", "intervals.plan_s", id="zero-interval"),
         pytest.param("- a\n- b\n", "expected a mapping", id="not-a-mapping"),
+        pytest.param(LOCAL + "forecast_model: crystal-ball\n", "unknown forecaster", id="model"),
     ],
 )
 def test_config_mistakes_are_reported_with_their_field(
@@ -197,3 +198,39 @@ def test_rollback_on_kubernetes_swaps_the_plan_configmap(
         assert store.current() == make_plan("p1")
     finally:
         api.close()
+
+
+@pytest.mark.anyio
+async def test_the_composed_controller_learns_event_models_and_forecasts_with_models(
+    tmp_path: Path, http: httpx.AsyncClient
+) -> None:
+    from datetime import timedelta
+
+    from placement.controller_wiring import ReusingForecaster, SeasonalForecaster
+    from placement.demand import demand_from_forecast
+    from placement.events import Event, EventKind
+    from placement.forecasting import ModelForecaster
+
+    schedule, _ = build(load_controller_config(write_config(tmp_path, LOCAL)), http=http)
+    controller = schedule.controller
+    assert isinstance(controller.ports.forecaster, ReusingForecaster)
+    assert await controller.guarded(Job.INGEST, controller.ingest) is Outcome.DONE
+    assert controller.state.predictor is not None
+    login = Event(kind=EventKind.LOGIN, id="e", tenant="firm-east")  # type: ignore[arg-type]
+    declared = {p.adapter for p in controller.ports.predictor(login)}
+    learned = {p.adapter for p in controller.state.predictor(login)}
+    assert declared < learned  # the log taught more than pipelines.yaml says
+    history = controller.state.history
+    assert history is not None
+    end = history.frame["ts"].max().to_pydatetime()
+    fit = ModelForecaster(catalog=controller.ports.catalog, model="level-profile").forecast(
+        history, start=end, duration_s=3600
+    )
+    for start in (end, end + timedelta(hours=1)):  # the look-ahead reads the same fit
+        expected = demand_from_forecast(fit.frame, at=start, validity_s=3600, bucket_s=600)
+        assert controller.ports.forecaster(history, start=start, duration_s=3600) == expected
+    same_hour = build(
+        load_controller_config(write_config(tmp_path, LOCAL + "forecast_model: same-hour\n")),
+        http=http,
+    )[0]
+    assert isinstance(same_hour.controller.ports.forecaster, SeasonalForecaster)
