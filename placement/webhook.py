@@ -313,9 +313,14 @@ def create_webhook_app(
     settings: ControllerSettings,
     clock: Callable[[], float],
     registry: CollectorRegistry,
+    gate: WebhookGate | None = None,
 ) -> FastAPI:
-    """The ASGI app with ``POST /v1/events``; the controller adds its own routes to it."""
-    gate = WebhookGate(secret=secret, settings=settings, clock=clock)
+    """The ASGI app with ``POST /v1/events``; the controller adds its own routes to it.
+
+    ``gate`` (built from the other arguments when absent) holds the bounded state; a
+    test passes its own to look at it.
+    """
+    gate = gate or WebhookGate(secret=secret, settings=settings, clock=clock)
     metrics = WebhookMetrics(registry)
     app = FastAPI(
         title="lorafleet controller",

@@ -357,3 +357,40 @@ def test_schemathesis_fuzz_never_5xx(app: FastAPI, clock: FakeClock) -> None:
 
         fuzz()
     assert {202, 401} <= statuses  # the fuzzer reached past the signature check
+
+
+@pytest.mark.anyio
+async def test_a_flood_from_many_sources_keeps_memory_bounded_and_the_limit_holding(
+    sink: RecordingSink, clock: FakeClock
+) -> None:
+    from placement.webhook import WebhookGate
+
+    settings_ = ControllerSettings(
+        webhook_rate_per_s=5,
+        webhook_burst=5,
+        webhook_max_sources=64,
+        webhook_max_ids=100,
+        webhook_total_rate_per_s=1e9,
+    )
+    gate = WebhookGate(secret=SECRET, settings=settings_, clock=clock)
+    app = create_webhook_app(
+        sink,
+        secret=SECRET,
+        settings=settings_,
+        clock=clock,
+        registry=CollectorRegistry(),
+        gate=gate,
+    )
+    statuses: dict[int, int] = {}
+    for i in range(600):
+        source = f"10.{i % 250}.{i // 250}.1" if i % 2 else "10.255.255.1"  # half from one source
+        transport = httpx.ASGITransport(app=app, client=(source, 1000))
+        async with httpx.AsyncClient(transport=transport, base_url="http://c") as client:
+            body = raw({**UPLOAD, "id": f"flood-{i}"})
+            status = (
+                await client.post("/v1/events", content=body, headers=signed(body, clock))
+            ).status_code
+        statuses[status] = statuses.get(status, 0) + 1
+        assert len(gate.per_source) <= 64 and len(gate.seen) <= 100
+    # the single loud source got its burst of 5, every other source its first event
+    assert statuses == {202: 300 + 5, 429: 300 - 5}
