@@ -186,15 +186,16 @@ def _names(names: tuple[AdapterId, ...], limit: int = 6) -> str:
 
 
 def _pods_table(result: Plan, fleet: Fleet) -> Table:
-    table = Table(title=f"plan {result.id}: pods")
+    table = Table(title=f"plan {result.id}: pods (* pinned)")
     for column in ("pod", "hot", "warm", "slots", "GPU bytes", "host bytes", "rps"):
         table.add_column(column, justify="right" if column in ("slots", "rps") else "left")
     pods = fleet.pod_by_name()
     for pod_id, pod_plan in sorted(result.pods.items()):
         pod = pods[pod_id]
+        hot = tuple(AdapterId(f"{a}*") if a in pod_plan.pinned else a for a in pod_plan.hot)
         table.add_row(
             pod_id,
-            _names(pod_plan.hot),
+            _names(hot),
             f"{len(pod_plan.warm)}",
             f"{len(pod_plan.hot)}/{pod.max_loras}",
             f"{human_bytes(pod_plan.hbm_bytes_used)}/{human_bytes(pod.hbm_adapter_bytes)}",

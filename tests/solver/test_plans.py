@@ -175,3 +175,10 @@ def test_hysteresis_keeps_the_incumbent_unless_the_gain_is_worth_it(
     rates = {"incumbent": 1.0, "challenger": challenger_rps}
     second = _plan(_problem(cat, fl, rates, current=first.placement(), planner=planner))
     assert (second.tier_of(A("challenger")) is Tier.HOT) is promoted
+
+
+def test_two_workers_give_the_same_plan_twice() -> None:
+    options = SolveOptions(time_limit_s=2.0, workers=2, seed=3)
+    one, two = (_plan(_problem(*_basic()), options) for _ in range(2))
+    assert one.placement() == two.placement()
+    assert dict(one.adapters) == dict(two.adapters)
