@@ -43,8 +43,10 @@ def plan(
     fleet: Annotated[Path, typer.Option(help="fleet.yaml")],
     at: Annotated[str, typer.Option(help="start of the plan, ISO 8601 (UTC if no zone)")],
     output: Annotated[Path, typer.Option("--output", "-o", help="where to write plan.json")],
-    log: Annotated[Path | None, typer.Option(help="request log: same-time history")] = None,
-    forecast: Annotated[Path | None, typer.Option(help="forecast Parquet")] = None,
+    log: Annotated[Path | None, typer.Option(help="request log, forecast on the spot")] = None,
+    forecast: Annotated[
+        Path | None, typer.Option(help="forecast Parquet (ts, adapter, mean, q90, ...)")
+    ] = None,
     current: Annotated[
         Path | None, typer.Option(help="plan or observed placement in force")
     ] = None,
