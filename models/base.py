@@ -10,7 +10,6 @@ Pure: no IO, no clock, no logging.
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -130,12 +129,10 @@ def from_samples(
     pq50, pq90, pq99 = poisson_quantiles(mean)
     known = ~np.isnan(samples)
     draws = known.sum(axis=0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # cells with no past draw: NaN, floored
-        q50 = np.nan_to_num(np.nanquantile(samples, 0.5, axis=0), nan=0.0) if samples.size else pq50
-        q90 = np.nan_to_num(np.nanquantile(samples, 0.9, axis=0), nan=0.0) if samples.size else pq90
-        q99 = np.nan_to_num(np.nanmax(samples, axis=0), nan=0.0) if samples.size else pq99
-    q50 = np.where(draws > 0, q50, pq50)
+    ordered = np.sort(samples, axis=0)  # NaN sorts last: the first ``draws`` rows are known
+    q50 = np.where(draws > 0, _sorted_quantile(ordered, draws, 0.5), pq50)
+    q90 = _sorted_quantile(ordered, draws, 0.9)
+    q99 = _sorted_quantile(ordered, draws, 1.0)
     q90, q99 = np.maximum(q90, pq90), np.maximum(q99, pq99)
     seen = ((samples > 0) & known).sum(axis=0) if samples.size else np.zeros_like(mean)
     # The share of past draws with a request, with the Poisson value as one extra draw.
@@ -153,25 +150,14 @@ def from_samples(
     )
 
 
-def combine(
-    parts: dict[str, PanelForecast], choice: np.ndarray, *, notes: tuple[str, ...] = ()
-) -> PanelForecast:
-    """Take each (bucket, adapter) cell from the forecast named in ``choice[t, a]``."""
-    first = next(iter(parts.values()))
-    arrays: dict[str, FloatArray] = {}
-    for key in ("mean", "q50", "q90", "q99", "p_nonzero"):
-        out = np.zeros_like(first.mean)
-        for name, part in parts.items():
-            out = np.where(choice == name, getattr(part, key), out)
-        arrays[key] = out
-    models = tuple(
-        "+".join(dict.fromkeys(str(c) for c in choice[:, a])) for a in range(choice.shape[1])
-    )
-    return PanelForecast(
-        origin_s=first.origin_s,
-        bucket_s=first.bucket_s,
-        adapters=first.adapters,
-        model=models,
-        notes=notes,
-        **arrays,
-    )
+def _sorted_quantile(ordered: FloatArray, draws: np.ndarray, q: float) -> FloatArray:
+    """The q-quantile (linear) of the first ``draws`` rows of each column; 0 with none."""
+    if not ordered.shape[0]:
+        return np.zeros(ordered.shape[1:])
+    position = q * np.maximum(draws - 1, 0)
+    low = np.floor(position).astype(np.int64)
+    high = np.minimum(low + 1, np.maximum(draws - 1, 0))
+    below = np.take_along_axis(ordered, low[None], axis=0)[0]
+    above = np.take_along_axis(ordered, high[None], axis=0)[0]
+    value = below + (above - below) * (position - low)
+    return np.where(draws > 0, np.nan_to_num(value, nan=0.0), 0.0)

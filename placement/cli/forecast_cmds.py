@@ -173,11 +173,13 @@ def _top_table(result: Forecast, top: int) -> Table:
         "q90 at peak",
         "max P(any)",
     ):
-        justify = "left" if column in ("adapter", "model") else "right"
+        left = column in ("adapter", "model")
         width = (
             min(40, max(len(a) for a in forecast_result.adapters)) if column == "adapter" else None
         )
-        table.add_column(column, justify=justify, overflow="fold", min_width=width)
+        table.add_column(
+            column, justify="left" if left else "right", overflow="fold", min_width=width
+        )
     for column in order:
         peak = int(np.argmax(forecast_result.mean[:, column]))
         table.add_row(
