@@ -7,7 +7,7 @@ the same plan, and the plan is never worse than the solver's greedy hint.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 from hypothesis import HealthCheck, given, settings
@@ -48,6 +48,14 @@ def cases(draw: st.DrawFn) -> Case:
         host_mib=draw(st.integers(120, 900)),
         capacity_rps=draw(st.sampled_from([10.0, 50.0])),
     )
+    if pods > 1 and draw(st.booleans()):
+        # A second class of pods in the pool: one pod with more slots and GPU memory.
+        bigger = replace(
+            main.pods[0],
+            max_loras=slots + 1,
+            hbm_adapter_bytes=main.pods[0].hbm_adapter_bytes * 2,
+        )
+        main = replace(main, pods=(bigger, *main.pods[1:]))
     other = pool("q", 1, base="mistral-7b", max_loras=2)
     n = draw(st.integers(1, 10))
     names = [f"a{i}" for i in range(n)]
