@@ -10,6 +10,7 @@ fleet: fleet.yaml                 # on Kubernetes: per pool, the budgets of its 
 pipelines: pipelines.yaml         # optional
 history:
   log: requests.parquet           # or prometheus_url: http://prometheus:9090
+  live_log: router-requests.jsonl # optional: the router's log, added at each ingest
 state_dir: ./state                # without kubernetes: plans and ledger live here
 kubernetes:                       # optional: discover pods, ConfigMaps, Lease
   namespace: lorafleet
@@ -29,7 +30,14 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
 
 from models.registry import forecaster_named
 from placement.errors import InputError, Problem
@@ -46,6 +54,9 @@ class HistoryConfig(_Section):
     log: Path | None = None
     prometheus_url: str | None = None
     lookback_days: int = Field(default=14, ge=1, le=90)
+    #: The router's request log (JSON lines or Parquet), added to ``log`` at each ingest;
+    #: missing or unreadable counts as empty (the router may not have written yet).
+    live_log: Path | None = None
 
     @model_validator(mode="after")
     def _one_source(self) -> HistoryConfig:
@@ -76,6 +87,15 @@ class WebhookConfig(_Section):
     secret_env: str = "LORAFLEET_WEBHOOK_SECRET"
 
 
+class ClockConfig(_Section):
+    """A warped clock for demos: reads ``start`` at wall time ``origin_s`` (default: at
+    start-up) and runs ``speed`` times faster. Intervals stay in wall seconds."""
+
+    start: AwareDatetime
+    speed: float = Field(default=1.0, gt=0)
+    origin_s: float | None = None
+
+
 class IntervalsConfig(_Section):
     ingest_s: int = Field(default=300, ge=1)
     forecast_s: int = Field(default=900, ge=1)
@@ -91,6 +111,7 @@ class ControllerConfig(_Section):
     state_dir: Path | None = None
     kubernetes: KubernetesConfig | None = None
     webhook: WebhookConfig = Field(default_factory=WebhookConfig)
+    clock: ClockConfig | None = None
     intervals: IntervalsConfig = Field(default_factory=IntervalsConfig)
     max_loads_per_event: int = Field(default=2, ge=0, le=64)
     #: A forecaster of ``models/`` by name (``level-profile``, ``global-gbm``, ``auto``,
@@ -114,8 +135,10 @@ def _resolve(config: ControllerConfig, base: Path) -> ControllerConfig:
         return None if path is None or path.is_absolute() else base / path
 
     history = config.history
-    if history.log is not None and not history.log.is_absolute():
-        history = history.model_copy(update={"log": base / history.log})
+    for name in ("log", "live_log"):
+        path = getattr(history, name)
+        if path is not None and not path.is_absolute():
+            history = history.model_copy(update={name: base / path})
     webhook = config.webhook
     if webhook.secret_file is not None and not webhook.secret_file.is_absolute():
         webhook = webhook.model_copy(update={"secret_file": base / webhook.secret_file})

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 
@@ -41,9 +42,20 @@ PRELOAD_PREFIX = "preload@"
 class Schedule:
     """The jobs of one controller on one AsyncIOScheduler."""
 
-    def __init__(self, controller: Controller, *, settings: ControllerSettings) -> None:
+    def __init__(
+        self,
+        controller: Controller,
+        *,
+        settings: ControllerSettings,
+        wall: Callable[[], float] = time.time,
+        to_wall: Callable[[datetime], datetime] | None = None,
+    ) -> None:
         self.controller = controller
         self.settings = settings
+        # The scheduler runs on the wall clock; the controller's clock may be warped
+        # (a demo replaying a day in minutes): ``to_wall`` maps its times to the wall's.
+        self._wall = wall
+        self._to_wall = to_wall or (lambda at: at)
         self.scheduler = AsyncIOScheduler(
             timezone=UTC,
             job_defaults={
@@ -56,7 +68,7 @@ class Schedule:
 
     def _add_intervals(self) -> None:
         cfg, c = self.settings, self.controller
-        start = c.now()
+        start = self.wall_now()
         jobs: list[tuple[Job, Callable[[], Awaitable[Outcome]], float]] = [
             (Job.LEASE, c.lease, max(1.0, cfg.lease_duration_s / 3)),
             (Job.INGEST, self.ingest, cfg.ingest_interval_s),
@@ -75,6 +87,9 @@ class Schedule:
                 next_run_time=start + timedelta(seconds=offset_s),
             )
 
+    def wall_now(self) -> datetime:
+        return datetime.fromtimestamp(self._wall(), UTC)
+
     async def _run(self, job: Job, tick: Callable[[], Awaitable[Outcome]]) -> Outcome:
         return await self.controller.guarded(job, tick)
 
@@ -82,7 +97,7 @@ class Schedule:
         """The ingest tick; the first history brings the first forecast forward to now."""
         outcome = await self.controller.ingest()
         if outcome is Outcome.DONE and self.controller.state.demand is None:
-            self.scheduler.modify_job(Job.FORECAST.value, next_run_time=self.controller.now())
+            self.scheduler.modify_job(Job.FORECAST.value, next_run_time=self.wall_now())
         return outcome
 
     async def forecast(self) -> Outcome:
@@ -94,7 +109,7 @@ class Schedule:
 
     def after_forecast(self) -> None:
         if self.controller.state.replan_now:
-            self.scheduler.modify_job(Job.PLAN.value, next_run_time=self.controller.now())
+            self.scheduler.modify_job(Job.PLAN.value, next_run_time=self.wall_now())
         self.sync_preloads()
 
     def sync_preloads(self) -> None:
@@ -106,7 +121,7 @@ class Schedule:
         for job_id, at in wanted.items():
             self.scheduler.add_job(
                 self._run,
-                DateTrigger(run_date=max(at, self.controller.now()), timezone=UTC),
+                DateTrigger(run_date=max(self._to_wall(at), self.wall_now()), timezone=UTC),
                 args=(Job.PRELOAD, self._preload_at(at)),
                 id=job_id,
                 name=job_id,

@@ -31,7 +31,7 @@ from placement.apply import apply_plan, lora_paths, make_clients
 from placement.controller_ports import Backoff, ControllerObserver, Job, Outcome
 from placement.demand import demand_from_forecast
 from placement.domain import Action, AdapterId, Catalog, Fleet, PodId
-from placement.errors import EngineError
+from placement.errors import EngineError, InputError
 from placement.executor import ApplyReport, Executor, Ledger, Sleep
 from placement.forecasting import ModelForecaster
 from placement.metrics import ControllerMetrics
@@ -210,13 +210,41 @@ class ReusingForecaster:
 
 
 class FileHistory:
-    """The request log file, read again at every ingest (the router appends to it)."""
+    """The request log file, plus the router's live log when given, read at every ingest."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, live: Path | None = None, bucket_s: int = 600) -> None:
         self.path = path
+        self.live = live
+        self.bucket_s = bucket_s
 
     def __call__(self) -> RequestLog:
-        return load_request_log(self.path)
+        history = load_request_log(self.path)
+        if self.live is None:
+            return history
+        try:
+            live = load_request_log(self.live)
+        except InputError:  # not written yet, or a line half-written: next ingest
+            return history
+        return combined(history, live, bucket_s=self.bucket_s)
+
+
+def combined(history: RequestLog, live: RequestLog, *, bucket_s: int) -> RequestLog:
+    """Both logs as one: per request if both are, else as counts per bucket. Each was
+    validated when read, so the rows are kept as they are (no duplicate dropping)."""
+    if live.frame.empty:
+        return history
+    aggregated = history.aggregated or live.aggregated
+    if aggregated:
+        frames = [log.counts(bucket_s) for log in (history, live)]
+    else:
+        columns = [c for c in history.frame.columns if c in live.frame.columns]
+        frames = [log.frame[columns] for log in (history, live)]
+    frame = pd.concat(frames, ignore_index=True).sort_values("ts", kind="stable")
+    return RequestLog(
+        frame=frame.reset_index(drop=True),
+        aggregated=aggregated,
+        source=f"{history.source} + {live.source}",
+    )
 
 
 class PrometheusHistory:

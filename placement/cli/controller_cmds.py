@@ -39,10 +39,12 @@ from placement.adapters.kube import (
 from placement.adapters.prom import PromHistorySource
 from placement.adapters.statedir import DirPlanStore, DirStateStore, ensure_state_dir
 from placement.cli.app import app, out, report_errors
+from placement.clock import Clock, warped_clock
 from placement.cluster import PlanStore
 from placement.controller import Controller
 from placement.controller_config import (
     SAME_HOUR_MODEL,
+    ClockConfig,
     ControllerConfig,
     KubernetesConfig,
     load_controller_config,
@@ -115,7 +117,7 @@ def plan_store_for(config: ControllerConfig, api: client.ApiClient | None) -> Pl
 def _history(config: ControllerConfig, settings: Settings) -> HistorySource:
     section = config.history
     if section.log is not None:
-        return FileHistory(section.log)
+        return FileHistory(section.log, live=section.live_log, bucket_s=settings.forecast.bucket_s)
     assert section.prometheus_url is not None
     return PrometheusHistory(
         PromHistorySource(section.prometheus_url),
@@ -123,6 +125,20 @@ def _history(config: ControllerConfig, settings: Settings) -> HistorySource:
         bucket_s=settings.forecast.bucket_s,
         clock=time.time,
     )
+
+
+def _clocks(section: ClockConfig | None) -> tuple[Clock, Callable[[datetime], datetime] | None]:
+    """The controller's clock, and how its times map to the wall's (None: the same)."""
+    if section is None:
+        return time.time, None
+    origin_s = section.origin_s if section.origin_s is not None else time.time()
+    start_s, speed = section.start.timestamp(), section.speed
+    clock = warped_clock(start=section.start, speed=speed, wall_origin_s=origin_s)
+
+    def to_wall(at: datetime) -> datetime:
+        return datetime.fromtimestamp(origin_s + (at.timestamp() - start_s) / speed, UTC)
+
+    return clock, to_wall
 
 
 def _forecaster(config: ControllerConfig, settings: Settings, catalog: Catalog) -> DemandForecaster:
@@ -169,6 +185,7 @@ def build(config: ControllerConfig, *, http: httpx.AsyncClient) -> tuple[Schedul
     fleet = load_fleet(config.fleet)
     catalog = load_catalog(config.catalog, fleet=fleet)
     pipelines = load_pipelines(config.pipelines, catalog=catalog) if config.pipelines else None
+    clock, to_wall = _clocks(config.clock)
     declared = pipeline_predictor(pipelines or Pipelines(), catalog)
     secret = read_secret(config.webhook, dict(os.environ))
     identity = config.identity or os.environ.get("POD_NAME") or socket.gethostname()
@@ -183,7 +200,7 @@ def build(config: ControllerConfig, *, http: httpx.AsyncClient) -> tuple[Schedul
         fleet=fleet,
         history=_history(config, settings),
         forecaster=_forecaster(config, settings, catalog),
-        planner=SolverPlanner(catalog, settings=settings, clock=time.time),
+        planner=SolverPlanner(catalog, settings=settings, clock=clock),
         actuator=EngineActuator(catalog=catalog, http=http, settings=settings, rng=random.Random()),
         plans=plan_store_for(config, api),
         state=(
@@ -210,7 +227,7 @@ def build(config: ControllerConfig, *, http: httpx.AsyncClient) -> tuple[Schedul
         ),
     )
     controller = Controller(
-        ports, settings=settings, clock=time.time, metrics=PrometheusObserver(registry)
+        ports, settings=settings, clock=clock, metrics=PrometheusObserver(registry)
     )
     webhook = create_webhook_app(
         _Sink(controller),
@@ -220,7 +237,7 @@ def build(config: ControllerConfig, *, http: httpx.AsyncClient) -> tuple[Schedul
         registry=registry,
     )
     add_process_routes(webhook, controller, registry)
-    return Schedule(controller, settings=settings.controller), webhook
+    return Schedule(controller, settings=settings.controller, to_wall=to_wall), webhook
 
 
 @app.command()

@@ -234,3 +234,55 @@ async def test_the_composed_controller_learns_event_models_and_forecasts_with_mo
         http=http,
     )[0]
     assert isinstance(same_hour.controller.ports.forecaster, SeasonalForecaster)
+
+
+def test_a_warped_clock_runs_the_controller_on_scenario_time(tmp_path: Path) -> None:
+    import asyncio
+    from datetime import UTC, datetime, timedelta
+
+    body = LOCAL + "clock: {start: '2026-03-11T08:00:00Z', speed: 60, origin_s: 1000.0}\n"
+
+    async def built() -> tuple[float, datetime]:
+        async with httpx.AsyncClient() as client:
+            schedule, _ = build(load_controller_config(write_config(tmp_path, body)), http=client)
+            start = datetime(2026, 3, 11, 8, tzinfo=UTC)
+            return schedule.controller.clock(), schedule._to_wall(start + timedelta(hours=1))
+
+    scenario_now_s, wall = asyncio.run(built())
+    assert scenario_now_s > datetime(2026, 3, 11, 8, tzinfo=UTC).timestamp()  # 60x since 1000
+    assert wall == datetime.fromtimestamp(1000.0 + 60.0, UTC)
+
+
+def test_a_naive_clock_start_is_refused(tmp_path: Path) -> None:
+    path = write_config(tmp_path, LOCAL + "clock: {start: '2026-03-11T08:00:00'}\n")
+    with pytest.raises(InputError, match=r"clock\.start"):
+        load_controller_config(path)
+
+
+def test_the_live_log_joins_the_history_when_it_can_be_read(tmp_path: Path) -> None:
+    import pandas as pd
+
+    from placement.controller_wiring import FileHistory
+    from placement.request_log import load_request_log
+
+    small = tmp_path / "requests.parquet"
+    load_request_log(SCENARIO / "requests.parquet").frame.head(500).to_parquet(small)
+    historic = load_request_log(small)
+    live_path = tmp_path / "live.jsonl"
+    history = FileHistory(small, live=live_path)
+    assert len(history().frame) == len(historic.frame)  # no live log yet
+    live = pd.DataFrame(
+        {
+            "ts": ["2026-03-12T05:00:00Z", "2026-03-12T05:00:01Z"],
+            "adapter": ["ny-jurisdiction-v3", "ca-jurisdiction-v4"],
+            "tenant": ["firm-east", "firm-west"],
+            "pod": ["pod-0", "pod-1"],
+        }
+    )
+    live.to_json(live_path, orient="records", lines=True)
+    joined = history()
+    assert len(joined.frame) == len(historic.frame) + 2
+    assert joined.frame["ts"].max() == pd.Timestamp("2026-03-12T05:00:01Z")
+    with live_path.open("a") as handle:
+        handle.write('{"ts": "2026-03-12T05:00')  # the router is mid-line
+    assert len(history().frame) >= len(historic.frame)

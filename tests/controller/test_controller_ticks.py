@@ -420,7 +420,7 @@ async def test_the_schedule_brings_the_plan_forward_and_adds_preload_triggers(ma
     from placement.controller_jobs import PRELOAD_PREFIX, Schedule
 
     rig: Rig = make_rig()
-    schedule = Schedule(rig.controller, settings=SETTINGS.controller)
+    schedule = Schedule(rig.controller, settings=SETTINGS.controller, wall=rig.clock)
     schedule.scheduler.start(paused=True)
     try:
         jobs = {job.id: job for job in schedule.scheduler.get_jobs()}
