@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from heapq import heappop, heappush
 from typing import Protocol
@@ -73,6 +74,7 @@ class SimPod:
         "running_adapters",
         "served",
         "uses",
+        "victim_cost",
         "waiting_adapters",
     )
 
@@ -101,6 +103,9 @@ class SimPod:
         self.uses: dict[str, int] = {}
         self.recent: dict[str, deque[float]] = {}
         self.served: set[str] = set()
+        #: Set by the engine when eviction is not LRU: the victim's cost on the LRU
+        #: scale (an equivalent last-use time), so routers compare pods alike.
+        self.victim_cost: Callable[[SimPod], float] | None = None
 
     @property
     def free_slots(self) -> int:
@@ -108,6 +113,8 @@ class SimPod:
 
     @property
     def victim_last_used_s(self) -> float:
+        if self.victim_cost is not None:
+            return self.victim_cost(self)
         victim = _lru_victim(self)
         return math.inf if victim is None else self.last_used.get(victim, 0.0)
 
@@ -186,6 +193,9 @@ class Engine:
         )
         if router.eviction is EvictionPolicy.BELADY:
             self._next_use = self._arrivals_by_adapter()
+        if router.eviction is EvictionPolicy.BELADY:
+            for pod in self.pods:
+                pod.victim_cost = self._victim_cost
         arrivals = self.workload.arrival_s
         count = len(arrivals)
         heap = self.heap
@@ -394,6 +404,8 @@ class Engine:
     def _evict(self, pod: SimPod, now_s: float) -> None:
         if self.router_eviction is EvictionPolicy.LRU:
             victim = _lru_victim(pod)
+        elif self.router_eviction is EvictionPolicy.BELADY:
+            victim = self._belady_victim(pod)[0]
         else:
             victim = choose_victim(self._eviction_context(pod, now_s))
         if victim is None:
@@ -401,6 +413,38 @@ class Engine:
             victim = next(iter(pod.gpu_adapters))
         loaded_at = pod.gpu_adapters.pop(victim)
         self.log.residency_s.append(now_s - loaded_at)
+
+    def _victim_cost(self, pod: SimPod) -> float:
+        """When Belady's victim on ``pod`` would have been last used, were it LRU's: now
+        minus its wait to the next request, so routers compare pods on one scale."""
+        if pod.free_slots > 0:
+            return -math.inf
+        victim, next_s = self._belady_victim(pod)
+        if victim is None:
+            return math.inf
+        return 2.0 * self.now_s - next_s
+
+    def _belady_victim(self, pod: SimPod) -> tuple[str | None, float]:
+        """``choose_victim`` for Belady without building entries: the idle unpinned
+        adapter used furthest in the future (else the busy one), and that time."""
+        assert self._next_use is not None
+        best: tuple[str | None, float] = (None, -math.inf)
+        busy: tuple[str | None, float] = (None, -math.inf)
+        now_s = self.now_s
+        for adapter in pod.gpu_adapters:
+            if adapter in pod.pinned:
+                continue
+            times = self._next_use.get(adapter, ())
+            k = bisect_right(times, now_s)
+            next_s = times[k] if k < len(times) else math.inf
+            idle = adapter not in pod.running_adapters and adapter not in pod.waiting_adapters
+            chosen = best if idle else busy
+            if chosen[0] is None or next_s > chosen[1]:
+                if idle:
+                    best = (adapter, next_s)
+                else:
+                    busy = (adapter, next_s)
+        return best if best[0] is not None else busy
 
     def _eviction_context(self, pod: SimPod, now_s: float) -> EvictionContext:
         size = self.workload.size_bytes

@@ -99,10 +99,8 @@ def _router(
             forecaster=true_future(future),
             planner=parts.oracle_planner,
         )
-    # lorafleet evicts by its forecast unless another eviction is asked for.
-    chosen = EvictionPolicy.FORECAST if eviction is EvictionPolicy.LRU else eviction
     return PlannedRouter(
-        name, engine, settings, chosen, forecaster=parts.forecaster, planner=parts.planner
+        name, engine, settings, eviction, forecaster=parts.forecaster, planner=parts.planner
     )
 
 
