@@ -1,0 +1,139 @@
+"""Local processes for the demo and the end-to-end test, and their certain end.
+
+Each child runs ``python -m placement ...`` in its own process group, with its output
+in a log file; ``LocalProcesses`` stops every child (SIGTERM, then SIGKILL) when its
+block ends, however it ends: normally, by an error, or by Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from placement.errors import LorafleetError
+
+
+class ProcessError(LorafleetError):
+    """A child process died or never became ready; the message names its log."""
+
+
+def free_port_block(count: int, *, start: int = 20000, end: int = 60000) -> int:
+    """The first port of ``count`` consecutive free ports on 127.0.0.1."""
+    for base in range(start, end, count + 7):
+        if all(_is_free(base + i) for i in range(count)):
+            return base
+    raise ProcessError(f"no block of {count} free ports between {start} and {end}")
+
+
+def _is_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+@dataclass
+class Child:
+    name: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    def tail(self, lines: int = 15) -> str:
+        with contextlib.suppress(OSError):
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        return ""
+
+
+@dataclass
+class LocalProcesses:
+    """Starts ``lorafleet`` subcommands as children and stops them all on exit."""
+
+    workdir: Path
+    children: list[Child] = field(default_factory=list)
+
+    def start(
+        self,
+        name: str,
+        args: Sequence[str],
+        *,
+        ready_url: str | None = None,
+        timeout_s: float = 60.0,
+    ) -> Child:
+        log_path = self.workdir / f"{name}.log"
+        handle = log_path.open("wb")
+        process = subprocess.Popen(
+            [sys.executable, "-m", "placement", *args],
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            cwd=self.workdir,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        handle.close()
+        child = Child(name=name, process=process, log_path=log_path)
+        self.children.append(child)
+        if ready_url is not None:
+            self.wait_ready(child, ready_url, timeout_s=timeout_s)
+        return child
+
+    def wait_ready(self, child: Child, url: str, *, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if child.process.poll() is not None:
+                raise ProcessError(
+                    f"{child.name} exited with {child.process.returncode}:\n{child.tail()}"
+                )
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url, timeout=1.0).status_code < 500:
+                    return
+            time.sleep(0.1)
+        raise ProcessError(
+            f"{child.name} was not ready at {url} within {timeout_s:.0f} s:\n{child.tail()}"
+        )
+
+    def stop(self, child: Child, *, grace_s: float = 5.0) -> None:
+        if child.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.process.pid, signal.SIGTERM)
+            try:
+                child.process.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(child.process.pid, signal.SIGKILL)
+                child.process.wait(timeout=grace_s)
+        if child in self.children:
+            self.children.remove(child)
+
+    def stop_all(self) -> None:
+        for child in reversed(list(self.children)):
+            self.stop(child)
+
+
+@contextlib.contextmanager
+def local_processes(workdir: Path) -> Iterator[LocalProcesses]:
+    """Children started inside the block are gone when it ends, on Ctrl-C too."""
+    processes = LocalProcesses(workdir=workdir)
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def on_term(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield processes
+    finally:
+        processes.stop_all()
+        signal.signal(signal.SIGTERM, previous)
