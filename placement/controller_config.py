@@ -183,18 +183,20 @@ def load_controller_config(path: str | Path) -> ControllerConfig:
     return _resolve(config, source.parent)
 
 
-def read_secret(config: WebhookConfig, environ: dict[str, str]) -> bytes:
-    """The webhook secret from the mounted file, else from the environment."""
-    if config.secret_file is not None:
-        try:
-            secret = config.secret_file.read_bytes().strip()
-        except OSError as exc:
-            raise InputError(
-                [Problem(source=str(config.secret_file), message=f"cannot read the secret: {exc}")]
-            ) from None
-    else:
-        secret = environ.get(config.secret_env, "").encode()
+def read_secret(config: WebhookConfig, environ: dict[str, str]) -> bytes | None:
+    """The webhook secret from the mounted file, else from the environment; None when
+    neither is set (the webhook is then off). A named file that is unreadable or empty
+    is a mistake, not a way to turn it off."""
+    if config.secret_file is None:
+        return environ.get(config.secret_env, "").encode() or None
+    try:
+        secret = config.secret_file.read_bytes().strip()
+    except OSError as exc:
+        raise InputError(
+            [Problem(source=str(config.secret_file), message=f"cannot read the secret: {exc}")]
+        ) from None
     if not secret:
-        where = str(config.secret_file) if config.secret_file else f"${config.secret_env}"
-        raise InputError([Problem(source=where, message="the webhook secret is empty")])
+        raise InputError(
+            [Problem(source=str(config.secret_file), message="the webhook secret is empty")]
+        )
     return secret

@@ -10,6 +10,7 @@ the webhook secret when it is not mounted as a file.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import random
 import socket
@@ -77,6 +78,8 @@ from placement.settings import Settings
 from placement.webhook import create_webhook_app
 
 DAY_S = 86_400
+
+logger = logging.getLogger(__name__)
 
 
 def _target(section: KubernetesConfig) -> KubeTarget:
@@ -229,13 +232,20 @@ def build(config: ControllerConfig, *, http: httpx.AsyncClient) -> tuple[Schedul
     controller = Controller(
         ports, settings=settings, clock=clock, metrics=PrometheusObserver(registry)
     )
-    webhook = create_webhook_app(
-        _Sink(controller),
-        secret=secret,
-        settings=settings.controller,
-        clock=time.time,
-        registry=registry,
-    )
+    if secret is None:
+        logger.warning(
+            "no webhook secret (%s or webhook.secret_file): POST /v1/events is off",
+            config.webhook.secret_env,
+        )
+        webhook = FastAPI(title="lorafleet controller", version="1")
+    else:
+        webhook = create_webhook_app(
+            _Sink(controller),
+            secret=secret,
+            settings=settings.controller,
+            clock=time.time,
+            registry=registry,
+        )
     add_process_routes(webhook, controller, registry)
     return Schedule(controller, settings=settings.controller, to_wall=to_wall), webhook
 

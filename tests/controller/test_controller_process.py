@@ -86,13 +86,32 @@ def test_config_mistakes_are_reported_with_their_field(
     assert expected in result.output
 
 
-def test_an_empty_secret_is_refused(tmp_path: Path) -> None:
+def test_no_secret_turns_the_webhook_off_and_an_empty_secret_file_is_refused(
+    tmp_path: Path,
+) -> None:
+    without = load_controller_config(
+        write_config(tmp_path, LOCAL.replace("secret_file: secret, ", ""))
+    )
+    assert read_secret(without.webhook, {}) is None
+    assert read_secret(without.webhook, {"LORAFLEET_WEBHOOK_SECRET": "x"}) == b"x"
+    with_file = load_controller_config(write_config(tmp_path, LOCAL))
+    (tmp_path / "secret").write_text("\n")
+    with pytest.raises(InputError, match="the webhook secret is empty"):
+        read_secret(with_file.webhook, {"LORAFLEET_WEBHOOK_SECRET": "x"})
+
+
+@pytest.mark.anyio
+async def test_without_a_secret_the_controller_runs_with_the_webhook_off(
+    tmp_path: Path, http: httpx.AsyncClient
+) -> None:
     config = load_controller_config(
         write_config(tmp_path, LOCAL.replace("secret_file: secret, ", ""))
     )
-    with pytest.raises(InputError, match="LORAFLEET_WEBHOOK_SECRET: the webhook secret is empty"):
-        read_secret(config.webhook, {})
-    assert read_secret(config.webhook, {"LORAFLEET_WEBHOOK_SECRET": "x"}) == b"x"
+    _, webhook = build(config, http=http)
+    transport = httpx.ASGITransport(app=webhook)
+    async with httpx.AsyncClient(transport=transport, base_url="http://c") as client:
+        assert (await client.get("/healthz")).status_code == 200
+        assert (await client.post("/v1/events", content=b"{}")).status_code == 404
 
 
 def test_rollback_swaps_the_plans_of_the_state_directory(tmp_path: Path) -> None:
