@@ -234,3 +234,12 @@ def test_plan_weights_split_traffic_in_proportion() -> None:
         counts[chosen] += 1
         running[chosen] += 1
     assert counts == {"a": 75, "b": 25}
+
+
+def test_bounded_loads_where_the_eviction_is_cheapest() -> None:
+    # No pod holds the adapter: free slot first, else the pod whose victim idled longest.
+    fresh = pod("fresh", victim_last_used_s=90.0)
+    stale = pod("stale", victim_last_used_s=10.0)
+    free = pod("free", free_slots=1, running=5)
+    assert route_bounded(RoutingContext(adapter=MED, pods=[fresh, stale])).pod_id == "stale"
+    assert route_bounded(RoutingContext(adapter=MED, pods=[fresh, stale, free])).pod_id == "free"
