@@ -19,6 +19,7 @@ import math
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import cached_property
 from types import MappingProxyType
 
 from placement.domain import Adapter, AdapterId, Catalog, Fleet, Pod, PodId, Pool, PoolId, Tier
@@ -117,7 +118,7 @@ class PoolProblem:
     def pods(self) -> tuple[PodId, ...]:
         return tuple(pod for cls in self.classes for pod in cls.pods)
 
-    @property
+    @cached_property
     def pod_mean_rps(self) -> float:
         """Forecast mean traffic of the pool per ready pod: what an even spread gives."""
         pods = sum(cls.size for cls in self.classes)
