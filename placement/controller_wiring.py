@@ -219,7 +219,7 @@ class FileHistory:
 
     def __call__(self) -> RequestLog:
         history = load_request_log(self.path)
-        if self.live is None:
+        if self.live is None or not self.live.exists():
             return history
         try:
             live = load_request_log(self.live)
