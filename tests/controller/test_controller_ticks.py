@@ -482,3 +482,52 @@ async def test_no_pods_or_no_traffic_keeps_the_last_plan(make_rig) -> None:  # t
     )
     assert await rig.controller.guarded(Job.FORECAST, rig.controller.forecast) is Outcome.FAILED
     assert "no traffic" in rig.controller.state.backoff[Job.FORECAST].last_error
+
+
+async def test_two_controllers_against_one_fake_api_server_only_the_holder_acts(
+    make_rig,
+    fake_api,
+    kube_api,
+    target,  # type: ignore[no-untyped-def]
+) -> None:
+    from placement.adapters.kube import KubeLeaseStore, KubePlanStore, connect
+
+    clock = FakeClock(T0.replace(hour=8).timestamp())
+    emulated = EmulatedFleet.start(
+        2, config=PodConfig(latency=ZERO_LATENCY, max_loras=2, max_cpu_loras=4)
+    )
+    shared_state = MemoryStateStore()
+    second_api = connect(host=fake_api.url)
+    try:
+
+        def elector(name: str, api: object) -> LeaderElector:
+            store = KubeLeaseStore(api, target=target)  # type: ignore[arg-type]
+            return LeaderElector(store, identity=name, duration_s=15, clock=clock, wall=clock.wall)
+
+        a: Rig = make_rig(
+            emulated=emulated, state=shared_state, elector=elector("a", kube_api), clock=clock
+        )
+        b: Rig = make_rig(
+            emulated=emulated, state=shared_state, elector=elector("b", second_api), clock=clock
+        )
+        for rig in (a, b):
+            rig.controller.ports = replace(
+                rig.controller.ports, plans=KubePlanStore(kube_api, target=target)
+            )
+        acted: list[str] = []
+        for step in range(12):
+            clock.advance(5)
+            for name, rig in (("a", a), ("b", b)):
+                if name == "a" and step >= 4:
+                    continue  # a stops: no more renewals, no more ticks
+                await rig.controller.guarded(Job.LEASE, rig.controller.lease)
+                if await rig.controller.guarded(Job.INGEST, rig.controller.ingest) is Outcome.DONE:
+                    acted.append(f"{step}:{name}")
+            assert not (a.controller.is_leader() and b.controller.is_leader())
+        assert [x for x in acted if x.endswith(":a")] == [f"{s}:a" for s in range(4)]
+        first_b = min(int(x.split(":")[0]) for x in acted if x.endswith(":b"))
+        assert (first_b - 3) * 5 <= 15 + 5  # within the lease duration (plus one tick)
+        lease = fake_api.get("leases", "lorafleet-controller")
+        assert lease is not None and lease["spec"]["holderIdentity"] == "b"
+    finally:
+        second_api.close()
