@@ -127,9 +127,16 @@ class Controller:
             except PlanError as exc:
                 logger.warning("saved plan unreadable, starting without one: %s", exc)
         if stored.ledger_json is not None:
-            raw = json.loads(stored.ledger_json)
-            self.state.ledger = Ledger.from_dict(raw.get("ledger", {}))
-            self.state.done_preloads = [str(k) for k in raw.get("done_preloads", [])]
+            try:
+                raw = json.loads(stored.ledger_json)
+                ledger = Ledger.from_dict(raw.get("ledger", {}))
+                done = [str(k) for k in raw.get("done_preloads", [])]
+            except (ValueError, TypeError, AttributeError) as exc:
+                # Reconcile still sees what each pod registers: nothing is loaded twice,
+                # at worst some adapters are warmed again.
+                logger.warning("saved ledger unreadable, starting with an empty one: %s", exc)
+                return
+            self.state.ledger, self.state.done_preloads = ledger, done
 
     async def persist(self) -> None:
         ledger = {"ledger": self.state.ledger.to_dict(), "done_preloads": self.state.done_preloads}

@@ -31,6 +31,7 @@ from prometheus_client import CollectorRegistry
 
 from placement.controller import Controller
 from placement.controller_ports import Job, Outcome
+from placement.errors import LorafleetError
 from placement.metrics import render
 from placement.settings import ControllerSettings
 
@@ -166,7 +167,10 @@ async def serve(
 ) -> None:
     """Resume, start the jobs, serve HTTP until stopped; release the lease on the way out."""
     controller = schedule.controller
-    await controller.resume()
+    try:
+        await controller.resume()
+    except LorafleetError as exc:  # the API may be down: a lease tick resumes again
+        logger.warning("could not load the saved state: %s", exc)
     schedule.scheduler.start()
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="info"))
     try:

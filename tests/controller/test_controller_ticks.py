@@ -531,3 +531,29 @@ async def test_two_controllers_against_one_fake_api_server_only_the_holder_acts(
         assert lease is not None and lease["spec"]["holderIdentity"] == "b"
     finally:
         second_api.close()
+
+
+@pytest.mark.parametrize(
+    "ledger_json",
+    [
+        pytest.param("{not json", id="not-json"),
+        pytest.param('{"ledger": {"warmed": 7}}', id="wrong-shape"),
+        pytest.param("[1, 2]", id="a-list"),
+    ],
+)
+async def test_an_unreadable_saved_ledger_starts_empty_without_loading_twice(
+    make_rig,
+    ledger_json: str,  # type: ignore[no-untyped-def]
+) -> None:
+    from placement.cluster import StoredState
+
+    first: Rig = make_rig()
+    await cycle(first.controller)
+    loads = first.loads()
+    plan_json = first.state.load().plan_json
+    first.state.save(StoredState(plan_json=plan_json, ledger_json=ledger_json))
+    second: Rig = make_rig(emulated=first.emulated, state=first.state, clock=first.clock)
+    await second.controller.resume()
+    assert second.controller.state.plan == first.controller.state.plan
+    assert await cycle(second.controller) == [Outcome.DONE] * 3
+    assert first.loads() == loads
