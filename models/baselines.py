@@ -202,3 +202,21 @@ class LevelProfile:
         return from_samples(
             history, horizon=horizon, mean=mean, samples=past * level[None, None, :], name=self.name
         )
+
+
+@dataclass(frozen=True, kw_only=True)
+class RecentMedian:
+    """The median of the last ``window`` buckets, flat: a bursty adapter's level."""
+
+    window: int = 6
+    name: str = "recent-median"
+
+    def fit(self, history: CountPanel) -> RecentMedian:
+        return self
+
+    def predict(self, history: CountPanel, *, horizon: int) -> PanelForecast:
+        tail = recent(history, self.window)
+        level = np.median(tail, axis=0) if len(tail) else np.zeros(len(history.adapters))
+        mean = np.repeat(level[None, :], horizon, axis=0)
+        draws = _level_draws(history, horizon, max(self.window, 12))
+        return from_samples(history, horizon=horizon, mean=mean, samples=draws, name=self.name)

@@ -37,6 +37,8 @@ FEATURE_NAMES = (
     "nonzero_7d",
     "nonzero_day",
     "age_days",
+    "median_3",
+    "median_12",
 )
 
 
@@ -144,6 +146,9 @@ def build_features(
         nonzero_7d,
         table.window_mean(origin, per_day, adapter, nonzero=True),
         np.minimum(age / per_day, 14.0),
+        # Recent medians: a bursty adapter's level without its last spike.
+        _recent_median(table, origin, adapter, 3) / scale,
+        _recent_median(table, origin, adapter, 12) / scale,
     ]
     return np.column_stack(columns), base_of(scale, mean_7d, table.window_mean(origin, 3, adapter))
 
@@ -159,3 +164,10 @@ def base_of(scale: FloatArray, profile: FloatArray, level: FloatArray) -> FloatA
     level = np.where(np.isnan(level), profile, level)
     blended = np.nan_to_num(0.5 * profile + 0.5 * level, nan=0.0)
     return np.maximum(blended, 0.1 * scale)
+
+
+def _recent_median(table: LagTable, origin: IntArray, adapter: IntArray, width: int) -> FloatArray:
+    values = np.stack([table.at(origin - k, adapter) for k in range(1, width + 1)], axis=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # no history yet: NaN, which HGB handles
+        return np.asarray(np.nanmedian(values, axis=1), dtype=np.float64)

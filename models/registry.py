@@ -13,6 +13,7 @@ from models.baselines import (
     Ewma,
     LevelProfile,
     Persistence,
+    RecentMedian,
     SameBucketMedian,
     SeasonalNaive,
 )
@@ -24,6 +25,10 @@ from models.smoothing import HoltWinters
 def forecaster_named(
     name: str, *, timezones: Mapping[str, str] | None = None, seed: int = 0
 ) -> Forecaster:
+    """The forecaster called ``name``; ``auto`` selects per adapter and horizon band by backtest.
+
+    KeyError names the known models when ``name`` is not one of them.
+    """
     zones = tuple(sorted((timezones or {}).items()))
     table: dict[str, Forecaster] = {
         "persistence": Persistence(),
@@ -33,6 +38,8 @@ def forecaster_named(
         "profile-7d": DailyProfile(),
         "ewma": Ewma(),
         "level-profile": LevelProfile(),
+        "recent-median-3": RecentMedian(window=3, name="recent-median-3"),
+        "recent-median-24": RecentMedian(window=24, name="recent-median-24"),
         "global-gbm": GlobalBoosting(timezones=zones, seed=seed),
         "holt-winters": HoltWinters(),
     }
@@ -43,6 +50,8 @@ def forecaster_named(
                 "global-gbm",
                 "level-profile",
                 "persistence",
+                "recent-median-3",
+                "recent-median-24",
                 "ewma",
                 "median-7d",
                 "profile-7d",

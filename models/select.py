@@ -14,7 +14,7 @@ Pure: no IO, no clock, no logging.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -30,6 +30,7 @@ class Selecting:
     band_edges: tuple[int, ...] = (6,)
     holdout_days: int = 2
     origins_every: int = 24
+    short_every: int = 6
     #: Only the best ``keep`` candidates of a cell get weight, in proportion to 1/MAE**power.
     keep: int = 2
     power: float = 2.0
@@ -43,10 +44,11 @@ class Selecting:
         cut = history.n_buckets - self.holdout_days * per_day
         notes: list[str] = []
         errors: FloatArray | None = None
+        factors: FloatArray | None = None
         names = tuple(c.name for c in self.candidates)
         fallback = self.fallback_day if history.n_buckets >= per_day else self.fallback_short
         if history.n_buckets >= self.min_days * per_day and cut > 0:
-            errors = self._holdout_errors(history, cut, notes)
+            errors, factors = self._holdout_errors(history, cut, notes)
         else:
             notes.append(
                 f"{self.name}: {history.n_buckets / per_day:.1f} day(s) of history is too short "
@@ -58,31 +60,74 @@ class Selecting:
             settings=self,
             fitted=fitted,
             errors=errors,
+            band_factors=factors,
             fallback=names.index(fallback) if fallback in names else len(names) - 1,
             notes=tuple(notes),
         )
 
-    def _holdout_errors(self, history: CountPanel, cut: int, notes: list[str]) -> FloatArray | None:
-        """Mean absolute error per (candidate, band, adapter) over the holdout origins."""
+    def _holdout_errors(
+        self, history: CountPanel, cut: int, notes: list[str]
+    ) -> tuple[FloatArray, FloatArray]:
+        """Mean absolute error per (candidate, band, adapter) over the holdout origins, and
+        per (candidate, band) the factors that would have given q90 and q99 their coverage.
+        """
         fitted, failed = _fit_all(self.candidates, history.head(cut))
         notes.extend(failed)
         n_bands = len(self.band_edges) + 1
         totals = np.zeros((len(self.candidates), n_bands, len(history.adapters)))
         counts = np.zeros((n_bands, 1))
-        for origin in range(cut, history.n_buckets, self.origins_every):
+        ratios: dict[tuple[int, int], list[FloatArray]] = {}
+        major = _major_columns(history.head(cut))
+        # Short-band origins every ``short_every`` (cheap: a few steps each); full horizons
+        # from every ``origins_every``-th bucket.
+        for origin in range(cut, history.n_buckets, self.short_every):
+            full = (origin - cut) % self.origins_every == 0
             steps = history.n_buckets - origin
-            actual = history.counts[origin:]
+            steps = steps if full else min(steps, self.band_edges[0] if self.band_edges else steps)
+            actual = history.counts[origin : origin + steps]
             band = np.searchsorted(self.band_edges, np.arange(1, steps + 1), side="left")
             for index, model in enumerate(fitted):
                 if model is None:
                     totals[index] = np.inf
                     continue
-                error = np.abs(
-                    sanitize(model.predict(history.head(origin), horizon=steps)).mean - actual
-                )
-                np.add.at(totals[index], band, error)
+                forecast = sanitize(model.predict(history.head(origin), horizon=steps))
+                np.add.at(totals[index], band, np.abs(forecast.mean - actual))
+                for b in range(n_bands):
+                    rows = band == b
+                    for k, upper in enumerate((forecast.q90, forecast.q99)):
+                        ratio = _ratio(actual[rows][:, major], upper[rows][:, major])
+                        ratios.setdefault((index, b * 2 + k), []).append(ratio)
             np.add.at(counts, band, 1.0)
-        return totals / np.maximum(counts, 1.0)[None, :, :]
+        return totals / np.maximum(counts, 1.0)[None, :, :], _factors(ratios, totals.shape[:2])
+
+
+def _major_columns(history: CountPanel, share: float = 0.01) -> np.ndarray:
+    """Adapters with at least ``share`` of the traffic: where the band's coverage matters."""
+    totals = history.counts.sum(axis=0)
+    grand = totals.sum()
+    major = totals >= share * grand if grand > 0 else np.ones_like(totals, dtype=bool)
+    return np.flatnonzero(major)
+
+
+def _ratio(actual: FloatArray, upper: FloatArray) -> FloatArray:
+    """How far each actual went past its quantile: 0 for no request, inf past a zero."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(upper > 0, actual / np.where(upper > 0, upper, 1.0), np.inf)
+    return np.where(actual <= 0, 0.0, ratio).ravel()
+
+
+def _factors(ratios: dict[tuple[int, int], list[FloatArray]], shape: tuple[int, ...]) -> FloatArray:
+    """Conformal scale factors ``(candidate, band, [q90, q99])``, within [0.7, 4]."""
+    factors = np.ones((*shape, 2))
+    for (index, slot), parts in ratios.items():
+        values = np.concatenate(parts)
+        if not len(values):
+            continue
+        target = 0.9 if slot % 2 == 0 else 0.99
+        factor = float(np.quantile(values, target, method="higher"))  # inf-safe: no interpolation
+        if np.isfinite(factor) and factor > 0:
+            factors[index, slot // 2, slot % 2] = min(max(factor, 0.7), 4.0)
+    return factors
 
 
 def _fit_all(
@@ -104,6 +149,9 @@ class FittedSelection:
     settings: Selecting
     fitted: list[FittedForecaster | None]
     errors: FloatArray | None
+    #: Per (candidate, band): factors on q90 and q99 that gave them their coverage in the
+    #: holdout (split-conformal calibration); None without a holdout.
+    band_factors: FloatArray | None
     fallback: int
     notes: tuple[str, ...] = field(default=())
 
@@ -111,10 +159,27 @@ class FittedSelection:
         usable = [i for i, model in enumerate(self.fitted) if model is not None]
         if not usable:
             raise ValueError("no candidate forecaster could be fitted")
-        forecasts = {i: sanitize(self.fitted[i].predict(history, horizon=horizon)) for i in usable}  # type: ignore[union-attr]
+        forecasts = {
+            i: self._calibrated(i, sanitize(model.predict(history, horizon=horizon)))
+            for i, model in enumerate(self.fitted)
+            if model is not None
+        }
         weights = self._weights(usable, horizon, len(history.adapters))
         return _blend(
             forecasts, weights, [self.settings.candidates[i].name for i in usable], self.notes
+        )
+
+    def _calibrated(self, index: int, forecast: PanelForecast) -> PanelForecast:
+        if self.band_factors is None:
+            return forecast
+        band = np.searchsorted(
+            self.settings.band_edges, np.arange(1, forecast.horizon + 1), side="left"
+        )
+        factors = self.band_factors[index][band]  # (step, 2)
+        return replace(
+            forecast,
+            q90=forecast.q90 * factors[:, 0:1],
+            q99=np.maximum(forecast.q99 * factors[:, 1:2], forecast.q90 * factors[:, 0:1]),
         )
 
     def _weights(self, usable: list[int], horizon: int, n_adapters: int) -> FloatArray:
