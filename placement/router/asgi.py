@@ -199,7 +199,9 @@ class RouterApp:
                         raise
                     router.mark_unhealthy(state, f"{type(exc).__name__}: {exc}")
             router.metrics.retries.inc()
-            exclude = exclude | {state.upstream.pod}
+            if not exchange.adapter_gone:
+                exclude = exclude | {state.upstream.pod}
+            exchange.adapter_gone = False
         exchange.status = 502
         exchange.finished = True
         await _respond(send, 502, _error("every pod tried failed", "BadGatewayError", code=502))

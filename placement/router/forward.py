@@ -53,6 +53,8 @@ class Exchange:
     output_tokens: int | None = None
     #: Something went to the client: the request can no longer be retried.
     streamed_bytes: bool = False
+    #: The last pod tried answered 404 for an adapter we thought it held: retry it there.
+    adapter_gone: bool = False
     client_gone: bool = False
     finished: bool = False
 
@@ -119,10 +121,16 @@ async def forward(
             if reply.status == 503 and not last_try:
                 await reply.read()
                 return False
-            exchange.status = reply.status
             if reply.status == 404 and exchange.outcome is not None:
+                # The pod no longer holds the adapter (a plan unloaded it since our last
+                # listing): forget it, and try again, where it will be loaded first.
                 state.ledger.forget(AdapterId(exchange.model))
                 state.sync()
+                if not last_try:
+                    await reply.read()
+                    exchange.adapter_gone = True
+                    return False
+            exchange.status = reply.status
             if exchange.stream and reply.status == 200:
                 await _relay_stream(router, state, exchange, reply, send)
             else:

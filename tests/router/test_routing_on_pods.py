@@ -235,3 +235,26 @@ def test_the_router_exports_residency_and_slot_use_from_its_ledger() -> None:
         assert sample("lorafleet_pod_gpu_slots", {"pod": "pod-0"}) == 1.0
         stays = sample("lorafleet_adapter_residency_seconds_count", {"pod": "pod-0"})
         assert stays is not None and stays >= 2
+
+
+def test_an_adapter_unloaded_behind_the_routers_back_is_loaded_again_not_a_404() -> None:
+    # The controller may unload an adapter between two listings; the pod's 404 must not
+    # reach the client while the catalog can load it again.
+    settings = replace(FAST, router=replace(FAST.router, listing_every_scrapes=10_000))
+    with (
+        emulated(1) as pods,
+        router_for(pods.domain, catalog=catalog_of(["lora-0"]), settings=settings) as router,
+    ):
+        client = router.client()
+        client.completions.create(model="lora-0", prompt="p", max_tokens=1)
+        url = pods.fleet.handles[0].url
+        request = urllib.request.Request(
+            f"{url}/v1/unload_lora_adapter",
+            data=json.dumps({"lora_name": "lora-0"}).encode(),
+            headers={"content-type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=5):
+            pass
+        answer = client.completions.create(model="lora-0", prompt="p", max_tokens=1)
+        assert answer.choices
+        assert pods.counter("loads") == 2
