@@ -1,0 +1,15 @@
+"""Demand forecasting for lorafleet: pure, typed, importing nothing from placement/ or policies/.
+
+- ``models.series``: request frames to a :class:`~models.series.CountPanel` (counts per
+  adapter and bucket, cleaned), and calendars in each tenant's zone.
+- ``models.base``: the :class:`~models.base.Forecaster` protocol and the one output,
+  :class:`~models.base.PanelForecast` (mean, q50, q90, q99, p_nonzero per step and adapter).
+- ``models.baselines``, ``models.boosting`` (global scikit-learn model), ``models.smoothing``
+  (statsmodels Holt-Winters), ``models.select`` (horizon-aware selection by backtest);
+  ``models.registry.forecaster_named`` builds any of them by name (``auto`` is the default).
+- ``models.events``: pipeline transitions and tenant logins learned from the log.
+- ``models.preload``: the time-of-day preload schedule.
+- ``models.backtest`` and ``models.metrics``: rolling-origin evaluation.
+
+``placement.forecasting`` adapts domain inputs to these and back.
+"""

@@ -76,6 +76,7 @@ class GlobalBoosting:
         # A cap on the ratio keeps one burst on a quiet adapter from dominating the fit.
         ratio = np.minimum(history.counts[origin + step - 1, adapter] / base, self.max_ratio)
         weight = base**self.weight_power
+        weight = weight / weight.mean()  # unit mean, so l2_regularization keeps its meaning
         return FittedBoosting(
             settings=self,
             unknown=unknown,

@@ -50,8 +50,6 @@ def forecaster_named(
                 "global-gbm",
                 "level-profile",
                 "persistence",
-                "recent-median-3",
-                "recent-median-24",
                 "ewma",
                 "median-7d",
                 "profile-7d",

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -141,7 +141,7 @@ def _predict(
         fallback = "profile-7d" if panel.n_buckets >= panel.per_day() else "ewma"
         simple = forecaster_named(fallback).fit(panel).predict(panel, horizon=horizon)
         note = f"{model} could not be used ({exc}); fell back to {fallback}"
-        return sanitize(PanelForecast(**{**simple.__dict__, "notes": (note, *simple.notes)}))
+        return sanitize(replace(simple, notes=(note, *simple.notes)))
 
 
 def forecast_frame(result: PanelForecast) -> pd.DataFrame:

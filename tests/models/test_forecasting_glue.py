@@ -137,3 +137,10 @@ def test_model_forecaster_is_the_controllers_port(
     assert set(demand) == {"adapter-0", "adapter-1"}
     assert demand["adapter-0"].mean_rps > demand["adapter-1"].mean_rps > 0
     assert demand["adapter-0"].q90_rps >= demand["adapter-0"].mean_rps
+
+
+def test_a_model_that_cannot_fit_falls_back_and_says_so() -> None:
+    result = forecast_demand(spread(0.2), at=AT, horizon_s=3600, model="global-gbm")
+    assert any("fell back to ewma" in n for n in result.notes), result.notes
+    assert set(result.models.values()) == {"ewma"}
+    assert_sane_frame(result.frame)
