@@ -23,7 +23,8 @@ from __future__ import annotations
 import numpy as np
 
 from placement.settings import SimSettings
-from placement.sim.engine import COLD_LOAD, CPU_HIT, GPU_HIT, REJECTED, SimLog, SimPod
+from placement.sim.engine import COLD_LOAD, CPU_HIT, GPU_HIT, REJECTED, SimLog
+from placement.sim.pods import SimPod
 
 Metrics = dict[str, float | int | bool]
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from placement.domain import Fleet
 from placement.errors import InputError, Problem
 from placement.settings import Settings
-from placement.sim.engine import Engine, PodSpec, SimLog, SimRouter
+from placement.sim.engine import Engine, SimLog, SimRouter
 from placement.sim.metrics import Metrics, compute_metrics
 from placement.sim.planning import (
     Forecaster,
@@ -23,6 +23,7 @@ from placement.sim.planning import (
     recent_and_yesterday,
     true_future,
 )
+from placement.sim.pods import PodSpec
 from placement.sim.routers import PLANNED, POLICIES, PlannedRouter, ReactiveRouter
 from placement.sim.workload import SimWorkload
 from policies.eviction import EvictionPolicy, EvictionSettings

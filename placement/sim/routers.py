@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass
 
 from placement.settings import Settings
-from placement.sim.engine import Engine, SimPod
+from placement.sim.engine import Engine
 from placement.sim.planning import (
     Forecaster,
     History,
@@ -25,6 +25,7 @@ from placement.sim.planning import (
     PlanPod,
     PlanRequest,
 )
+from placement.sim.pods import SimPod
 from policies.eviction import EvictionPolicy
 from policies.hashing import build_ring
 from policies.routing import (

@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from placement.settings import LoadCostSettings, Settings, SimSettings
-from placement.sim.engine import COLD_LOAD, CPU_HIT, GPU_HIT, Engine, PodSpec, SimPod
+from placement.sim.engine import COLD_LOAD, CPU_HIT, GPU_HIT, Engine
+from placement.sim.pods import PodSpec, SimPod
 from placement.sim.replay import ReplayResult, run_policy
 from placement.sim.routers import POLICIES, REACTIVE
 from placement.sim.workload import SimWorkload
