@@ -37,7 +37,7 @@ POLICIES = ("round-robin", "epp", "lorafleet")
 class DemoOptions:
     scenario: Path = DEFAULT_SCENARIO
     #: Local hours of the scenario's last day to replay (war story: 10:15 is inside).
-    window_hours: tuple[float, float] = (9.0, 15.0)
+    window_hours: tuple[float, float] = (9.0, 13.0)
     requests_per_policy: int = 3000
     wall_s_per_policy: float = 45.0
     policies: tuple[str, ...] = POLICIES
@@ -140,9 +140,14 @@ def prepare(options: DemoOptions, workdir: Path) -> Prepared:
     frame = load_request_log(files.log).frame
     start, end = _window(options, frame["ts"].iloc[-1], files.scenario.timezone)
     speed = (end - start).total_seconds() / options.wall_s_per_policy
-    history = workdir / "history.parquet"
-    write_request_log(frame[frame["ts"] < start], history)
     rng = np.random.default_rng(options.seed)
+    # The replay keeps a share of the window's requests; the history keeps the same share,
+    # so that the rates the controller learns are the rates the router will see.
+    in_window = int(((frame["ts"] >= start) & (frame["ts"] < end)).sum())
+    keep = min(1.0, options.requests_per_policy / max(in_window, 1))
+    past = frame[frame["ts"] < start]
+    history = workdir / "history.parquet"
+    write_request_log(past[rng.random(len(past)) < keep], history)
     shots = select(
         frame, start=start, end=end, max_requests=options.requests_per_policy, speed=speed, rng=rng
     )
