@@ -107,7 +107,11 @@ def replay(
         list[str], typer.Option(help=f"policy to replay, repeatable: {', '.join(POLICIES)}")
     ],
     eviction: Annotated[
-        str, typer.Option(help="GPU-slot eviction of the routers: lru, lfu, tw-lru, chameleon")
+        str,
+        typer.Option(
+            help="GPU-slot eviction: lru (lorafleet then evicts by forecast), lfu, tw-lru,"
+            " chameleon, forecast, belady (the oracle always uses belady)"
+        ),
     ] = "lru",
     as_json: Annotated[bool, typer.Option("--json", help="print JSON instead of a table")] = False,
     out_log: Annotated[
