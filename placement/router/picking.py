@@ -109,7 +109,13 @@ class Picker:
         if self.settings.policy != "plan":
             return self._decided(topology, self._reactive(context), adapter, base=False)
         weights = topology.weights.get(adapter)
-        decision = route_plan(context, weights, fallback=self._fallback(pool))
+        # Adapters the plan keeps cold go by bounded affinity over the whole pool (the
+        # general pool of seed 001): a pod holding them, a free slot, or the pod whose
+        # least recently used adapter idled longest, so the tail evicts the tail, not the
+        # hot set. Adapters absent from the plan are hashed to their two ring owners.
+        plan = topology.plan
+        cold = weights is None and plan is not None and adapter in plan.adapters
+        decision = route_plan(context, weights, fallback=self._fallback(pool), tail=cold)
         choice = self._decided(topology, decision, adapter, base=False)
         if weights is None and choice.pod is not None:
             plan = topology.plan
@@ -146,7 +152,11 @@ class Picker:
         if fallback is None:
             if len(self._fallbacks) > 64:
                 self._fallbacks.clear()
-            fallback = HashFallback(ring=pool.ring, replicas=self.settings.hash_replicas)
+            fallback = HashFallback(
+                ring=pool.ring,
+                replicas=self.settings.hash_replicas,
+                general_pool=frozenset(state.pod_id for state in pool.states),
+            )
             self._fallbacks[key] = fallback
         return fallback
 

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from placement.adapters.kube_memory import MemoryPlanStore, MemoryPods
 from placement.cli.app import app
 from placement.cluster import DiscoveredPod
-from placement.domain import AdapterId, Engine, Outcome, PodId, PoolId
+from placement.domain import AdapterId, Engine, Outcome, PodId, PoolId, Tier
 from placement.errors import KubeError, PlanError
 from placement.router.kube_sources import DiscoveryPodSource, StorePlanSource
 from placement.router.ledger import PodLedger
@@ -186,3 +186,21 @@ def test_unplanned_adapters_stay_on_their_two_ring_owners() -> None:
             seen.add(choice.pod.pod_id)
             choice.pod.begin()  # keep it busy so the next pick may take the other owner
         assert seen <= owners
+
+
+def test_adapters_the_plan_keeps_cold_take_a_free_slot_not_a_hot_one() -> None:
+    from dataclasses import replace
+
+    from placement.plan import AdapterPlan
+
+    # pod-0 and pod-1 are full of hot adapters; pod-2 has free slots. A cold adapter
+    # of the plan goes where it evicts nothing, whatever its ring owners are.
+    plan = plan_of({"a": ["pod-0"], "b": ["pod-0"], "c": ["pod-1"], "d": ["pod-1"]})
+    cold = {AdapterId(f"tail-{i}"): AdapterPlan(tier=Tier.COLD) for i in range(20)}
+    plan = replace(plan, adapters=MappingProxyType({**plan.adapters, **cold}))
+    topology = _topology(3, plan)
+    picker = _picker()
+    for name in cold:
+        choice = picker.pick(topology, name)
+        assert choice.pod is not None and not choice.unplanned
+        assert choice.pod.pod_id == "pod-2", name
