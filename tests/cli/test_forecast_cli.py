@@ -148,3 +148,39 @@ def test_backtest_needs_two_days(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["backtest", "--log", str(short)])
     assert result.exit_code == 1
     assert "at least 2" in result.output
+
+
+CATALOG = """
+adapters:
+- name: legal-assistant-v2
+  base_model: llama-3.1-70b
+  rank: 16
+  target_modules: [q_proj, v_proj]
+  source: s3://adapters/legal-assistant-v2
+  tenant: acme
+  timezone: America/Mexico_City
+- name: support-bot
+  base_model: llama-3.1-70b
+  rank: 8
+  target_modules: [q_proj, v_proj]
+  source: s3://adapters/support-bot
+- name: never-used
+  base_model: llama-3.1-70b
+  rank: 8
+  target_modules: [q_proj, v_proj]
+  source: s3://adapters/never-used
+"""
+
+
+def test_forecast_with_a_catalog_covers_every_adapter(log_3d: Path, tmp_path: Path) -> None:
+    catalog = tmp_path / "catalog.yaml"
+    catalog.write_text(CATALOG)
+    target = tmp_path / "f.parquet"
+    argv = ["forecast", "--log", str(log_3d), "--at", "2026-01-03T00:00:00Z", "--horizon", "1h"]
+    result = CliRunner().invoke(
+        app, [*argv, "--catalog", str(catalog), "--model", "profile-7d", "-o", str(target)]
+    )
+    assert result.exit_code == 0, result.output
+    frame = pd.read_parquet(target)
+    assert set(frame["adapter"]) == {"legal-assistant-v2", "support-bot", "rare-one", "never-used"}
+    assert (frame.loc[frame["adapter"] == "never-used", "mean"] == 0).all()

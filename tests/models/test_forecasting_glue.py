@@ -144,3 +144,27 @@ def test_a_model_that_cannot_fit_falls_back_and_says_so() -> None:
     assert any("fell back to ewma" in n for n in result.notes), result.notes
     assert set(result.models.values()) == {"ewma"}
     assert_sane_frame(result.frame)
+
+
+def test_learned_events_merge_with_declared_logins() -> None:
+    from placement.domain import AdapterId, Pipelines, TenantId
+    from placement.forecasting import learn_events
+
+    rng = np.random.default_rng(4)
+    rows = []
+    for k in range(40):  # sessions 2 h apart: chat first, then the extractor in 70% of them
+        start = AT - pd.Timedelta(hours=2 * (k + 1))
+        rows.append((start, "acme-chat", "acme"))
+        if rng.random() < 0.7:
+            rows.append((start + pd.Timedelta(seconds=30), "legal-extract", "acme"))
+    log = request_log_from_frame(pd.DataFrame(rows, columns=["ts", "adapter", "tenant"]))
+    declared = Pipelines(logins={TenantId("globex"): (AdapterId("globex-bot"),)})
+    events = learn_events(log, pipelines=declared)
+    after = events.after_request(tenant="acme", adapter="acme-chat", at_s=0.0)
+    assert [p.adapter for p in after] == ["legal-extract"]
+    assert 0.55 <= after[0].probability <= 0.85
+    assert [p.adapter for p in events.after_login(tenant="globex", at_s=10.0)] == ["globex-bot"]
+    assert {p.adapter for p in events.after_login(tenant="acme", at_s=10.0)} == {
+        "acme-chat",
+        "legal-extract",
+    }
