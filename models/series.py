@@ -187,12 +187,3 @@ def local_calendar(
         minute[:, cols] = (local.hour * 60 + local.minute).to_numpy()[:, None]
         weekday[:, cols] = local.weekday.to_numpy()[:, None]
     return minute, weekday
-
-
-def panel_to_frame(panel: CountPanel) -> pd.DataFrame:
-    """The panel back as a long ``ts, adapter, requests`` frame (for plots and reports)."""
-    starts = pd.to_datetime(panel.bucket_starts_s(), unit="s", utc=True)
-    frame = pd.DataFrame(panel.counts, index=starts, columns=list(panel.adapters))
-    frame.index.name = "ts"
-    long = frame.reset_index().melt(id_vars="ts", var_name="adapter", value_name="requests")
-    return long

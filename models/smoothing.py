@@ -24,6 +24,8 @@ from models.series import CountPanel, FloatArray
 
 @dataclass(frozen=True, kw_only=True)
 class HoltWinters:
+    """Holt-Winters on log counts for the ``max_adapters`` busiest adapters with enough days."""
+
     name: str = "holt-winters"
     min_days: int = 3
     max_adapters: int = 20
