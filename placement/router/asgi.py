@@ -171,7 +171,8 @@ class RouterApp:
     async def _route(self, exchange: Exchange, send: Send) -> None:
         router = self.router
         exclude: frozenset[PodId] = frozenset()
-        for attempt in range(2):
+        attempt = 0
+        while attempt < 2:  # two pods at most, and one reload on a pod that lost the adapter
             choice = await self._choose(exchange, exclude)
             if choice.pod is None:
                 await self._refuse(exchange, choice, send)
@@ -199,9 +200,11 @@ class RouterApp:
                         raise
                     router.mark_unhealthy(state, f"{type(exc).__name__}: {exc}")
             router.metrics.retries.inc()
-            if not exchange.adapter_gone:
-                exclude = exclude | {state.upstream.pod}
-            exchange.adapter_gone = False
+            if exchange.adapter_gone:  # the same pod again, where it is loaded first
+                exchange.adapter_gone = False
+                continue
+            exclude = exclude | {state.upstream.pod}
+            attempt += 1
         exchange.status = 502
         exchange.finished = True
         await _respond(send, 502, _error("every pod tried failed", "BadGatewayError", code=502))

@@ -55,6 +55,8 @@ class Exchange:
     streamed_bytes: bool = False
     #: The last pod tried answered 404 for an adapter we thought it held: retry it there.
     adapter_gone: bool = False
+    #: That retry happened already (a second 404 goes to the client).
+    reloaded: bool = False
     client_gone: bool = False
     finished: bool = False
 
@@ -126,9 +128,9 @@ async def forward(
                 # listing): forget it, and try again, where it will be loaded first.
                 state.ledger.forget(AdapterId(exchange.model))
                 state.sync()
-                if not last_try:
+                if not exchange.reloaded:
                     await reply.read()
-                    exchange.adapter_gone = True
+                    exchange.adapter_gone = exchange.reloaded = True
                     return False
             exchange.status = reply.status
             if exchange.stream and reply.status == 200:
