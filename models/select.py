@@ -32,7 +32,7 @@ class Selecting:
     origins_every: int = 24
     short_every: int = 6
     #: Only the best ``keep`` candidates of a cell get weight, in proportion to 1/MAE**power.
-    keep: int = 2
+    keep: int = 3
     power: float = 2.0
     min_days: int = 3
     #: Used alone when the history is too short to select: a day or more, else under a day.
