@@ -19,6 +19,7 @@ webhook:
   port: 8080
   secret_file: /var/run/secrets/lorafleet/webhook-secret
 intervals: {ingest_s: 300, forecast_s: 900, plan_s: 300, watchdog_s: 15}
+planner: {replicate_share: 0.02, default_hot_replicas: 2, max_loads_per_pod: 8, validity_s: 3600, time_limit_s: 10}
 max_loads_per_event: 2
 forecast_model: level-profile     # a models/ forecaster, or same-hour
 ```
@@ -96,6 +97,18 @@ class ClockConfig(_Section):
     origin_s: float | None = None
 
 
+class PlannerConfig(_Section):
+    """The planner settings an operator tunes (``PlannerSettings`` has the rest)."""
+
+    #: Adapters above this share of traffic get ``default_hot_replicas`` (seed 001);
+    #: 1.0 turns availability replicas off (a fleet where pods do not fail, a replay).
+    replicate_share: float = Field(default=0.02, gt=0, le=1)
+    default_hot_replicas: int = Field(default=2, ge=1, le=64)
+    max_loads_per_pod: int = Field(default=8, ge=1)
+    validity_s: int = Field(default=3600, ge=60)
+    time_limit_s: float = Field(default=10.0, gt=0, le=600)
+
+
 class IntervalsConfig(_Section):
     ingest_s: int = Field(default=300, ge=1)
     forecast_s: int = Field(default=900, ge=1)
@@ -113,6 +126,7 @@ class ControllerConfig(_Section):
     webhook: WebhookConfig = Field(default_factory=WebhookConfig)
     clock: ClockConfig | None = None
     intervals: IntervalsConfig = Field(default_factory=IntervalsConfig)
+    planner: PlannerConfig = Field(default_factory=PlannerConfig)
     max_loads_per_event: int = Field(default=2, ge=0, le=64)
     #: A forecaster of ``models/`` by name (``level-profile``, ``global-gbm``, ``auto``,
     #: ...), or ``same-hour``: the same window of the last 7 days, with no fitting.

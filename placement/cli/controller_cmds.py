@@ -107,7 +107,8 @@ def settings_for(config: ControllerConfig) -> Settings:
         max_loads_per_event=config.max_loads_per_event,
         lease_duration_s=config.lease_duration_s,
     )
-    return replace(base, controller=controller)
+    planner = replace(base.planner, **config.planner.model_dump())
+    return replace(base, controller=controller, planner=planner)
 
 
 def plan_store_for(config: ControllerConfig, api: client.ApiClient | None) -> PlanStore:

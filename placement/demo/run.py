@@ -52,6 +52,9 @@ class DemoOptions:
     plan_every_s: int = 6
     #: Wall seconds the controller runs before the traffic starts (its preloads).
     lead_s: float = 20.0
+    #: Availability replicas (seed 001) guard against pod failures; emulated pods do not
+    #: fail during the demo, so by default every GPU slot goes to a distinct adapter.
+    replicate_share: float = 1.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -228,6 +231,7 @@ def _controller_config(
             "ingest_s": options.plan_every_s, "forecast_s": options.plan_every_s,
             "plan_s": options.plan_every_s, "watchdog_s": 2,
         },
+        "planner": {"replicate_share": options.replicate_share, "time_limit_s": 2.0},
         "clock": {
             "start": prepared.start.isoformat(), "speed": prepared.speed, "origin_s": origin_s,
         },

@@ -71,6 +71,9 @@ def test_a_local_config_resolves_paths_against_its_directory(tmp_path: Path) -> 
         pytest.param(LOCAL + "intervals: {plan_s: 0}\n", "intervals.plan_s", id="zero-interval"),
         pytest.param("- a\n- b\n", "expected a mapping", id="not-a-mapping"),
         pytest.param(LOCAL + "forecast_model: crystal-ball\n", "unknown forecaster", id="model"),
+        pytest.param(
+            LOCAL + "planner: {replicate_share: 0}\n", "planner.replicate_share", id="share"
+        ),
     ],
 )
 def test_config_mistakes_are_reported_with_their_field(
@@ -84,6 +87,15 @@ def test_config_mistakes_are_reported_with_their_field(
     result = CliRunner().invoke(app, ["controller", "--config", str(path)])
     assert result.exit_code == 2
     assert expected in result.output
+
+
+def test_the_planner_section_reaches_the_settings(tmp_path: Path) -> None:
+    from placement.cli.controller_cmds import settings_for
+
+    body = LOCAL + "planner: {replicate_share: 1.0, time_limit_s: 2}\n"
+    planner = settings_for(load_controller_config(write_config(tmp_path, body))).planner
+    assert (planner.replicate_share, planner.time_limit_s) == (1.0, 2.0)
+    assert planner.default_hot_replicas == 2  # untouched fields keep their defaults
 
 
 def test_no_secret_turns_the_webhook_off_and_an_empty_secret_file_is_refused(
