@@ -55,8 +55,8 @@ class Exchange:
     streamed_bytes: bool = False
     #: The last pod tried answered 404 for an adapter we thought it held: retry it there.
     adapter_gone: bool = False
-    #: That retry happened already (a second 404 goes to the client).
-    reloaded: bool = False
+    #: Pods that lost the adapter once already (a second 404 there goes to the client).
+    reloaded_on: set[str] = field(default_factory=set)
     client_gone: bool = False
     finished: bool = False
 
@@ -128,9 +128,10 @@ async def forward(
                 # listing): forget it, and try again, where it will be loaded first.
                 state.ledger.forget(AdapterId(exchange.model))
                 state.sync()
-                if not exchange.reloaded:
+                if state.upstream.pod not in exchange.reloaded_on:
                     await reply.read()
-                    exchange.adapter_gone = exchange.reloaded = True
+                    exchange.reloaded_on.add(state.upstream.pod)
+                    exchange.adapter_gone = True
                     return False
             exchange.status = reply.status
             if exchange.stream and reply.status == 200:
