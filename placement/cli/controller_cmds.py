@@ -230,9 +230,10 @@ def build(config: ControllerConfig, *, http: httpx.AsyncClient) -> tuple[Schedul
             else None
         ),
     )
-    controller = Controller(
-        ports, settings=settings, clock=clock, metrics=PrometheusObserver(registry)
-    )
+    observer = PrometheusObserver(registry)
+    # With the period known before any plan, LorafleetPlanStale fires until one is out.
+    observer.shared.planning_period(settings.controller.plan_interval_s)
+    controller = Controller(ports, settings=settings, clock=clock, metrics=observer)
     if secret is None:
         logger.warning(
             "no webhook secret (%s or webhook.secret_file): POST /v1/events is off",

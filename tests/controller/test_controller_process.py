@@ -162,6 +162,7 @@ async def test_the_composed_app_serves_health_metrics_and_the_openapi_document(
         document = (await client.get("/openapi.json")).json()
     assert ready == {"leader": True, "plan": None, "backing_off": []}
     assert 'lorafleet_controller_ticks_total{job="ingest",outcome="done"} 1.0' in metrics
+    assert "lorafleet_plan_period_seconds 300.0" in metrics  # the stale-plan alert's period
     assert "/v1/events" in document["paths"]
 
 
