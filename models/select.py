@@ -31,8 +31,9 @@ class Selecting:
     holdout_days: int = 2
     origins_every: int = 24
     short_every: int = 6
-    #: Only the best ``keep`` candidates of a cell get weight, in proportion to 1/MAE**power.
-    keep: int = 3
+    #: Only the best ``keep`` candidates of a cell get weight, in proportion to 1/MAE**power
+    #: (4 of 7 beat 2, 3 and 7 on ServeGen m-mid at both horizons; docs/benchmarks.md).
+    keep: int = 4
     power: float = 2.0
     min_days: int = 3
     #: Used alone when the history is too short to select: a day or more, else under a day.
