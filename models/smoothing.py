@@ -3,9 +3,9 @@
 Fitted on the counts themselves with an additive season: on log counts, a bursty
 adapter's forecast sank to its geometric mean, far below the arithmetic one
 (2.6x persistence's error on ServeGen m-mid). The path is clipped at zero. Only the
-busiest adapters with at least ``min_days`` days of history get their own model (each fit takes a fraction of a
-second); every other adapter takes the seven-day same-bucket profile, and the
-forecast's notes and model names say which.
+busiest adapters with at least ``min_days`` days of history get their own model (each
+fit takes a fraction of a second); every other adapter takes the seven-day same-bucket
+profile, and the forecast's notes and model names say which.
 
 Pure: no IO, no clock, no logging.
 """
