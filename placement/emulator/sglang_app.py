@@ -23,7 +23,7 @@ from placement.emulator.pod import (
     PoolFullError,
     RankTooLargeError,
 )
-from placement.emulator.wire import add_admin_routes, complete, models_listing, read_json
+from placement.emulator.wire import add_admin_routes, add_serving_routes, complete, read_json
 
 
 def _lora_answer(pod: EmulatedPod, *, ok: bool, message: str = "") -> JSONResponse:
@@ -141,29 +141,9 @@ def _add_serving_routes(app: FastAPI, pod: EmulatedPod) -> None:
         except PodDownError:
             return PlainTextResponse(f"pod {pod.config.name} restarted", status_code=503)
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> Response:
-        return await serve(request, chat=True)
-
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Response:
-        return await serve(request, chat=False)
-
-    @app.get("/v1/models")
-    async def models() -> Response:
-        if (refused := _guard(pod)) is not None:
-            return refused
-        return JSONResponse(models_listing(pod, owned_by="sglang"))
-
-    @app.get("/health")
-    async def health() -> Response:
-        return _guard(pod, inject=False) or Response(status_code=200)
-
-    @app.get("/metrics")
-    async def metrics() -> Response:
-        if (refused := _guard(pod, inject=False)) is not None:
-            return refused
-        return PlainTextResponse(_metrics_text(pod), media_type="text/plain; version=0.0.4")
+    add_serving_routes(
+        app, pod, serve=serve, guard=_guard, metrics_text=_metrics_text, owned_by="sglang"
+    )
 
 
 def create_sglang_app(pod: EmulatedPod) -> FastAPI:

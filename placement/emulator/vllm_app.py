@@ -19,7 +19,7 @@ from placement.emulator.pod import (
     PodDownError,
     RankTooLargeError,
 )
-from placement.emulator.wire import add_admin_routes, complete, models_listing, read_json
+from placement.emulator.wire import add_admin_routes, add_serving_routes, complete, read_json
 
 _KINDS = {400: "InvalidUserInput", 404: "NotFoundError", 500: "InternalServerError"}
 
@@ -120,29 +120,9 @@ def _add_serving_routes(app: FastAPI, pod: EmulatedPod) -> None:
         except PodDownError:
             return vllm_error(503, f"pod {pod.config.name} restarted")
 
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Response:
-        return await serve(request, chat=False)
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> Response:
-        return await serve(request, chat=True)
-
-    @app.get("/v1/models")
-    async def models() -> Response:
-        if (refused := _guard(pod)) is not None:
-            return refused
-        return JSONResponse(models_listing(pod, owned_by="vllm"))
-
-    @app.get("/health")
-    async def health() -> Response:
-        return _guard(pod, inject=False) or Response(status_code=200)
-
-    @app.get("/metrics")
-    async def metrics() -> Response:
-        if (refused := _guard(pod, inject=False)) is not None:
-            return refused
-        return PlainTextResponse(_metrics_text(pod), media_type="text/plain; version=0.0.4")
+    add_serving_routes(
+        app, pod, serve=serve, guard=_guard, metrics_text=_metrics_text, owned_by="vllm"
+    )
 
 
 def create_vllm_app(pod: EmulatedPod) -> FastAPI:

@@ -16,11 +16,11 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from placement.emulator.pod import EmulatedPod
 
@@ -162,3 +162,46 @@ def add_admin_routes(app: FastAPI, pod: EmulatedPod) -> None:
     async def restart() -> JSONResponse:
         pod.restart()
         return JSONResponse({"restarted": pod.config.name})
+
+
+Serve = Callable[..., Awaitable[Response]]
+Guard = Callable[..., Response | None]
+
+
+def add_serving_routes(
+    app: FastAPI,
+    pod: EmulatedPod,
+    *,
+    serve: Serve,
+    guard: Guard,
+    metrics_text: Callable[[EmulatedPod], str],
+    owned_by: str,
+) -> None:
+    """The routes both engines answer alike: completions, chat, models, health, metrics.
+
+    ``serve(request, chat=...)`` is the engine's own way of naming models; ``guard`` its
+    answer for a pod that is down or injecting errors."""
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await serve(request, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await serve(request, chat=True)
+
+    @app.get("/v1/models")
+    async def models() -> Response:
+        if (refused := guard(pod)) is not None:
+            return refused
+        return JSONResponse(models_listing(pod, owned_by=owned_by))
+
+    @app.get("/health")
+    async def health() -> Response:
+        return guard(pod, inject=False) or Response(status_code=200)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        if (refused := guard(pod, inject=False)) is not None:
+            return refused
+        return PlainTextResponse(metrics_text(pod), media_type="text/plain; version=0.0.4")
