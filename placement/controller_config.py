@@ -19,7 +19,8 @@ webhook:
   port: 8080
   secret_file: /var/run/secrets/lorafleet/webhook-secret
 intervals: {ingest_s: 300, forecast_s: 900, plan_s: 300, watchdog_s: 15}
-planner: {replicate_share: 0.02, default_hot_replicas: 2, max_loads_per_pod: 8, validity_s: 3600, time_limit_s: 10}
+planner: {replicate_share: 0.02, default_hot_replicas: 2, max_loads_per_pod: 8,
+          validity_s: 3600, time_limit_s: 10}
 max_loads_per_event: 2
 forecast_model: level-profile     # a models/ forecaster, or same-hour
 ```
