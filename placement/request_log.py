@@ -100,92 +100,91 @@ def _rows(index: Iterable[int]) -> str:
     return f"{label} {shown}{more}"
 
 
+#: One fault: the field, what is wrong, and the rows it is in.
+_Fault = tuple[str, str, pd.Index]
+
+
+def _faulty_rows(field: str, rows: pd.Index, message: str) -> list[_Fault]:
+    return [(field, f"{len(rows)} {message}", rows)] if len(rows) else []
+
+
+def _timestamp_faults(frame: pd.DataFrame) -> list[_Fault]:
+    ts = _parse_ts(frame["ts"])
+    valid = ts.dropna()
+    return _faulty_rows("ts", frame.index[ts.isna()], "unparsable timestamps") + _faulty_rows(
+        "ts",
+        valid.index[valid.diff() < pd.Timedelta(0)],
+        "timestamps earlier than the row before (not in time order)",
+    )
+
+
+def _value_faults(frame: pd.DataFrame) -> list[_Fault]:
+    adapters = frame["adapter"]
+    faults = _faulty_rows(
+        "adapter",
+        frame.index[adapters.isna() | (adapters.astype(str) == "")],
+        "rows without an adapter",
+    )
+    for column in (c for c in COUNT_COLUMNS if c in frame.columns):
+        values = pd.to_numeric(frame[column], errors="coerce")
+        faults += _faulty_rows(
+            column,
+            frame.index[values.isna() & frame[column].notna()],
+            "values that are not numbers",
+        )
+        faults += _faulty_rows(column, frame.index[values < 0], "negative values")
+    if "outcome" in frame.columns:
+        outcomes = frame["outcome"]
+        expected = ", ".join(sorted(OUTCOMES))
+        faults += _faulty_rows(
+            "outcome",
+            frame.index[outcomes.notna() & ~outcomes.isin(OUTCOMES)],
+            f"unknown outcomes (expected {expected})",
+        )
+    return faults
+
+
+def _unknown_adapters(frame: pd.DataFrame, known: frozenset[str], shown: int = 20) -> list[str]:
+    adapters = frame["adapter"].astype(str)
+    unknown = adapters[~adapters.isin(known)].value_counts()
+    lines = [
+        f"adapter {name!r} is not in the catalog ({count} requests)"
+        for name, count in unknown.head(shown).items()
+    ]
+    if len(unknown) > shown:
+        lines.append(f"{len(unknown) - shown} more adapters are not in the catalog")
+    return lines
+
+
 def _problems(
     frame: pd.DataFrame, source: str, known_adapters: frozenset[str] | None
 ) -> list[Problem]:
-    problems: list[Problem] = []
-
-    def add(
-        message: str, *, field_: str | None = None, entry: str | None = None, warn: bool = False
-    ) -> None:
-        problems.append(
+    """Every fault of a raw log frame; unknown adapters are warnings, the rest errors."""
+    columns = ", ".join(map(str, frame.columns))
+    missing = [c for c in ("ts", "adapter") if c not in frame.columns]
+    if missing:
+        return [
             Problem(
                 source=source,
-                entry=entry,
-                field=field_,
-                message=message,
-                severity="warning" if warn else "error",
+                field=c,
+                message=f"missing required column {c!r} (columns: {columns})",
             )
+            for c in missing
+        ]
+    problems = [
+        Problem(
+            source=source,
+            field=field,
+            message=message,
+            entry=_rows(rows),
         )
-
-    for column in ("ts", "adapter"):
-        if column not in frame.columns:
-            columns = ", ".join(map(str, frame.columns))
-            add(
-                f"missing required column {column!r} (columns: {columns})",
-                field_=column,
-            )
-    if problems:
-        return problems
-    ts = _parse_ts(frame["ts"])
-    bad_ts = frame.index[ts.isna()]
-    if len(bad_ts):
-        add(f"{len(bad_ts)} unparsable timestamps", field_="ts", entry=_rows(bad_ts))
-    valid = ts.dropna()
-    backwards = valid.index[valid.diff() < pd.Timedelta(0)]
-    if len(backwards):
-        add(
-            f"{len(backwards)} timestamps earlier than the row before (not in time order)",
-            field_="ts",
-            entry=_rows(backwards),
-        )
-    missing_adapter = frame.index[frame["adapter"].isna() | (frame["adapter"].astype(str) == "")]
-    if len(missing_adapter):
-        add(
-            f"{len(missing_adapter)} rows without an adapter",
-            field_="adapter",
-            entry=_rows(missing_adapter),
-        )
-    for column in COUNT_COLUMNS:
-        if column in frame.columns:
-            values = pd.to_numeric(frame[column], errors="coerce")
-            bad = frame.index[values.isna() & frame[column].notna()]
-            negative = frame.index[values < 0]
-            if len(bad):
-                add(
-                    f"{len(bad)} values that are not numbers",
-                    field_=column,
-                    entry=_rows(bad),
-                )
-            if len(negative):
-                add(
-                    f"{len(negative)} negative values",
-                    field_=column,
-                    entry=_rows(negative),
-                )
-    if "outcome" in frame.columns:
-        bad_outcome = frame.index[frame["outcome"].notna() & ~frame["outcome"].isin(OUTCOMES)]
-        if len(bad_outcome):
-            add(
-                f"{len(bad_outcome)} unknown outcomes (expected {', '.join(sorted(OUTCOMES))})",
-                field_="outcome",
-                entry=_rows(bad_outcome),
-            )
+        for field, message, rows in _timestamp_faults(frame) + _value_faults(frame)
+    ]
     if known_adapters is not None:
-        adapters = frame["adapter"].astype(str)
-        unknown = adapters[~adapters.isin(known_adapters)].value_counts()
-        for name, count in unknown.head(20).items():
-            add(
-                f"adapter {name!r} is not in the catalog ({count} requests)",
-                field_="adapter",
-                warn=True,
-            )
-        if len(unknown) > 20:
-            add(
-                f"{len(unknown) - 20} more adapters are not in the catalog",
-                field_="adapter",
-                warn=True,
-            )
+        problems += [
+            Problem(source=source, field="adapter", message=message, severity="warning")
+            for message in _unknown_adapters(frame, known_adapters)
+        ]
     return problems
 
 
