@@ -1,8 +1,9 @@
 """Read ``scenario.yaml``: the workload a synthetic log is generated from.
 
 A scenario lives in a folder beside its ``catalog.yaml``, ``fleet.yaml`` and, where it
-has pipelines, ``pipelines.yaml``; ``ScenarioFiles`` finds them. Errors name the file
-and the field, like every other input.
+has pipelines, ``pipelines.yaml``; ``ScenarioFiles`` finds them. The file is validated
+once against the models below; every mistake is reported, each naming the file and the
+field (``experiments.0.start: ...``), like every other input. Reads the file only.
 """
 
 from __future__ import annotations
@@ -11,10 +12,11 @@ import os
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
-from zoneinfo import ZoneInfo
+from types import MappingProxyType
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from placement.domain import AdapterId, TenantId
 from placement.errors import InputError, Problem
@@ -31,146 +33,181 @@ class ScenarioFiles:
     log: Path
 
 
-def _time_in(timezone: str) -> Any:
-    """A converter for times: an offset wins; a bare local time is in the scenario's zone."""
-
-    def convert(value: Any) -> datetime:
-        text = value.isoformat() if isinstance(value, datetime) else str(value)
-        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
-        if moment.tzinfo is None:
-            moment = moment.replace(tzinfo=ZoneInfo(timezone))
-        return moment.astimezone(UTC)
-
-    return convert
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-def _hours(value: Any) -> tuple[float, float]:
-    if not isinstance(value, list) or len(value) != 2:
-        raise ValueError(f"expected [start_hour, end_hour], got {value!r}")
-    start, end = (float(v) for v in value)
-    if not 0 <= start < end <= 24:
-        raise ValueError(f"expected 0 <= start < end <= 24, got {value!r}")
-    return start, end
+Hours = tuple[float, float]
 
 
-def _parse(raw: dict[str, Any], problems: list[Problem], source: str) -> Scenario | None:
-    def field(
-        key: str,
-        convert: Any,
-        default: Any = None,
-        *,
-        entry: str | None = None,
-        within: dict[str, Any] | None = None,
-    ) -> Any:
-        container = raw if within is None else within
-        if key not in container or container[key] is None:
-            if default is None:
-                problems.append(
-                    Problem(source=source, entry=entry, field=key, message="is required")
-                )
-            return default
+def _check_hours(value: Hours) -> Hours:
+    if not 0 <= value[0] < value[1] <= 24:
+        raise ValueError(f"expected 0 <= start < end <= 24, got {list(value)}")
+    return value
+
+
+class AdapterOverride(_Section):
+    weight: float | None = Field(default=None, gt=0)
+    business_hours: Hours | None = None
+
+    _hours = field_validator("business_hours")(lambda v: v if v is None else _check_hours(v))
+
+
+class ExperimentSpec(_Section):
+    start: datetime
+    of_top: int = Field(default=20, ge=1)
+    suffix: str = "-experiment"
+    split: float = Field(default=0.5, ge=0, le=1)
+
+
+class LoginSpec(_Section):
+    tenant: str
+    at_local: str = Field(pattern=r"^\d{1,2}:\d{2}$")
+    requests: int = Field(default=30, ge=1)
+    duration_s: float = Field(default=1800, gt=0)
+
+
+class SessionSpec(_Section):
+    mean_requests: float = Field(default=1.0, ge=1)
+    gap_s: float = Field(default=20.0, gt=0)
+
+
+class TokenSpec(_Section):
+    prompt_median: float = Field(default=1020, gt=0)
+    prompt_sigma: float = Field(default=0.9, ge=0)
+    output_median: float = Field(default=129, gt=0)
+    output_sigma: float = Field(default=1.0, ge=0)
+
+
+class ScenarioFile(_Section):
+    """The shape of ``scenario.yaml`` (docs/formats.md shows one)."""
+
+    name: str = "scenario"
+    catalog: str = "catalog.yaml"
+    fleet: str = "fleet.yaml"
+    pipelines: str = "pipelines.yaml"
+    log: str = "requests.parquet"
+    start: datetime
+    days: float = Field(default=1.0, gt=0)
+    timezone: str = "UTC"
+    requests_per_minute: float = Field(default=60.0, gt=0)
+    zipf_exponent: float = Field(default=1.1, ge=0)
+    interarrival_cv: float = Field(default=1.5, gt=0)
+    business_hours: Hours = (9.0, 18.0)
+    night_level: float = Field(default=0.15, ge=0, le=1)
+    weekend_level: float = Field(default=0.3, ge=0)
+    adapters: dict[str, AdapterOverride] = Field(default_factory=dict)
+    sessions: SessionSpec = Field(default_factory=SessionSpec)
+    pipelines_per_hour: dict[str, float] = Field(default_factory=dict)
+    logins: list[LoginSpec] = Field(default_factory=list)
+    experiments: list[ExperimentSpec] = Field(default_factory=list)
+    tokens: TokenSpec = Field(default_factory=TokenSpec)
+
+    _hours = field_validator("business_hours")(_check_hours)
+
+    @field_validator("timezone")
+    @classmethod
+    def _known_zone(cls, value: str) -> str:
         try:
-            return convert(container[key])
-        except (TypeError, ValueError) as exc:
-            problems.append(Problem(source=source, entry=entry, field=key, message=str(exc)))
-            return default
+            ZoneInfo(value)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(f"unknown time zone {value!r} (an IANA name)") from None
+        return value
 
-    time = _time_in(str(raw.get("timezone", "UTC")))
-    overrides = raw.get("adapters") or {}
-    weights = {
-        AdapterId(k): float(v["weight"])
-        for k, v in overrides.items()
-        if isinstance(v, dict) and "weight" in v
-    }
-    hours = {
-        AdapterId(k): _hours(v["business_hours"])
-        for k, v in overrides.items()
-        if isinstance(v, dict) and "business_hours" in v
-    }
-    experiments = tuple(
-        Experiment(
-            start=field("start", time, entry=f"experiments[{i}]", within=e),
-            of_top=int(e.get("of_top", 20)),
-            suffix=str(e.get("suffix", "-experiment")),
-            split=float(e.get("split", 0.5)),
+    def moment(self, value: datetime) -> datetime:
+        """An offset wins; a bare local time is in the scenario's zone."""
+        local = value if value.tzinfo else value.replace(tzinfo=ZoneInfo(self.timezone))
+        return local.astimezone(UTC)
+
+    def to_scenario(self) -> Scenario:
+        return Scenario(
+            name=self.name,
+            start=self.moment(self.start),
+            days=self.days,
+            requests_per_minute=self.requests_per_minute,
+            zipf_exponent=self.zipf_exponent,
+            interarrival_cv=self.interarrival_cv,
+            timezone=self.timezone,
+            business_hours=self.business_hours,
+            night_level=self.night_level,
+            weekend_level=self.weekend_level,
+            weights=MappingProxyType(
+                {AdapterId(k): v.weight for k, v in self.adapters.items() if v.weight}
+            ),
+            hours=MappingProxyType(
+                {
+                    AdapterId(k): v.business_hours
+                    for k, v in self.adapters.items()
+                    if v.business_hours
+                }
+            ),
+            session_mean_requests=self.sessions.mean_requests,
+            session_gap_s=self.sessions.gap_s,
+            pipelines_per_hour=MappingProxyType(dict(self.pipelines_per_hour)),
+            logins=tuple(
+                Login(
+                    tenant=TenantId(x.tenant),
+                    at_local=x.at_local,
+                    requests=x.requests,
+                    duration_s=x.duration_s,
+                )
+                for x in self.logins
+            ),
+            experiments=tuple(
+                Experiment(
+                    start=self.moment(x.start), of_top=x.of_top, suffix=x.suffix, split=x.split
+                )
+                for x in self.experiments
+            ),
+            prompt_median=self.tokens.prompt_median,
+            prompt_sigma=self.tokens.prompt_sigma,
+            output_median=self.tokens.output_median,
+            output_sigma=self.tokens.output_sigma,
         )
-        for i, e in enumerate(raw.get("experiments") or [])
-    )
-    logins = tuple(
-        Login(
-            tenant=TenantId(str(entry["tenant"])),
-            at_local=str(entry["at_local"]),
-            requests=int(entry.get("requests", 30)),
-            duration_s=float(entry.get("duration_s", 1800)),
-        )
-        for entry in raw.get("logins") or []
-    )
-    sessions = raw.get("sessions") or {}
-    tokens = raw.get("tokens") or {}
-    start = field("start", time)
-    if start is None or problems:
-        return None
-    return Scenario(
-        name=str(raw.get("name", "scenario")),
-        start=start,
-        days=float(raw.get("days", 1)),
-        requests_per_minute=field("requests_per_minute", float, 60.0),
-        zipf_exponent=float(raw.get("zipf_exponent", 1.1)),
-        interarrival_cv=float(raw.get("interarrival_cv", 1.5)),
-        timezone=str(raw.get("timezone", "UTC")),
-        business_hours=field("business_hours", _hours, (9.0, 18.0)),
-        night_level=float(raw.get("night_level", 0.15)),
-        weekend_level=float(raw.get("weekend_level", 0.3)),
-        weights=weights,
-        hours=hours,
-        session_mean_requests=float(sessions.get("mean_requests", 1.0)),
-        session_gap_s=float(sessions.get("gap_s", 20.0)),
-        pipelines_per_hour={
-            str(k): float(v) for k, v in (raw.get("pipelines_per_hour") or {}).items()
-        },
-        logins=logins,
-        experiments=experiments,
-        prompt_median=float(tokens.get("prompt_median", 1020)),
-        prompt_sigma=float(tokens.get("prompt_sigma", 0.9)),
-        output_median=float(tokens.get("output_median", 129)),
-        output_sigma=float(tokens.get("output_sigma", 1.0)),
-    )
 
 
-def load_scenario(path: str | os.PathLike[str]) -> ScenarioFiles:
-    """Read a scenario file and locate its companion files."""
-    source = Path(path)
+def _read(source: Path) -> object:
     try:
-        raw = yaml.safe_load(source.read_text())
+        return yaml.safe_load(source.read_text())
     except OSError as exc:
         raise InputError(
             [Problem(source=str(source), message=f"cannot read: {exc.strerror}")]
         ) from None
     except yaml.YAMLError as exc:
         raise InputError([Problem(source=str(source), message=f"not valid YAML: {exc}")]) from None
+
+
+def load_scenario(path: str | os.PathLike[str]) -> ScenarioFiles:
+    """Read a scenario file and locate its companion files; InputError lists every problem."""
+    source = Path(path)
+    raw = _read(source)
     if not isinstance(raw, dict):
         raise InputError([Problem(source=str(source), message="expected a mapping")])
-    problems: list[Problem] = []
     try:
-        scenario = _parse(raw, problems, str(source))
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        problems.append(Problem(source=str(source), message=f"malformed entry: {exc}"))
-        scenario = None
-    folder = source.parent
-    files = {key: folder / str(raw.get(key, f"{key}.yaml")) for key in ("catalog", "fleet")}
-    for key, file in files.items():
-        if not file.is_file():
-            problems.append(
-                Problem(source=str(source), field=key, message=f"{file} does not exist")
+        spec = ScenarioFile.model_validate(raw)
+    except ValidationError as exc:
+        problems = [
+            Problem(
+                source=str(source), field=".".join(map(str, e["loc"])) or None, message=e["msg"]
             )
-    pipelines = folder / str(raw.get("pipelines", "pipelines.yaml"))
-    if problems or scenario is None:
-        raise InputError(problems)
+            for e in exc.errors(include_url=False)
+        ]
+        raise InputError(problems) from None
+    folder = source.parent
+    files = {"catalog": folder / spec.catalog, "fleet": folder / spec.fleet}
+    missing = [
+        Problem(source=str(source), field=key, message=f"{file} does not exist")
+        for key, file in files.items()
+        if not file.is_file()
+    ]
+    if missing:
+        raise InputError(missing)
+    pipelines = folder / spec.pipelines
     return ScenarioFiles(
-        scenario=scenario,
+        scenario=spec.to_scenario(),
         folder=folder,
         catalog=files["catalog"],
         fleet=files["fleet"],
         pipelines=pipelines if pipelines.is_file() else None,
-        log=folder / str(raw.get("log", "requests.parquet")),
+        log=folder / spec.log,
     )

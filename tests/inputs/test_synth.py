@@ -74,11 +74,35 @@ def test_pipeline_follow_ups_come_after_the_classifier(war_story: pd.DataFrame) 
     assert share_within > 0.5
 
 
-def test_bad_scenario_is_reported(tmp_path: Path) -> None:
-    (tmp_path / "scenario.yaml").write_text("name: x\nrequests_per_minute: lots\n")
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        pytest.param("name: x\n", "start: Field required", id="missing-start"),
+        pytest.param(
+            "start: '2026-03-10T00:00:00'\nrequests_per_minute: lots\n",
+            "requests_per_minute: Input should be a valid number",
+            id="not-a-number",
+        ),
+        pytest.param(
+            "start: '2026-03-10T00:00:00'\nexperiments: [{of_top: 3}]\n",
+            "experiments.0.start: Field required",
+            id="nested-field",
+        ),
+        pytest.param(
+            "start: '2026-03-10T00:00:00'\nbusiness_hours: [18, 9]\n",
+            "expected 0 <= start < end <= 24",
+            id="hours-backwards",
+        ),
+        pytest.param(
+            "start: '2026-03-10T00:00:00'\n", "catalog.yaml does not exist", id="no-catalog"
+        ),
+    ],
+)
+def test_bad_scenario_is_reported(tmp_path: Path, body: str, expected: str) -> None:
+    (tmp_path / "scenario.yaml").write_text(body)
     result = runner.invoke(
         app, ["synth", str(tmp_path / "scenario.yaml"), "-o", str(tmp_path / "o.parquet")]
     )
     assert result.exit_code == 2
-    assert "start: is required" in result.output
-    assert "catalog.yaml does not exist" in result.output
+    assert expected in result.output
+    assert "Traceback" not in result.output
