@@ -162,6 +162,7 @@ class Controller:
     async def ingest(self) -> Outcome:
         history = await asyncio.to_thread(self.ports.history)
         self.state.history = history
+        self.metrics.ingested(history, catalog=self.ports.catalog, fleet=self.fleet, now=self.now())
         learn = self.ports.learn_predictor
         if learn is not None:
             try:

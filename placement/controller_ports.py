@@ -185,3 +185,8 @@ class ControllerObserver:
 
     def restored(self, pods: int) -> None:
         pass
+
+    def ingested(
+        self, history: RequestLog, *, catalog: Catalog, fleet: Fleet, now: datetime
+    ) -> None:
+        """A fresh history: what it says about demand against the fleet's slots."""

@@ -34,7 +34,7 @@ from placement.domain import Action, AdapterId, Catalog, Fleet, PodId
 from placement.errors import EngineError, InputError
 from placement.executor import ApplyReport, Executor, Ledger, Sleep
 from placement.forecasting import ModelForecaster
-from placement.metrics import ControllerMetrics
+from placement.metrics import ControllerMetrics, FleetMetrics
 from placement.plan import Plan
 from placement.problem import Demand, build_problem
 from placement.reconcile import depends_on
@@ -274,6 +274,7 @@ class PrometheusObserver(ControllerObserver):
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.shared = ControllerMetrics(registry)
+        self.fleet = FleetMetrics(registry)
         self.ticks = Counter(
             "lorafleet_controller_ticks",
             "Controller job runs by job and outcome (done, failed, standby, backing_off, idle).",
@@ -314,3 +315,11 @@ class PrometheusObserver(ControllerObserver):
 
     def restored(self, pods: int) -> None:
         self.restored_pods.inc(pods)
+
+    def ingested(
+        self, history: RequestLog, *, catalog: Catalog, fleet: Fleet, now: datetime
+    ) -> None:
+        """Seed 000's early warning: distinct adapters of the last hour against the slots."""
+        self.fleet.fleet_activity(
+            history.counts(600), catalog=catalog, fleet=fleet, since=now - timedelta(hours=1)
+        )

@@ -163,6 +163,8 @@ async def test_the_composed_app_serves_health_metrics_and_the_openapi_document(
     assert ready == {"leader": True, "plan": None, "backing_off": []}
     assert 'lorafleet_controller_ticks_total{job="ingest",outcome="done"} 1.0' in metrics
     assert "lorafleet_plan_period_seconds 300.0" in metrics  # the stale-plan alert's period
+    assert "lorafleet_slot_capacity{pool=" in metrics  # active adapters against slots
+    assert "lorafleet_active_adapters{pool=" in metrics
     assert "/v1/events" in document["paths"]
 
 

@@ -14,7 +14,6 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from placement.controller_wiring import PrometheusObserver
-from placement.metrics import FleetMetrics
 from placement.router.metrics import RouterMetrics
 from placement.webhook import WebhookMetrics
 
@@ -43,12 +42,11 @@ def rules() -> list[dict[str, Any]]:
 
 
 def every_family() -> CollectorRegistry:
-    """One registry with every lorafleet metric family: router, fleet, controller (its
-    observer builds ControllerMetrics) and webhook. A name defined twice would raise."""
+    """One registry with every lorafleet metric family: router, controller (its observer
+    builds ControllerMetrics and FleetMetrics) and webhook. A name defined twice raises."""
     registry = CollectorRegistry()
     RouterMetrics(registry)
-    FleetMetrics(registry)
-    PrometheusObserver(registry)
+    PrometheusObserver(registry)  # the controller's, with the fleet families inside
     WebhookMetrics(registry)
     return registry
 
