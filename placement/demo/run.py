@@ -36,8 +36,9 @@ POLICIES = ("round-robin", "epp", "lorafleet")
 @dataclass(frozen=True, kw_only=True)
 class DemoOptions:
     scenario: Path = DEFAULT_SCENARIO
-    #: Local hours of the scenario's last day to replay (war story: 10:15 is inside).
-    window_hours: tuple[float, float] = (9.0, 13.0)
+    #: Local hours of the scenario's last day to replay: the whole day by default (the
+    #: war story's Thursday, with the morning rise and the 10:15 experiment).
+    window_hours: tuple[float, float] = (0.0, 24.0)
     requests_per_policy: int = 3000
     wall_s_per_policy: float = 45.0
     policies: tuple[str, ...] = POLICIES

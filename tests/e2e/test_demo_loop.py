@@ -21,7 +21,13 @@ from placement.demo.run import DemoOptions, PolicyResult, run_demo
 
 pytestmark = pytest.mark.slow
 
-SHORT = DemoOptions(requests_per_policy=400, wall_s_per_policy=10.0, lead_s=8.0, plan_every_s=3)
+SHORT = DemoOptions(
+    window_hours=(9.0, 13.0),
+    requests_per_policy=400,
+    wall_s_per_policy=10.0,
+    lead_s=8.0,
+    plan_every_s=3,
+)
 
 
 def _processes_in(folder: Path) -> list[int]:
