@@ -17,7 +17,6 @@ import argparse
 import asyncio
 import os
 import random
-import socket
 import subprocess
 import sys
 import time
@@ -29,7 +28,7 @@ import httpx
 
 from placement.apply import apply_plan, make_clients
 from placement.domain import ActionKind, Adapter, AdapterId, Catalog, PodId, Tier
-from placement.emulator import EmulatedFleet, Latency, PodConfig
+from placement.emulator import EmulatedFleet, Latency, PodConfig, free_base_port
 from placement.executor import Ledger
 from placement.plan import AdapterPlan, Plan, PodPlan
 from placement.settings import ExecutorSettings
@@ -92,19 +91,6 @@ def _critical_path_s(actions: tuple[object, ...]) -> float:
     return max(per_pod.values(), default=0.0) / 1000.0
 
 
-def _free_base_port(n: int) -> int:
-    for _ in range(100):
-        base = random.randint(21000, 40000)
-        try:
-            for port in range(base, base + n):
-                with socket.socket() as probe:
-                    probe.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return base
-    raise RuntimeError("no run of free ports")
-
-
 def _start_subprocess(n: int, base: int) -> subprocess.Popen[bytes]:
     command = [
         sys.executable, "-c", "from placement.cli import main; main()",
@@ -130,7 +116,7 @@ async def _wait_up(http: httpx.AsyncClient, urls: list[str]) -> None:
 
 
 async def _bench(n: int, *, in_process: bool) -> None:
-    base = _free_base_port(n)
+    base = free_base_port(n)
     config = PodConfig(max_loras=4, max_cpu_loras=16, max_lora_rank=64, latency=LATENCY)
     fleet = EmulatedFleet.start(n, base_port=base, config=config)
     domain = fleet.domain()

@@ -17,7 +17,6 @@ import asyncio
 import json
 import os
 import random
-import socket
 import statistics
 import subprocess
 import sys
@@ -30,11 +29,11 @@ from types import MappingProxyType
 import aiohttp
 
 from placement.domain import AdapterId, Engine, PodId, PoolId, Tier
+from placement.emulator import free_base_port
 from placement.plan import AdapterPlan, Plan, PodPlan, plan_to_json
 from placement.ports import PodMetrics
 from placement.router.picking import Picker
 from placement.router.state import Upstream, build_topology
-from placement.router.wiring import free_port
 from placement.settings import LoadCostSettings, RouterSettings
 
 PODS_SCRIPT = """
@@ -93,23 +92,6 @@ async def _wait_up(url: str) -> None:
                 pass
             await asyncio.sleep(0.05)
     raise RuntimeError(f"{url} never came up")
-
-
-def _free_block(n: int) -> int:
-    for _ in range(100):
-        base = free_port()
-        if base + n < 65000 and all(_is_free(base + i) for i in range(n)):
-            return base
-    raise RuntimeError("no block of free ports")
-
-
-def _is_free(port: int) -> bool:
-    with socket.socket() as probe:
-        try:
-            probe.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -242,7 +224,7 @@ def main() -> None:
         "routing decision, 64 pods (us):", json.dumps({k: round(v, 1) for k, v in decision.items()})
     )
 
-    base = _free_block(args.pods + 1)
+    base = free_base_port(args.pods + 1)
     router_port = base + args.pods
     models = [f"lora-{i}" for i in range(2 * args.pods)]
     with tempfile.TemporaryDirectory() as tmp:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,23 +24,6 @@ from placement.errors import LorafleetError
 
 class ProcessError(LorafleetError):
     """A child process died or never became ready; the message names its log."""
-
-
-def free_port_block(count: int, *, start: int = 20000, end: int = 60000) -> int:
-    """The first port of ``count`` consecutive free ports on 127.0.0.1."""
-    for base in range(start, end, count + 7):
-        if all(_is_free(base + i) for i in range(count)):
-            return base
-    raise ProcessError(f"no block of {count} free ports between {start} and {end}")
-
-
-def _is_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        try:
-            probe.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 @dataclass

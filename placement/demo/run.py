@@ -23,8 +23,9 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from placement.demo.processes import LocalProcesses, ProcessError, free_port_block
+from placement.demo.processes import LocalProcesses, ProcessError
 from placement.demo.traffic import Shot, ShotResult, drive, select
+from placement.emulator import free_base_port
 from placement.inputs import load_catalog, load_fleet, load_request_log
 from placement.request_log import write_request_log
 from placement.scenario import load_scenario
@@ -156,7 +157,7 @@ def prepare(options: DemoOptions, workdir: Path) -> Prepared:
         frame, start=start, end=end, max_requests=options.requests_per_policy, speed=speed, rng=rng
     )
     pods = len(load_fleet(files.fleet).pods)
-    base_port = free_port_block(pods + 4)
+    base_port = free_base_port(pods + 4)
     urls, served = _fleet_on_ports(files.fleet, workdir / "fleet.yaml", base_port)
     return Prepared(
         workdir=workdir,

@@ -1,7 +1,7 @@
 """Emulated vLLM and SGLang pods: the test double for every part, and the demo's fleet.
 
 Public API: ``PodConfig``, ``Latency``, ``Faults``, ``ZERO_LATENCY``, ``build_pod``
-(the app factory), ``EmulatedFleet`` (many pods in-process), ``serve_fleet`` and
+(the app factory), ``free_base_port``, ``EmulatedFleet`` (many pods in-process), ``serve_fleet`` and
 ``serving_in_thread`` (real sockets on 127.0.0.1).
 """
 
@@ -11,6 +11,7 @@ from placement.emulator.fleet import (
     FleetTransport,
     PodHandle,
     build_pod,
+    free_base_port,
     serve_fleet,
     serving_in_thread,
 )
@@ -26,6 +27,7 @@ __all__ = [
     "PodConfig",
     "PodHandle",
     "build_pod",
+    "free_base_port",
     "serve_fleet",
     "serving_in_thread",
 ]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -60,6 +61,23 @@ class PodHandle:
     @property
     def name(self) -> PodId:
         return PodId(self.pod.config.name)
+
+
+def free_base_port(count: int, *, start: int = 20000, end: int = 60000) -> int:
+    """The first of ``count`` consecutive free ports on 127.0.0.1, for emulated pods."""
+    for base in range(start, end, count + 7):
+        if all(_is_free(base + i) for i in range(count)):
+            return base
+    raise OSError(f"no {count} consecutive free ports between {start} and {end}")
+
+
+def _is_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((HOST, port))
+        except OSError:
+            return False
+    return True
 
 
 def build_pod(config: PodConfig, *, url: str = f"http://{HOST}:{DEFAULT_BASE_PORT}") -> PodHandle:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -28,7 +27,7 @@ from models.series import panel_from_counts
 from placement.adapters.prom import PromHistorySource
 from placement.controller_wiring import PrometheusHistory
 from placement.domain import Adapter, AdapterId, Catalog, PodId, Tier
-from placement.emulator import EmulatedFleet, PodConfig, serving_in_thread
+from placement.emulator import EmulatedFleet, PodConfig, free_base_port, serving_in_thread
 from placement.plan import AdapterPlan, Plan, PodPlan
 from placement.router import build_router
 from placement.router.wiring import ServedApp, free_port
@@ -53,24 +52,6 @@ def wait_for(predicate: Callable[[], bool], *, timeout_s: float, what: str) -> N
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.1)
-
-
-def free_port_block(n: int) -> int:
-    """A base port whose next n ports are free (the emulator takes consecutive ports)."""
-    for _ in range(50):
-        base = free_port()
-        if base + n < 65000 and all(_free(base + i) for i in range(n)):
-            return base
-    raise RuntimeError("no block of free ports")
-
-
-def _free(port: int) -> bool:
-    with socket.socket() as probe:
-        try:
-            probe.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def catalog() -> Catalog:
@@ -120,7 +101,7 @@ def plan() -> Plan:
 @contextlib.contextmanager
 def router_with_pods() -> Iterator[str]:
     config = replace(PodConfig(), max_loras=2, max_cpu_loras=4)
-    fleet = EmulatedFleet.start(2, base_port=free_port_block(2), config=config)
+    fleet = EmulatedFleet.start(2, base_port=free_base_port(2), config=config)
     with serving_in_thread(fleet.handles):
         app = build_router(
             fleet=fleet.domain(),

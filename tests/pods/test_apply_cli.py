@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import random
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,7 +9,13 @@ import pytest
 from typer.testing import CliRunner
 
 from placement.cli import app
-from placement.emulator import ZERO_LATENCY, EmulatedFleet, PodConfig, serving_in_thread
+from placement.emulator import (
+    ZERO_LATENCY,
+    EmulatedFleet,
+    PodConfig,
+    free_base_port,
+    serving_in_thread,
+)
 from placement.plan import plan_to_json
 
 from .plans import make_plan
@@ -19,23 +23,10 @@ from .plans import make_plan
 PLAN = make_plan({"pod-0": (["a0"], ["a1"]), "pod-1": (["a0"], ["a2"])})
 
 
-def _free_base_port(n: int) -> int:
-    for _ in range(50):
-        base = random.randint(20000, 40000)
-        try:
-            for port in range(base, base + n):
-                with socket.socket() as probe:
-                    probe.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return base
-    raise RuntimeError("no free ports")
-
-
 @pytest.fixture
 def pods() -> Iterator[EmulatedFleet]:
     config = PodConfig(latency=ZERO_LATENCY, max_loras=2, max_cpu_loras=3, max_lora_rank=64)
-    fleet = EmulatedFleet.start(2, base_port=_free_base_port(2), config=config)
+    fleet = EmulatedFleet.start(2, base_port=free_base_port(2), config=config)
     with serving_in_thread(fleet.handles):
         yield fleet
 

@@ -17,11 +17,11 @@ from openai import OpenAI
 from prometheus_client import CollectorRegistry
 
 from placement.domain import Adapter, AdapterId, Catalog, Engine, Fleet, PodId, Tier
-from placement.emulator import EmulatedFleet, PodConfig, serving_in_thread
+from placement.emulator import EmulatedFleet, PodConfig, free_base_port, serving_in_thread
 from placement.plan import AdapterPlan, Plan, PodPlan
 from placement.router import MemoryRequestLog, RouterApp, build_router
 from placement.router.sources import PlanSource
-from placement.router.wiring import ServedApp, free_port
+from placement.router.wiring import ServedApp
 from placement.settings import RouterSettings, Settings
 
 FAST = Settings(
@@ -101,29 +101,9 @@ def emulated(
     config = replace(
         PodConfig(), engine=engine, max_loras=max_loras, max_cpu_loras=max_cpu_loras, **extra
     )
-    fleet = EmulatedFleet.start(n, engine=engine, base_port=free_port_block(n), config=config)
+    fleet = EmulatedFleet.start(n, engine=engine, base_port=free_base_port(n), config=config)
     with serving_in_thread(fleet.handles):
         yield Pods(fleet=fleet, domain=fleet.domain())
-
-
-def free_port_block(n: int) -> int:
-    """A base port whose next n ports look free (the emulator takes consecutive ports)."""
-    for _ in range(50):
-        base = free_port()
-        if base + n < 65000 and all(_free(base + i) for i in range(n)):
-            return base
-    raise RuntimeError("no block of free ports")
-
-
-def _free(port: int) -> bool:
-    import socket
-
-    with socket.socket() as probe:
-        try:
-            probe.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 @dataclass
