@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from replay_targets import print_target_ratios
 
 from placement.domain import (
     Adapter,
@@ -162,15 +163,7 @@ def main() -> None:
             f" {m['ttft_p95_ms']:5.0f} {m['ttft_p99_ms']:6.0f} {m['load_wait_share']:6.3f}"
             f" {m['convoy']!s:>6s} | {len(load) / wall_s * 60 / 1e6:8.2f}"
         )
-    if {"lorafleet", "round-robin", "epp", "oracle"} <= results.keys():
-        ours, oracle = results["lorafleet"], results["oracle"]
-        gap = 100 * (oracle["gpu_hit_rate"] - ours["gpu_hit_rate"])
-        print(
-            f"loads round-robin/lorafleet {results['round-robin']['loads'] / ours['loads']:.1f}x,"
-            f" epp/lorafleet {results['epp']['loads'] / ours['loads']:.2f}x;"
-            f" oracle-lorafleet hit gap {gap:.2f} pt;"
-            f" TTFT p95 lorafleet/oracle {ours['ttft_p95_ms'] / oracle['ttft_p95_ms']:.3f}"
-        )
+    print_target_ratios(results)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from replay_targets import print_target_ratios
 
 from placement.inputs import load_catalog, load_fleet
 from placement.request_log import load_request_log
@@ -86,15 +87,7 @@ def main() -> None:
             f" {m['convoy']!s:>6s} | {after['hit']:6.3f} {after['p95']:6.0f} {after['lps']:10.4f} |"
             f" {len(load) / wall_s * 60 / 1e6:8.2f}"
         )
-    if {"lorafleet", "round-robin", "epp", "oracle"} <= results.keys():
-        ours, oracle = results["lorafleet"], results["oracle"]
-        gap = 100 * (oracle["gpu_hit_rate"] - ours["gpu_hit_rate"])
-        print(
-            f"loads round-robin/lorafleet {results['round-robin']['loads'] / ours['loads']:.1f}x,"
-            f" epp/lorafleet {results['epp']['loads'] / ours['loads']:.2f}x;"
-            f" oracle-lorafleet hit gap {gap:.2f} pt;"
-            f" TTFT p95 lorafleet/oracle {ours['ttft_p95_ms'] / oracle['ttft_p95_ms']:.3f}"
-        )
+    print_target_ratios(results)
 
 
 if __name__ == "__main__":
