@@ -26,10 +26,10 @@ from types import MappingProxyType
 
 import httpx
 
-from placement.apply import apply_plan, make_clients
+from placement.actuation.apply import apply_plan, make_clients
+from placement.actuation.executor import Ledger
 from placement.domain import ActionKind, Adapter, AdapterId, Catalog, PodId, Tier
 from placement.emulator import EmulatedFleet, Latency, PodConfig, free_base_port
-from placement.executor import Ledger
 from placement.plan import AdapterPlan, Plan, PodPlan
 from placement.settings import ExecutorSettings
 

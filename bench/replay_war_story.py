@@ -20,7 +20,7 @@ import pandas as pd
 from replay_targets import print_target_ratios
 
 from placement.inputs import load_catalog, load_fleet
-from placement.request_log import load_request_log
+from placement.inputs.request_log import load_request_log
 from placement.settings import Settings
 from placement.sim.replay import PlanningParts, ReplayResult, pod_specs, run_policy
 from placement.sim.routers import POLICIES

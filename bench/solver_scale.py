@@ -5,7 +5,7 @@ Generated problems (two pools of identical pods, power-law demand, ranks 8-128,
 lorafleet's solver (pod classes, greedy hint, two stages) and, where practical, the
 baseline: one CP-SAT boolean per (adapter, pod) for hot and for warm, the same
 objective, no hint, the same time limit and workers. Both plans are priced by the
-same yardstick (``placement.assign.evaluate`` without the imbalance term, which the
+same yardstick (``placement.solver.packing.evaluate`` without the imbalance term, which the
 baseline does not model), and the baseline's ratio to ours is printed.
 
     .venv/bin/python bench/solver_scale.py            # all three sizes
@@ -23,7 +23,6 @@ from types import MappingProxyType
 import numpy as np
 from ortools.sat.python import cp_model
 
-from placement.assign import Assignment, evaluate
 from placement.domain import (
     Adapter,
     AdapterId,
@@ -36,10 +35,11 @@ from placement.domain import (
     Pool,
     PoolId,
 )
-from placement.greedy import hot_eligible, warm_eligible
-from placement.problem import Demand, PlacementProblem, PoolProblem, build_problem
 from placement.settings import PlannerSettings, Settings
 from placement.solver import SolveOptions, solve
+from placement.solver.greedy import hot_eligible, warm_eligible
+from placement.solver.packing import Assignment, evaluate
+from placement.solver.problem import Demand, PlacementProblem, PoolProblem, build_problem
 
 MIB = 1 << 20
 DIMS = ModelDims(

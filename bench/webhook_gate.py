@@ -18,9 +18,14 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from prometheus_client import CollectorRegistry
 
-from placement.events import Event, EventDecision
+from placement.controller.webhook import (
+    SIGNATURE_HEADER,
+    TIMESTAMP_HEADER,
+    create_webhook_app,
+    sign,
+)
+from placement.forecast.event_preloads import Event, EventDecision
 from placement.settings import ControllerSettings
-from placement.webhook import SIGNATURE_HEADER, TIMESTAMP_HEADER, create_webhook_app, sign
 
 SECRET = b"bench-secret"
 

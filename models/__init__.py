@@ -9,7 +9,7 @@
   ``models.registry.forecaster_named`` builds any of them by name (``auto`` is the default).
 - ``models.events``: pipeline transitions and tenant logins learned from the log.
 - ``models.preload``: the time-of-day preload schedule.
-- ``models.backtest`` and ``models.metrics``: rolling-origin evaluation.
+- ``models.backtest`` and ``models.accuracy``: rolling-origin evaluation.
 
-``placement.forecasting`` adapts domain inputs to these and back.
+``placement.forecast.forecaster`` adapts domain inputs to these and back.
 """

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from models.accuracy import Cells, Scores, score, seasonal_mae
 from models.base import FittedForecaster, Forecaster, PanelForecast, sanitize
 from models.baselines import same_bucket
-from models.metrics import Cells, Scores, score, seasonal_mae
 from models.series import CountPanel, FloatArray
 
 

@@ -25,8 +25,8 @@ import pandas as pd
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import generate_latest
 
+from placement.actuation.executor import ApplyReport, Status
 from placement.domain import Catalog, Fleet, PodId, PoolId
-from placement.executor import ApplyReport, Status
 from placement.plan import Plan
 
 #: Residency buckets in seconds: seed 000 calls under 30 s thrashing and under 5 min a

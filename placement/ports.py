@@ -1,19 +1,35 @@
-"""The Protocols the router, the controller and the executor use to reach pods.
+"""Every Protocol lorafleet uses to reach an outside system, and the values that cross.
 
-Each port has one real adapter per engine (``placement.adapters.vllm``,
+Pods: ``EngineClient`` has one real adapter per engine (``placement.adapters.vllm``,
 ``placement.adapters.sglang``, picked by ``placement.adapters.engines.engine_client``)
 and one in-memory twin (the emulated pod, ``placement.emulator``), and one contract
-suite (``tests/pods``) runs against both. This module holds types only: no IO.
+suite (``tests/pods``) runs against both.
+
+The cluster: ``PodDiscovery``, ``PlanStore``, ``PodAnnotator``, ``LeaseStore`` and
+``StateStore`` have one real adapter each (``placement.adapters.kube`` on Kubernetes,
+``placement.adapters.statedir`` on one machine) and an in-memory twin
+(``placement.adapters.kube_memory``). The controller and the webhook take these
+Protocols; the composition root (``placement.controller.ticks.wiring``) chooses the adapters.
+Errors: every cluster method raises ``KubeConflictError`` when someone else changed the
+object first, ``RetryableKubeError`` for 5xx and transport failures, and ``KubeError``
+for the rest; never a client library's own exception.
+
+This module holds types only: no IO.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import enum
+import hashlib
+import re
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from types import MappingProxyType
 from typing import Protocol, runtime_checkable
 
-from placement.domain import AdapterId, PodId
+from placement.domain import AdapterId, PodId, PoolId
+from placement.plan import Plan
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,3 +105,139 @@ class EngineClient(Protocol):
     async def aclose(self) -> None:
         """Close the HTTP client if this object owns it."""
         ...
+
+
+#: The label that names a pod's pool when pods come from a label selector.
+POOL_LABEL = "lorafleet.io/pool"
+#: The full hot set, comma-joined: annotations hold up to 256 KiB, labels only 63 chars.
+HOT_SET_ANNOTATION = "lorafleet.io/hot-set"
+#: The plan the hot set came from.
+PLAN_ID_ANNOTATION = "lorafleet.io/plan-id"
+#: Short labels so that ``kubectl get pods -L lorafleet.io/hot-count,lorafleet.io/hot-hash``
+#: shows a pod's hot set at a glance: its size, and a digest that differs between pods
+#: holding different sets.
+HOT_COUNT_LABEL = "lorafleet.io/hot-count"
+HOT_HASH_LABEL = "lorafleet.io/hot-hash"
+
+_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DiscoveredPod:
+    """A serving pod as the cluster reports it: where to reach it and which pool it is in."""
+
+    name: PodId
+    pool: PoolId
+    ip: str
+    port: int
+    ready: bool
+    labels: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.ip}]" if ":" in self.ip else self.ip
+        return f"http://{host}:{self.port}"
+
+
+class PodEventKind(enum.StrEnum):
+    ADDED = "ADDED"
+    MODIFIED = "MODIFIED"
+    DELETED = "DELETED"
+
+
+@dataclass(frozen=True, kw_only=True)
+class PodEvent:
+    kind: PodEventKind
+    pod: DiscoveredPod
+
+
+@dataclass(frozen=True, kw_only=True)
+class HotSetMarks:
+    """What a pod carries to show its hot set: labels (short, selectable), annotations."""
+
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+
+
+def hot_set_marks(adapters: tuple[AdapterId, ...], *, plan_id: str) -> HotSetMarks:
+    """The labels and annotations that describe a hot set; the same set gives the same marks."""
+    ordered = sorted(set(adapters))
+    joined = ",".join(ordered)
+    digest = hashlib.sha256(joined.encode()).hexdigest()[:12]
+    labels = {HOT_COUNT_LABEL: str(len(ordered)), HOT_HASH_LABEL: digest}
+    annotations = {HOT_SET_ANNOTATION: joined, PLAN_ID_ANNOTATION: plan_id}
+    return HotSetMarks(labels=MappingProxyType(labels), annotations=MappingProxyType(annotations))
+
+
+def is_label_value(text: str) -> bool:
+    """Whether Kubernetes accepts ``text`` as a label value (63 chars, alphanumeric ends)."""
+    return len(text) <= 63 and _LABEL_VALUE.match(text) is not None
+
+
+@dataclass(frozen=True, kw_only=True)
+class LeaseRecord:
+    """A coordination.k8s.io/v1 Lease as the elector sees it."""
+
+    holder: str | None
+    duration_s: int
+    acquired_at: datetime | None = None
+    renewed_at: datetime | None = None
+    transitions: int = 0
+    #: The server's resourceVersion; a replace with a stale one fails with a conflict.
+    version: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class StoredState:
+    """What the controller keeps across restarts: the last good plan and the load ledger."""
+
+    plan_json: str | None
+    ledger_json: str | None
+
+
+class PodDiscovery(Protocol):
+    def list_pods(self) -> tuple[DiscoveredPod, ...]:
+        """Ready pods only, sorted by name."""
+        ...
+
+    def watch_pods(self, *, timeout_s: int) -> Iterator[PodEvent]:
+        """Changes to the selected pods until ``timeout_s`` passes or the stream ends."""
+        ...
+
+
+class PlanStore(Protocol):
+    def publish(self, plan: Plan) -> None:
+        """Make ``plan`` current and keep the one it replaces as the previous plan."""
+        ...
+
+    def current(self) -> Plan | None: ...
+
+    def previous(self) -> Plan | None: ...
+
+    def rollback(self) -> Plan:
+        """Make the previous plan current again (and the current one previous)."""
+        ...
+
+
+class PodAnnotator(Protocol):
+    def mark_hot_set(
+        self, pod: PodId, adapters: tuple[AdapterId, ...], *, plan_id: str
+    ) -> None: ...
+
+
+class LeaseStore(Protocol):
+    def read(self) -> LeaseRecord | None: ...
+
+    def create(self, record: LeaseRecord) -> LeaseRecord:
+        """Create the lease; KubeConflictError when it already exists."""
+        ...
+
+    def replace(self, record: LeaseRecord) -> LeaseRecord:
+        """Replace the lease at ``record.version``; KubeConflictError when it moved on."""
+        ...
+
+
+class StateStore(Protocol):
+    def load(self) -> StoredState: ...
+
+    def save(self, state: StoredState) -> None: ...

@@ -4,7 +4,7 @@ Owns: discovering serving pods by label selector, the plan ConfigMap (current an
 previous, for ``lorafleet rollback``), the controller's state ConfigMap, the hot-set
 marks on each pod, and the coordination.k8s.io/v1 Lease used for leader election.
 It must not decide anything: what to publish, when to act and who leads are the
-caller's (``placement.controller``, ``placement.leader``).
+caller's (``placement.controller.ticks``, ``placement.controller.leader``).
 
 Every client exception leaves this module as a ``KubeError`` subclass: 409 becomes
 ``KubeConflictError``; 429, 5xx and transport failures ``RetryableKubeError``.
@@ -27,7 +27,10 @@ import urllib3
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 
-from placement.cluster import (
+from placement.domain import AdapterId, PodId, PoolId
+from placement.errors import KubeConflictError, KubeError, PlanError, RetryableKubeError
+from placement.plan import Plan, plan_from_json, plan_to_json
+from placement.ports import (
     POOL_LABEL,
     DiscoveredPod,
     LeaseRecord,
@@ -36,9 +39,6 @@ from placement.cluster import (
     StoredState,
     hot_set_marks,
 )
-from placement.domain import AdapterId, PodId, PoolId
-from placement.errors import KubeConflictError, KubeError, PlanError, RetryableKubeError
-from placement.plan import Plan, plan_from_json, plan_to_json
 
 logger = logging.getLogger(__name__)
 

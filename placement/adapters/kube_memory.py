@@ -12,7 +12,10 @@ import itertools
 from collections.abc import Iterator
 from dataclasses import replace
 
-from placement.cluster import (
+from placement.domain import AdapterId, PodId
+from placement.errors import KubeConflictError, KubeError, PlanError
+from placement.plan import Plan, plan_from_json, plan_to_json
+from placement.ports import (
     DiscoveredPod,
     LeaseRecord,
     PodEvent,
@@ -20,9 +23,6 @@ from placement.cluster import (
     StoredState,
     hot_set_marks,
 )
-from placement.domain import AdapterId, PodId
-from placement.errors import KubeConflictError, KubeError, PlanError
-from placement.plan import Plan, plan_from_json, plan_to_json
 
 
 class Faults:

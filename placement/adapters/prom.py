@@ -29,7 +29,7 @@ import httpx
 import pandas as pd
 
 from placement.errors import HistorySourceError, RetryableHistorySourceError
-from placement.request_log import RequestLog, request_log_from_frame
+from placement.inputs.request_log import RequestLog, request_log_from_frame
 
 REQUESTS_METRIC = "lorafleet_requests_total"
 #: Prometheus refuses a range query of more than 11,000 points per series.

@@ -11,9 +11,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from placement.cluster import StoredState
 from placement.errors import InputError, PlanError, Problem
 from placement.plan import Plan, plan_from_json, plan_to_json
+from placement.ports import StoredState
 
 PLAN_FILE = "plan.json"
 PREVIOUS_FILE = "previous.json"

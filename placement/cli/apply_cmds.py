@@ -19,11 +19,11 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-from placement.apply import Observation, lora_paths, make_clients, plan_actions
+from placement.actuation.apply import Observation, lora_paths, make_clients, plan_actions
+from placement.actuation.executor import ActionResult, ApplyReport, Executor, Ledger
 from placement.cli.app import EXIT_FAILED, app, err, out, report_errors
 from placement.domain import Action, ActionKind, Catalog, Fleet, PodId
 from placement.errors import InputError, Problem
-from placement.executor import ActionResult, ApplyReport, Executor, Ledger
 from placement.inputs import load_catalog, load_fleet, read_plan
 from placement.plan import Plan
 from placement.settings import ExecutorSettings

@@ -41,9 +41,7 @@ from placement.adapters.prom import PromHistorySource
 from placement.adapters.statedir import DirPlanStore, DirStateStore, ensure_state_dir
 from placement.cli.app import app, out, report_errors
 from placement.clock import Clock, warped_clock
-from placement.cluster import PlanStore
-from placement.controller import Controller
-from placement.controller_config import (
+from placement.controller.config import (
     SAME_HOUR_MODEL,
     ClockConfig,
     ControllerConfig,
@@ -51,9 +49,12 @@ from placement.controller_config import (
     load_controller_config,
     read_secret,
 )
-from placement.controller_jobs import Schedule, add_process_routes, serve
-from placement.controller_ports import ControllerPorts, DemandForecaster, HistorySource
-from placement.controller_wiring import (
+from placement.controller.leader import LeaderElector
+from placement.controller.ports import ControllerPorts, DemandForecaster, HistorySource
+from placement.controller.schedule import Schedule, add_process_routes, serve
+from placement.controller.ticks import Controller
+from placement.controller.webhook import create_webhook_app
+from placement.controller.wiring import (
     EngineActuator,
     FileHistory,
     PrometheusHistory,
@@ -63,19 +64,18 @@ from placement.controller_wiring import (
     SolverPlanner,
 )
 from placement.domain import Catalog, Pipelines
-from placement.events import (
+from placement.forecast.event_preloads import (
     Event,
     EventDecision,
     Predictor,
     learned_predictor,
     pipeline_predictor,
 )
-from placement.forecasting import ModelForecaster, learn_events
+from placement.forecast.forecaster import ModelForecaster, learn_events
 from placement.inputs import load_catalog, load_fleet, load_pipelines
-from placement.leader import LeaderElector
-from placement.request_log import RequestLog
+from placement.inputs.request_log import RequestLog
+from placement.ports import PlanStore
 from placement.settings import Settings
-from placement.webhook import create_webhook_app
 
 DAY_S = 86_400
 

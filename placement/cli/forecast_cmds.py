@@ -5,7 +5,7 @@
 peaks and the preload schedule, and can plot history, forecast and band.
 ``backtest`` scores the models at the controller's horizons (1 h and 24 h).
 
-Owns parsing, files and printing; the forecasting is ``placement.forecasting``'s.
+Owns parsing, files and printing; the forecasting is ``placement.forecast.forecaster``'s.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from models.registry import forecaster_named
 from models.series import CountPanel, SeriesError, build_panel
 from placement.cli.app import app, err, out, report_errors
 from placement.errors import ForecastError, InputError, Problem
-from placement.forecasting import (
+from placement.forecast.forecaster import (
     Forecast,
     forecast_demand,
     lead_times_s,
@@ -37,7 +37,7 @@ from placement.forecasting import (
     timezones_of,
 )
 from placement.inputs import load_catalog
-from placement.request_log import RequestLog, load_request_log
+from placement.inputs.request_log import RequestLog, load_request_log
 from placement.settings import Settings
 
 _UNITS = {"s": 1, "m": 60, "min": 60, "h": 3600, "d": 86_400}

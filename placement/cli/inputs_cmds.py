@@ -14,9 +14,9 @@ from placement import sizing
 from placement.cli.app import EXIT_BAD_INPUT, app, err, out, report_errors
 from placement.errors import InputError, Problem
 from placement.inputs import load_catalog, load_fleet, load_pipelines, parse_bytes, validate_inputs
-from placement.request_log import write_request_log
-from placement.scenario import load_scenario
-from placement.synth import generate
+from placement.inputs.request_log import write_request_log
+from placement.synth.generate import generate
+from placement.synth.scenario import load_scenario
 
 ExistingFile = Annotated[Path, typer.Option(exists=False, dir_okay=False)]
 

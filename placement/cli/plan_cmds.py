@@ -1,13 +1,13 @@
 """``lorafleet plan``: solve the placement for a time and write the plan, with a review.
 
 Reads catalog and fleet, takes demand from a forecast file (``--forecast``) or from a
-forecast of the request log made on the spot (``--log``, by ``placement.forecasting``
+forecast of the request log made on the spot (``--log``, by ``placement.forecast.forecaster``
 over the plan's validity), optionally the placement in force (``--current``:
 a plan file, or an observed ``{"pods": {pod: {"hot": [...], "warm": [...]}}}``), and
 writes the plan JSON. Prints per pod the hot and warm sets with slots and bytes used
 of the budget, per tier the counts and traffic share, and the solver's line.
 
-Owns the files and the printing; the decisions are ``placement.solver``'s.
+Owns the files and the printing; the decisions are ``placement.solver.solve``'s.
 """
 
 from __future__ import annotations
@@ -21,17 +21,17 @@ import typer
 from rich.table import Table
 
 from placement.cli.app import app, err, out, report_errors
-from placement.demand import bucket_seconds, demand_from_forecast, read_forecast
 from placement.domain import AdapterId, Catalog, Fleet, PodId, Tier
 from placement.errors import InputError, PlanError, Problem
-from placement.forecasting import forecast_demand, timezones_of
+from placement.forecast.demand import bucket_seconds, demand_from_forecast, read_forecast
+from placement.forecast.forecaster import forecast_demand, timezones_of
 from placement.inputs import load_catalog, load_fleet, write_plan
+from placement.inputs.request_log import load_request_log
 from placement.plan import Plan, plan_from_dict
-from placement.problem import Demand, build_problem
-from placement.request_log import load_request_log
-from placement.review import human_bytes
+from placement.review.diff import human_bytes
 from placement.settings import Settings
 from placement.solver import extract_plan, options_from, solve
+from placement.solver.problem import Demand, build_problem
 
 Current = dict[PodId, dict[AdapterId, Tier]]
 
@@ -102,7 +102,7 @@ def _demand(
         return demand_from_forecast(frame, at=at, validity_s=validity_s, bucket_s=bucket_s)
     assert log is not None
     bucket_s = settings.forecast.bucket_s
-    # The forecasting models (placement.forecasting), over the plan's validity only.
+    # The forecasting models (placement.forecast.forecaster), over the plan's validity only.
     predicted = forecast_demand(
         load_request_log(log).counts(bucket_s),
         at=at,

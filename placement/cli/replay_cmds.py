@@ -15,7 +15,7 @@ from rich.table import Table
 from placement.cli.app import app, err, out, report_errors
 from placement.errors import InputError, Problem
 from placement.inputs import load_catalog, load_fleet
-from placement.request_log import load_request_log
+from placement.inputs.request_log import load_request_log
 from placement.settings import Settings
 from placement.sim.engine import COLD_LOAD, CPU_HIT, GPU_HIT
 from placement.sim.replay import PlanningParts, ReplayResult, check_policies, run_replay

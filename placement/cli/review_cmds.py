@@ -6,8 +6,8 @@ current`` means the plan the controller published last, read from ``--state-dir`
 (``plan.json``, else ``last-plan.json``); any other value is a plan file. ``diff A B``
 shows only what changes from A to B.
 
-Owns reading the files and printing; the comparison is ``placement.review``, the page
-``placement.review_report``, the replay ``placement.review_replay``.
+Owns reading the files and printing; the comparison is ``placement.review.diff``, the page
+``placement.review.report``, the replay ``placement.review.replay``.
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ from placement.cli.app import app, err, out, report_errors
 from placement.domain import Catalog, Fleet
 from placement.errors import InputError, Problem
 from placement.inputs import load_catalog, load_fleet, read_plan
+from placement.inputs.request_log import RequestLog, load_request_log
 from placement.plan import Plan
-from placement.request_log import RequestLog, load_request_log
-from placement.review import PlanReview, human_bytes, review_plan
-from placement.review_replay import ReplayComparison, compare_replays, last_day
-from placement.review_report import render_html
+from placement.review.diff import PlanReview, human_bytes, review_plan
+from placement.review.replay import ReplayComparison, compare_replays, last_day
+from placement.review.report import render_html
 from placement.settings import Settings
 
 #: The controller's state directory (``placement.adapters.statedir``): the published

@@ -27,8 +27,8 @@ from placement.demo.processes import LocalProcesses, ProcessError
 from placement.demo.traffic import Shot, ShotResult, drive, select
 from placement.emulator import free_base_port
 from placement.inputs import load_catalog, load_fleet, load_request_log
-from placement.request_log import write_request_log
-from placement.scenario import load_scenario
+from placement.inputs.request_log import write_request_log
+from placement.synth.scenario import load_scenario
 
 DEFAULT_SCENARIO = Path(__file__).resolve().parents[2] / "data" / "war-story"
 POLICIES = ("round-robin", "epp", "lorafleet")

@@ -3,7 +3,7 @@
 Parse once, at the edge: every problem found is collected (not only the first) as a
 Problem naming the file, the entry and the field, and raised together as one
 InputError. What comes out is typed domain values the core trusts. Request logs are
-read by ``placement.request_log``; plans by ``read_plan``/``write_plan`` here.
+read by ``placement.inputs.request_log``; plans by ``read_plan``/``write_plan`` here.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from placement.inputs.catalog import load_catalog, parse_catalog
 from placement.inputs.fields import is_dns_label, parse_bytes
 from placement.inputs.fleet import load_fleet, parse_fleet
 from placement.inputs.pipelines import load_pipelines, parse_pipelines
+from placement.inputs.request_log import RequestLog, check_request_log, load_request_log
 from placement.plan import Plan, plan_from_json, plan_to_json
-from placement.request_log import RequestLog, check_request_log, load_request_log
 
 __all__ = [
     "RequestLog",

@@ -1,6 +1,6 @@
 """The router's plan and pods from Kubernetes: the plan ConfigMap and a label selector.
 
-Adapts the cluster ports (``placement.cluster.PlanStore`` and ``PodDiscovery``, whose
+Adapts the cluster ports (``placement.ports.PlanStore`` and ``PodDiscovery``, whose
 real implementations are in ``placement.adapters.kube`` and in-memory twins in
 ``placement.adapters.kube_memory``) to the router's ``PlanSource`` and ``PodSource``.
 Both ports are blocking, so each call runs in a worker thread.
@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import asyncio
 
-from placement.cluster import DiscoveredPod, PlanStore, PodDiscovery
 from placement.domain import Engine, Fleet, PoolId
 from placement.errors import KubeError, PlanError
 from placement.plan import Plan, plan_to_json
+from placement.ports import DiscoveredPod, PlanStore, PodDiscovery
 from placement.router.state import Upstream
 
 ENGINE_LABEL = "lorafleet.io/engine"

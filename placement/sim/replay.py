@@ -14,7 +14,7 @@ from placement.domain import Fleet
 from placement.errors import InputError, Problem
 from placement.settings import Settings
 from placement.sim.engine import Engine, SimLog, SimRouter
-from placement.sim.metrics import Metrics, compute_metrics
+from placement.sim.figures import Metrics, compute_metrics
 from placement.sim.planning import (
     Forecaster,
     History,

@@ -1,6 +1,6 @@
 """Connect the replay's planning interface to the project's solver (and forecaster).
 
-``solver_planner`` adapts ``placement.solver`` (CP-SAT over pod classes) to the
+``solver_planner`` adapts ``placement.solver.solve`` (CP-SAT over pod classes) to the
 ``Planner`` of ``placement.sim.planning``: forecast rates become ``Demand``, the
 pods' GPU contents the current placement, and the plan's hot pods and weights the
 ``SimPlan``. Of the plan's hot adapters only those forecast at or above
@@ -8,8 +8,7 @@ pods' GPU contents the current placement, and the plan's hot pods and weights th
 LRU, which the replays show serves a long tail better than a guess. When the solver
 fails (infeasible, or an error) the greedy fallback plans instead, and says so.
 
-``ModelsForecaster`` adapts ``placement.forecasting.forecast_demand`` (imported lazily:
-a replay without the forecasting stack still runs on the simulator's own forecast).
+``ModelsForecaster`` adapts ``placement.forecast.forecaster.forecast_demand``.
 """
 
 from __future__ import annotations
@@ -20,7 +19,8 @@ from datetime import datetime, timedelta
 import pandas as pd
 
 from placement.domain import AdapterId, Catalog, Fleet, PodId, Tier
-from placement.errors import LorafleetError
+from placement.errors import ForecastError, LorafleetError
+from placement.forecast.forecaster import forecast_demand
 from placement.settings import Settings
 from placement.sim.planning import (
     Forecaster,
@@ -32,6 +32,7 @@ from placement.sim.planning import (
     recent_and_yesterday,
 )
 from placement.sim.replay import PlanningParts
+from placement.solver import Demand, build_problem, extract_plan, options_from, solve
 
 #: CP-SAT time per replan inside a replay: hundreds of replans must fit in minutes.
 REPLAY_SOLVER_TIME_S = 0.5
@@ -41,9 +42,6 @@ def solver_planner(
     catalog: Catalog, fleet: Fleet, *, settings: Settings, start: datetime
 ) -> Planner:
     """A ``Planner`` backed by the CP-SAT solver, with the greedy plan as fallback."""
-    from placement.problem import Demand, build_problem
-    from placement.solver import extract_plan, options_from, solve
-
     # No availability replicas (seed 001's second copy for a pod failure): a replay
     # has no failures, and each such copy costs a GPU slot the LRU tail would use.
     planner_settings = replace(
@@ -94,7 +92,7 @@ def solver_planner(
 
 
 class ModelsForecaster:
-    """``placement.forecasting`` (the ``models/`` forecasters) as a replay ``Forecaster``.
+    """``placement.forecast.forecaster`` (the ``models/`` forecasters) as a replay ``Forecaster``.
 
     Keeps the history as 10-minute bucket rows, appending only buckets completed since
     the last call. The rate per adapter is the peak bucket mean over the horizon, and
@@ -112,13 +110,6 @@ class ModelsForecaster:
         self.failures = 0
 
     def __call__(self, history: History, now_s: float, horizon_s: float) -> dict[str, float]:
-        from placement.errors import ForecastError
-
-        try:
-            from placement.forecasting import forecast_demand
-        except ImportError:
-            self.failures += 1
-            return recent_and_yesterday(history, now_s, horizon_s)
         self._extend(history, now_s)
         recent = recent_and_yesterday(history, now_s, 0.0)
         if not self.rows:
@@ -168,7 +159,7 @@ def planning_parts(
         described = "recent-and-yesterday forecast (sim fallback)"
     else:
         forecaster = ModelsForecaster(start=start, model=forecast_model)
-        described = f"{forecast_model} forecast (placement.forecasting)"
+        described = f"{forecast_model} forecast (placement.forecast.forecaster)"
     return PlanningParts(
         forecaster=forecaster,
         planner=planner,

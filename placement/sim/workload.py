@@ -16,7 +16,7 @@ import pandas as pd
 
 from placement.domain import Catalog
 from placement.errors import InputError, Problem
-from placement.request_log import RequestLog
+from placement.inputs.request_log import RequestLog
 
 DEFAULT_PROMPT_TOKENS = 1024
 DEFAULT_OUTPUT_TOKENS = 128

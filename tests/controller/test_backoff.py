@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from placement.controller_ports import Backoff
+from placement.controller.ports import Backoff
 
 BASE_S, MAX_S = 30.0, 900.0
 

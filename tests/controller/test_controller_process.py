@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 from placement.adapters.statedir import DirPlanStore
 from placement.cli.app import app
 from placement.cli.controller_cmds import build
-from placement.controller_config import load_controller_config, read_secret
-from placement.controller_ports import Job, Outcome
+from placement.controller.config import load_controller_config, read_secret
+from placement.controller.ports import Job, Outcome
 from placement.errors import InputError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -196,7 +196,7 @@ async def test_serve_starts_the_jobs_and_stops_cleanly(
 ) -> None:
     import asyncio
 
-    from placement.controller_jobs import serve
+    from placement.controller.schedule import serve
 
     schedule, webhook = build(load_controller_config(write_config(tmp_path, LOCAL)), http=http)
     DirPlanStore(tmp_path / "state")  # the state directory exists before the run
@@ -240,10 +240,10 @@ async def test_the_composed_controller_learns_event_models_and_forecasts_with_mo
 ) -> None:
     from datetime import timedelta
 
-    from placement.controller_wiring import ReusingForecaster, SeasonalForecaster
-    from placement.demand import demand_from_forecast
-    from placement.events import Event, EventKind
-    from placement.forecasting import ModelForecaster
+    from placement.controller.wiring import ReusingForecaster, SeasonalForecaster
+    from placement.forecast.demand import demand_from_forecast
+    from placement.forecast.event_preloads import Event, EventKind
+    from placement.forecast.forecaster import ModelForecaster
 
     schedule, _ = build(load_controller_config(write_config(tmp_path, LOCAL)), http=http)
     controller = schedule.controller
@@ -296,8 +296,8 @@ def test_a_naive_clock_start_is_refused(tmp_path: Path) -> None:
 def test_the_live_log_joins_the_history_when_it_can_be_read(tmp_path: Path) -> None:
     import pandas as pd
 
-    from placement.controller_wiring import FileHistory
-    from placement.request_log import load_request_log
+    from placement.controller.wiring import FileHistory
+    from placement.inputs.request_log import load_request_log
 
     small = tmp_path / "requests.parquet"
     load_request_log(SCENARIO / "requests.parquet").frame.head(500).to_parquet(small)

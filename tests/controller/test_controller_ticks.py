@@ -21,10 +21,10 @@ from placement.adapters.kube_memory import (
     MemoryPods,
     MemoryStateStore,
 )
-from placement.cluster import HOT_COUNT_LABEL, DiscoveredPod
-from placement.controller import Controller
-from placement.controller_ports import ControllerPorts, Job, Outcome
-from placement.controller_wiring import EngineActuator, SeasonalForecaster
+from placement.controller.leader import LeaderElector
+from placement.controller.ports import ControllerPorts, Job, Outcome
+from placement.controller.ticks import Controller
+from placement.controller.wiring import EngineActuator, SeasonalForecaster
 from placement.domain import (
     Adapter,
     AdapterId,
@@ -37,12 +37,12 @@ from placement.domain import (
 )
 from placement.emulator import ZERO_LATENCY, EmulatedFleet, PodConfig
 from placement.errors import KubeConflictError, RetryableKubeError, SolverError
-from placement.events import pipeline_predictor
-from placement.leader import LeaderElector
+from placement.forecast.event_preloads import pipeline_predictor
+from placement.inputs.request_log import RequestLog, request_log_from_frame
 from placement.plan import AdapterPlan, Plan, PodPlan, Preload
-from placement.problem import Demand
-from placement.request_log import RequestLog, request_log_from_frame
+from placement.ports import HOT_COUNT_LABEL, DiscoveredPod
 from placement.settings import ControllerSettings, ExecutorSettings, Settings
+from placement.solver.problem import Demand
 
 pytestmark = pytest.mark.anyio
 
@@ -395,7 +395,7 @@ async def test_a_standby_does_nothing_and_takes_over_when_the_leader_stops(make_
 
 async def test_event_preloads_run_in_the_background_on_the_pods(make_rig) -> None:  # type: ignore[no-untyped-def]
     from placement.domain import Pipeline, PipelineStep, TenantId
-    from placement.events import Event, EventKind
+    from placement.forecast.event_preloads import Event, EventKind
 
     roomy = EmulatedFleet.start(
         2, config=PodConfig(latency=ZERO_LATENCY, max_loras=3, max_cpu_loras=6)
@@ -417,7 +417,7 @@ async def test_event_preloads_run_in_the_background_on_the_pods(make_rig) -> Non
 
 
 async def test_the_schedule_brings_the_plan_forward_and_adds_preload_triggers(make_rig) -> None:  # type: ignore[no-untyped-def]
-    from placement.controller_jobs import PRELOAD_PREFIX, Schedule
+    from placement.controller.schedule import PRELOAD_PREFIX, Schedule
 
     rig: Rig = make_rig()
     schedule = Schedule(rig.controller, settings=SETTINGS.controller, wall=rig.clock)
@@ -545,7 +545,7 @@ async def test_an_unreadable_saved_ledger_starts_empty_without_loading_twice(
     make_rig,
     ledger_json: str,  # type: ignore[no-untyped-def]
 ) -> None:
-    from placement.cluster import StoredState
+    from placement.ports import StoredState
 
     first: Rig = make_rig()
     await cycle(first.controller)

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from placement.domain import ActionKind, AdapterId, PodId, TenantId
-from placement.events import (
+from placement.forecast.event_preloads import (
     Event,
     EventKind,
     PodView,
@@ -191,7 +191,7 @@ class _Learned:
 
 
 def test_learned_models_add_followers_and_login_habits_to_the_declared_ones() -> None:
-    from placement.events import learned_predictor
+    from placement.forecast.event_preloads import learned_predictor
 
     predict = learned_predictor(_Learned(), declared=pipeline_predictor(doc_pipelines(), CATALOG))
     upload = {p.adapter: (p.probability, p.within_s) for p in predict(UPLOAD)}

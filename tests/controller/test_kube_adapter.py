@@ -19,7 +19,9 @@ from placement.adapters.kube import (
     KubeTarget,
     connect,
 )
-from placement.cluster import (
+from placement.domain import AdapterId, PodId
+from placement.errors import KubeConflictError, KubeError, PlanError, RetryableKubeError
+from placement.ports import (
     HOT_COUNT_LABEL,
     HOT_HASH_LABEL,
     HOT_SET_ANNOTATION,
@@ -29,8 +31,6 @@ from placement.cluster import (
     StoredState,
     is_label_value,
 )
-from placement.domain import AdapterId, PodId
-from placement.errors import KubeConflictError, KubeError, PlanError, RetryableKubeError
 
 # --- discovery --------------------------------------------------------------------
 

@@ -11,9 +11,9 @@ from kubernetes import client
 
 from placement.adapters.kube import KubeLeaseStore, KubeTarget, connect
 from placement.adapters.kube_memory import MemoryLeaseStore
-from placement.cluster import LeaseRecord, LeaseStore
+from placement.controller.leader import LeaderElector, LeaseMove, Sighting, decide
 from placement.errors import RetryableKubeError
-from placement.leader import LeaderElector, LeaseMove, Sighting, decide
+from placement.ports import LeaseRecord, LeaseStore
 
 DURATION_S = 15
 TICK_S = 5.0

@@ -11,9 +11,9 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from placement.events import Event, EventDecision
+from placement.controller.webhook import create_webhook_app
+from placement.forecast.event_preloads import Event, EventDecision
 from placement.settings import ControllerSettings
-from placement.webhook import create_webhook_app
 
 GOLDEN = Path(__file__).resolve().parents[2] / "docs" / "webhook-openapi.json"
 

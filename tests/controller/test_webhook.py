@@ -13,16 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from placement.events import (
-    Event,
-    EventDecision,
-    EventKind,
-    PodView,
-    event_preloads,
-    pipeline_predictor,
-)
-from placement.settings import ControllerSettings
-from placement.webhook import (
+from placement.controller.webhook import (
     SIGNATURE_HEADER,
     TIMESTAMP_HEADER,
     EventRejected,
@@ -31,6 +22,15 @@ from placement.webhook import (
     create_webhook_app,
     sign,
 )
+from placement.forecast.event_preloads import (
+    Event,
+    EventDecision,
+    EventKind,
+    PodView,
+    event_preloads,
+    pipeline_predictor,
+)
+from placement.settings import ControllerSettings
 
 SECRET = b"s3cret-for-tests"
 
@@ -363,7 +363,7 @@ def test_schemathesis_fuzz_never_5xx(app: FastAPI, clock: FakeClock) -> None:
 async def test_a_flood_from_many_sources_keeps_memory_bounded_and_the_limit_holding(
     sink: RecordingSink, clock: FakeClock
 ) -> None:
-    from placement.webhook import WebhookGate
+    from placement.controller.webhook import WebhookGate
 
     settings_ = ControllerSettings(
         webhook_rate_per_s=5,

@@ -32,11 +32,11 @@ from placement.adapters.kube import (  # noqa: E402
     KubeTarget,
     connect,
 )
-from placement.cluster import StoredState  # noqa: E402
-from placement.controller_config import load_controller_config  # noqa: E402
+from placement.controller.config import load_controller_config  # noqa: E402
+from placement.controller.leader import LeaderElector  # noqa: E402
 from placement.domain import AdapterId, PodId  # noqa: E402
 from placement.inputs import load_catalog, load_fleet, load_pipelines  # noqa: E402
-from placement.leader import LeaderElector  # noqa: E402
+from placement.ports import StoredState  # noqa: E402
 
 
 def kustomization() -> dict[str, Any]:

@@ -9,7 +9,7 @@ import pytest
 
 from placement.errors import InputError
 from placement.inputs import parse_bytes
-from placement.request_log import load_request_log, request_log_from_frame, write_request_log
+from placement.inputs.request_log import load_request_log, request_log_from_frame, write_request_log
 
 
 @pytest.mark.parametrize(

@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 
 from placement.cli import app
 from placement.inputs import load_catalog, load_fleet, load_pipelines
-from placement.scenario import load_scenario
-from placement.synth import generate
+from placement.synth.generate import generate
+from placement.synth.scenario import load_scenario
 
 runner = CliRunner()
 

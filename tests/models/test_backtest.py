@@ -7,9 +7,9 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
+from models.accuracy import coverage, pinball, wmape
 from models.backtest import backtest, major_adapters, rolling_origins
 from models.baselines import DailyProfile, Ewma, Persistence, SeasonalNaive
-from models.metrics import coverage, pinball, wmape
 from models.series import CountPanel
 
 

@@ -1,4 +1,4 @@
-"""placement.forecasting: bad logs get a sane forecast with notes, or a clear error."""
+"""placement.forecast.forecaster: bad logs get a sane forecast with notes, or a clear error."""
 
 from __future__ import annotations
 
@@ -12,8 +12,13 @@ import pytest
 from models.preload import HotRule
 from models.series import CountPanel
 from placement.errors import ForecastError
-from placement.forecasting import FORECAST_COLUMNS, ModelForecaster, forecast_demand, preloads
-from placement.request_log import request_log_from_frame
+from placement.forecast.forecaster import (
+    FORECAST_COLUMNS,
+    ModelForecaster,
+    forecast_demand,
+    preloads,
+)
+from placement.inputs.request_log import request_log_from_frame
 from placement.settings import ForecastSettings
 
 AT = pd.Timestamp("2026-01-05T00:00:00Z")
@@ -148,7 +153,7 @@ def test_a_model_that_cannot_fit_falls_back_and_says_so() -> None:
 
 def test_learned_events_merge_with_declared_logins() -> None:
     from placement.domain import AdapterId, Pipelines, TenantId
-    from placement.forecasting import learn_events
+    from placement.forecast.forecaster import learn_events
 
     rng = np.random.default_rng(4)
     rows = []

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
+from placement.actuation.executor import ActionResult, ApplyReport, Status
 from placement.domain import AdapterId, Load, PodId, Unload, Warmup
-from placement.executor import ActionResult, ApplyReport, Status
 from placement.metrics import (
     ControllerMetrics,
     FleetMetrics,

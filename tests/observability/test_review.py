@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from placement.domain import AdapterId, PodId, Tier
-from placement.review import human_bytes, review_plan
+from placement.review.diff import human_bytes, review_plan
 
 from .plans import MB, make_catalog, make_fleet, make_plan
 

@@ -13,9 +13,9 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from placement.controller_wiring import PrometheusObserver
+from placement.controller.webhook import WebhookMetrics
+from placement.controller.wiring import PrometheusObserver
 from placement.router.metrics import RouterMetrics
-from placement.webhook import WebhookMetrics
 
 from .conftest import require_tool
 

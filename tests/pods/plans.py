@@ -6,9 +6,9 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from types import MappingProxyType
 
+from placement.actuation.reconcile import PodState
 from placement.domain import Action, ActionKind, AdapterId, PodId, Tier
 from placement.plan import AdapterPlan, Plan, PodPlan
-from placement.reconcile import PodState
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

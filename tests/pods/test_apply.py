@@ -10,10 +10,16 @@ from collections.abc import Awaitable, Callable
 import httpx
 import pytest
 
-from placement.apply import ApplyOutcome, apply_plan, lora_paths, make_clients, plan_actions
+from placement.actuation.apply import (
+    ApplyOutcome,
+    apply_plan,
+    lora_paths,
+    make_clients,
+    plan_actions,
+)
+from placement.actuation.executor import Executor, Ledger, Status, backoff_s
 from placement.domain import Adapter, AdapterId, Catalog, Engine, Load, PodId, Warmup
 from placement.emulator import ZERO_LATENCY, EmulatedFleet, Faults, Latency, PodConfig
-from placement.executor import Executor, Ledger, Status, backoff_s
 from placement.plan import Plan
 from placement.settings import ExecutorSettings
 

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from placement.actuation.reconcile import PodState, depends_on, reconcile, schedule
 from placement.domain import Action, ActionKind, AdapterId, PodId
 from placement.plan import Plan
-from placement.reconcile import PodState, depends_on, reconcile, schedule
 
 from .plans import after, make_plan, replay, state
 

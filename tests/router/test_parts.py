@@ -11,9 +11,9 @@ from typer.testing import CliRunner
 
 from placement.adapters.kube_memory import MemoryPlanStore, MemoryPods
 from placement.cli.app import app
-from placement.cluster import DiscoveredPod
 from placement.domain import AdapterId, Engine, Outcome, PodId, PoolId, Tier
 from placement.errors import KubeError, PlanError
+from placement.ports import DiscoveredPod
 from placement.router.kube_sources import DiscoveryPodSource, StorePlanSource
 from placement.router.ledger import PodLedger
 

@@ -12,8 +12,8 @@ import httpx
 import pytest
 
 from placement.emulator import Latency
+from placement.inputs.request_log import load_request_log
 from placement.plan import Plan, plan_to_json
-from placement.request_log import load_request_log
 from placement.router.reqlog import JsonLinesRequestLog, LogRow, ParquetRequestLog
 
 from .conftest import catalog_of, emulated, plan_of, router_for

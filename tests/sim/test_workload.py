@@ -7,7 +7,7 @@ import pytest
 
 from placement.domain import Adapter, AdapterId, Catalog
 from placement.errors import InputError
-from placement.request_log import request_log_from_frame
+from placement.inputs.request_log import request_log_from_frame
 from placement.sim.workload import DEFAULT_OUTPUT_TOKENS, workload_from_log
 
 CATALOG = Catalog(

@@ -16,7 +16,7 @@ from placement.domain import (
     Pool,
     PoolId,
 )
-from placement.problem import Demand
+from placement.solver.problem import Demand
 
 MIB = 1 << 20
 DIMS = ModelDims(

@@ -9,10 +9,10 @@ from solver_factories import adapter, catalog, demand, fleet, pool
 
 from placement.domain import Adapter, AdapterId, Catalog, Fleet, PodId
 from placement.errors import InfeasibleError
-from placement.explain import explain_by_relaxing
-from placement.problem import build_problem
 from placement.settings import PlannerSettings, Settings
 from placement.solver import SolveOptions, extract_plan, solve
+from placement.solver.infeasible import explain_by_relaxing
+from placement.solver.problem import build_problem
 
 AT = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 FAST = SolveOptions(time_limit_s=1.0, workers=1)

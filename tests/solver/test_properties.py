@@ -14,13 +14,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from solver_factories import MIB, adapter, catalog, demand, fleet, pool
 
-from placement.assign import evaluate
 from placement.domain import AdapterId, Catalog, Fleet, PodId, Tier
 from placement.errors import InfeasibleError
 from placement.plan import Plan, plan_to_dict
-from placement.problem import PlacementProblem, build_problem
 from placement.settings import PlannerSettings, Settings
-from placement.solver import Solution, SolveOptions, extract_plan, greedy_assignment, solve
+from placement.solver import Solution, SolveOptions, extract_plan, solve
+from placement.solver.choose import greedy_assignment
+from placement.solver.packing import evaluate
+from placement.solver.problem import PlacementProblem, build_problem
 
 AT = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 FAST = SolveOptions(time_limit_s=1.0, workers=1, seed=0)

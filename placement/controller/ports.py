@@ -1,7 +1,7 @@
 """The controller's vocabulary: its jobs, tick outcomes, backoff, ports and state.
 
-The ports are what ``placement.controller.Controller`` takes (``ControllerPorts``);
-their real implementations are in ``placement.controller_wiring`` and the cluster
+The ports are what ``placement.controller.ticks.Controller`` takes (``ControllerPorts``);
+their real implementations are in ``placement.controller.wiring`` and the cluster
 adapters, their twins in tests. Types and small pure helpers only: no IO.
 """
 
@@ -13,20 +13,20 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Protocol
 
-from placement.cluster import (
+from placement.actuation.executor import ApplyReport, Ledger
+from placement.controller.leader import LeaderElector
+from placement.domain import Action, AdapterId, Catalog, Fleet, PodId
+from placement.forecast.event_preloads import Predictor
+from placement.inputs.request_log import RequestLog
+from placement.plan import Plan
+from placement.ports import (
     DiscoveredPod,
     PlanStore,
     PodAnnotator,
     PodDiscovery,
     StateStore,
 )
-from placement.domain import Action, AdapterId, Catalog, Fleet, PodId
-from placement.events import Predictor
-from placement.executor import ApplyReport, Ledger
-from placement.leader import LeaderElector
-from placement.plan import Plan
-from placement.problem import Demand
-from placement.request_log import RequestLog
+from placement.solver.problem import Demand
 
 DONE_PRELOADS_KEPT = 4096
 
@@ -96,7 +96,7 @@ class Planner(Protocol):
 
 
 class Actuator(Protocol):
-    """Pushes actions to pods (``placement.apply`` and the executor behind it)."""
+    """Pushes actions to pods (``placement.actuation.apply`` and the executor behind it)."""
 
     async def apply(self, plan: Plan, *, fleet: Fleet, ledger: Ledger) -> ApplyReport: ...
 
@@ -172,7 +172,7 @@ def tiers_moved(before: Plan | None, after: Plan) -> bool:
 
 
 class ControllerObserver:
-    """What the ticks report; ``placement.controller_jobs`` feeds it to Prometheus."""
+    """What the ticks report; ``placement.controller.schedule`` feeds it to Prometheus."""
 
     def tick(self, job: Job, outcome: Outcome, *, backoff: Backoff | None) -> None:
         pass

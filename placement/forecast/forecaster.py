@@ -9,7 +9,7 @@
   learned from the log and merged with pipelines.yaml, for near-term preloads.
 - :class:`ModelForecaster`: the controller's ``DemandForecaster`` port over all of it.
 
-No IO here: files are read by ``placement.request_log`` and the CLI.
+No IO here: files are read by ``placement.inputs.request_log`` and the CLI.
 """
 
 from __future__ import annotations
@@ -37,12 +37,12 @@ from models.events import (
 from models.preload import HotRule, PreloadItem, hot_flags, preload_schedule
 from models.registry import forecaster_named
 from models.series import CountPanel, SeriesError, build_panel
-from placement.demand import demand_from_forecast
 from placement.domain import AdapterId, Catalog, Pipelines
 from placement.errors import ForecastError
-from placement.problem import Demand
-from placement.request_log import RequestLog
+from placement.forecast.demand import demand_from_forecast
+from placement.inputs.request_log import RequestLog
 from placement.settings import ForecastSettings, LoadCostSettings
+from placement.solver.problem import Demand
 
 FORECAST_COLUMNS = ("ts", "adapter", "mean", "q50", "q90", "q99", "p_nonzero")
 
@@ -305,7 +305,7 @@ class ModelForecaster:
     """The controller's ``DemandForecaster`` port backed by ``models/``.
 
     Each call forecasts from ``start`` for ``duration_s`` and returns each adapter's mean
-    and peak q90 rate over that window (``placement.demand.demand_from_forecast``).
+    and peak q90 rate over that window (``placement.forecast.demand.demand_from_forecast``).
     """
 
     def __init__(

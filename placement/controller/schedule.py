@@ -2,7 +2,7 @@
 
 Owns the schedule only. Every job runs at most one instance at a time, missed runs
 coalesce into one, and a run later than ``misfire_grace_s`` is skipped; the ticks
-themselves (``placement.controller``) do the work and keep their own backoff. Jobs:
+themselves (``placement.controller.ticks``) do the work and keep their own backoff. Jobs:
 
 - ``lease``: every third of the lease duration (acquire, renew, take over);
 - ``ingest``, ``forecast``, ``plan``, ``watchdog``: at their intervals; the first
@@ -29,8 +29,8 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CollectorRegistry
 
-from placement.controller import Controller
-from placement.controller_ports import Job, Outcome
+from placement.controller.ports import Job, Outcome
+from placement.controller.ticks import Controller
 from placement.errors import LorafleetError
 from placement.metrics import render
 from placement.settings import ControllerSettings

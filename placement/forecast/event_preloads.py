@@ -131,7 +131,7 @@ class LearnedPreload(Protocol):
 
 
 class EventModel(Protocol):
-    """Transitions and login affinities learned from the log (``placement.forecasting``)."""
+    """Transitions and login affinities learned from the log (``placement.forecast.forecaster``)."""
 
     def after_request(
         self, *, tenant: str | None, adapter: str, at_s: float, min_probability: float = 0.3

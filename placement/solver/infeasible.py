@@ -16,10 +16,11 @@ from collections.abc import Callable
 
 from ortools.sat.python import cp_model
 
-from placement.assign import Assignment
 from placement.domain import AdapterId, PodId
-from placement.greedy import hot_eligible
-from placement.problem import Candidate, PlacementProblem, PodClass, PoolProblem
+from placement.solver.counts import FAMILIES, build_model
+from placement.solver.greedy import Counts, hot_eligible, named_pins_per_class
+from placement.solver.packing import Assignment, assign_pods
+from placement.solver.problem import Candidate, PlacementProblem, PodClass, PoolProblem
 
 _FAMILY_WORDS = {
     "pins": "the pins",
@@ -155,8 +156,6 @@ def _pin_total_reasons(pool: PoolProblem) -> list[str]:
 
 def explain_by_relaxing(pool: PoolProblem, *, time_limit_s: float) -> list[str]:
     """Name the constraint family whose removal alone makes the pool feasible."""
-    from placement.solver import FAMILIES, build_model
-
     reasons = []
     for family in FAMILIES:
         model, _ = build_model(pool, relax=frozenset({family}))
@@ -189,9 +188,6 @@ def honours_pins(pool: PoolProblem, assignment: Assignment) -> bool:
 
 def pin_packing_reasons(pool: PoolProblem) -> list[str]:
     """Name the first pin that cannot be placed pod by pod after the pins before it."""
-    from placement.assign import assign_pods
-    from placement.greedy import Counts, named_pins_per_class
-
     named = named_pins_per_class(pool)
     hot: dict[tuple[AdapterId, str], int] = {}
     for c in (c for c in pool.candidates if c.pinned):

@@ -2,9 +2,9 @@
 
 Owns the edge of the events: rate limiting per source, the body limit, the HMAC
 signature and its timestamp window, the strict schema, idempotency by event id, and
-the OpenAPI document. What an event is worth is ``placement.events``'s to decide and
-the controller's to run (the ``EventSink`` port); this module never names a pod or an
-adapter itself.
+the OpenAPI document. What an event is worth is
+``placement.forecast.event_preloads``'s to decide and the controller's to run (the
+``EventSink`` port); this module never names a pod or an adapter itself.
 
 Signing (the sender's side): ``X-Lorafleet-Timestamp`` is the Unix time in seconds,
 ``X-Lorafleet-Signature`` is ``sha256=`` and the hex HMAC-SHA256, keyed with the
@@ -31,7 +31,7 @@ from prometheus_client import CollectorRegistry, Counter
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from placement.domain import TenantId
-from placement.events import Event, EventDecision, EventKind
+from placement.forecast.event_preloads import Event, EventDecision, EventKind
 from placement.settings import ControllerSettings
 
 TIMESTAMP_HEADER = "X-Lorafleet-Timestamp"

@@ -1,6 +1,6 @@
 """Second stage of placement: which pods hold each replica, the routing weights, the cost.
 
-Given replica counts per adapter and pod class (``placement.greedy.Counts``), pick the
+Given replica counts per adapter and pod class (``placement.solver.greedy.Counts``), pick the
 pods: named pins first, then hot replicas largest first, preferring pods that already
 hold the adapter (no load), pods holding its affinity group, and lightly loaded pods;
 then the warm registrations. Every per-pod budget is checked here: GPU slots, host
@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from placement.domain import AdapterId, PodId
-from placement.greedy import Counts
-from placement.problem import Candidate, PoolProblem
+from placement.solver.greedy import Counts
+from placement.solver.problem import Candidate, PoolProblem
 
 #: Every hot replica keeps this share of an equal split so that each one sees traffic
 #: (a replica the router never uses is not kept warm on its GPU by requests).

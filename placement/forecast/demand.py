@@ -6,7 +6,7 @@ second. A forecast (Parquet: ``ts``, ``adapter``, ``mean``, ``q50``, ``q90``, ``
 ``p_nonzero``, in requests per bucket) gives them directly: the mean of ``mean`` over
 the window's buckets, and the largest ``q90`` (the plan must carry the window's peak).
 
-A log is first forecast by ``placement.forecasting.forecast_demand``, whose frame
+A log is first forecast by ``placement.forecast.forecaster.forecast_demand``, whose frame
 ``demand_from_forecast`` then reads like a file's.
 
 ``read_forecast`` is the only function here that reads a file; the others are pure.
@@ -21,7 +21,7 @@ import pandas as pd
 
 from placement.domain import AdapterId
 from placement.errors import ForecastError, InputError, Problem
-from placement.problem import Demand
+from placement.solver.problem import Demand
 
 FORECAST_COLUMNS = ("ts", "adapter", "mean", "q90")
 

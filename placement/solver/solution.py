@@ -4,7 +4,7 @@ Owns ``Solution`` (per pool: the assignment, its cost and the solver's report) a
 turns it into the pieces of a ``Plan``: per-pod sets with bytes and expected traffic,
 per-adapter tiers and routing weights, the preloads the plan needs, predicted hit
 rates and one line of why per adapter, assembled by ``assemble_plan`` (which
-``placement.solver.extract_plan`` calls).
+``placement.solver.solve.extract_plan`` calls).
 
 Pure: no IO, no clock.
 """
@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from types import MappingProxyType
 
-from placement.assign import Assignment, PoolCost, pod_loads
 from placement.domain import AdapterId, PodId, Tier
 from placement.plan import AdapterPlan, Plan, PodPlan, Preload, SolverReport
-from placement.problem import Candidate, PlacementProblem, PoolProblem
+from placement.solver.packing import Assignment, PoolCost, pod_loads
+from placement.solver.problem import Candidate, PlacementProblem, PoolProblem
 
 
 @dataclass(frozen=True, kw_only=True)

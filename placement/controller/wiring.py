@@ -1,8 +1,8 @@
 """The real implementations of the controller's ports, over the other modules of lorafleet.
 
-- ``EngineActuator``: pods through ``placement.apply`` and the ``Executor``.
+- ``EngineActuator``: pods through ``placement.actuation.apply`` and the ``Executor``.
 - ``SolverPlanner``: ``build_problem`` → ``solve`` → ``extract_plan``.
-- ``ReusingForecaster``: ``placement.forecasting.ModelForecaster`` (``models/``), one
+- ``ReusingForecaster``: ``placement.forecast.forecaster.ModelForecaster`` (``models/``), one
   fit per history for both windows of a forecast tick.
 - ``SeasonalForecaster``: the same window on each of the last days, averaged (mean)
   and its 90th percentile across days (q90); no fitting (``forecast_model: same-hour``).
@@ -26,21 +26,21 @@ import numpy as np
 import pandas as pd
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from placement.actuation.apply import apply_plan, lora_paths, make_clients
+from placement.actuation.executor import ApplyReport, Executor, Ledger, Sleep
+from placement.actuation.reconcile import depends_on
 from placement.adapters.prom import PromHistorySource
-from placement.apply import apply_plan, lora_paths, make_clients
-from placement.controller_ports import Backoff, ControllerObserver, Job, Outcome
-from placement.demand import demand_from_forecast
+from placement.controller.ports import Backoff, ControllerObserver, Job, Outcome
 from placement.domain import Action, AdapterId, Catalog, Fleet, PodId
 from placement.errors import EngineError, InputError
-from placement.executor import ApplyReport, Executor, Ledger, Sleep
-from placement.forecasting import ModelForecaster
+from placement.forecast.demand import demand_from_forecast
+from placement.forecast.forecaster import ModelForecaster
+from placement.inputs.request_log import RequestLog, load_request_log
 from placement.metrics import ControllerMetrics, FleetMetrics
 from placement.plan import Plan
-from placement.problem import Demand, build_problem
-from placement.reconcile import depends_on
-from placement.request_log import RequestLog, load_request_log
 from placement.settings import Settings
 from placement.solver import extract_plan, options_from, solve
+from placement.solver.problem import Demand, build_problem
 
 DAY_S = 86_400
 
@@ -183,7 +183,7 @@ class SeasonalForecaster:
 
 
 class ReusingForecaster:
-    """``placement.forecasting.ModelForecaster``, fitted once per history: a later window
+    """``placement.forecast.forecaster.ModelForecaster``, fitted once per history: a later window
     inside the forecast's horizon (the forecast tick's look-ahead) reuses the fit."""
 
     def __init__(self, model: ModelForecaster, *, bucket_s: int) -> None:

@@ -2,7 +2,7 @@
 
 Each tick is a plain coroutine over ports (``ControllerPorts``) and the controller's
 own state, so tests call a tick directly with in-memory twins and a fake clock; the
-scheduler wiring (``placement.controller_jobs``) only decides when ticks run.
+scheduler wiring (``placement.controller.schedule``) only decides when ticks run.
 
 Rules every tick keeps:
 
@@ -28,8 +28,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
-from placement.cluster import StoredState
-from placement.controller_ports import (
+from placement.actuation.executor import Ledger
+from placement.controller.ports import (
     DONE_PRELOADS_KEPT,
     Backoff,
     ControllerObserver,
@@ -43,9 +43,9 @@ from placement.controller_ports import (
 )
 from placement.domain import Action, Fleet, Load, PodId, Pool, Warmup
 from placement.errors import ForecastError, KubeError, LorafleetError, PlanError
-from placement.events import Event, EventDecision, PodView, event_preloads
-from placement.executor import Ledger
+from placement.forecast.event_preloads import Event, EventDecision, PodView, event_preloads
 from placement.plan import Plan, plan_from_json, plan_to_json
+from placement.ports import StoredState
 from placement.settings import Settings
 
 logger = logging.getLogger(__name__)

@@ -1,9 +1,9 @@
 """Choosing one pool's plan and reporting it: solver against greedy, status, gap.
 
-The greedy plan (``placement.greedy`` counts packed by ``placement.assign``, repairing
-what does not fit) is the solver's hint and its fallback; ``pick_plan`` returns the
-better of the two by ``evaluate`` and says how it was reached (OPTIMAL, FEASIBLE or
-FALLBACK_GREEDY) with the objective, the best bound and the gap.
+The greedy plan (``greedy`` counts packed by ``packing``, repairing what does not fit)
+is the solver's hint and its fallback; ``pick_plan`` returns the better of the two by
+``evaluate`` and says how it was reached (OPTIMAL, FEASIBLE or FALLBACK_GREEDY)
+with the objective, the best bound and the gap.
 
 Pure: no IO, no clock.
 """
@@ -12,13 +12,14 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
-from placement.assign import Assignment, assign_around, assign_pods, evaluate
-from placement.assign_sat import pack_hot
 from placement.errors import InfeasibleError, SolverError
-from placement.greedy import ClassKey, Counts, greedy_counts, trim_counts
 from placement.plan import SolverReport
-from placement.plan_content import PoolSolution
-from placement.problem import PoolProblem
+from placement.solver.greedy import ClassKey, Counts, greedy_counts, trim_counts
+from placement.solver.infeasible import honours_pins, pin_packing_reasons
+from placement.solver.packing import Assignment, assign_around, assign_pods, evaluate
+from placement.solver.packing_sat import pack_hot
+from placement.solver.problem import PoolProblem
+from placement.solver.solution import PoolSolution
 
 #: Above this many (adapter, pod) pairs the exact stage-2 model is skipped: at 10,000
 #: adapters on 128 pods (190,000 pairs) it found nothing in 18 s; 10,000 pairs take 2 s.
@@ -29,8 +30,6 @@ TRIM_FRACTIONS = (0.005, 0.01, 0.03)
 
 def greedy_assignment(problem: PoolProblem) -> tuple[Counts, Assignment] | None:
     """The greedy plan, packed onto pods (repairing what does not fit), with its counts."""
-    from placement.explain import honours_pins
-
     assignment = assign_pods(problem, greedy_counts(problem), repair=True)
     if assignment is None or not honours_pins(problem, assignment):
         return None
@@ -67,8 +66,6 @@ def pick_plan(
     if fallback is not None:
         options.append(("greedy", fallback[1], evaluate(problem, fallback[1])))
     if not options:
-        from placement.explain import pin_packing_reasons
-
         reasons = pin_packing_reasons(problem)
         if reasons:
             raise InfeasibleError(reasons)

@@ -1,8 +1,8 @@
 """Replica counts per adapter and pod class: the greedy first stage of placement.
 
-A pool's pods are grouped into classes of identical pods (``placement.problem``), so
+A pool's pods are grouped into classes of identical pods (``placement.solver.problem``), so
 the first stage only decides how many hot replicas and warm registrations each
-adapter gets in each class; the second stage (``placement.assign``) picks the pods.
+adapter gets in each class; the second stage (``placement.solver.packing``) picks the pods.
 This module owns the ``Counts`` value both stages share, the eligibility rules (rank,
 bytes) and a greedy that fills the budgets by delay saved per slot. The greedy is the
 solver's hint and its fallback when the time limit passes without a solution.
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from placement.domain import AdapterId
-from placement.problem import Candidate, PodClass, PoolProblem
+from placement.solver.problem import Candidate, PodClass, PoolProblem
 from policies.tiering import ProposedTier
 
 ClassKey = tuple[AdapterId, str]

@@ -19,8 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
 
-from placement.cluster import LeaseRecord, LeaseStore
 from placement.errors import KubeConflictError, KubeError
+from placement.ports import LeaseRecord, LeaseStore
 
 
 class LeaseMove(enum.Enum):

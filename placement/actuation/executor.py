@@ -17,10 +17,10 @@ import random
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
+from placement.actuation.reconcile import depends_on
 from placement.domain import Action, ActionKind, AdapterId, PodId
 from placement.errors import EngineError, PermanentEngineError, RetryableEngineError
 from placement.ports import EngineClient
-from placement.reconcile import depends_on
 from placement.settings import ExecutorSettings
 
 Sleep = Callable[[float], Awaitable[None]]

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from placement.domain import Catalog, Fleet, PodId, Tier
+from placement.inputs.request_log import RequestLog, request_log_from_frame
 from placement.plan import Plan
-from placement.request_log import RequestLog, request_log_from_frame
 from placement.settings import Settings
 from placement.sim.planning import History, Planner, PlanRequest, SimPlan
 from placement.sim.replay import PlanningParts, pod_specs, run_policy

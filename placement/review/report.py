@@ -25,8 +25,8 @@ from matplotlib.figure import Figure
 
 from placement.domain import AdapterId, Tier
 from placement.plan import Plan
-from placement.review import PlanReview, human_bytes
-from placement.review_replay import SHOWN, ReplayComparison
+from placement.review.diff import PlanReview, human_bytes
+from placement.review.replay import SHOWN, ReplayComparison
 
 MAX_HEATMAP_ADAPTERS = 60
 #: matplotlib's date axis counts days since 1970-01-01 (its default epoch).

@@ -4,7 +4,7 @@ Owns the translation from domain values (adapters, pools, pods, a forecast per a
 the placement in force) into typed solver inputs: one ``PoolProblem`` per pool, with
 identical pods grouped into ``PodClass``es (the solver counts replicas per class, not
 per pod) and every adapter's costs already in milliseconds. Decides nothing and does
-no IO; the solver (``placement.solver``) decides.
+no IO; the solver (``placement.solver.solve``) decides.
 
 Cost model, in one unit (milliseconds of request delay per second of traffic):
 a request for a warm adapter waits ``warm_load_ms`` (host-to-GPU copy, init, warm-up),
@@ -394,7 +394,7 @@ def _candidate(
     capacity = max((cls.capacity_rps for cls in classes), default=0.0) * headroom
     by_capacity = math.ceil(demand.q90_rps / capacity - 1e-9) if capacity > 0 else pods + 1
     # An adapter busier than its allowed replicas can carry is still best hot on all of
-    # them (each then has a pod to itself, see placement.assign); never warm for it.
+    # them (each then has a pod to itself, see placement.solver.packing); never warm for it.
     by_capacity = min(by_capacity, max_hot)
     min_hot = max(adapter.min_replicas, len(adapter.pinned_pods), by_share, by_capacity, 1)
     return Candidate(

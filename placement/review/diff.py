@@ -10,7 +10,7 @@ plan breaks a budget the fleet file gives.
 
 Pure: plans, fleet and catalog in, a ``PlanReview`` out; no IO, no clock. The
 terminal tables are ``placement.cli.review_cmds``, the HTML report
-``placement.review_report``.
+``placement.review.report``.
 """
 
 from __future__ import annotations

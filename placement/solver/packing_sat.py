@@ -5,7 +5,7 @@ and q90 capacity are a vector packing that a greedy can miss when a budget is
 exactly full (every slot of the pool taken). This model places exactly the hot
 counts, pins on their named pods, within every per-pod budget and the churn limit,
 and prefers pods that hold the adapter already and pods of its affinity group.
-Warm registrations are then placed around it by ``placement.assign.assign_around``.
+Warm registrations are then placed around it by ``placement.solver.packing.assign_around``.
 
 Pure: no IO, no clock.
 """
@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from ortools.sat.python import cp_model
 
 from placement.domain import AdapterId, PodId
-from placement.greedy import Counts
-from placement.problem import Candidate, PodClass, PoolProblem
+from placement.solver.greedy import Counts
+from placement.solver.problem import Candidate, PodClass, PoolProblem
 
 #: Objective weights: a new load costs this much; a replica beside a group member earns
 #: a smaller bonus, so that stability wins over co-location.

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from placement.domain import AdapterId, TenantId
 from placement.errors import InputError, Problem
-from placement.synth import Experiment, Login, Scenario
+from placement.synth.generate import Experiment, Login, Scenario
 
 
 @dataclass(frozen=True, kw_only=True)
