@@ -9,7 +9,7 @@ The cluster: ``PodDiscovery``, ``PlanStore``, ``PodAnnotator``, ``LeaseStore`` a
 ``StateStore`` have one real adapter each (``placement.adapters.kube`` on Kubernetes,
 ``placement.adapters.statedir`` on one machine) and an in-memory twin
 (``placement.adapters.kube_memory``). The controller and the webhook take these
-Protocols; the composition root (``placement.controller.ticks.wiring``) chooses the adapters.
+Protocols; the composition root (``placement.controller.wiring``) chooses the adapters.
 Errors: every cluster method raises ``KubeConflictError`` when someone else changed the
 object first, ``RetryableKubeError`` for 5xx and transport failures, and ``KubeError``
 for the rest; never a client library's own exception.

@@ -44,7 +44,7 @@ from pydantic import (
 from models.registry import forecaster_named
 from placement.errors import InputError, Problem
 
-#: The forecaster that needs no fitting (``placement.controller.wiring.SeasonalForecaster``).
+#: The forecaster that needs no fitting (``placement.controller.live_ports.SeasonalForecaster``).
 SAME_HOUR_MODEL = "same-hour"
 
 

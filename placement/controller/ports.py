@@ -1,7 +1,7 @@
 """The controller's vocabulary: its jobs, tick outcomes, backoff, ports and state.
 
 The ports are what ``placement.controller.ticks.Controller`` takes (``ControllerPorts``);
-their real implementations are in ``placement.controller.wiring`` and the cluster
+their real implementations are in ``placement.controller.live_ports`` and the cluster
 adapters, their twins in tests. Types and small pure helpers only: no IO.
 """
 

@@ -1,325 +1,247 @@
-"""The real implementations of the controller's ports, over the other modules of lorafleet.
+"""The controller's composition root: every port wired to its real adapter.
 
-- ``EngineActuator``: pods through ``placement.actuation.apply`` and the ``Executor``.
-- ``SolverPlanner``: ``build_problem`` → ``solve`` → ``extract_plan``.
-- ``ReusingForecaster``: ``placement.forecast.forecaster.ModelForecaster`` (``models/``), one
-  fit per history for both windows of a forecast tick.
-- ``SeasonalForecaster``: the same window on each of the last days, averaged (mean)
-  and its 90th percentile across days (q90); no fitting (``forecast_model: same-hour``).
-- history sources: a request-log file, or Prometheus (``placement.adapters.prom``).
-- ``PrometheusObserver``: the ticks' outcomes and ``placement.metrics.ControllerMetrics``.
-
-No decisions here: each class adapts one module's API to one port.
+``build`` reads nothing itself but the parsed ``controller.yaml`` (and the webhook
+secret from the environment it names); it picks Kubernetes or state-directory adapters,
+the history source, the forecaster, the planner and the actuator, and returns the
+schedule and the ASGI app to serve. ``placement.cli.controller_cmds`` only parses the
+command line and runs what this builds.
 """
 
 from __future__ import annotations
 
-import asyncio
-import math
+import logging
+import os
 import random
-from collections.abc import Callable, Mapping
-from datetime import UTC, datetime, timedelta
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
-import numpy as np
 import pandas as pd
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from fastapi import FastAPI
+from kubernetes import client
+from prometheus_client import CollectorRegistry
 
-from placement.actuation.apply import apply_plan, lora_paths, make_clients
-from placement.actuation.executor import ApplyReport, Executor, Ledger, Sleep
-from placement.actuation.reconcile import depends_on
+from placement.adapters.kube import (
+    KubeAnnotator,
+    KubeLeaseStore,
+    KubePlanStore,
+    KubePods,
+    KubeStateStore,
+    KubeTarget,
+    connect,
+)
 from placement.adapters.prom import PromHistorySource
-from placement.controller.ports import Backoff, ControllerObserver, Job, Outcome
-from placement.domain import Action, AdapterId, Catalog, Fleet, PodId
-from placement.errors import EngineError, InputError
-from placement.forecast.demand import demand_from_forecast
-from placement.forecast.forecaster import ModelForecaster
-from placement.inputs.request_log import RequestLog, load_request_log
-from placement.metrics import ControllerMetrics, FleetMetrics
-from placement.plan import Plan
+from placement.adapters.statedir import DirPlanStore, DirStateStore, ensure_state_dir
+from placement.clock import Clock, warped_clock
+from placement.controller.config import (
+    SAME_HOUR_MODEL,
+    ClockConfig,
+    ControllerConfig,
+    KubernetesConfig,
+    read_secret,
+)
+from placement.controller.leader import LeaderElector
+from placement.controller.live_ports import (
+    EngineActuator,
+    FileHistory,
+    PrometheusHistory,
+    PrometheusObserver,
+    ReusingForecaster,
+    SeasonalForecaster,
+    SolverPlanner,
+)
+from placement.controller.ports import ControllerPorts, DemandForecaster, HistorySource
+from placement.controller.schedule import Schedule, add_process_routes
+from placement.controller.ticks import Controller
+from placement.controller.webhook import create_webhook_app
+from placement.domain import Catalog, Pipelines
+from placement.forecast.event_preloads import (
+    Event,
+    EventDecision,
+    Predictor,
+    learned_predictor,
+    pipeline_predictor,
+)
+from placement.forecast.forecaster import ModelForecaster, learn_events
+from placement.inputs import load_catalog, load_fleet, load_pipelines
+from placement.inputs.request_log import RequestLog
+from placement.ports import PlanStore
 from placement.settings import Settings
-from placement.solver import extract_plan, options_from, solve
-from placement.solver.problem import Demand, build_problem
 
 DAY_S = 86_400
 
-
-class EngineActuator:
-    """Pushes actions to the pods' engines, sharing one HTTP client."""
-
-    def __init__(
-        self,
-        *,
-        catalog: Catalog,
-        http: httpx.AsyncClient,
-        settings: Settings,
-        rng: random.Random,
-        sleep: Sleep = asyncio.sleep,
-    ) -> None:
-        self._catalog = catalog
-        self._http = http
-        self._settings = settings
-        self._rng = rng
-        self._sleep = sleep
-
-    async def apply(self, plan: Plan, *, fleet: Fleet, ledger: Ledger) -> ApplyReport:
-        timeout_s = self._settings.executor.per_action_deadline_s
-        outcome = await apply_plan(
-            plan,
-            fleet=fleet,
-            catalog=self._catalog,
-            clients=make_clients(fleet, http=self._http, timeout_s=timeout_s),
-            settings=self._settings.executor,
-            rng=self._rng,
-            ledger=ledger,
-            sleep=self._sleep,
-        )
-        return outcome.report
-
-    async def run(
-        self, actions: tuple[Action, ...], *, fleet: Fleet, ledger: Ledger
-    ) -> ApplyReport:
-        timeout_s = self._settings.executor.per_action_deadline_s
-        executor = Executor(
-            make_clients(fleet, http=self._http, timeout_s=timeout_s),
-            lora_paths=lora_paths(self._catalog),
-            settings=self._settings.executor,
-            rng=self._rng,
-            sleep=self._sleep,
-            ledger=ledger,
-        )
-        return await executor.run(actions, after=depends_on(actions))
-
-    async def registered(self, fleet: Fleet) -> Mapping[PodId, frozenset[AdapterId] | None]:
-        timeout_s = self._settings.executor.per_action_deadline_s
-        clients = make_clients(fleet, http=self._http, timeout_s=timeout_s)
-
-        async def one(pod: PodId) -> frozenset[AdapterId] | None:
-            try:
-                return (await clients[pod].registered()).names()
-            except EngineError:
-                return None
-
-        pods = [pod.name for pod in fleet.pods]
-        answers = await asyncio.gather(*(one(pod) for pod in pods))
-        return dict(zip(pods, answers, strict=True))
+logger = logging.getLogger(__name__)
 
 
-class SolverPlanner:
-    """The CP-SAT placement, hinted with the plan in force."""
-
-    def __init__(self, catalog: Catalog, *, settings: Settings, clock: Callable[[], float]) -> None:
-        self._catalog = catalog
-        self._settings = settings
-        self._clock = clock
-
-    def __call__(
-        self,
-        demand: Mapping[AdapterId, Demand],
-        *,
-        fleet: Fleet,
-        valid_from: datetime,
-        current: Plan | None,
-    ) -> Plan:
-        problem = build_problem(
-            self._catalog,
-            fleet,
-            demand,
-            settings=self._settings,
-            valid_from=valid_from,
-            current=current.placement() if current is not None else None,
-        )
-        solution = solve(problem, options=options_from(problem))
-        return extract_plan(
-            problem, solution, created_at=datetime.fromtimestamp(self._clock(), UTC)
-        )
-
-
-class SeasonalForecaster:
-    """Mean and 90th percentile of the same window on each of the last ``days`` days."""
-
-    def __init__(self, *, days: int = 7, bucket_s: int = 600) -> None:
-        self.days = days
-        self.bucket_s = bucket_s
-
-    def __call__(
-        self, history: RequestLog, *, start: datetime, duration_s: int
-    ) -> Mapping[AdapterId, Demand]:
-        counts = history.counts(self.bucket_s)
-        if counts.empty:
-            return {}
-        first, last = counts["ts"].min(), counts["ts"].max() + pd.Timedelta(seconds=self.bucket_s)
-        end = pd.Timestamp(start) + pd.Timedelta(seconds=duration_s)
-        # The most recent day whose window the history covers, then the days before it.
-        k0 = max(1, math.ceil((end - last).total_seconds() / DAY_S))
-        windows = []
-        for k in range(k0, k0 + self.days):
-            w_start = pd.Timestamp(start) - pd.Timedelta(days=k)
-            if w_start >= first - pd.Timedelta(seconds=self.bucket_s):
-                windows.append(w_start)
-        if not windows:  # less than a day of history: its most recent window
-            windows = [last - pd.Timedelta(seconds=duration_s)]
-        per_window = np.array(
-            [self._totals(counts, w, duration_s) for w in windows], dtype=float
-        )  # windows x adapters
-        names = sorted(counts["adapter"].astype(str).unique())
-        rates = per_window / duration_s
-        return {
-            AdapterId(name): Demand(
-                mean_rps=float(rates[:, i].mean()),
-                q90_rps=float(np.quantile(rates[:, i], 0.9)),
-            )
-            for i, name in enumerate(names)
-        }
-
-    @staticmethod
-    def _totals(counts: pd.DataFrame, start: pd.Timestamp, duration_s: int) -> list[float]:
-        end = start + pd.Timedelta(seconds=duration_s)
-        inside = counts[(counts["ts"] >= start) & (counts["ts"] < end)]
-        totals = inside.groupby("adapter", observed=True)["requests"].sum()
-        names = sorted(counts["adapter"].astype(str).unique())
-        return [float(totals.get(name, 0.0)) for name in names]
-
-
-class ReusingForecaster:
-    """``placement.forecast.forecaster.ModelForecaster``, fitted once per history: a later window
-    inside the forecast's horizon (the forecast tick's look-ahead) reuses the fit."""
-
-    def __init__(self, model: ModelForecaster, *, bucket_s: int) -> None:
-        self._model = model
-        self._bucket_s = bucket_s
-        self._cached: tuple[RequestLog, pd.DataFrame] | None = None
-
-    def __call__(
-        self, history: RequestLog, *, start: datetime, duration_s: int
-    ) -> Mapping[AdapterId, Demand]:
-        frame = self._frame(history, start=start, duration_s=duration_s)
-        return demand_from_forecast(frame, at=start, validity_s=duration_s, bucket_s=self._bucket_s)
-
-    def _frame(self, history: RequestLog, *, start: datetime, duration_s: int) -> pd.DataFrame:
-        if self._cached is not None and self._cached[0] is history:
-            frame = self._cached[1]
-            end = pd.Timestamp(start) + pd.Timedelta(seconds=duration_s)
-            last = frame["ts"].max() + pd.Timedelta(seconds=self._bucket_s)
-            if not frame.empty and frame["ts"].min() <= pd.Timestamp(start) and end <= last:
-                return frame
-        forecast = self._model.forecast(history, start=start, duration_s=duration_s)
-        self._cached = (history, forecast.frame)
-        return forecast.frame
-
-
-class FileHistory:
-    """The request log file, plus the router's live log when given, read at every ingest."""
-
-    def __init__(self, path: Path, *, live: Path | None = None, bucket_s: int = 600) -> None:
-        self.path = path
-        self.live = live
-        self.bucket_s = bucket_s
-
-    def __call__(self) -> RequestLog:
-        history = load_request_log(self.path)
-        if self.live is None or not self.live.exists():
-            return history
-        try:
-            live = load_request_log(self.live)
-        except InputError:  # not written yet, or a line half-written: next ingest
-            return history
-        return combined(history, live, bucket_s=self.bucket_s)
-
-
-def combined(history: RequestLog, live: RequestLog, *, bucket_s: int) -> RequestLog:
-    """Both logs as one: per request if both are, else as counts per bucket. Each was
-    validated when read, so the rows are kept as they are (no duplicate dropping)."""
-    if live.frame.empty:
-        return history
-    aggregated = history.aggregated or live.aggregated
-    if aggregated:
-        frames = [log.counts(bucket_s) for log in (history, live)]
-    else:
-        columns = [c for c in history.frame.columns if c in live.frame.columns]
-        frames = [log.frame[columns] for log in (history, live)]
-    frame = pd.concat(frames, ignore_index=True).sort_values("ts", kind="stable")
-    return RequestLog(
-        frame=frame.reset_index(drop=True),
-        aggregated=aggregated,
-        source=f"{history.source} + {live.source}",
+def _target(section: KubernetesConfig) -> KubeTarget:
+    return KubeTarget(
+        namespace=section.namespace,
+        selector=section.selector,
+        pool_label=section.pool_label,
+        default_pool=section.default_pool,
+        port_name=section.port_name,
+        default_port=section.default_port,
+        plan_configmap=section.plan_configmap,
+        state_configmap=section.state_configmap,
+        lease_name=section.lease_name,
     )
 
 
-class PrometheusHistory:
-    """The router's request counters in Prometheus, over the last ``lookback_s``."""
-
-    def __init__(
-        self,
-        source: PromHistorySource,
-        *,
-        lookback_s: int,
-        bucket_s: int,
-        clock: Callable[[], float],
-    ) -> None:
-        self._source = source
-        self._lookback_s = lookback_s
-        self._bucket_s = bucket_s
-        self._clock = clock
-
-    def __call__(self) -> RequestLog:
-        end = datetime.fromtimestamp(self._clock(), UTC)
-        start = end - timedelta(seconds=self._lookback_s)
-        return self._source.request_log(start=start, end=end, bucket_s=self._bucket_s)
+def settings_for(config: ControllerConfig) -> Settings:
+    base = Settings()
+    controller = replace(
+        base.controller,
+        ingest_interval_s=config.intervals.ingest_s,
+        forecast_interval_s=config.intervals.forecast_s,
+        plan_interval_s=config.intervals.plan_s,
+        watchdog_interval_s=config.intervals.watchdog_s,
+        max_loads_per_event=config.max_loads_per_event,
+        lease_duration_s=config.lease_duration_s,
+    )
+    planner = replace(base.planner, **config.planner.model_dump())
+    return replace(base, controller=controller, planner=planner)
 
 
-class PrometheusObserver(ControllerObserver):
-    """The ticks' outcomes, backoff and restored pods, plus the shared controller metrics."""
+def plan_store_for(config: ControllerConfig, api: client.ApiClient | None) -> PlanStore:
+    if config.kubernetes is not None and api is not None:
+        return KubePlanStore(api, target=_target(config.kubernetes))
+    assert config.state_dir is not None  # the config's validator requires one of the two
+    return DirPlanStore(ensure_state_dir(config.state_dir))
 
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.shared = ControllerMetrics(registry)
-        self.fleet = FleetMetrics(registry)
-        self.ticks = Counter(
-            "lorafleet_controller_ticks",
-            "Controller job runs by job and outcome (done, failed, standby, backing_off, idle).",
-            ["job", "outcome"],
+
+def _history(config: ControllerConfig, settings: Settings) -> HistorySource:
+    section = config.history
+    if section.log is not None:
+        return FileHistory(section.log, live=section.live_log, bucket_s=settings.forecast.bucket_s)
+    assert section.prometheus_url is not None
+    return PrometheusHistory(
+        PromHistorySource(section.prometheus_url),
+        lookback_s=section.lookback_days * DAY_S,
+        bucket_s=settings.forecast.bucket_s,
+        clock=time.time,
+    )
+
+
+def _clocks(section: ClockConfig | None) -> tuple[Clock, Callable[[datetime], datetime] | None]:
+    """The controller's clock, and how its times map to the wall's (None: the same)."""
+    if section is None:
+        return time.time, None
+    origin_s = section.origin_s if section.origin_s is not None else time.time()
+    start_s, speed = section.start.timestamp(), section.speed
+    clock = warped_clock(start=section.start, speed=speed, wall_origin_s=origin_s)
+
+    def to_wall(at: datetime) -> datetime:
+        return datetime.fromtimestamp(origin_s + (at.timestamp() - start_s) / speed, UTC)
+
+    return clock, to_wall
+
+
+def _forecaster(config: ControllerConfig, settings: Settings, catalog: Catalog) -> DemandForecaster:
+    bucket_s = settings.forecast.bucket_s
+    if config.forecast_model == SAME_HOUR_MODEL:
+        return SeasonalForecaster(bucket_s=bucket_s)
+    model = ModelForecaster(
+        settings=settings.forecast, catalog=catalog, model=config.forecast_model
+    )
+    return ReusingForecaster(model, bucket_s=bucket_s)
+
+
+def _event_learner(
+    pipelines: Pipelines | None, catalog: Catalog, declared: Predictor
+) -> Callable[[RequestLog], Predictor]:
+    def learn(history: RequestLog) -> Predictor:
+        # learn_events fills missing tenants with "", which a categorical column refuses.
+        frame = history.frame
+        if "tenant" in frame and isinstance(frame["tenant"].dtype, pd.CategoricalDtype):
+            frame = frame.assign(tenant=frame["tenant"].astype(object))
+            history = replace(history, frame=frame)
+        models = learn_events(history, pipelines=pipelines, catalog=catalog)
+        return learned_predictor(models, declared=declared)
+
+    return learn
+
+
+@dataclass
+class _Sink:
+    """The webhook's EventSink: the controller, acting only while it leads."""
+
+    controller: Controller
+
+    def accepting(self) -> bool:
+        return self.controller.is_leader()
+
+    async def submit(self, event: Event) -> EventDecision:
+        return await self.controller.on_event(event)
+
+
+def build(config: ControllerConfig, *, http: httpx.AsyncClient) -> tuple[Schedule, FastAPI]:
+    """Every port wired: the schedule and the ASGI app to serve."""
+    settings = settings_for(config)
+    fleet = load_fleet(config.fleet)
+    catalog = load_catalog(config.catalog, fleet=fleet)
+    pipelines = load_pipelines(config.pipelines, catalog=catalog) if config.pipelines else None
+    clock, to_wall = _clocks(config.clock)
+    declared = pipeline_predictor(pipelines or Pipelines(), catalog)
+    secret = read_secret(config.webhook, dict(os.environ))
+    identity = config.identity or os.environ.get("POD_NAME") or socket.gethostname()
+    api = None
+    if config.kubernetes is not None:
+        api = connect(host=config.kubernetes.api_host)
+    kube = config.kubernetes
+    target = _target(kube) if kube is not None else None
+    registry = CollectorRegistry()
+    ports = ControllerPorts(
+        catalog=catalog,
+        fleet=fleet,
+        history=_history(config, settings),
+        forecaster=_forecaster(config, settings, catalog),
+        planner=SolverPlanner(catalog, settings=settings, clock=clock),
+        actuator=EngineActuator(catalog=catalog, http=http, settings=settings, rng=random.Random()),
+        plans=plan_store_for(config, api),
+        state=(
+            KubeStateStore(api, target=target)
+            if api is not None and target is not None
+            else DirStateStore(ensure_state_dir(config.state_dir or Path("state")))
+        ),
+        predictor=declared,
+        learn_predictor=_event_learner(pipelines, catalog, declared)
+        if config.learn_events
+        else None,
+        discovery=KubePods(api, target=target) if api is not None and target else None,
+        annotator=KubeAnnotator(api, target=target) if api is not None and target else None,
+        elector=(
+            LeaderElector(
+                KubeLeaseStore(api, target=target),
+                identity=identity,
+                duration_s=config.lease_duration_s,
+                clock=time.monotonic,
+                wall=lambda: datetime.now(UTC),
+            )
+            if api is not None and target is not None
+            else None
+        ),
+    )
+    observer = PrometheusObserver(registry)
+    # With the period known before any plan, LorafleetPlanStale fires until one is out.
+    observer.shared.planning_period(settings.controller.plan_interval_s)
+    controller = Controller(ports, settings=settings, clock=clock, metrics=observer)
+    if secret is None:
+        logger.warning(
+            "no webhook secret (%s or webhook.secret_file): POST /v1/events is off",
+            config.webhook.secret_env,
+        )
+        webhook = FastAPI(title="lorafleet controller", version="1")
+    else:
+        webhook = create_webhook_app(
+            _Sink(controller),
+            secret=secret,
+            settings=settings.controller,
+            clock=time.time,
             registry=registry,
         )
-        self.failures = Gauge(
-            "lorafleet_controller_consecutive_failures",
-            "Failures in a row of each job (0 once it succeeds again).",
-            ["job"],
-            registry=registry,
-        )
-        self.leader = Gauge(
-            "lorafleet_controller_leader",
-            "1 while this replica holds the lease and acts.",
-            registry=registry,
-        )
-        self.restored_pods = Counter(
-            "lorafleet_controller_restored_pods",
-            "Pods the watchdog found empty (restarted) and refilled.",
-            registry=registry,
-        )
-
-    def tick(self, job: Job, outcome: Outcome, *, backoff: Backoff | None) -> None:
-        self.ticks.labels(job=job.value, outcome=outcome.value).inc()
-        self.failures.labels(job=job.value).set(backoff.failures if backoff else 0)
-        if outcome is Outcome.FAILED:
-            self.shared.job_failed(job.value)
-        if job is Job.LEASE:
-            # IDLE: no lease to hold (one replica, no Kubernetes): it always acts.
-            self.leader.set(1 if outcome in {Outcome.DONE, Outcome.IDLE} else 0)
-
-    def applied(self, report: ApplyReport) -> None:
-        self.shared.apply_reported(report)
-
-    def published(self, plan: Plan, *, period_s: float) -> None:
-        self.shared.plan_published(plan, period_s=period_s)
-
-    def restored(self, pods: int) -> None:
-        self.restored_pods.inc(pods)
-
-    def ingested(
-        self, history: RequestLog, *, catalog: Catalog, fleet: Fleet, now: datetime
-    ) -> None:
-        """Seed 000's early warning: distinct adapters of the last hour against the slots."""
-        self.fleet.fleet_activity(
-            history.counts(600), catalog=catalog, fleet=fleet, since=now - timedelta(hours=1)
-        )
+    add_process_routes(webhook, controller, registry)
+    return Schedule(controller, settings=settings.controller, to_wall=to_wall), webhook

@@ -14,9 +14,9 @@ from typer.testing import CliRunner
 
 from placement.adapters.statedir import DirPlanStore
 from placement.cli.app import app
-from placement.cli.controller_cmds import build
 from placement.controller.config import load_controller_config, read_secret
 from placement.controller.ports import Job, Outcome
+from placement.controller.wiring import build, settings_for
 from placement.errors import InputError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -90,7 +90,6 @@ def test_config_mistakes_are_reported_with_their_field(
 
 
 def test_the_planner_section_reaches_the_settings(tmp_path: Path) -> None:
-    from placement.cli.controller_cmds import settings_for
 
     body = LOCAL + "planner: {replicate_share: 1.0, time_limit_s: 2}\n"
     planner = settings_for(load_controller_config(write_config(tmp_path, body))).planner
@@ -240,7 +239,7 @@ async def test_the_composed_controller_learns_event_models_and_forecasts_with_mo
 ) -> None:
     from datetime import timedelta
 
-    from placement.controller.wiring import ReusingForecaster, SeasonalForecaster
+    from placement.controller.live_ports import ReusingForecaster, SeasonalForecaster
     from placement.forecast.demand import demand_from_forecast
     from placement.forecast.event_preloads import Event, EventKind
     from placement.forecast.forecaster import ModelForecaster
@@ -296,7 +295,7 @@ def test_a_naive_clock_start_is_refused(tmp_path: Path) -> None:
 def test_the_live_log_joins_the_history_when_it_can_be_read(tmp_path: Path) -> None:
     import pandas as pd
 
-    from placement.controller.wiring import FileHistory
+    from placement.controller.live_ports import FileHistory
     from placement.inputs.request_log import load_request_log
 
     small = tmp_path / "requests.parquet"

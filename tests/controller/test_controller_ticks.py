@@ -22,9 +22,9 @@ from placement.adapters.kube_memory import (
     MemoryStateStore,
 )
 from placement.controller.leader import LeaderElector
+from placement.controller.live_ports import EngineActuator, SeasonalForecaster
 from placement.controller.ports import ControllerPorts, Job, Outcome
 from placement.controller.ticks import Controller
-from placement.controller.wiring import EngineActuator, SeasonalForecaster
 from placement.domain import (
     Adapter,
     AdapterId,

@@ -25,7 +25,7 @@ from prometheus_client import CollectorRegistry
 from models.baselines import Persistence
 from models.series import panel_from_counts
 from placement.adapters.prom import PromHistorySource
-from placement.controller.wiring import PrometheusHistory
+from placement.controller.live_ports import PrometheusHistory
 from placement.domain import Adapter, AdapterId, Catalog, PodId, Tier
 from placement.emulator import EmulatedFleet, PodConfig, free_base_port, serving_in_thread
 from placement.plan import AdapterPlan, Plan, PodPlan

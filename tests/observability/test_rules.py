@@ -13,8 +13,8 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
+from placement.controller.live_ports import PrometheusObserver
 from placement.controller.webhook import WebhookMetrics
-from placement.controller.wiring import PrometheusObserver
 from placement.router.metrics import RouterMetrics
 
 from .conftest import require_tool
