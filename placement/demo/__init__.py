@@ -1,0 +1,1 @@
+"""``lorafleet demo``: the whole loop on one machine, as local processes."""

@@ -1,0 +1,1 @@
+"""Reading a plan before it is applied: diff, replay before and after, an HTML report."""

@@ -1,0 +1,1 @@
+"""Synthetic workloads: ``scenario.yaml`` parsed, and request logs generated from it."""
