@@ -15,6 +15,7 @@ import random
 import time
 from collections.abc import Callable
 
+from placement.settings import MB, Settings
 from policies.hashing import build_ring
 from policies.routing import (
     HashFallback,
@@ -77,7 +78,12 @@ def main() -> None:
     weights = [1.0 / (rank + 1) for rank in range(len(adapters))]
     requests = rng.choices(adapters, weights=weights, k=args.calls)
     ring = build_ring(pod.pod_id for pod in pods)
-    fallback = HashFallback(ring=ring)
+    settings = Settings()
+    router, cost = settings.router, settings.load_cost
+    fallback = HashFallback(ring=ring, replicas=router.hash_replicas)
+    # Seed 000's rank-16 adapter of about 50 MB on a busy pod (the router caches these).
+    warm_s = cost.warm_load_ms(50 * MB, drain_ms=cost.expected_drain_ms) / 1e3
+    cold_s = cost.cold_load_ms(50 * MB, drain_ms=cost.expected_drain_ms) / 1e3
     plan = {
         name: {f"pod-{i % args.pods}": 0.5, f"pod-{(i + 1) % args.pods}": 0.5}
         for i, name in enumerate(adapters[:60])
@@ -85,7 +91,15 @@ def main() -> None:
     cursor = [0]
 
     def ctx(adapter: str) -> RoutingContext:
-        return RoutingContext(adapter=adapter, pods=pods)
+        return RoutingContext(
+            adapter=adapter,
+            pods=pods,
+            per_request_s=router.per_request_s,
+            warm_load_s=warm_s,
+            cold_load_s=cold_s,
+            no_load_kv_usage=router.no_load_kv_usage,
+            reject_kv_usage=router.reject_kv_usage,
+        )
 
     def round_robin(adapter: str) -> RouteDecision:
         decision, cursor[0] = route_round_robin(ctx(adapter), cursor=cursor[0])
@@ -96,7 +110,7 @@ def main() -> None:
         "least-loaded": lambda a: route_least_loaded(ctx(a)),
         "epp": lambda a: route_epp(ctx(a)),
         "llm-d": lambda a: route_llmd(ctx(a)),
-        "hash": lambda a: route_hash(ctx(a), ring),
+        "hash": lambda a: route_hash(ctx(a), ring, replicas=router.hash_replicas),
         "bounded": lambda a: route_bounded(ctx(a)),
         "plan": lambda a: route_plan(ctx(a), plan.get(a), fallback=fallback),
     }

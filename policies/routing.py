@@ -3,9 +3,10 @@
 Owns the scorers (round-robin, least-loaded, seed 000's EPP score, llm-d's
 lora-affinity scorer, consistent hashing with a general pool, bounded affinity,
 plan-aware routing) and the rules every router applies first: drop unhealthy pods,
-memory pressure (no new loads above 0.85 KV use on all candidates, reject above
-0.95), and stampede coalescing (a request for an adapter loading on a pod goes to
-that pod). Shared by the live router and the replay simulator.
+memory pressure (no new loads above a soft KV use on all candidates, reject above a
+hard one), and stampede coalescing (a request for an adapter loading on a pod goes to
+that pod). Shared by the live router and the replay simulator. Thresholds and costs
+arrive in the context without defaults: the caller takes them from its settings.
 
 Pure and fast: no IO, no clock (``now_s`` is a field), no hidden state (round-robin
 takes and returns its cursor), plain Python loops because a decision must stay within
@@ -90,15 +91,16 @@ class RoutingContext:
     adapter: str
     pods: Sequence[PodLike]
     now_s: float = 0.0
-    #: Seconds one queued request adds to the wait of those behind it on a pod.
-    per_request_s: float = 0.05
+    #: Seconds one queued request adds to the wait of those behind it on a pod
+    #: (RouterSettings.per_request_s; the caller passes it, there is no default here).
+    per_request_s: float
     #: Seconds to load an adapter held in the pod's host RAM, and from storage
     #: (LoadCostSettings.warm_load_ms / cold_load_ms with the expected drain).
-    warm_load_s: float = 0.335
-    cold_load_s: float = 0.345
+    warm_load_s: float
+    cold_load_s: float
     #: Seed 000's memory-pressure tiers (RouterSettings.no_load_kv_usage, reject_kv_usage).
-    no_load_kv_usage: float = 0.85
-    reject_kv_usage: float = 0.95
+    no_load_kv_usage: float
+    reject_kv_usage: float
     #: Requests for an adapter loading on a pod go to that pod (seed 000's stampede).
     coalesce: bool = True
     #: A load costs more than its own wait: its batch drain stalls every request on
@@ -395,7 +397,7 @@ def route_hash(
     ctx: RoutingContext,
     ring: HashRing,
     *,
-    replicas: int = 2,
+    replicas: int,
     tail: bool = False,
     general_pool: Collection[str] = (),
 ) -> RouteDecision:
@@ -424,7 +426,8 @@ class HashFallback:
     """How plan-aware routing treats adapters the plan does not mention."""
 
     ring: HashRing
-    replicas: int = 2
+    #: Ring owners per adapter (RouterSettings.hash_replicas).
+    replicas: int
     general_pool: frozenset[str] = field(default_factory=frozenset)
 
 

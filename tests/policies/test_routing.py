@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from placement.settings import MB, LoadCostSettings, RouterSettings
 from policies.hashing import build_ring
 from policies.routing import (
     HashFallback,
@@ -25,6 +30,24 @@ from policies.routing import (
 )
 
 MED = "medical-qa-hipaa"
+#: The contexts carry the settings tree's thresholds and costs: the policies have none.
+ROUTER = RouterSettings()
+_COST = LoadCostSettings()
+#: Seed 000's rank-16 adapter of about 50 MB, on a busy pod (the expected drain).
+_BASE = RoutingContext(
+    adapter=MED,
+    pods=(),
+    per_request_s=ROUTER.per_request_s,
+    warm_load_s=_COST.warm_load_ms(50 * MB, drain_ms=_COST.expected_drain_ms) / 1e3,
+    cold_load_s=_COST.cold_load_ms(50 * MB, drain_ms=_COST.expected_drain_ms) / 1e3,
+    no_load_kv_usage=ROUTER.no_load_kv_usage,
+    reject_kv_usage=ROUTER.reject_kv_usage,
+)
+
+
+def context(pods: Sequence[PodView], **fields: Any) -> RoutingContext:
+    """A request for MED over ``pods``; ``fields`` replace the settings' values."""
+    return replace(_BASE, pods=pods, **fields)
 
 
 def pod(name: str, **fields: object) -> PodView:
@@ -49,7 +72,7 @@ def test_epp_worked_example_from_seed_000() -> None:
     assert epp_score(POD_02, MED) == pytest.approx(0.500 + 0.120 + 0.09375 + 0.0825)
     assert epp_score(POD_02, MED) == pytest.approx(0.797, abs=1e-3)
     assert epp_score(POD_05, MED) == pytest.approx(0.282)
-    decision = route_epp(RoutingContext(adapter=MED, pods=[POD_05, POD_02]))
+    decision = route_epp(context([POD_05, POD_02]))
     assert decision.pod_id == "pod-02"
 
 
@@ -106,7 +129,7 @@ def test_llmd_queue_and_kv_weights_outvote_affinity() -> None:
         running_adapters=frozenset({"x", "y", "z", "w"}),
         max_loras=4,
     )
-    assert route_llmd(RoutingContext(adapter=MED, pods=[busy_with_it, idle])).pod_id == "b"
+    assert route_llmd(context([busy_with_it, idle])).pod_id == "b"
 
 
 def test_round_robin_cycles_and_returns_cursor() -> None:
@@ -114,7 +137,7 @@ def test_round_robin_cycles_and_returns_cursor() -> None:
     cursor = 0
     chosen = []
     for _ in range(4):
-        decision, cursor = route_round_robin(RoutingContext(adapter=MED, pods=pods), cursor=cursor)
+        decision, cursor = route_round_robin(context(pods), cursor=cursor)
         chosen.append(decision.pod_id)
     assert chosen == ["a", "b", "c", "a"]
 
@@ -125,16 +148,16 @@ def test_least_loaded_counts_queue_and_running() -> None:
         pod("b", running=2),
         pod("c", queue_depth=1, running=3),
     ]
-    assert route_least_loaded(RoutingContext(adapter=MED, pods=pods)).pod_id == "b"
+    assert route_least_loaded(context(pods)).pod_id == "b"
 
 
 def test_stampede_coalesces_on_the_loading_pod() -> None:
     loading = pod("a", queue_depth=6, loading=frozenset({MED}))
     idle = pod("b", free_slots=3)
-    ctx = RoutingContext(adapter=MED, pods=[loading, idle])
+    ctx = context([loading, idle])
     assert route_least_loaded(ctx).reason is RouteReason.COALESCE
     assert route_least_loaded(ctx).pod_id == "a"
-    uncoalesced = RoutingContext(adapter=MED, pods=[loading, idle], coalesce=False)
+    uncoalesced = context([loading, idle], coalesce=False)
     assert route_least_loaded(uncoalesced).pod_id == "b"
 
 
@@ -160,14 +183,14 @@ def test_memory_pressure_tiers(
         )
         for name, kv in (("a", kv_a), ("b", kv_b))
     ]
-    decision = route_least_loaded(RoutingContext(adapter=MED, pods=pods, coalesce=False))
+    decision = route_least_loaded(context(pods, coalesce=False))
     assert (decision.reason, decision.pod_id) == (reason, pod_id)
 
 
 def test_unhealthy_pods_are_never_chosen() -> None:
     pods = [pod("a", healthy=False, gpu_adapters=(MED,)), pod("b", queue_depth=5)]
-    assert route_bounded(RoutingContext(adapter=MED, pods=pods)).pod_id == "b"
-    assert route_epp(RoutingContext(adapter=MED, pods=[pods[0]])).reason is RouteReason.NO_POD
+    assert route_bounded(context(pods)).pod_id == "b"
+    assert route_epp(context([pods[0]])).reason is RouteReason.NO_POD
 
 
 @pytest.mark.parametrize(
@@ -178,7 +201,7 @@ def test_unhealthy_pods_are_never_chosen() -> None:
 def test_bounded_affinity_stays_until_queue_beats_load(warm_queue: int, expected: str) -> None:
     warm = pod("warm", queue_depth=warm_queue, gpu_adapters=(MED,))
     cold = pod("cold", free_slots=2)
-    ctx = RoutingContext(adapter=MED, pods=[warm, cold], per_request_s=0.05, cold_load_s=0.4)
+    ctx = context([warm, cold], per_request_s=0.05, cold_load_s=0.4)
     assert route_bounded(ctx).pod_id == expected
 
 
@@ -188,9 +211,9 @@ def test_hash_uses_two_stable_owners_and_general_pool_for_tail() -> None:
     owners = ring.replicas(MED, 2)
     assert len(set(owners)) == 2
     pods = [pod(name) for name in names]
-    assert route_hash(RoutingContext(adapter=MED, pods=pods), ring).pod_id in owners
+    assert route_hash(context(pods), ring, replicas=ROUTER.hash_replicas).pod_id in owners
     tail = route_hash(
-        RoutingContext(adapter=MED, pods=pods), ring, tail=True, general_pool={"pod-7"}
+        context(pods), ring, replicas=ROUTER.hash_replicas, tail=True, general_pool={"pod-7"}
     )
     assert (tail.pod_id, tail.reason) == ("pod-7", RouteReason.GENERAL_POOL)
 
@@ -207,8 +230,8 @@ def test_adding_a_pod_moves_few_adapters(adapters: list[str]) -> None:
 def test_plan_weights_are_followed_and_absent_adapters_hashed() -> None:
     names = [f"pod-{i}" for i in range(4)]
     pods = [pod(name, gpu_adapters=(MED,) if name == "pod-3" else ()) for name in names]
-    fallback = HashFallback(ring=build_ring(names))
-    ctx = RoutingContext(adapter=MED, pods=pods)
+    fallback = HashFallback(ring=build_ring(names), replicas=ROUTER.hash_replicas)
+    ctx = context(pods)
     planned = route_plan(ctx, {"pod-3": 1.0}, fallback=fallback)
     assert (planned.pod_id, planned.reason) == ("pod-3", RouteReason.PLAN)
     assert route_plan(ctx, None, fallback=fallback).reason is RouteReason.HASH
@@ -217,18 +240,19 @@ def test_plan_weights_are_followed_and_absent_adapters_hashed() -> None:
 def test_plan_spills_when_the_planned_pod_queue_outweighs_a_load() -> None:
     busy = pod("a", queue_depth=40, gpu_adapters=(MED,))
     idle = pod("b", free_slots=1)
-    ctx = RoutingContext(adapter=MED, pods=[busy, idle], per_request_s=0.05, cold_load_s=0.4)
-    decision = route_plan(ctx, {"a": 1.0}, fallback=HashFallback(ring=build_ring(["a", "b"])))
+    ctx = context([busy, idle], per_request_s=0.05, cold_load_s=0.4)
+    fallback = HashFallback(ring=build_ring(["a", "b"]), replicas=ROUTER.hash_replicas)
+    decision = route_plan(ctx, {"a": 1.0}, fallback=fallback)
     assert (decision.pod_id, decision.reason) == ("b", RouteReason.SPILL)
 
 
 def test_plan_weights_split_traffic_in_proportion() -> None:
     counts = {"a": 0, "b": 0}
     running = {"a": 0, "b": 0}
-    fallback = HashFallback(ring=build_ring(["a", "b"]))
+    fallback = HashFallback(ring=build_ring(["a", "b"]), replicas=ROUTER.hash_replicas)
     for _ in range(100):
         pods = [pod(name, running=running[name], gpu_adapters=(MED,)) for name in ("a", "b")]
-        ctx = RoutingContext(adapter=MED, pods=pods, per_request_s=0.0)
+        ctx = context(pods, per_request_s=0.0)
         chosen = route_plan(ctx, {"a": 0.75, "b": 0.25}, fallback=fallback).pod_id
         assert chosen is not None
         counts[chosen] += 1
@@ -241,5 +265,5 @@ def test_bounded_loads_where_the_eviction_is_cheapest() -> None:
     fresh = pod("fresh", victim_last_used_s=90.0)
     stale = pod("stale", victim_last_used_s=10.0)
     free = pod("free", free_slots=1, running=5)
-    assert route_bounded(RoutingContext(adapter=MED, pods=[fresh, stale])).pod_id == "stale"
-    assert route_bounded(RoutingContext(adapter=MED, pods=[fresh, stale, free])).pod_id == "free"
+    assert route_bounded(context([fresh, stale])).pod_id == "stale"
+    assert route_bounded(context([fresh, stale, free])).pod_id == "free"
