@@ -36,7 +36,7 @@ from placement.domain import (
     PoolId,
 )
 from placement.settings import PlannerSettings, Settings
-from placement.solver import SolveOptions, solve
+from placement.solver import options_from, solve
 from placement.solver.greedy import hot_eligible, warm_eligible
 from placement.solver.packing import Assignment, evaluate
 from placement.solver.problem import Demand, PlacementProblem, PoolProblem, build_problem
@@ -218,7 +218,7 @@ def run(label: str, adapters: int, pods: int, time_limit_s: float, *, baseline: 
         catalog, fleet, demand, settings=settings, valid_from=datetime(2026, 3, 2, 9, tzinfo=UTC)
     )
     built_s = time.perf_counter() - started
-    options = SolveOptions(time_limit_s=time_limit_s, workers=2, seed=0)
+    options = options_from(problem, time_limit_s=time_limit_s)
     solution = solve(problem, options=options)
     total_s = time.perf_counter() - started
     report = solution.report

@@ -39,8 +39,9 @@ class TieringRule:
     hot_places: int
     #: Distinct adapters that fit registered in host RAM, hot ones included.
     warm_places: int
-    promote_factor: float = 1.25
-    demote_factor: float = 0.8
+    #: The hysteresis above (``PlannerSettings.promote_factor``, ``demote_factor``).
+    promote_factor: float
+    demote_factor: float
 
 
 @dataclass(frozen=True, kw_only=True)

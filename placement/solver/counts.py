@@ -54,13 +54,15 @@ class ModelVars:
 
 @dataclass(frozen=True, kw_only=True)
 class SolveOptions:
-    time_limit_s: float = 10.0
-    workers: int = 2
-    seed: int = 0
+    """CP-SAT's limits; ``options_from`` takes them from ``PlannerSettings``."""
+
+    time_limit_s: float
+    workers: int
+    seed: int
     #: Byte budgets are scaled by this in stage 1.
     scale: float = 1.0
     #: Stage 1 stops once its objective is within this fraction of the bound.
-    gap_limit: float = 0.001
+    gap_limit: float
     #: CP-SAT's deterministic time limit (its own work units): a solve that ends by it
     #: gives the same answer on any machine, unlike one that ends by wall time.
     deterministic_time: float | None = None

@@ -15,7 +15,7 @@ from placement.solver.infeasible import explain_by_relaxing
 from placement.solver.problem import build_problem
 
 AT = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
-FAST = SolveOptions(time_limit_s=1.0, workers=1)
+FAST = SolveOptions(time_limit_s=1.0, workers=1, seed=0, gap_limit=PlannerSettings().gap_limit)
 
 SEVENTY = "llama-3.1-70b"
 

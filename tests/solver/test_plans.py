@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from placement.solver import SolveOptions, extract_plan, solve
 from placement.solver.problem import PlacementProblem, build_problem
 
 AT = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
-FAST = SolveOptions(time_limit_s=2.0, workers=1)
+FAST = SolveOptions(time_limit_s=2.0, workers=1, seed=0, gap_limit=PlannerSettings().gap_limit)
 A = AdapterId
 
 
@@ -142,7 +143,7 @@ def test_routing_weights_balance_the_pods() -> None:
 
 def test_time_limit_without_a_solution_falls_back_to_the_greedy_plan() -> None:
     problem = _problem(*_basic())
-    plan = _plan(problem, SolveOptions(time_limit_s=2.0, workers=1, deterministic_time=0.0))
+    plan = _plan(problem, replace(FAST, deterministic_time=0.0))
     assert plan.solver.status == "FALLBACK_GREEDY"
     assert plan.tier_of(A("a3")) is Tier.HOT
     best = _plan(problem)
@@ -178,7 +179,7 @@ def test_hysteresis_keeps_the_incumbent_unless_the_gain_is_worth_it(
 
 
 def test_two_workers_give_the_same_plan_twice() -> None:
-    options = SolveOptions(time_limit_s=2.0, workers=2, seed=3)
+    options = replace(FAST, workers=2, seed=3)
     one, two = (_plan(_problem(*_basic()), options) for _ in range(2))
     assert one.placement() == two.placement()
     assert dict(one.adapters) == dict(two.adapters)

@@ -24,7 +24,7 @@ from placement.solver.packing import evaluate
 from placement.solver.problem import PlacementProblem, build_problem
 
 AT = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
-FAST = SolveOptions(time_limit_s=1.0, workers=1, seed=0)
+FAST = SolveOptions(time_limit_s=1.0, workers=1, seed=0, gap_limit=PlannerSettings().gap_limit)
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from policies.tiering import ProposedTier, TieringRule, boundary_rps, propose_tiers
@@ -46,5 +48,5 @@ def test_reasons_name_the_move_and_the_numbers() -> None:
 
 
 def test_no_places_means_nothing_is_proposed_hot() -> None:
-    rule = TieringRule(hot_places=0, warm_places=0)
+    rule = replace(RULE, hot_places=0, warm_places=0)
     assert {p.tier for p in propose_tiers(RATES, {}, rule=rule).values()} == {COLD}
