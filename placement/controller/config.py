@@ -18,16 +18,20 @@ kubernetes:                       # optional: discover pods, ConfigMaps, Lease
 webhook:
   port: 8080
   secret_file: /var/run/secrets/lorafleet/webhook-secret
-intervals: {ingest_s: 300, forecast_s: 900, plan_s: 300, watchdog_s: 15}
-planner: {replicate_share: 0.02, default_hot_replicas: 2, max_loads_per_pod: 8,
-          validity_s: 3600, time_limit_s: 10}
-max_loads_per_event: 2
+intervals: {plan_s: 120}          # optional: ingest_s, forecast_s, plan_s, watchdog_s
+planner: {replicate_share: 1.0}   # optional: the PlannerSettings an operator tunes
+max_loads_per_event: 4            # optional
 forecast_model: level-profile     # a models/ forecaster, or same-hour
 ```
+
+The tuning fields (``intervals``, ``planner``, ``max_loads_per_event``,
+``lease_duration_s``) default to None, "not set": ``ControllerConfig.override`` lays
+the ones a file sets over the settings tree, which holds the only defaults.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +47,7 @@ from pydantic import (
 
 from models.registry import forecaster_named
 from placement.errors import InputError, Problem
+from placement.settings import Settings
 
 #: The forecaster that needs no fitting (``placement.controller.live_ports.SeasonalForecaster``).
 SAME_HOUR_MODEL = "same-hour"
@@ -99,22 +104,25 @@ class ClockConfig(_Section):
 
 
 class PlannerConfig(_Section):
-    """The planner settings an operator tunes (``PlannerSettings`` has the rest)."""
+    """The planner settings an operator tunes, each None unless set (``PlannerSettings``
+    has their defaults, and the rest)."""
 
     #: Adapters above this share of traffic get ``default_hot_replicas`` (seed 001);
     #: 1.0 turns availability replicas off (a fleet where pods do not fail, a replay).
-    replicate_share: float = Field(default=0.02, gt=0, le=1)
-    default_hot_replicas: int = Field(default=2, ge=1, le=64)
-    max_loads_per_pod: int = Field(default=8, ge=1)
-    validity_s: int = Field(default=3600, ge=60)
-    time_limit_s: float = Field(default=10.0, gt=0, le=600)
+    replicate_share: float | None = Field(default=None, gt=0, le=1)
+    default_hot_replicas: int | None = Field(default=None, ge=1, le=64)
+    max_loads_per_pod: int | None = Field(default=None, ge=1)
+    validity_s: int | None = Field(default=None, ge=60)
+    time_limit_s: float | None = Field(default=None, gt=0, le=600)
 
 
 class IntervalsConfig(_Section):
-    ingest_s: int = Field(default=300, ge=1)
-    forecast_s: int = Field(default=900, ge=1)
-    plan_s: int = Field(default=300, ge=1)
-    watchdog_s: int = Field(default=15, ge=1)
+    """Each job's period, None unless set (``ControllerSettings`` has the defaults)."""
+
+    ingest_s: int | None = Field(default=None, ge=1)
+    forecast_s: int | None = Field(default=None, ge=1)
+    plan_s: int | None = Field(default=None, ge=1)
+    watchdog_s: int | None = Field(default=None, ge=1)
 
 
 class ControllerConfig(_Section):
@@ -128,15 +136,34 @@ class ControllerConfig(_Section):
     clock: ClockConfig | None = None
     intervals: IntervalsConfig = Field(default_factory=IntervalsConfig)
     planner: PlannerConfig = Field(default_factory=PlannerConfig)
-    max_loads_per_event: int = Field(default=2, ge=0, le=64)
+    max_loads_per_event: int | None = Field(default=None, ge=0, le=64)
     #: A forecaster of ``models/`` by name (``level-profile``, ``global-gbm``, ``auto``,
     #: ...), or ``same-hour``: the same window of the last 7 days, with no fitting.
     forecast_model: str = "level-profile"
     #: Learn pipeline transitions and login habits from a per-request log at each ingest.
     learn_events: bool = True
-    lease_duration_s: int = Field(default=15, ge=3)
+    lease_duration_s: int | None = Field(default=None, ge=3)
     #: The lease holder's name; the entry point defaults it to the pod's name.
     identity: str | None = None
+
+    def override(self, settings: Settings) -> Settings:
+        """``settings`` with every field this file sets; the ones it leaves out keep
+        their values there."""
+        intervals = self.intervals
+        controller = {
+            "ingest_interval_s": intervals.ingest_s,
+            "forecast_interval_s": intervals.forecast_s,
+            "plan_interval_s": intervals.plan_s,
+            "watchdog_interval_s": intervals.watchdog_s,
+            "max_loads_per_event": self.max_loads_per_event,
+            "lease_duration_s": self.lease_duration_s,
+        }
+        set_fields = {name: value for name, value in controller.items() if value is not None}
+        return replace(
+            settings,
+            controller=replace(settings.controller, **set_fields),
+            planner=replace(settings.planner, **self.planner.model_dump(exclude_none=True)),
+        )
 
     @model_validator(mode="after")
     def _where_state_lives(self) -> ControllerConfig:

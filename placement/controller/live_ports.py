@@ -139,7 +139,7 @@ class SolverPlanner:
 class SeasonalForecaster:
     """Mean and 90th percentile of the same window on each of the last ``days`` days."""
 
-    def __init__(self, *, days: int = 7, bucket_s: int = 600) -> None:
+    def __init__(self, *, bucket_s: int, days: int = 7) -> None:
         self.days = days
         self.bucket_s = bucket_s
 
@@ -212,7 +212,7 @@ class ReusingForecaster:
 class FileHistory:
     """The request log file, plus the router's live log when given, read at every ingest."""
 
-    def __init__(self, path: Path, *, live: Path | None = None, bucket_s: int = 600) -> None:
+    def __init__(self, path: Path, *, bucket_s: int, live: Path | None = None) -> None:
         self.path = path
         self.live = live
         self.bucket_s = bucket_s
@@ -272,7 +272,8 @@ class PrometheusHistory:
 class PrometheusObserver(ControllerObserver):
     """The ticks' outcomes, backoff and restored pods, plus the shared controller metrics."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: CollectorRegistry, *, bucket_s: int) -> None:
+        self.bucket_s = bucket_s
         self.shared = ControllerMetrics(registry)
         self.fleet = FleetMetrics(registry)
         self.ticks = Counter(
@@ -321,5 +322,8 @@ class PrometheusObserver(ControllerObserver):
     ) -> None:
         """Seed 000's early warning: distinct adapters of the last hour against the slots."""
         self.fleet.fleet_activity(
-            history.counts(600), catalog=catalog, fleet=fleet, since=now - timedelta(hours=1)
+            history.counts(self.bucket_s),
+            catalog=catalog,
+            fleet=fleet,
+            since=now - timedelta(hours=1),
         )

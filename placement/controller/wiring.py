@@ -92,18 +92,8 @@ def _target(section: KubernetesConfig) -> KubeTarget:
 
 
 def settings_for(config: ControllerConfig) -> Settings:
-    base = Settings()
-    controller = replace(
-        base.controller,
-        ingest_interval_s=config.intervals.ingest_s,
-        forecast_interval_s=config.intervals.forecast_s,
-        plan_interval_s=config.intervals.plan_s,
-        watchdog_interval_s=config.intervals.watchdog_s,
-        max_loads_per_event=config.max_loads_per_event,
-        lease_duration_s=config.lease_duration_s,
-    )
-    planner = replace(base.planner, **config.planner.model_dump())
-    return replace(base, controller=controller, planner=planner)
+    """The settings tree with what controller.yaml sets laid over its defaults."""
+    return config.override(Settings())
 
 
 def plan_store_for(config: ControllerConfig, api: client.ApiClient | None) -> PlanStore:
@@ -217,7 +207,7 @@ def build(config: ControllerConfig, *, http: httpx.AsyncClient) -> tuple[Schedul
             LeaderElector(
                 KubeLeaseStore(api, target=target),
                 identity=identity,
-                duration_s=config.lease_duration_s,
+                duration_s=settings.controller.lease_duration_s,
                 clock=time.monotonic,
                 wall=lambda: datetime.now(UTC),
             )
@@ -225,7 +215,7 @@ def build(config: ControllerConfig, *, http: httpx.AsyncClient) -> tuple[Schedul
             else None
         ),
     )
-    observer = PrometheusObserver(registry)
+    observer = PrometheusObserver(registry, bucket_s=settings.forecast.bucket_s)
     # With the period known before any plan, LorafleetPlanStale fires until one is out.
     observer.shared.planning_period(settings.controller.plan_interval_s)
     controller = Controller(ports, settings=settings, clock=clock, metrics=observer)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -18,6 +19,7 @@ from placement.controller.config import load_controller_config, read_secret
 from placement.controller.ports import Job, Outcome
 from placement.controller.wiring import build, settings_for
 from placement.errors import InputError
+from placement.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
 SCENARIO = REPO / "data" / "legal-research"
@@ -89,12 +91,22 @@ def test_config_mistakes_are_reported_with_their_field(
     assert expected in result.output
 
 
-def test_the_planner_section_reaches_the_settings(tmp_path: Path) -> None:
-
-    body = LOCAL + "planner: {replicate_share: 1.0, time_limit_s: 2}\n"
-    planner = settings_for(load_controller_config(write_config(tmp_path, body))).planner
-    assert (planner.replicate_share, planner.time_limit_s) == (1.0, 2.0)
-    assert planner.default_hot_replicas == 2  # untouched fields keep their defaults
+def test_what_the_file_sets_overrides_the_settings_and_nothing_else(tmp_path: Path) -> None:
+    defaults = Settings()
+    # Without the tuning sections the file sets nothing: the tree's defaults are the only ones.
+    assert settings_for(load_controller_config(write_config(tmp_path, LOCAL))) == defaults
+    body = LOCAL + (
+        "planner: {replicate_share: 1.0, time_limit_s: 2}\n"
+        "intervals: {plan_s: 60}\nmax_loads_per_event: 5\nlease_duration_s: 9\n"
+    )
+    settings = settings_for(load_controller_config(write_config(tmp_path, body)))
+    assert settings == replace(
+        defaults,
+        planner=replace(defaults.planner, replicate_share=1.0, time_limit_s=2.0),
+        controller=replace(
+            defaults.controller, plan_interval_s=60, max_loads_per_event=5, lease_duration_s=9
+        ),
+    )
 
 
 def test_no_secret_turns_the_webhook_off_and_an_empty_secret_file_is_refused(
@@ -302,7 +314,7 @@ def test_the_live_log_joins_the_history_when_it_can_be_read(tmp_path: Path) -> N
     load_request_log(SCENARIO / "requests.parquet").frame.head(500).to_parquet(small)
     historic = load_request_log(small)
     live_path = tmp_path / "live.jsonl"
-    history = FileHistory(small, live=live_path)
+    history = FileHistory(small, bucket_s=Settings().forecast.bucket_s, live=live_path)
     assert len(history().frame) == len(historic.frame)  # no live log yet
     live = pd.DataFrame(
         {

@@ -175,7 +175,7 @@ async def make_rig() -> AsyncIterator[object]:
             catalog=cat,
             fleet=emulated.domain(pool="llama"),
             history=lambda: log,
-            forecaster=SeasonalForecaster(days=3),
+            forecaster=SeasonalForecaster(bucket_s=SETTINGS.forecast.bucket_s, days=3),
             planner=planner,
             actuator=EngineActuator(
                 catalog=cat, http=http, settings=SETTINGS, rng=random.Random(0), sleep=_no_sleep

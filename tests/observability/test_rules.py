@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry
 from placement.controller.live_ports import PrometheusObserver
 from placement.controller.webhook import WebhookMetrics
 from placement.router.metrics import RouterMetrics
+from placement.settings import ForecastSettings
 
 from .conftest import require_tool
 
@@ -46,7 +47,8 @@ def every_family() -> CollectorRegistry:
     builds ControllerMetrics and FleetMetrics) and webhook. A name defined twice raises."""
     registry = CollectorRegistry()
     RouterMetrics(registry)
-    PrometheusObserver(registry)  # the controller's, with the fleet families inside
+    # The controller's, with the fleet families inside.
+    PrometheusObserver(registry, bucket_s=ForecastSettings().bucket_s)
     WebhookMetrics(registry)
     return registry
 
