@@ -57,6 +57,11 @@ def parse_duration_s(text: str, *, option: str) -> int:
     return int(seconds)
 
 
+def _seconds(text: str | None, *, option: str, default_s: int) -> int:
+    """An option's duration, or the settings tree's default when it is not given."""
+    return default_s if text is None else parse_duration_s(text, option=option)
+
+
 def parse_time(text: str) -> datetime:
     try:
         moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
@@ -77,8 +82,12 @@ def forecast(
     log: Annotated[Path, typer.Option(help="request log (Parquet, CSV or JSON lines)")],
     at: Annotated[str, typer.Option(help="forecast origin, ISO 8601 (UTC if no zone)")],
     output: Annotated[Path, typer.Option("--output", "-o", help="forecast Parquet to write")],
-    horizon: Annotated[str, typer.Option(help="how far ahead, e.g. 24h")] = "24h",
-    bucket: Annotated[str, typer.Option(help="bucket width, e.g. 10m")] = "10m",
+    horizon: Annotated[
+        str | None, typer.Option(help="how far ahead, e.g. 24h; default: forecast.horizon_s")
+    ] = None,
+    bucket: Annotated[
+        str | None, typer.Option(help="bucket width, e.g. 10m; default: forecast.bucket_s")
+    ] = None,
     catalog: Annotated[Path | None, typer.Option(help="catalog.yaml: zones, sizes")] = None,
     model: Annotated[str, typer.Option(help="auto, global-gbm, profile-7d, ...")] = "auto",
     plot: Annotated[Path | None, typer.Option(help="PNG of the top adapters")] = None,
@@ -86,8 +95,8 @@ def forecast(
 ) -> None:
     """Forecast each adapter's requests per bucket after --at from the history before it."""
     settings = Settings()
-    horizon_s = parse_duration_s(horizon, option="--horizon")
-    bucket_s = parse_duration_s(bucket, option="--bucket")
+    horizon_s = _seconds(horizon, option="--horizon", default_s=settings.forecast.horizon_s)
+    bucket_s = _seconds(bucket, option="--bucket", default_s=settings.forecast.bucket_s)
     moment = parse_time(at)
     parsed_catalog = load_catalog(catalog) if catalog is not None else None
     request_log = load_request_log(log)
@@ -244,14 +253,16 @@ def plot_forecast(result: Forecast, path: Path, *, top: int) -> None:
 @report_errors
 def backtest_command(
     log: Annotated[Path, typer.Option(help="request log (Parquet, CSV or JSON lines)")],
-    bucket: Annotated[str, typer.Option(help="bucket width, e.g. 10m")] = "10m",
+    bucket: Annotated[
+        str | None, typer.Option(help="bucket width, e.g. 10m; default: forecast.bucket_s")
+    ] = None,
     models: Annotated[
         str, typer.Option(help="comma-separated model names")
     ] = DEFAULT_BACKTEST_MODELS,
     as_json: Annotated[bool, typer.Option("--json", help="print JSON instead of tables")] = False,
 ) -> None:
     """Rolling-origin backtest at 1 h (persistence's horizon) and 24 h (yesterday's)."""
-    bucket_s = parse_duration_s(bucket, option="--bucket")
+    bucket_s = _seconds(bucket, option="--bucket", default_s=Settings().forecast.bucket_s)
     request_log = load_request_log(log)
     frame = _history_frame(request_log, bucket_s)
     if frame.empty:

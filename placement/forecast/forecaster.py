@@ -90,8 +90,8 @@ def forecast_demand(
     counts: pd.DataFrame,
     *,
     at: datetime | pd.Timestamp | int | float,
-    horizon_s: int = 24 * 3600,
-    bucket_s: int = 600,
+    horizon_s: int,
+    bucket_s: int,
     timezones: Mapping[str, str | None] | None = None,
     adapters: Sequence[str] = (),
     model: str = "auto",
@@ -311,11 +311,11 @@ class ModelForecaster:
     def __init__(
         self,
         *,
-        settings: ForecastSettings | None = None,
+        settings: ForecastSettings,
         catalog: Catalog | None = None,
         model: str = "auto",
     ) -> None:
-        self._settings = settings or ForecastSettings()
+        self._settings = settings
         self._catalog = catalog
         self._model = model
 

@@ -268,11 +268,14 @@ async def test_the_composed_controller_learns_event_models_and_forecasts_with_mo
     history = controller.state.history
     assert history is not None
     end = history.frame["ts"].max().to_pydatetime()
-    fit = ModelForecaster(catalog=controller.ports.catalog, model="level-profile").forecast(
-        history, start=end, duration_s=3600
-    )
+    forecast = controller.settings.forecast
+    fit = ModelForecaster(
+        settings=forecast, catalog=controller.ports.catalog, model="level-profile"
+    ).forecast(history, start=end, duration_s=3600)
     for start in (end, end + timedelta(hours=1)):  # the look-ahead reads the same fit
-        expected = demand_from_forecast(fit.frame, at=start, validity_s=3600, bucket_s=600)
+        expected = demand_from_forecast(
+            fit.frame, at=start, validity_s=3600, bucket_s=forecast.bucket_s
+        )
         assert controller.ports.forecaster(history, start=start, duration_s=3600) == expected
     same_hour = build(
         load_controller_config(write_config(tmp_path, LOCAL + "forecast_model: same-hour\n")),

@@ -22,6 +22,9 @@ from placement.inputs.request_log import request_log_from_frame
 from placement.settings import ForecastSettings
 
 AT = pd.Timestamp("2026-01-05T00:00:00Z")
+#: forecast_demand has no defaults of its own: the settings tree's are passed.
+FORECAST = ForecastSettings()
+BUCKET_S, HORIZON_S = FORECAST.bucket_s, FORECAST.horizon_s
 
 
 def rows(*pairs: tuple[str, str]) -> pd.DataFrame:
@@ -44,12 +47,14 @@ def test_empty_log_is_a_clear_error() -> None:
         {"ts": pd.Series([], dtype="datetime64[ns, UTC]"), "adapter": pd.Series([], dtype=str)}
     )
     with pytest.raises(ForecastError, match="no requests before"):
-        forecast_demand(empty, at=AT)
+        forecast_demand(empty, at=AT, horizon_s=HORIZON_S, bucket_s=BUCKET_S)
 
 
 def test_log_only_after_the_origin_is_a_clear_error() -> None:
     with pytest.raises(ForecastError, match="no requests before"):
-        forecast_demand(rows(("2026-01-06T00:00", "a")), at=AT)
+        forecast_demand(
+            rows(("2026-01-06T00:00", "a")), at=AT, horizon_s=HORIZON_S, bucket_s=BUCKET_S
+        )
 
 
 def spread(
@@ -91,10 +96,10 @@ CASES: dict[str, Callable[[], pd.DataFrame]] = {
 
 @pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
 def test_bad_logs_still_get_a_sane_forecast(case: str) -> None:
-    result = forecast_demand(CASES[case](), at=AT, horizon_s=6 * 3600)
+    result = forecast_demand(CASES[case](), at=AT, horizon_s=6 * 3600, bucket_s=BUCKET_S)
     assert_sane_frame(result.frame)
     assert result.frame["ts"].min() == AT
-    assert len(result.frame) == 36 * len(result.models)
+    assert len(result.frame) == 6 * 3600 // BUCKET_S * len(result.models)
 
 
 @pytest.mark.parametrize(
@@ -106,17 +111,24 @@ def test_bad_logs_still_get_a_sane_forecast(case: str) -> None:
     ],
 )
 def test_fallbacks_and_cleaning_are_said(case: str, note: str) -> None:
-    result = forecast_demand(CASES[case](), at=AT, horizon_s=3600)
+    result = forecast_demand(CASES[case](), at=AT, horizon_s=3600, bucket_s=BUCKET_S)
     assert any(note in n for n in result.notes), result.notes
 
 
 def test_unknown_zone_and_unknown_model() -> None:
     result = forecast_demand(
-        spread(1), at=AT, horizon_s=3600, timezones={"a": "Mars/Olympus"}, model="profile-7d"
+        spread(1),
+        at=AT,
+        horizon_s=3600,
+        bucket_s=BUCKET_S,
+        timezones={"a": "Mars/Olympus"},
+        model="profile-7d",
     )
     assert any("Mars/Olympus" in n for n in result.notes)
     with pytest.raises(ForecastError, match="unknown forecaster"):
-        forecast_demand(spread(1), at=AT, model="crystal-ball")
+        forecast_demand(
+            spread(1), at=AT, horizon_s=HORIZON_S, bucket_s=BUCKET_S, model="crystal-ball"
+        )
 
 
 def test_daily_pattern_reaches_the_frame_and_the_schedule(
@@ -124,7 +136,9 @@ def test_daily_pattern_reaches_the_frame_and_the_schedule(
 ) -> None:
     panel = seasonal_panel(days=4, peaks=(40.0,))
     at = datetime.fromtimestamp(panel.end_s, tz=UTC)
-    result = forecast_demand(to_requests(panel), at=at, model="profile-7d", horizon_s=86_400)
+    result = forecast_demand(
+        to_requests(panel), at=at, model="profile-7d", horizon_s=86_400, bucket_s=panel.bucket_s
+    )
     by_hour = result.frame.set_index("ts")["mean"]
     assert by_hour.idxmax().hour in (12, 13, 14)
     rule = HotRule(mean_per_bucket=10.0, p_nonzero=1.1)
@@ -138,14 +152,17 @@ def test_model_forecaster_is_the_controllers_port(
     panel = seasonal_panel(days=3, peaks=(40.0, 2.0))
     log = request_log_from_frame(to_requests(panel))
     start = datetime.fromtimestamp(panel.end_s + 12 * 3600, tz=UTC)  # 12:00, near the peak
-    demand = ModelForecaster(model="profile-7d")(log, start=start, duration_s=3600)
+    forecaster = ModelForecaster(settings=FORECAST, model="profile-7d")
+    demand = forecaster(log, start=start, duration_s=3600)
     assert set(demand) == {"adapter-0", "adapter-1"}
     assert demand["adapter-0"].mean_rps > demand["adapter-1"].mean_rps > 0
     assert demand["adapter-0"].q90_rps >= demand["adapter-0"].mean_rps
 
 
 def test_a_model_that_cannot_fit_falls_back_and_says_so() -> None:
-    result = forecast_demand(spread(0.2), at=AT, horizon_s=3600, model="global-gbm")
+    result = forecast_demand(
+        spread(0.2), at=AT, horizon_s=3600, bucket_s=BUCKET_S, model="global-gbm"
+    )
     assert any("fell back to ewma" in n for n in result.notes), result.notes
     assert set(result.models.values()) == {"ewma"}
     assert_sane_frame(result.frame)
