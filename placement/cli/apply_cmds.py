@@ -12,7 +12,7 @@ import json
 import random
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import httpx
 import typer
@@ -152,10 +152,18 @@ def apply(
         Path | None,
         typer.Option("--ledger", help="JSON file remembering warm-ups and pins between runs."),
     ] = None,
-    concurrency: Annotated[int, typer.Option(min=1, help="Calls in flight, fleet-wide.")] = 32,
-    deadline_s: Annotated[float, typer.Option(help="Deadline per action, with retries.")] = 30.0,
+    concurrency: Annotated[
+        int | None,
+        typer.Option(min=1, help="Calls in flight, fleet-wide; default: executor.max_concurrency."),
+    ] = None,
+    deadline_s: Annotated[
+        float | None,
+        typer.Option(help="Deadline per action, with retries; default: per_action_deadline_s."),
+    ] = None,
     timeout_s: Annotated[float, typer.Option(help="Timeout of one HTTP call.")] = 30.0,
-    max_attempts: Annotated[int, typer.Option(min=1, help="Tries per action.")] = 4,
+    max_attempts: Annotated[
+        int | None, typer.Option(min=1, help="Tries per action; default: executor.max_attempts.")
+    ] = None,
     seed: Annotated[int, typer.Option(help="Seed of the backoff jitter.")] = 0,
 ) -> None:
     """Load, unload and warm adapters on the pods until they hold the plan."""
@@ -164,11 +172,14 @@ def apply(
     catalog = load_catalog(catalog_path, fleet=fleet)
     _check_refs(plan, fleet, catalog, source=str(plan_path))
     ledger = _read_ledger(ledger_path)
+    # An option given overrides the settings tree; one left out keeps its default.
+    given: dict[str, Any] = {
+        "max_concurrency": concurrency,
+        "per_action_deadline_s": deadline_s,
+        "max_attempts": max_attempts,
+    }
     settings = replace(
-        ExecutorSettings(),
-        max_concurrency=concurrency,
-        per_action_deadline_s=deadline_s,
-        max_attempts=max_attempts,
+        ExecutorSettings(), **{name: value for name, value in given.items() if value is not None}
     )
     ok = asyncio.run(
         _run(
