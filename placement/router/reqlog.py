@@ -180,7 +180,7 @@ def open_request_log(target: str | Path) -> RequestLogSink:
 class RequestLogger:
     """Collects rows on the event loop and flushes them in batches from a worker thread."""
 
-    def __init__(self, sink: RequestLogSink | None, *, flush_interval_s: float = 1.0) -> None:
+    def __init__(self, sink: RequestLogSink | None, *, flush_interval_s: float) -> None:
         self.sink = sink
         self.flush_interval_s = flush_interval_s
         self._rows: list[LogRow] = []
