@@ -1,6 +1,6 @@
 """Apply plans of about 1,000 actions to 64 emulated vLLM pods and report the wall time.
 
-Target (issue 6): 1,000 actions over 64 pods within 30 s. Two steps: from empty pods
+Target: 1,000 actions over 64 pods within 30 s. Two steps: from empty pods
 to plan A (loads and warm-ups), then plan A to plan B (moves: loads, warm-ups, then
 unloads). The pods run in a subprocess (``lorafleet emulate``) on real sockets, or
 in-process with ``--in-process``; latencies are the emulate command's defaults

@@ -2,10 +2,10 @@
 
 Synthesises the history (no files): a power-law of adapter sizes, each with a daily
 bump at its own hour and a weekday dip, Poisson counts; most adapters are sparse, as
-in seed 001. Times one fit of the global gradient-boosting model and one 24 h
+in a real long tail. Times one fit of the global gradient-boosting model and one 24 h
 prediction for every adapter, next to the baselines in the same run (the ratio is the
 figure to compare across machines; the machine is shared, so seconds are pessimistic).
-Target (issue 3): fit + predict within 60 s on the 2-core machine.
+Target: fit + predict within 60 s on the 2-core machine.
 
 Run: .venv/bin/python bench/forecast_scale.py [--adapters 1000] [--days 14] [--auto]
 """

@@ -2,7 +2,7 @@
 
 One client = one adapter; counts per 10-minute bucket = rate x 600 s. Scores pool
 absolute errors over the clients with at least 1% of the traffic before the first
-origin (issue 3, Targets):
+origin. Targets:
 
 - day-ahead: origins at midnight of each of the last 4 days, 24 h horizon, refit at
   every origin; target: MAE at most 0.9 x same-bucket-yesterday;

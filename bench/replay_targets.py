@@ -1,4 +1,4 @@
-"""The issue-5 target ratios, printed the same way by every replay benchmark."""
+"""The replay's target ratios, printed the same way by every replay benchmark."""
 
 from __future__ import annotations
 

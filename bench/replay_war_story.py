@@ -1,4 +1,4 @@
-"""Replay seed 000's war story (data/war-story) under every policy and print the table.
+"""Replay the war story (data/war-story) under every policy and print the table.
 
 Three days, 8 pods x 4 GPU slots, 40 adapters; on Thursday 10:15 an A/B test adds 20
 variants (60 active). Prints, per policy, the whole-run metrics, the same figures for

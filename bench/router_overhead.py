@@ -6,7 +6,7 @@ comes with its baseline from the same run (calling the emulated pod directly).
 
     .venv/bin/python bench/router_overhead.py [--seconds 4] [--rate 500]
 
-Targets (issue 8): added latency p50 <= 1 ms and p99 <= 5 ms at 500 req/s; a routing
+Targets: added latency p50 <= 1 ms and p99 <= 5 ms at 500 req/s; a routing
 decision <= 50 us p99 with 64 pods; >= 2,000 req/s through one router process.
 """
 

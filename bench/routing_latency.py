@@ -81,7 +81,7 @@ def main() -> None:
     settings = Settings()
     router, cost = settings.router, settings.load_cost
     fallback = HashFallback(ring=ring, replicas=router.hash_replicas)
-    # Seed 000's rank-16 adapter of about 50 MB on a busy pod (the router caches these).
+    # A rank-16 adapter of about 50 MB on a busy pod (the router caches these).
     warm_s = cost.warm_load_ms(50 * MB, drain_ms=cost.expected_drain_ms) / 1e3
     cold_s = cost.cold_load_ms(50 * MB, drain_ms=cost.expected_drain_ms) / 1e3
     plan = {

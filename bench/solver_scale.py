@@ -1,7 +1,7 @@
 """How fast and how close to optimal the placement solver is, against the direct model.
 
 Generated problems (two pools of identical pods, power-law demand, ranks 8-128,
-10 pins, replication 2 for the busiest 10%) at the issue's three sizes. For each:
+10 pins, replication 2 for the busiest 10%) at the three target sizes. For each:
 lorafleet's solver (pod classes, greedy hint, two stages) and, where practical, the
 baseline: one CP-SAT boolean per (adapter, pod) for hot and for warm, the same
 objective, no hint, the same time limit and workers. Both plans are priced by the
@@ -76,7 +76,7 @@ def generate(
                 target_modules=("q_proj", "v_proj"),
                 dtype="float16",
                 source=f"/a/{i}",
-                # About 3.2 MB per unit of rank: rank 16 is seed 000's 50 MB adapter.
+                # About 3.2 MB per unit of rank: rank 16 is the typical 50 MB adapter.
                 size_bytes=int(ranks[i]) * 3_200_000,
                 pinned=i in pinned,
                 max_replicas=32,

@@ -4,8 +4,8 @@ An adapter rises into the hot tier at the first bucket where its forecast crosse
 the hot threshold (mean requests per bucket, or the chance of any request); it
 leaves again only once it falls below a lower threshold, so that a wobble around
 the line does not schedule a load every bucket. Each rise is moved earlier by the
-adapter's lead time, which covers its load (seed 000: start loading at 8:45 for
-the 9:00 peak). A rise too close to the origin to honour the lead is scheduled at
+adapter's lead time, which covers its load (start loading at 8:45 for a 9:00
+peak). A rise too close to the origin to honour the lead is scheduled at
 the origin and says it is late.
 
 Pure: no IO, no clock, no logging.

@@ -1,4 +1,4 @@
-"""The fleet-health and controller metrics seed 000 tells operators to watch.
+"""The fleet-health and controller metrics operators watch (thresholds: docs/background.md).
 
 Owns the ``lorafleet_*`` metric families that are not the router's own (those live in
 ``placement.router.metrics``: requests by outcome, TTFT, loads the router caused,
@@ -29,7 +29,7 @@ from placement.actuation.executor import ApplyReport, Status
 from placement.domain import Catalog, Fleet, PodId, PoolId
 from placement.plan import Plan
 
-#: Residency buckets in seconds: seed 000 calls under 30 s thrashing and under 5 min a
+#: Residency buckets in seconds: under 30 s is thrashing and under 5 min a
 #: warning; healthy fleets keep adapters for tens of minutes (45 min in the war story).
 RESIDENCY_BUCKETS_S = (5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 14400.0)
 #: CP-SAT wall time buckets in seconds: the default time limit is seconds, not minutes.

@@ -1,8 +1,9 @@
 """The one typed settings tree, built at an entry point and passed down.
 
 Nothing else reads the environment or config files for settings. Every constant a
-decision uses lives here with the seed that justifies its default, so that replay,
-the controller and tests can change it in one place.
+decision uses lives here with the fact behind its default (sources in
+docs/background.md), so that replay, the controller and tests can change it in one
+place.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ MB = 1_000_000
 
 @dataclass(frozen=True, kw_only=True)
 class LoadCostSettings:
-    """Seed 000's five phases of an adapter swap, for a rank-16 adapter of about 50 MB.
+    """The five phases of an adapter swap, for a rank-16 adapter of about 50 MB.
 
     Best case (in host RAM, no drain): dealloc 5 + transfer 3 + init 20 + warm-up 57
     = 85 ms. Worst case (large adapter on NVMe, full 500 ms drain): about 670 ms.
@@ -50,7 +51,7 @@ class ForecastSettings:
     #: Adapters with fewer buckets of history than this use the simpler models.
     min_history_buckets: int = 144
     quantiles: tuple[float, ...] = (0.5, 0.9, 0.99)
-    #: How early before a forecast rise an adapter starts loading (seed 000: 8:45 for 9:00).
+    #: How early before a forecast rise an adapter starts loading (8:45 for a 9:00 peak).
     preload_lead_s: int = 15 * 60
 
 
@@ -62,7 +63,8 @@ class PlannerSettings:
     validity_s: int = 3600
     #: Forecast traffic (q90) routed to a pod stays within capacity_rps times this.
     capacity_headroom: float = 0.85
-    #: Adapters above this share of traffic get two replicas by default (seed 001).
+    #: Adapters above this share of traffic get two replicas by default, so that one pod
+    #: failure does not take them offline.
     replicate_share: float = 0.02
     default_hot_replicas: int = 2
     #: At most this many loads per pod in one plan (churn).
@@ -82,15 +84,15 @@ class PlannerSettings:
 @dataclass(frozen=True, kw_only=True)
 class RouterSettings:
     #: How pods are picked: ``plan`` follows the plan (lorafleet); the reactive
-    #: baselines ``round-robin``, ``least-loaded``, ``epp`` (seed 000's score) and
+    #: baselines ``round-robin``, ``least-loaded``, ``epp`` (llm-d's EPP score) and
     #: ``llm-d`` (its lora-affinity scorer) ignore it, for comparisons on live pods.
     policy: str = "plan"
     scrape_interval_s: float = 0.25
     #: A scrape slower than this counts as a failed health check.
     scrape_timeout_s: float = 1.0
-    #: Above this KV use on every candidate, no new loads (seed 000, soft pressure).
+    #: Above this KV use on every candidate, no new loads (soft memory pressure: 85%).
     no_load_kv_usage: float = 0.85
-    #: Above this KV use on every candidate, answer 503 with Retry-After (seed 000).
+    #: Above this KV use on every candidate, answer 503 with Retry-After (critical: 95%).
     reject_kv_usage: float = 0.95
     hash_replicas: int = 2
     upstream_timeout_s: float = 600.0
@@ -108,7 +110,7 @@ class RouterSettings:
     #: Seconds one queued request adds to the wait of those behind it (bounded affinity).
     per_request_s: float = 0.05
     #: Under soft pressure with no pod holding the adapter, wait this long for room
-    #: before answering 503 (seed 000: queue rather than force a load).
+    #: before answering 503: under pressure, queue rather than force a load.
     pressure_wait_s: float = 0.5
 
 
@@ -147,9 +149,9 @@ class ExecutorSettings:
 
 @dataclass(frozen=True, kw_only=True)
 class SimSettings:
-    """The replay simulator's pod model (issue 5); loads use ``LoadCostSettings``.
+    """The replay simulator's pod model; loads use ``LoadCostSettings``.
 
-    Defaults describe a Llama-3.1-70B INT4 pod on an H100: with seed 000's phases a
+    Defaults describe a Llama-3.1-70B INT4 pod on an H100: in the five swap phases a
     rank-16 adapter of about 50 MB loads in 85 ms from host RAM on an idle pod and in
     about 670 ms from storage behind a full 500 ms batch drain.
     """
@@ -161,8 +163,8 @@ class SimSettings:
     decode_ms_per_step: float = 30.0
     #: A full batch makes a step this much slower (fraction).
     batch_step_slowdown: float = 0.5
-    #: Each extra distinct adapter in the batch adds this fraction to a step (seed 000: <5%
-    #: for multi-adapter batching; seed 001: cost rises with diversity).
+    #: Each extra distinct adapter in the batch adds this fraction to a step (batching
+    #: many adapters costs under 5%, and the cost rises with their number).
     adapter_step_cost: float = 0.02
     #: KV cache per pod in tokens (30 GB at 320 KiB per token of Llama-3.1-70B).
     kv_capacity_tokens: int = 90_000
@@ -179,7 +181,7 @@ class SimSettings:
     #: triggers an early replan (event-triggered preloads), at most once per interval.
     event_replan_requests: int = 10
     event_replan_min_gap_s: float = 60.0
-    #: GPU slots per pod the plan leaves free for the long tail (seed 003).
+    #: GPU slots per pod the plan leaves free, so a pinned hot set never blocks the tail.
     tail_slots: int = 1
     #: Adapters forecast below this rate are not planned hot: LRU serves them better
     #: than a guess (twelve requests a minute).
@@ -189,7 +191,7 @@ class SimSettings:
     preload_min_idle_s: float = 120.0
     #: Windows for peak load rate and the convoy flag.
     metrics_window_s: float = 300.0
-    #: Seed 000: above 0.5 swaps per second per pod a cascade is under way.
+    #: Above 0.5 swaps per second per pod a cascade is under way.
     convoy_loads_per_pod_s: float = 0.5
 
 

@@ -1,8 +1,8 @@
 """How big a LoRA adapter is: parameters and bytes, from base-model dimensions or a PEFT file.
 
 A LoRA on one projection of shape (in, out) adds A (r x in) and B (out x r): r * (in + out)
-parameters per layer. Seed 000's figures follow exactly: Llama-3.1-70B, rank 16 on q_proj
-and v_proj is 32,768,000 parameters, 65,536,000 bytes in fp16.
+parameters per layer. For Llama-3.1-70B, rank 16 on q_proj and v_proj is 32,768,000
+parameters, 65,536,000 bytes in fp16 (docs/background.md has the table).
 
 Pure except ``peft_adapter_size`` and ``model_dims_from_config``, which read only the
 small JSON parts of files (the safetensors header, never the tensors).
@@ -154,7 +154,7 @@ def adapter_bytes(
 
 
 def residency_budget(budget_bytes: int, adapter_sizes: list[int]) -> int:
-    """How many adapters of the catalog's mean size fit a budget (seed 003: 8 GiB/240 MiB=34)."""
+    """How many adapters of the catalog's mean size fit a budget (8 GiB / 240 MiB = 34)."""
     if not adapter_sizes:
         raise SizingError("the catalog has no adapters to size the budget with")
     mean_bytes = sum(adapter_sizes) / len(adapter_sizes)

@@ -1,8 +1,8 @@
 """Eviction: which adapter leaves a full cache (GPU slots or host RAM) for a new one.
 
-Owns the victim choice of LRU, LFU, time-weighted LRU over a sliding window (seed
-000), Chameleon's score (0.45 frequency + 0.10 recency + 0.45 size, lowest evicted),
-a forecast-aware rule (forecast rate plus a fading session term) and Belady's
+Owns the victim choice of LRU, LFU, time-weighted LRU over a sliding window (10 minutes
+by default), Chameleon's score (0.45 frequency + 0.10 recency + 0.45 size, lowest
+evicted), a forecast-aware rule (forecast rate plus a fading session term) and Belady's
 clairvoyant rule (evict the adapter needed furthest in the future).
 Every policy is pinned-aware unless asked not to be: pinned adapters are never
 chosen, and adapters in use (requests running) are chosen only when nothing else can
@@ -47,7 +47,7 @@ class CacheEntry:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class EvictionSettings:
-    #: Seed 000: frequency counts only requests of the last 10 minutes.
+    #: Frequency counts only requests of the last 10 minutes, so old counts fade.
     window_s: float = 600.0
     frequency_weight: float = 1.0
     recency_weight: float = 1.0
@@ -81,7 +81,7 @@ def window_uses(entry: CacheEntry, *, now_s: float, window_s: float) -> int:
 
 
 def time_weighted_score(entry: CacheEntry, *, now_s: float, settings: EvictionSettings) -> float:
-    """Seed 000's retention score: frequency in the window plus inverse idle time."""
+    """The retention score: frequency in the window plus inverse idle time."""
     idle_s = max(now_s - entry.last_used_s, 1e-3)
     frequency = window_uses(entry, now_s=now_s, window_s=settings.window_s)
     return settings.frequency_weight * frequency + settings.recency_weight / idle_s

@@ -1,4 +1,4 @@
-"""Consistent hashing of adapter ids onto pods (seed 001): the affine tier's owners.
+"""Consistent hashing of adapter ids onto pods: the affine tier's owners.
 
 Owns the ring and the lookup of an adapter's replica pods. Pure: the ring is a frozen
 value built once from pod ids; adding or removing a pod moves about 1/N of adapters.

@@ -1,6 +1,6 @@
 """Routing decisions: which pod serves a request for an adapter, given live pod state.
 
-Owns the scorers (round-robin, least-loaded, seed 000's EPP score, llm-d's
+Owns the scorers (round-robin, least-loaded, the EPP score, llm-d's
 lora-affinity scorer, consistent hashing with a general pool, bounded affinity,
 plan-aware routing) and the rules every router applies first: drop unhealthy pods,
 memory pressure (no new loads above a soft KV use on all candidates, reject above a
@@ -98,13 +98,13 @@ class RoutingContext:
     #: (LoadCostSettings.warm_load_ms / cold_load_ms with the expected drain).
     warm_load_s: float
     cold_load_s: float
-    #: Seed 000's memory-pressure tiers (RouterSettings.no_load_kv_usage, reject_kv_usage).
+    #: The memory-pressure tiers (RouterSettings.no_load_kv_usage, reject_kv_usage).
     no_load_kv_usage: float
     reject_kv_usage: float
-    #: Requests for an adapter loading on a pod go to that pod (seed 000's stampede).
+    #: Requests for an adapter loading on a pod go to that pod (one load, not a stampede).
     coalesce: bool = True
     #: A load costs more than its own wait: its batch drain stalls every request on
-    #: that pod (seed 000: the swap penalty is 2-10x the load-balancing penalty).
+    #: that pod (a swap costs 2-10x what a longer queue does).
     load_penalty_factor: float = 2.0
 
 
@@ -148,7 +148,7 @@ def gate(ctx: RoutingContext) -> tuple[list[PodLike], RouteDecision | None]:
 
     Above ``reject_kv_usage`` on every healthy pod: reject. Above ``no_load_kv_usage``
     on every healthy pod: only pods already holding the adapter may take it, and with
-    none the request waits rather than forcing a load (seed 000, tiers 1 and 3).
+    none the request waits rather than forcing a load (the soft and critical tiers).
     """
     healthy = []
     least_kv = 2.0
@@ -219,7 +219,7 @@ def route_least_loaded(ctx: RoutingContext) -> RouteDecision:
 
 
 def epp_affinity(pod: PodLike, adapter: str) -> float:
-    """Seed 000's four affinity levels: active, cached on GPU, in host RAM, free slot."""
+    """The EPP's four affinity levels: active, cached on GPU, in host RAM, free slot."""
     if adapter in pod.running_adapters and adapter in pod.gpu_adapters:
         return 1.0
     if adapter in pod.gpu_adapters:
@@ -235,7 +235,7 @@ def epp_score(pod: PodLike, adapter: str, *, max_queue_depth: int = 8) -> float:
     """0.50 affinity + 0.20 KV affinity + 0.15 queue headroom + 0.15 GPU headroom.
 
     KV-cache affinity is the pod's KV use while the adapter is on its GPU (its cached
-    prefixes were built with that adapter), else 0, as in the seed's worked example.
+    prefixes were built with that adapter), else 0, as in the EPP's worked example.
     """
     affinity = epp_affinity(pod, adapter)
     kv_affinity = pod.kv_usage if adapter in pod.gpu_adapters else 0.0
@@ -244,7 +244,7 @@ def epp_score(pod: PodLike, adapter: str, *, max_queue_depth: int = 8) -> float:
 
 
 def route_epp(ctx: RoutingContext, *, max_queue_depth: int = 8) -> RouteDecision:
-    """Seed 000's EPP: filter pods at max queue depth (unless all are), then best score.
+    """llm-d's EPP: filter pods at max queue depth (unless all are), then best score.
 
     The loop inlines ``epp_score`` (same arithmetic) to stay within the latency budget.
     """
@@ -381,7 +381,7 @@ def _bounded_pick(ctx: RoutingContext, candidates: Sequence[PodLike]) -> tuple[P
 
 
 def route_bounded(ctx: RoutingContext) -> RouteDecision:
-    """Seed 003's bounded affinity: a warm pod while its predicted queue delay stays
+    """Bounded affinity: a warm pod while its predicted queue delay stays
     below the delay plus load penalty of the best pod elsewhere."""
     candidates, early = _prelude(ctx)
     if early is not None:
@@ -401,7 +401,7 @@ def route_hash(
     tail: bool = False,
     general_pool: Collection[str] = (),
 ) -> RouteDecision:
-    """Seed 001: the adapter's ``replicas`` owners on the ring, or a pod already holding
+    """Consistent hashing: the adapter's ``replicas`` owners on the ring, or a pod already holding
     it, whichever costs least (delay plus load penalty); a long-tail adapter (``tail``)
     goes to the general pool by bounded affinity."""
     candidates, early = _prelude(ctx)
@@ -442,7 +442,7 @@ def route_plan(
 
     Among the plan's pods pick the least loaded relative to its weight; if that pod's
     predicted delay exceeds the cost of the best pod elsewhere (delay plus load), spill
-    by bounded affinity. Adapters absent from the plan are hashed (seed 001).
+    by bounded affinity. Adapters absent from the plan are hashed.
     """
     if not pod_weights:
         return route_hash(

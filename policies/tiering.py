@@ -1,6 +1,6 @@
 """Tiering by traffic: propose hot, warm or cold for every adapter from its forecast rate.
 
-Adapter traffic is power-law shaped (seed 001): a few adapters carry most requests and
+Adapter traffic is power-law shaped: a few adapters carry most requests and
 deserve a GPU slot, a middle band is worth a host-RAM registration, and the long tail
 pays a load from storage. The boundaries come from the budgets: the hot boundary is
 the rate of the adapter that would take the last GPU slot, the warm boundary the rate

@@ -107,7 +107,7 @@ class PlannerConfig(_Section):
     """The planner settings an operator tunes, each None unless set (``PlannerSettings``
     has their defaults, and the rest)."""
 
-    #: Adapters above this share of traffic get ``default_hot_replicas`` (seed 001);
+    #: Adapters above this share of traffic get ``default_hot_replicas``;
     #: 1.0 turns availability replicas off (a fleet where pods do not fail, a replay).
     replicate_share: float | None = Field(default=None, gt=0, le=1)
     default_hot_replicas: int | None = Field(default=None, ge=1, le=64)

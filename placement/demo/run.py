@@ -54,7 +54,7 @@ class DemoOptions:
     plan_every_s: int = 6
     #: Wall seconds the controller runs before the traffic starts (its preloads).
     lead_s: float = 20.0
-    #: Availability replicas (seed 001) guard against pod failures; emulated pods do not
+    #: Availability replicas (two copies) guard against pod failures; emulated pods do not
     #: fail during the demo, so by default every GPU slot goes to a distinct adapter.
     replicate_share: float = 1.0
 

@@ -196,7 +196,7 @@ class EmulatedPod:
                 self.slots.notify_all()
 
     def _leave_gpu(self, name: str) -> None:
-        """Free ``name``'s GPU slot, remembering how long it stayed (seed 000's residency)."""
+        """Free ``name``'s GPU slot, remembering how long it stayed (its residency)."""
         activated = self.gpu.pop(name, None)
         if activated is not None:
             self.residencies_s.append(time.monotonic() - activated)

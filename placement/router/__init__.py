@@ -1,4 +1,4 @@
-"""The bundled router: an OpenAI-compatible proxy that follows the plan (issue 8).
+"""The bundled router: an OpenAI-compatible proxy that follows the plan.
 
 Start one programmatically (docs/router.md has more)::
 

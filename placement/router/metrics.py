@@ -9,7 +9,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-#: TTFT buckets in seconds: a GPU hit is tens of ms, a cold load hundreds (seed 000).
+#: TTFT buckets in seconds: a GPU hit is tens of ms, a load 85-670 ms more.
 TTFT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 6.4, 12.8)
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST

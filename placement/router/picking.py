@@ -1,13 +1,13 @@
 """Which pod serves a request: the router's side of ``policies.routing.route_plan``.
 
 The rules themselves are pure and shared with the replay simulator
-(``policies/routing.py``): health, memory pressure (seed 000: no new loads above
-0.85 KV use on every candidate, 503 above 0.95), stampede coalescing (a request for an
-adapter loading on a pod goes to that pod), the plan's pods weighted by the plan,
-bounded affinity (seed 003), and consistent hashing with replication 2 for adapters
-the plan does not place (seed 001). This module only finds the request's pool,
-hands the live ``PodState`` objects to the policy as they are (they satisfy its
-``PodLike``), and turns the decision into a ``Choice`` with the ledger's outcome.
+(``policies/routing.py``): health, memory pressure (no new loads above 0.85 KV use on
+every candidate, 503 above 0.95), stampede coalescing (a request for an adapter
+loading on a pod goes to that pod), the plan's pods weighted by the plan, bounded
+affinity, and consistent hashing with replication 2 for adapters the plan does not
+place. This module only finds the request's pool, hands the live ``PodState`` objects
+to the policy as they are (they satisfy its ``PodLike``), and turns the decision into
+a ``Choice`` with the ledger's outcome.
 
 No IO, no clock, no await.
 """
@@ -35,7 +35,7 @@ from policies.routing import (
 #: The routing policies the router can run; all but ``plan`` are reactive baselines.
 POLICIES = ("plan", "round-robin", "least-loaded", "epp", "llm-d")
 
-#: Size assumed for an adapter the catalog does not size (seed 000's rank-16 example).
+#: Size assumed for an adapter the catalog does not size (a typical rank-16 adapter).
 DEFAULT_ADAPTER_BYTES = 50_000_000
 
 
@@ -110,7 +110,7 @@ class Picker:
             return self._decided(topology, self._reactive(context), adapter, base=False)
         weights = topology.weights.get(adapter)
         # Adapters the plan keeps cold go by bounded affinity over the whole pool (the
-        # general pool of seed 001): a pod holding them, a free slot, or the pod whose
+        # long tail's general pool): a pod holding them, a free slot, or the pod whose
         # least recently used adapter idled longest, so the tail evicts the tail, not the
         # hot set. Adapters absent from the plan are hashed to their two ring owners.
         plan = topology.plan

@@ -1,4 +1,4 @@
-"""The replay simulator: a discrete-event fleet model on an accelerated clock (issue 5).
+"""The replay simulator: a discrete-event fleet model on an accelerated clock.
 
 ``workload`` turns a request log into columns, ``engine`` models pods and loads,
 ``routers`` adapts the pure policies of ``policies/`` to it, ``planning`` holds the

@@ -1,4 +1,4 @@
-"""The figures seed 000 tells operators to watch, computed from one replay's log.
+"""The figures operators watch for thrashing, computed from one replay's log.
 
 Owns the metric names (the ``--json`` keys) and their definitions:
 

@@ -1,4 +1,4 @@
-"""Synthetic request logs from a scenario: the seed scenarios, reproducible for a seed.
+"""Synthetic request logs from a scenario (``data/``), reproducible for a seed.
 
 Demand per adapter is a rate curve (power-law popularity x a business-hours profile in
 the tenant's time zone x a weekday factor); arrivals follow a Gamma renewal process in

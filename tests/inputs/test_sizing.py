@@ -1,4 +1,4 @@
-"""Adapter sizes match seed 000 exactly, from dimensions, config.json or a PEFT directory."""
+"""Adapter sizes are exact (docs/background.md), from dimensions, config.json or PEFT files."""
 
 from __future__ import annotations
 
@@ -19,15 +19,15 @@ LLAMA_70B = sizing.BUILTIN_MODELS["llama-3.1-70b"]
 @pytest.mark.parametrize(
     ("rank", "targets", "params"),
     [
-        pytest.param(16, ["q_proj", "v_proj"], 32_768_000, id="seed000-rank16-qv"),
-        pytest.param(64, ["q_proj", "k_proj", "v_proj"], 178_257_920, id="seed000-rank64-qkv"),
+        pytest.param(16, ["q_proj", "v_proj"], 32_768_000, id="llama70b-rank16-qv"),
+        pytest.param(64, ["q_proj", "k_proj", "v_proj"], 178_257_920, id="llama70b-rank64-qkv"),
         pytest.param(16, ["q", "v"], 32_768_000, id="short-module-names"),
         pytest.param(
             16, ["model.layers.0.self_attn.q_proj", "v_proj"], 32_768_000, id="dotted-names"
         ),
     ],
 )
-def test_seed_figures(rank: int, targets: list[str], params: int) -> None:
+def test_llama_70b_parameter_counts(rank: int, targets: list[str], params: int) -> None:
     assert sizing.adapter_params(LLAMA_70B, rank, targets) == params
 
 
@@ -36,7 +36,7 @@ def test_bytes_follow_dtype() -> None:
     assert sizing.adapter_bytes(LLAMA_70B, 16, ["q_proj", "v_proj"], "float32") == 131_072_000
 
 
-def test_residency_budget_of_seed_003() -> None:
+def test_residency_budget_8_gib_of_240_mib_adapters_is_34() -> None:
     assert sizing.residency_budget(8 * 2**30, [240 * 2**20] * 3) == 34
 
 
@@ -86,7 +86,7 @@ def test_peft_directory_is_sized_from_its_header(tmp_path: Path) -> None:
     assert (found.params, found.bytes) == (32768, 65536)
 
 
-def test_cli_size_json_matches_seed() -> None:
+def test_cli_size_json_gives_the_exact_figures() -> None:
     result = runner.invoke(
         app,
         [

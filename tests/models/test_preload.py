@@ -27,7 +27,7 @@ def forecast_of(*columns: list[float]) -> PanelForecast:
 
 
 def test_nine_oclock_peak_loads_at_quarter_to_nine() -> None:
-    # customer-support-es: quiet until 09:00 (step 6), then busy (seed 000).
+    # customer-support-es: quiet until 09:00 (step 6), then busy for business hours.
     forecast = forecast_of([0.0] * 6 + [30.0] * 6)
     (item,) = preload_schedule(forecast, lead_s=900)
     assert item.needed_at_s == ORIGIN_S + 3600

@@ -120,7 +120,7 @@ def test_every_alert_has_a_firing_unit_test() -> None:
         ("LorafleetPlanStale", "> 3 * max(lorafleet_plan_period_seconds)"),
     ],
 )
-def test_seed_thresholds(alert: str, threshold: str) -> None:
+def test_alert_thresholds(alert: str, threshold: str) -> None:
     (rule,) = [rule for rule in rules() if rule.get("alert") == alert]
     assert threshold in " ".join(rule["expr"].split())
 

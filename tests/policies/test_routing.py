@@ -1,4 +1,4 @@
-"""Routing scorers and rules: seed 000's worked example, llm-d's levels, hashing, plans."""
+"""Routing scorers and rules: the EPP's worked example, llm-d's levels, hashing, plans."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ MED = "medical-qa-hipaa"
 #: The contexts carry the settings tree's thresholds and costs: the policies have none.
 ROUTER = RouterSettings()
 _COST = LoadCostSettings()
-#: Seed 000's rank-16 adapter of about 50 MB, on a busy pod (the expected drain).
+#: A rank-16 adapter of about 50 MB, on a busy pod (the expected drain).
 _BASE = RoutingContext(
     adapter=MED,
     pods=(),
@@ -67,8 +67,9 @@ POD_02 = pod(
 POD_05 = pod("pod-05", queue_depth=0, gpu_util=0.12, kv_usage=0.0, max_loras=4, free_slots=0)
 
 
-def test_epp_worked_example_from_seed_000() -> None:
-    # The seed rounds each term to three places (0.094 + 0.083); exactly it is 0.79625.
+def test_epp_worked_example() -> None:
+    # The published example rounds each term to three places (0.094 + 0.083); exactly
+    # it is 0.79625.
     assert epp_score(POD_02, MED) == pytest.approx(0.500 + 0.120 + 0.09375 + 0.0825)
     assert epp_score(POD_02, MED) == pytest.approx(0.797, abs=1e-3)
     assert epp_score(POD_05, MED) == pytest.approx(0.282)

@@ -220,7 +220,7 @@ def test_an_unknown_policy_is_refused() -> None:
 
 
 def test_the_router_exports_residency_and_slot_use_from_its_ledger() -> None:
-    # Seed 000's thrashing signals: round-robin over one slot per pod makes adapters
+    # The thrashing signals: round-robin over one slot per pod makes adapters
     # leave their slots, and each stay the router's scrapes see is a residency.
     settings = replace(FAST, router=replace(FAST.router, policy="round-robin"))
     with (
