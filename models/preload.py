@@ -60,7 +60,7 @@ def hot_flags(forecast: PanelForecast, rule: HotRule) -> np.ndarray:
 def preload_schedule(
     forecast: PanelForecast,
     *,
-    lead_s: int | Mapping[str, int] = 900,
+    lead_s: int | Mapping[str, int],
     rule: HotRule | None = None,
     hot_now: frozenset[str] = frozenset(),
 ) -> tuple[PreloadItem, ...]:

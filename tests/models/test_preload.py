@@ -69,5 +69,5 @@ def test_wobbling_around_the_threshold_does_not_flap() -> None:
 
 def test_adapters_already_hot_have_no_rise_at_the_origin() -> None:
     forecast = forecast_of([30.0] * 4)
-    assert preload_schedule(forecast, hot_now=frozenset({"adapter-0"})) == ()
-    assert len(preload_schedule(forecast)) == 1
+    assert preload_schedule(forecast, lead_s=900, hot_now=frozenset({"adapter-0"})) == ()
+    assert len(preload_schedule(forecast, lead_s=900)) == 1
