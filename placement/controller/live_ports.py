@@ -1,7 +1,8 @@
 """The real implementations of the controller's ports, over the other modules of lorafleet.
 
 - ``EngineActuator``: pods through ``placement.actuation.apply`` and the ``Executor``.
-- ``SolverPlanner``: ``build_problem`` → ``solve`` → ``extract_plan``.
+- the planner, ``placement.solver.planner.SolverPlanner``, lives with the solver: the
+  replay simulator plans through it too.
 - ``ReusingForecaster``: ``placement.forecast.forecaster.ModelForecaster`` (``models/``), one
   fit per history for both windows of a forecast tick.
 - ``SeasonalForecaster``: the same window on each of the last days, averaged (mean)
@@ -39,8 +40,7 @@ from placement.inputs.request_log import RequestLog, load_request_log
 from placement.metrics import ControllerMetrics, FleetMetrics
 from placement.plan import Plan
 from placement.settings import Settings
-from placement.solver import extract_plan, options_from, solve
-from placement.solver.problem import Demand, build_problem
+from placement.solver.problem import Demand
 
 DAY_S = 86_400
 
@@ -104,36 +104,6 @@ class EngineActuator:
         pods = [pod.name for pod in fleet.pods]
         answers = await asyncio.gather(*(one(pod) for pod in pods))
         return dict(zip(pods, answers, strict=True))
-
-
-class SolverPlanner:
-    """The CP-SAT placement, hinted with the plan in force."""
-
-    def __init__(self, catalog: Catalog, *, settings: Settings, clock: Callable[[], float]) -> None:
-        self._catalog = catalog
-        self._settings = settings
-        self._clock = clock
-
-    def __call__(
-        self,
-        demand: Mapping[AdapterId, Demand],
-        *,
-        fleet: Fleet,
-        valid_from: datetime,
-        current: Plan | None,
-    ) -> Plan:
-        problem = build_problem(
-            self._catalog,
-            fleet,
-            demand,
-            settings=self._settings,
-            valid_from=valid_from,
-            current=current.placement() if current is not None else None,
-        )
-        solution = solve(problem, options=options_from(problem))
-        return extract_plan(
-            problem, solution, created_at=datetime.fromtimestamp(self._clock(), UTC)
-        )
 
 
 class SeasonalForecaster:

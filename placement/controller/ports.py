@@ -2,7 +2,9 @@
 
 The ports are what ``placement.controller.ticks.Controller`` takes (``ControllerPorts``);
 their real implementations are in ``placement.controller.live_ports`` and the cluster
-adapters, their twins in tests. Types and small pure helpers only: no IO.
+adapters, their twins in tests. The forecaster and planner ports are shared with the
+replay simulator, so they live below both: ``placement.forecast.demand.DemandForecaster``
+and ``placement.solver.planner.Planner``. Types and small pure helpers only: no IO.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Protocol
 from placement.actuation.executor import ApplyReport, Ledger
 from placement.controller.leader import LeaderElector
 from placement.domain import Action, AdapterId, Catalog, Fleet, PodId
+from placement.forecast.demand import DemandForecaster
 from placement.forecast.event_preloads import Predictor
 from placement.inputs.request_log import RequestLog
 from placement.plan import Plan
@@ -26,6 +29,7 @@ from placement.ports import (
     PodDiscovery,
     StateStore,
 )
+from placement.solver.planner import Planner
 from placement.solver.problem import Demand
 
 DONE_PRELOADS_KEPT = 4096
@@ -74,25 +78,6 @@ class Backoff:
 
 class HistorySource(Protocol):
     def __call__(self) -> RequestLog: ...
-
-
-class DemandForecaster(Protocol):
-    def __call__(
-        self, history: RequestLog, *, start: datetime, duration_s: int
-    ) -> Mapping[AdapterId, Demand]:
-        """Each adapter's traffic over [start, start + duration_s)."""
-        ...
-
-
-class Planner(Protocol):
-    def __call__(
-        self,
-        demand: Mapping[AdapterId, Demand],
-        *,
-        fleet: Fleet,
-        valid_from: datetime,
-        current: Plan | None,
-    ) -> Plan: ...
 
 
 class Actuator(Protocol):

@@ -52,13 +52,13 @@ from placement.controller.live_ports import (
     PrometheusObserver,
     ReusingForecaster,
     SeasonalForecaster,
-    SolverPlanner,
 )
-from placement.controller.ports import ControllerPorts, DemandForecaster, HistorySource
+from placement.controller.ports import ControllerPorts, HistorySource
 from placement.controller.schedule import Schedule, add_process_routes
 from placement.controller.ticks import Controller
 from placement.controller.webhook import create_webhook_app
 from placement.domain import Catalog, Pipelines
+from placement.forecast.demand import DemandForecaster
 from placement.forecast.event_preloads import (
     Event,
     EventDecision,
@@ -71,6 +71,7 @@ from placement.inputs import load_catalog, load_fleet, load_pipelines
 from placement.inputs.request_log import RequestLog
 from placement.ports import PlanStore
 from placement.settings import Settings
+from placement.solver.planner import SolverPlanner
 
 DAY_S = 86_400
 

@@ -7,23 +7,36 @@ second. A forecast (Parquet: ``ts``, ``adapter``, ``mean``, ``q50``, ``q90``, ``
 the window's buckets, and the largest ``q90`` (the plan must carry the window's peak).
 
 A log is first forecast by ``placement.forecast.forecaster.forecast_demand``, whose frame
-``demand_from_forecast`` then reads like a file's.
+``demand_from_forecast`` then reads like a file's. ``DemandForecaster`` is the port the
+controller and the replay simulator forecast through (``ModelForecaster`` its real
+implementation).
 
 ``read_forecast`` is the only function here that reads a file; the others are pure.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Protocol
 
 import pandas as pd
 
 from placement.domain import AdapterId
 from placement.errors import ForecastError, InputError, Problem
+from placement.inputs.request_log import RequestLog
 from placement.solver.problem import Demand
 
 FORECAST_COLUMNS = ("ts", "adapter", "mean", "q90")
+
+
+class DemandForecaster(Protocol):
+    def __call__(
+        self, history: RequestLog, *, start: datetime, duration_s: int
+    ) -> Mapping[AdapterId, Demand]:
+        """Each adapter's traffic over [start, start + duration_s)."""
+        ...
 
 
 def read_forecast(path: str | Path) -> pd.DataFrame:

@@ -1,0 +1,117 @@
+"""The ``Planner`` port (demand to ``Plan``) and its two implementations over the solver.
+
+The controller ticks through this port and so does the replay simulator; neither
+builds a problem itself. ``SolverPlanner`` is the placement of record (``build_problem``
+→ ``solve`` → ``extract_plan``, hinted with the plan in force); ``GreedyPlanner`` is the
+solver's greedy plan alone (its hint and fallback), no CP-SAT, for fast replays.
+
+Pure but for the clock it is given: no IO.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Protocol
+
+from placement.clock import Clock
+from placement.domain import AdapterId, Catalog, Fleet
+from placement.errors import InfeasibleError
+from placement.plan import Plan
+from placement.settings import Settings
+from placement.solver.choose import combine_reports, empty_solution, greedy_assignment, pick_plan
+from placement.solver.counts import options_from
+from placement.solver.infeasible import capacity_notes, quick_reasons
+from placement.solver.problem import Demand, PlacementProblem, build_problem
+from placement.solver.solution import Solution
+from placement.solver.solve import extract_plan, solve
+
+
+class Planner(Protocol):
+    def __call__(
+        self,
+        demand: Mapping[AdapterId, Demand],
+        *,
+        fleet: Fleet,
+        valid_from: datetime,
+        current: Plan | None,
+    ) -> Plan: ...
+
+
+class _ProblemPlanner:
+    def __init__(self, catalog: Catalog, *, settings: Settings, clock: Clock | None) -> None:
+        self._catalog = catalog
+        self._settings = settings
+        self._clock = clock
+
+    def _problem(
+        self,
+        demand: Mapping[AdapterId, Demand],
+        *,
+        fleet: Fleet,
+        valid_from: datetime,
+        current: Plan | None,
+    ) -> PlacementProblem:
+        return build_problem(
+            self._catalog,
+            fleet,
+            demand,
+            settings=self._settings,
+            valid_from=valid_from,
+            current=current.placement() if current is not None else None,
+        )
+
+    def _created_at(self, valid_from: datetime) -> datetime:
+        # Without a clock (a replay) a plan is made at the moment it takes effect.
+        if self._clock is None:
+            return valid_from
+        return datetime.fromtimestamp(self._clock(), UTC)
+
+
+class SolverPlanner(_ProblemPlanner):
+    """The CP-SAT placement, hinted with the plan in force."""
+
+    def __call__(
+        self,
+        demand: Mapping[AdapterId, Demand],
+        *,
+        fleet: Fleet,
+        valid_from: datetime,
+        current: Plan | None,
+    ) -> Plan:
+        problem = self._problem(demand, fleet=fleet, valid_from=valid_from, current=current)
+        solution = solve(problem, options=options_from(problem))
+        return extract_plan(problem, solution, created_at=self._created_at(valid_from))
+
+
+class GreedyPlanner(_ProblemPlanner):
+    """The solver's greedy plan (its hint and its fallback) without CP-SAT; the plan's
+    status says FALLBACK_GREEDY."""
+
+    def __call__(
+        self,
+        demand: Mapping[AdapterId, Demand],
+        *,
+        fleet: Fleet,
+        valid_from: datetime,
+        current: Plan | None,
+    ) -> Plan:
+        problem = self._problem(demand, fleet=fleet, valid_from=valid_from, current=current)
+        return extract_plan(
+            problem, greedy_solution(problem), created_at=self._created_at(valid_from)
+        )
+
+
+def greedy_solution(problem: PlacementProblem) -> Solution:
+    """Every pool's greedy plan; InfeasibleError (or SolverError) when one cannot be packed."""
+    reasons = quick_reasons(problem)
+    if reasons:
+        raise InfeasibleError(reasons)
+    pools = [
+        pick_plan(pool, None, greedy_assignment(pool), 0.0)
+        if pool.candidates
+        else empty_solution(pool)
+        for pool in problem.pools
+    ]
+    notes = capacity_notes(problem, configured=problem.settings.planner.capacity_headroom)
+    return Solution(pools=tuple(pools), report=combine_reports(pools), notes=tuple(notes))
