@@ -4,8 +4,9 @@ An event (``document.uploaded`` for tenant acme, or acme logging in) predicts
 adapters likely to be requested soon. ``event_preloads`` turns those predictions
 into at most ``max_loads`` Load/Warmup actions on the pods the plan would send the
 traffic to, at a bounded cost: it never displaces a pinned adapter, nor one busier
-than the adapter it brings. Adapters come only from the catalog, through
-pipelines.yaml or an event model, never from the event itself.
+than the adapter it brings (both counting the traffic this event foresees for them).
+Adapters come only from the catalog, through pipelines.yaml or an event model, never
+from the event itself.
 
 No IO, no clock, no logging: the webhook parses the event, the controller runs the
 actions.
@@ -233,14 +234,26 @@ def _has_free_slot(view: PodView) -> bool:
     return len(view.hot) < view.pod.max_loras
 
 
+def _expected_rps(
+    ranked: tuple[Prediction, ...], busy_rps: Mapping[AdapterId, float]
+) -> dict[AdapterId, float]:
+    """Each adapter's traffic as this event foresees it: what it serves now plus what the
+    event adds. Both sides of a displacement are weighed with it; weighing only the incoming
+    side let a less likely step push off this event's own likeliest one."""
+    expected = dict(busy_rps)
+    for p in ranked:
+        expected[p.adapter] = expected.get(p.adapter, 0.0) + p.expected_rps
+    return expected
+
+
 def _place(
     prediction: Prediction,
     views: list[PodView],
     *,
-    busy_rps: Mapping[AdapterId, float],
+    expected_rps: Mapping[AdapterId, float],
 ) -> tuple[PodView | None, str]:
     """The first pod (in preference order) that already holds it or may take it."""
-    incoming_rps = busy_rps.get(prediction.adapter, 0.0) + prediction.expected_rps
+    incoming_rps = expected_rps.get(prediction.adapter, 0.0)
     why = "no ready pod serves its base model"
     holder = next((v for v in views if prediction.adapter in v.hot), None)
     if holder is not None:
@@ -251,7 +264,7 @@ def _place(
         displaced = victim(view)
         if displaced is None:
             why = "every candidate pod's GPU slots hold pinned adapters"
-        elif busy_rps.get(displaced, 0.0) >= incoming_rps:
+        elif expected_rps.get(displaced, 0.0) >= incoming_rps:
             why = f"it would displace {displaced}, which is at least as busy"
         else:
             return view, ""
@@ -285,6 +298,7 @@ def event_preloads(
     """At most ``max_loads`` adapters brought onto a pod's GPU for this event."""
     ranked, skipped = _ranked(predictions, catalog=catalog, tenant=event.tenant)
     adapters = catalog.by_name()
+    expected_rps = _expected_rps(ranked, busy_rps)
     current = dict(views)
     chosen: set[PodId] = set()
     actions: list[Action] = []
@@ -304,7 +318,7 @@ def event_preloads(
                 v.pod.name,
             ),
         )
-        view, why = _place(prediction, candidates, busy_rps=busy_rps)
+        view, why = _place(prediction, candidates, expected_rps=expected_rps)
         if view is None:
             skipped[prediction.adapter] = why
             continue

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from controller_support import doc_catalog, doc_pipelines, make_fleet, make_plan
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from placement.domain import ActionKind, AdapterId, PodId, TenantId
@@ -17,6 +16,8 @@ from placement.forecast.event_preloads import (
     event_preloads,
     pipeline_predictor,
 )
+from tests.controller.controller_support import doc_catalog, doc_pipelines, make_fleet
+from tests.factories import make_plan
 
 CATALOG = doc_catalog()
 FLEET = make_fleet(2, max_loras=2)
@@ -110,6 +111,19 @@ def test_never_displaces_a_busier_adapter_but_does_displace_an_idle_one() -> Non
     assert actions == [("load", "pod-0", "acme-chat"), ("warmup", "pod-0", "acme-chat")]
 
 
+def test_a_later_step_never_pushes_off_a_likelier_step_of_the_same_event() -> None:
+    # doc-classifier (p=1, due now) and legal-extract fill pod-0; medical-extract, less
+    # likely, goes to pod-1 instead of pushing doc-classifier off pod-0
+    assert decide(UPLOAD, views(), max_loads=3) == [
+        ("load", "pod-0", "doc-classifier"),
+        ("warmup", "pod-0", "doc-classifier"),
+        ("load", "pod-0", "legal-extract"),
+        ("warmup", "pod-0", "legal-extract"),
+        ("load", "pod-1", "medical-extract"),
+        ("warmup", "pod-1", "medical-extract"),
+    ]
+
+
 def test_events_cannot_reach_other_tenants_or_unknown_adapters() -> None:
     beta_login = Event(kind=EventKind.LOGIN, id="e3", tenant=TenantId("beta"))
     assert decide(beta_login, views()) == [
@@ -147,6 +161,17 @@ NAMES = sorted(str(a) for a in CATALOG.names())
     max_loads=st.integers(0, 4),
     login=st.booleans(),
 )
+# Two warmups on one pod: the second displaces what the pod holds after the first
+# (acme-chat), not what it held before the event (doc-classifier).
+@example(
+    hot=[[], ["doc-classifier", "acme-chat"]],
+    busy={"acme-chat": 0.0, "doc-classifier": 1.0, "legal-extract": 1.0},
+    max_loads=2,
+    login=False,
+)
+# medical-extract (0.0033 rps) once pushed off doc-classifier, this event's own step
+# expected at 0.0167 rps, because only the incoming side counted the event's traffic.
+@example(hot=[[], []], busy={}, max_loads=3, login=False)
 def test_bounded_and_never_displacing_pinned_or_busier(
     hot: list[list[str]], busy: dict[str, float], max_loads: int, login: bool
 ) -> None:
@@ -166,12 +191,21 @@ def test_bounded_and_never_displacing_pinned_or_busier(
     warmups = [a for a in decision.actions if a.kind is ActionKind.WARMUP]
     assert len(warmups) <= max_loads
     assert all(a.adapter in CATALOG.names() for a in decision.actions)
-    incoming = {p.adapter: p.expected_rps + busy.get(p.adapter, 0.0) for p in predictions}
+    # traffic as the event foresees it: busy now plus what the event adds, on both sides
+    foreseen = {AdapterId(k): v for k, v in busy.items()}
+    for p in predictions:
+        foreseen[p.adapter] = foreseen.get(p.adapter, 0.0) + p.expected_rps
+    # walk the warmups in order: each one changes what the next would displace
+    hot_now = {name: view.hot for name, view in pod_views.items()}
     for action in warmups:
         view = pod_views[action.pod]
-        if len(view.hot) >= view.pod.max_loras:
-            victim = next(a for a in view.hot if a not in view.pinned)
-            assert busy.get(victim, 0.0) < incoming[action.adapter]
+        victim = None
+        if len(hot_now[action.pod]) >= view.pod.max_loras:
+            victim = next(a for a in hot_now[action.pod] if a not in view.pinned)
+            assert foreseen.get(victim, 0.0) < foreseen[action.adapter]
+        hot_now[action.pod] = tuple(
+            a for a in (*hot_now[action.pod], action.adapter) if a != victim
+        )
 
 
 class _Learned:
