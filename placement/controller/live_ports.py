@@ -31,7 +31,7 @@ from placement.actuation.apply import apply_plan, lora_paths, make_clients
 from placement.actuation.executor import ApplyReport, Executor, Ledger, Sleep
 from placement.actuation.reconcile import depends_on
 from placement.adapters.prom import PromHistorySource
-from placement.controller.ports import Backoff, ControllerObserver, Job, Outcome
+from placement.controller.ports import Backoff, ControllerObserver, Job, TickOutcome
 from placement.domain import Action, AdapterId, Catalog, Fleet, PodId
 from placement.errors import EngineError, InputError
 from placement.forecast.demand import demand_from_forecast
@@ -269,14 +269,14 @@ class PrometheusObserver(ControllerObserver):
             registry=registry,
         )
 
-    def tick(self, job: Job, outcome: Outcome, *, backoff: Backoff | None) -> None:
+    def tick(self, job: Job, outcome: TickOutcome, *, backoff: Backoff | None) -> None:
         self.ticks.labels(job=job.value, outcome=outcome.value).inc()
         self.failures.labels(job=job.value).set(backoff.failures if backoff else 0)
-        if outcome is Outcome.FAILED:
+        if outcome is TickOutcome.FAILED:
             self.shared.job_failed(job.value)
         if job is Job.LEASE:
             # IDLE: no lease to hold (one replica, no Kubernetes): it always acts.
-            self.leader.set(1 if outcome in {Outcome.DONE, Outcome.IDLE} else 0)
+            self.leader.set(1 if outcome in {TickOutcome.DONE, TickOutcome.IDLE} else 0)
 
     def applied(self, report: ApplyReport) -> None:
         self.shared.apply_reported(report)

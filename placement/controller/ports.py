@@ -44,7 +44,9 @@ class Job(enum.StrEnum):
     LEASE = "lease"
 
 
-class Outcome(enum.StrEnum):
+class TickOutcome(enum.StrEnum):
+    """What one run of a job came to (a request's is ``placement.domain.Outcome``)."""
+
     DONE = "done"
     FAILED = "failed"
     #: Not the lease holder: nothing done.
@@ -159,7 +161,7 @@ def tiers_moved(before: Plan | None, after: Plan) -> bool:
 class ControllerObserver:
     """What the ticks report; ``placement.controller.schedule`` feeds it to Prometheus."""
 
-    def tick(self, job: Job, outcome: Outcome, *, backoff: Backoff | None) -> None:
+    def tick(self, job: Job, outcome: TickOutcome, *, backoff: Backoff | None) -> None:
         pass
 
     def applied(self, report: ApplyReport) -> None:

@@ -29,7 +29,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CollectorRegistry
 
-from placement.controller.ports import Job, Outcome
+from placement.controller.ports import Job, TickOutcome
 from placement.controller.ticks import Controller
 from placement.errors import LorafleetError
 from placement.metrics import render
@@ -70,7 +70,7 @@ class Schedule:
     def _add_intervals(self) -> None:
         cfg, c = self.settings, self.controller
         start = self.wall_now()
-        jobs: list[tuple[Job, Callable[[], Awaitable[Outcome]], float]] = [
+        jobs: list[tuple[Job, Callable[[], Awaitable[TickOutcome]], float]] = [
             (Job.LEASE, c.lease, max(1.0, cfg.lease_duration_s / 3)),
             (Job.INGEST, self.ingest, cfg.ingest_interval_s),
             (Job.FORECAST, self.forecast, cfg.forecast_interval_s),
@@ -91,20 +91,20 @@ class Schedule:
     def wall_now(self) -> datetime:
         return datetime.fromtimestamp(self._wall(), UTC)
 
-    async def _run(self, job: Job, tick: Callable[[], Awaitable[Outcome]]) -> Outcome:
+    async def _run(self, job: Job, tick: Callable[[], Awaitable[TickOutcome]]) -> TickOutcome:
         return await self.controller.guarded(job, tick)
 
-    async def ingest(self) -> Outcome:
+    async def ingest(self) -> TickOutcome:
         """The ingest tick; the first history brings the first forecast forward to now."""
         outcome = await self.controller.ingest()
-        if outcome is Outcome.DONE and self.controller.state.demand is None:
+        if outcome is TickOutcome.DONE and self.controller.state.demand is None:
             self.scheduler.modify_job(Job.FORECAST.value, next_run_time=self.wall_now())
         return outcome
 
-    async def forecast(self) -> Outcome:
+    async def forecast(self) -> TickOutcome:
         """The forecast tick, then what it changes in the schedule."""
         outcome = await self.controller.forecast()
-        if outcome is Outcome.DONE:
+        if outcome is TickOutcome.DONE:
             self.after_forecast()
         return outcome
 
@@ -129,8 +129,8 @@ class Schedule:
                 replace_existing=True,
             )
 
-    def _preload_at(self, at: datetime) -> Callable[[], Awaitable[Outcome]]:
-        async def tick() -> Outcome:
+    def _preload_at(self, at: datetime) -> Callable[[], Awaitable[TickOutcome]]:
+        async def tick() -> TickOutcome:
             return await self.controller.preload(at)
 
         return tick

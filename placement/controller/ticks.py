@@ -6,7 +6,7 @@ scheduler wiring (``placement.controller.schedule``) only decides when ticks run
 
 Rules every tick keeps:
 
-- Only the lease holder acts; a standby's ticks return ``Outcome.STANDBY``.
+- Only the lease holder acts; a standby's ticks return ``TickOutcome.STANDBY``.
 - A failed tick leaves the last good plan in force and backs off: ``Backoff`` per job
   doubles its wait up to a cap. A clock that jumps back never strands a job: a
   retry time further ahead than the cap is treated as due.
@@ -36,7 +36,7 @@ from placement.controller.ports import (
     ControllerPorts,
     ControllerState,
     Job,
-    Outcome,
+    TickOutcome,
     fleet_from_discovery,
     preload_key,
     tiers_moved,
@@ -85,15 +85,15 @@ class Controller:
         elector = self.ports.elector
         return elector is None or elector.is_leader()
 
-    async def guarded(self, job: Job, tick: Callable[[], Awaitable[Outcome]]) -> Outcome:
+    async def guarded(self, job: Job, tick: Callable[[], Awaitable[TickOutcome]]) -> TickOutcome:
         """Run one tick if this replica leads and the job is not backing off."""
         if job is not Job.LEASE and not self.is_leader():
-            return self._observed(job, Outcome.STANDBY)
+            return self._observed(job, TickOutcome.STANDBY)
         cfg = self.settings.controller
         now_s = self.clock()
         backoff = self.state.backoff.get(job, Backoff())
         if not backoff.due(now_s, max_s=cfg.backoff_max_s):
-            return self._observed(job, Outcome.BACKING_OFF)
+            return self._observed(job, TickOutcome.BACKING_OFF)
         try:
             outcome = await tick()
         except Exception as exc:  # the loop never dies: every failure backs off
@@ -108,11 +108,11 @@ class Controller:
                 exc,
                 exc_info=not expected,
             )
-            return self._observed(job, Outcome.FAILED)
+            return self._observed(job, TickOutcome.FAILED)
         self.state.backoff.pop(job, None)
         return self._observed(job, outcome)
 
-    def _observed(self, job: Job, outcome: Outcome) -> Outcome:
+    def _observed(self, job: Job, outcome: TickOutcome) -> TickOutcome:
         self.metrics.tick(job, outcome, backoff=self.state.backoff.get(job))
         return outcome
 
@@ -149,17 +149,17 @@ class Controller:
 
     # --- ticks -------------------------------------------------------------------
 
-    async def lease(self) -> Outcome:
+    async def lease(self) -> TickOutcome:
         elector = self.ports.elector
         if elector is None:
-            return Outcome.IDLE
+            return TickOutcome.IDLE
         was_leader = elector.is_leader()
         leads = await asyncio.to_thread(elector.tick)
         if leads and not was_leader:
             await self.resume()  # the previous leader's last plan and ledger
-        return Outcome.DONE if leads else Outcome.STANDBY
+        return TickOutcome.DONE if leads else TickOutcome.STANDBY
 
-    async def ingest(self) -> Outcome:
+    async def ingest(self) -> TickOutcome:
         history = await asyncio.to_thread(self.ports.history)
         self.state.history = history
         self.metrics.ingested(history, catalog=self.ports.catalog, fleet=self.fleet, now=self.now())
@@ -169,13 +169,13 @@ class Controller:
                 self.state.predictor = await asyncio.to_thread(learn, history)
             except Exception as exc:  # events keep the predictor they had; ingest stands
                 logger.warning("event models not refreshed: %s", exc, exc_info=True)
-        return Outcome.DONE
+        return TickOutcome.DONE
 
-    async def forecast(self) -> Outcome:
+    async def forecast(self) -> TickOutcome:
         """Demand for the coming plan, and a look-ahead plan for the next window."""
         history = self.state.history
         if history is None:
-            return Outcome.IDLE
+            return TickOutcome.IDLE
         await self.discover()
         now = self.now()
         validity_s = self.settings.planner.validity_s
@@ -198,12 +198,12 @@ class Controller:
             self.ports.planner, demand, fleet=self.fleet, valid_from=now, current=current
         )
         self.state.replan_now = tiers_moved(current, now_plan)
-        return Outcome.DONE
+        return TickOutcome.DONE
 
-    async def plan_and_apply(self) -> Outcome:
+    async def plan_and_apply(self) -> TickOutcome:
         demand = self.state.demand
         if demand is None:
-            return Outcome.IDLE
+            return TickOutcome.IDLE
         await self.discover()
         plan = await asyncio.to_thread(
             self.ports.planner,
@@ -224,7 +224,7 @@ class Controller:
         await asyncio.to_thread(self.ports.plans.publish, plan)
         self.metrics.published(plan, period_s=float(self.settings.controller.plan_interval_s))
         await self.mark_pods(plan)
-        return Outcome.DONE
+        return TickOutcome.DONE
 
     def due_preloads(self) -> tuple[datetime, ...]:
         """The times of the look-ahead plan's preloads not yet done, for timed triggers."""
@@ -238,11 +238,11 @@ class Controller:
             )
         )
 
-    async def preload(self, at: datetime) -> Outcome:
+    async def preload(self, at: datetime) -> TickOutcome:
         """Load and warm the look-ahead plan's adapters due at ``at``, once each."""
         ahead = self.state.lookahead
         if ahead is None:
-            return Outcome.IDLE
+            return TickOutcome.IDLE
         done = set(self.state.done_preloads)
         due = [
             p
@@ -250,7 +250,7 @@ class Controller:
             if p.at == at and preload_key(p.at, p.pod, p.adapter) not in done
         ]
         if not due:
-            return Outcome.IDLE
+            return TickOutcome.IDLE
         present = await self.ports.actuator.registered(self.fleet)
         actions: list[Action] = []
         for p in due:
@@ -271,17 +271,17 @@ class Controller:
             if (p.pod, p.adapter) not in failed and present.get(p.pod) is not None:
                 self._remember_preload(preload_key(p.at, p.pod, p.adapter))
         await self.persist()
-        return Outcome.DONE
+        return TickOutcome.DONE
 
     def _remember_preload(self, key: str) -> None:
         self.state.done_preloads.append(key)
         del self.state.done_preloads[:-DONE_PRELOADS_KEPT]
 
-    async def watchdog(self) -> Outcome:
+    async def watchdog(self) -> TickOutcome:
         """Restore at once the hot set of a pod that came back empty (it restarted)."""
         plan = self.state.plan
         if plan is None:
-            return Outcome.IDLE
+            return TickOutcome.IDLE
         await self.discover()
         present = await self.ports.actuator.registered(self.fleet)
         empty = [
@@ -290,7 +290,7 @@ class Controller:
             if held is not None and not held and plan.pods.get(pod) and plan.pods[pod].registered
         ]
         if not empty:
-            return Outcome.IDLE
+            return TickOutcome.IDLE
         sub_fleet = _only(self.fleet, set(empty))
         async with self._actuation:
             report = await self.ports.actuator.apply(
@@ -300,7 +300,7 @@ class Controller:
         self.metrics.restored(len(empty))
         await self.persist()
         await self.mark_pods(plan, only=set(empty))
-        return Outcome.DONE
+        return TickOutcome.DONE
 
     async def on_event(self, event: Event) -> EventDecision:
         """A webhook event's preloads, decided now and sent in the background."""

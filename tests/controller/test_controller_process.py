@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from placement.adapters.statedir import DirPlanStore
 from placement.cli.app import app
 from placement.controller.config import load_controller_config, read_secret
-from placement.controller.ports import Job, Outcome
+from placement.controller.ports import Job, TickOutcome
 from placement.controller.wiring import build, settings_for
 from placement.errors import InputError
 from placement.settings import Settings
@@ -164,7 +164,10 @@ async def test_the_composed_app_serves_health_metrics_and_the_openapi_document(
 ) -> None:
     schedule, webhook = build(load_controller_config(write_config(tmp_path, LOCAL)), http=http)
     assert schedule.job_ids() == ["forecast", "ingest", "lease", "plan", "watchdog"]
-    assert await schedule.controller.guarded(Job.INGEST, schedule.controller.ingest) is Outcome.DONE
+    assert (
+        await schedule.controller.guarded(Job.INGEST, schedule.controller.ingest)
+        is TickOutcome.DONE
+    )
     transport = httpx.ASGITransport(app=webhook)
     async with httpx.AsyncClient(transport=transport, base_url="http://c") as client:
         assert (await client.get("/healthz")).status_code == 200
@@ -191,7 +194,7 @@ async def test_kube_mode_discovers_pods_and_takes_the_lease_on_the_api_server(
     schedule, _ = build(load_controller_config(write_config(tmp_path, body)), http=http)
     controller = schedule.controller
     assert controller.is_leader() is False
-    assert await controller.guarded(Job.LEASE, controller.lease) is Outcome.DONE
+    assert await controller.guarded(Job.LEASE, controller.lease) is TickOutcome.DONE
     lease = fake_api.get("leases", "lorafleet-controller")
     assert lease is not None and lease["spec"]["holderIdentity"] == "controller-0"
     await controller.discover()
@@ -259,7 +262,7 @@ async def test_the_composed_controller_learns_event_models_and_forecasts_with_mo
     schedule, _ = build(load_controller_config(write_config(tmp_path, LOCAL)), http=http)
     controller = schedule.controller
     assert isinstance(controller.ports.forecaster, ReusingForecaster)
-    assert await controller.guarded(Job.INGEST, controller.ingest) is Outcome.DONE
+    assert await controller.guarded(Job.INGEST, controller.ingest) is TickOutcome.DONE
     assert controller.state.predictor is not None
     login = Event(kind=EventKind.LOGIN, id="e", tenant="firm-east")  # type: ignore[arg-type]
     declared = {p.adapter for p in controller.ports.predictor(login)}

@@ -23,7 +23,7 @@ from placement.adapters.kube_memory import (
 )
 from placement.controller.leader import LeaderElector
 from placement.controller.live_ports import EngineActuator, SeasonalForecaster
-from placement.controller.ports import ControllerPorts, Job, Outcome
+from placement.controller.ports import ControllerPorts, Job, TickOutcome
 from placement.controller.ticks import Controller
 from placement.domain import (
     Adapter,
@@ -199,7 +199,7 @@ async def _no_sleep(_: float) -> None:
     return None
 
 
-async def cycle(controller: Controller) -> list[Outcome]:
+async def cycle(controller: Controller) -> list[TickOutcome]:
     return [
         await controller.guarded(Job.INGEST, controller.ingest),
         await controller.guarded(Job.FORECAST, controller.forecast),
@@ -209,7 +209,7 @@ async def cycle(controller: Controller) -> list[Outcome]:
 
 async def test_a_cycle_loads_the_plan_publishes_it_marks_pods_and_saves_state(make_rig) -> None:  # type: ignore[no-untyped-def]
     rig: Rig = make_rig()
-    assert await cycle(rig.controller) == [Outcome.DONE] * 3
+    assert await cycle(rig.controller) == [TickOutcome.DONE] * 3
     plan = rig.plans.current()
     assert plan is not None and plan == rig.controller.state.plan
     for pod, pod_plan in plan.pods.items():
@@ -221,8 +221,8 @@ async def test_a_cycle_loads_the_plan_publishes_it_marks_pods_and_saves_state(ma
 
 async def test_nothing_to_plan_before_any_history(make_rig) -> None:  # type: ignore[no-untyped-def]
     rig: Rig = make_rig()
-    assert await rig.controller.guarded(Job.PLAN, rig.controller.plan_and_apply) is Outcome.IDLE
-    assert await rig.controller.guarded(Job.FORECAST, rig.controller.forecast) is Outcome.IDLE
+    assert await rig.controller.guarded(Job.PLAN, rig.controller.plan_and_apply) is TickOutcome.IDLE
+    assert await rig.controller.guarded(Job.FORECAST, rig.controller.forecast) is TickOutcome.IDLE
 
 
 async def test_a_failed_plan_keeps_the_last_good_plan_and_backs_off(make_rig) -> None:  # type: ignore[no-untyped-def]
@@ -232,17 +232,17 @@ async def test_a_failed_plan_keeps_the_last_good_plan_and_backs_off(make_rig) ->
     rig.planner.fail_next.extend([SolverError("no solution"), SolverError("still none")])
     plan_tick = lambda: rig.controller.guarded(Job.PLAN, rig.controller.plan_and_apply)  # noqa: E731
 
-    assert await plan_tick() is Outcome.FAILED
+    assert await plan_tick() is TickOutcome.FAILED
     assert rig.controller.state.plan == good and rig.plans.current() == good
     rig.clock.advance(10)
-    assert await plan_tick() is Outcome.BACKING_OFF
+    assert await plan_tick() is TickOutcome.BACKING_OFF
     rig.clock.advance(25)
-    assert await plan_tick() is Outcome.FAILED  # second failure: waits 60 s now
+    assert await plan_tick() is TickOutcome.FAILED  # second failure: waits 60 s now
     assert rig.controller.state.backoff[Job.PLAN].failures == 2
     rig.clock.advance(45)
-    assert await plan_tick() is Outcome.BACKING_OFF
+    assert await plan_tick() is TickOutcome.BACKING_OFF
     rig.clock.advance(20)
-    assert await plan_tick() is Outcome.DONE
+    assert await plan_tick() is TickOutcome.DONE
     assert Job.PLAN not in rig.controller.state.backoff
 
 
@@ -250,9 +250,11 @@ async def test_a_clock_jumping_back_does_not_strand_a_backing_off_job(make_rig) 
     rig: Rig = make_rig()
     await cycle(rig.controller)
     rig.planner.fail_next.append(SolverError("no solution"))
-    assert await rig.controller.guarded(Job.PLAN, rig.controller.plan_and_apply) is Outcome.FAILED
+    assert (
+        await rig.controller.guarded(Job.PLAN, rig.controller.plan_and_apply) is TickOutcome.FAILED
+    )
     rig.clock.advance(-6 * 3600)
-    assert await rig.controller.guarded(Job.PLAN, rig.controller.plan_and_apply) is Outcome.DONE
+    assert await rig.controller.guarded(Job.PLAN, rig.controller.plan_and_apply) is TickOutcome.DONE
 
 
 @pytest.mark.parametrize(
@@ -268,9 +270,9 @@ async def test_kube_failures_fail_the_tick_which_recovers_later(
 ) -> None:  # type: ignore[no-untyped-def]
     rig: Rig = make_rig()
     getattr(rig, store).faults.queued.append(error)
-    assert await cycle(rig.controller) == [Outcome.DONE, Outcome.DONE, Outcome.FAILED]
+    assert await cycle(rig.controller) == [TickOutcome.DONE, TickOutcome.DONE, TickOutcome.FAILED]
     rig.clock.advance(31)
-    assert await rig.controller.guarded(Job.PLAN, rig.controller.plan_and_apply) is Outcome.DONE
+    assert await rig.controller.guarded(Job.PLAN, rig.controller.plan_and_apply) is TickOutcome.DONE
     assert rig.plans.current() == rig.controller.state.plan
 
 
@@ -283,7 +285,7 @@ async def test_a_restart_resumes_without_loading_anything_twice(make_rig) -> Non
     await second.controller.resume()
     assert second.controller.state.plan == first.controller.state.plan
     first.clock.advance(300)
-    assert await cycle(second.controller) == [Outcome.DONE] * 3
+    assert await cycle(second.controller) == [TickOutcome.DONE] * 3
     assert first.loads() == loads
 
 
@@ -304,26 +306,26 @@ async def test_pods_that_vanish_leave_the_plan_and_the_rest_keep_working(make_ri
         )
     )
     rig: Rig = make_rig(emulated=emulated, pods=discovered)
-    assert await cycle(rig.controller) == [Outcome.DONE] * 3
+    assert await cycle(rig.controller) == [TickOutcome.DONE] * 3
     assert set(rig.controller.state.plan.pods) == {"pod-0", "pod-1"}  # type: ignore[union-attr]
     discovered.remove(PodId("pod-1"))
     rig.clock.advance(300)
-    assert await rig.controller.guarded(Job.PLAN, rig.controller.plan_and_apply) is Outcome.DONE
+    assert await rig.controller.guarded(Job.PLAN, rig.controller.plan_and_apply) is TickOutcome.DONE
     assert set(rig.controller.state.plan.pods) == {"pod-0"}  # type: ignore[union-attr]
     # a pod that stops answering mid-apply does not fail the tick
     emulated.pod("pod-0").kill(down_s=3600)
     rig.clock.advance(300)
-    assert await rig.controller.guarded(Job.PLAN, rig.controller.plan_and_apply) is Outcome.DONE
+    assert await rig.controller.guarded(Job.PLAN, rig.controller.plan_and_apply) is TickOutcome.DONE
 
 
 async def test_the_watchdog_refills_a_pod_that_came_back_empty(make_rig) -> None:  # type: ignore[no-untyped-def]
     rig: Rig = make_rig()
     await cycle(rig.controller)
-    assert await rig.controller.guarded(Job.WATCHDOG, rig.controller.watchdog) is Outcome.IDLE
+    assert await rig.controller.guarded(Job.WATCHDOG, rig.controller.watchdog) is TickOutcome.IDLE
     wanted = set(rig.controller.state.plan.pods[PodId("pod-1")].hot)  # type: ignore[union-attr]
     rig.emulated.pod("pod-1").restart()
     assert rig.registered("pod-1") == set()
-    assert await rig.controller.guarded(Job.WATCHDOG, rig.controller.watchdog) is Outcome.DONE
+    assert await rig.controller.guarded(Job.WATCHDOG, rig.controller.watchdog) is TickOutcome.DONE
     assert wanted <= rig.registered("pod-1")
 
 
@@ -337,20 +339,20 @@ async def test_timed_preloads_run_once_even_across_a_restart(make_rig) -> None: 
     rig.clock.advance(45 * 60)
     assert (
         await rig.controller.guarded(Job.PRELOAD, lambda: rig.controller.preload(due[0]))
-        is Outcome.DONE
+        is TickOutcome.DONE
     )
     holder = next(p.pod for p in ahead.preloads if p.adapter == "a5")
     assert "a5" in rig.registered(holder)
     loads = rig.loads()
     assert (
         await rig.controller.guarded(Job.PRELOAD, lambda: rig.controller.preload(due[0]))
-        is Outcome.IDLE
+        is TickOutcome.IDLE
     )
     restarted: Rig = make_rig(emulated=rig.emulated, state=rig.state, clock=rig.clock)
     await restarted.controller.resume()
     restarted.controller.state.lookahead = ahead
     assert restarted.controller.due_preloads() == ()
-    assert await restarted.controller.preload(due[0]) is Outcome.IDLE
+    assert await restarted.controller.preload(due[0]) is TickOutcome.IDLE
     assert rig.loads() == loads
 
 
@@ -378,10 +380,12 @@ async def test_a_standby_does_nothing_and_takes_over_when_the_leader_stops(make_
     standby: Rig = make_rig(
         emulated=emulated, state=shared_state, elector=elector("b"), clock=clock
     )
-    assert await leader.controller.guarded(Job.LEASE, leader.controller.lease) is Outcome.DONE
-    assert await standby.controller.guarded(Job.LEASE, standby.controller.lease) is Outcome.STANDBY
-    assert await cycle(standby.controller) == [Outcome.STANDBY] * 3
-    assert await cycle(leader.controller) == [Outcome.DONE] * 3
+    assert await leader.controller.guarded(Job.LEASE, leader.controller.lease) is TickOutcome.DONE
+    assert (
+        await standby.controller.guarded(Job.LEASE, standby.controller.lease) is TickOutcome.STANDBY
+    )
+    assert await cycle(standby.controller) == [TickOutcome.STANDBY] * 3
+    assert await cycle(leader.controller) == [TickOutcome.DONE] * 3
     loads = leader.loads()
     for _ in range(5):  # the leader stops renewing; the standby keeps trying
         clock.advance(5)
@@ -389,7 +393,7 @@ async def test_a_standby_does_nothing_and_takes_over_when_the_leader_stops(make_
     assert leader.controller.is_leader() is False
     assert standby.controller.is_leader() is True
     assert standby.controller.state.plan == leader.controller.state.plan  # resumed
-    assert await cycle(standby.controller) == [Outcome.DONE] * 3
+    assert await cycle(standby.controller) == [TickOutcome.DONE] * 3
     assert leader.loads() == loads
 
 
@@ -431,11 +435,11 @@ async def test_the_schedule_brings_the_plan_forward_and_adds_preload_triggers(ma
         }
         forecast_at = schedule.scheduler.get_job("forecast").next_run_time
         rig.clock.advance(1)
-        assert await schedule._run(Job.INGEST, schedule.ingest) is Outcome.DONE
+        assert await schedule._run(Job.INGEST, schedule.ingest) is TickOutcome.DONE
         assert schedule.scheduler.get_job("forecast").next_run_time != forecast_at
         planned_at = schedule.scheduler.get_job("plan").next_run_time
         rig.clock.advance(600)
-        assert await schedule._run(Job.FORECAST, schedule.forecast) is Outcome.DONE
+        assert await schedule._run(Job.FORECAST, schedule.forecast) is TickOutcome.DONE
         assert rig.controller.state.replan_now is True  # no plan yet: everything moves
         assert schedule.scheduler.get_job("plan").next_run_time != planned_at
         preload_jobs = [j for j in schedule.scheduler.get_jobs() if j.id.startswith(PRELOAD_PREFIX)]
@@ -465,7 +469,9 @@ async def test_no_pods_or_no_traffic_keeps_the_last_plan(make_rig) -> None:  # t
     good = rig.controller.state.plan
     assert good is not None
     discovered.remove(handle.name)
-    assert await rig.controller.guarded(Job.PLAN, rig.controller.plan_and_apply) is Outcome.FAILED
+    assert (
+        await rig.controller.guarded(Job.PLAN, rig.controller.plan_and_apply) is TickOutcome.FAILED
+    )
     assert rig.controller.state.plan == good and rig.plans.current() == good
     discovered.put(
         DiscoveredPod(
@@ -480,7 +486,7 @@ async def test_no_pods_or_no_traffic_keeps_the_last_plan(make_rig) -> None:  # t
         pd.DataFrame({"ts": pd.Series([], dtype="datetime64[ns, UTC]"), "adapter": []}),
         source="empty",
     )
-    assert await rig.controller.guarded(Job.FORECAST, rig.controller.forecast) is Outcome.FAILED
+    assert await rig.controller.guarded(Job.FORECAST, rig.controller.forecast) is TickOutcome.FAILED
     assert "no traffic" in rig.controller.state.backoff[Job.FORECAST].last_error
 
 
@@ -521,7 +527,10 @@ async def test_two_controllers_against_one_fake_api_server_only_the_holder_acts(
                 if name == "a" and step >= 4:
                     continue  # a stops: no more renewals, no more ticks
                 await rig.controller.guarded(Job.LEASE, rig.controller.lease)
-                if await rig.controller.guarded(Job.INGEST, rig.controller.ingest) is Outcome.DONE:
+                if (
+                    await rig.controller.guarded(Job.INGEST, rig.controller.ingest)
+                    is TickOutcome.DONE
+                ):
                     acted.append(f"{step}:{name}")
             assert not (a.controller.is_leader() and b.controller.is_leader())
         assert [x for x in acted if x.endswith(":a")] == [f"{s}:a" for s in range(4)]
@@ -555,5 +564,5 @@ async def test_an_unreadable_saved_ledger_starts_empty_without_loading_twice(
     second: Rig = make_rig(emulated=first.emulated, state=first.state, clock=first.clock)
     await second.controller.resume()
     assert second.controller.state.plan == first.controller.state.plan
-    assert await cycle(second.controller) == [Outcome.DONE] * 3
+    assert await cycle(second.controller) == [TickOutcome.DONE] * 3
     assert first.loads() == loads
