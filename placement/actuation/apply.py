@@ -18,7 +18,7 @@ from types import MappingProxyType
 import httpx
 
 from placement.actuation.executor import ActionResult, ApplyReport, Executor, Ledger, Sleep
-from placement.actuation.reconcile import PodState, Schedule, schedule
+from placement.actuation.reconcile import ActionSchedule, PodState, schedule
 from placement.adapters.engines import engine_client
 from placement.domain import Action, AdapterId, Catalog, Fleet, PodId
 from placement.errors import EngineError, RetryableEngineError
@@ -122,7 +122,7 @@ async def plan_actions(
     clients: Mapping[PodId, EngineClient],
     catalog: Catalog | None = None,
     ledger: Ledger | None = None,
-) -> tuple[Observation, Schedule]:
+) -> tuple[Observation, ActionSchedule]:
     """What applying ``plan`` would do now (``--dry-run``), in the order it needs."""
     observation = await observe(fleet, clients, catalog=catalog, ledger=ledger)
     return observation, schedule(plan, observation.states)

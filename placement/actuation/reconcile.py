@@ -237,7 +237,7 @@ class _Simulation:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Schedule:
+class ActionSchedule:
     """Reconcile's actions, and for each the indices of earlier ones it must wait for:
     the previous action on its pod and, for a make-before-break unload, the load of
     the replica that keeps its adapter served."""
@@ -251,8 +251,8 @@ def reconcile(desired: Plan, observed: Mapping[PodId, PodState]) -> tuple[Action
     return schedule(desired, observed).actions
 
 
-def schedule(desired: Plan, observed: Mapping[PodId, PodState]) -> Schedule:
-    """``reconcile`` with the precise order each action needs (see ``Schedule``)."""
+def schedule(desired: Plan, observed: Mapping[PodId, PodState]) -> ActionSchedule:
+    """``reconcile`` with the precise order each action needs (see ``ActionSchedule``)."""
     sim = _Simulation(desired, observed)
     while True:
         # Loads everywhere first, then the unloads they make safe: an unload then waits
@@ -280,7 +280,7 @@ def schedule(desired: Plan, observed: Mapping[PodId, PodState]) -> Schedule:
         after.append(tuple(sorted(before)))
         last_on_pod[action.pod] = index
         last_here[here] = index
-    return Schedule(actions=tuple(sim.actions), after=tuple(after))
+    return ActionSchedule(actions=tuple(sim.actions), after=tuple(after))
 
 
 def depends_on(actions: tuple[Action, ...]) -> tuple[tuple[int, ...], ...]:

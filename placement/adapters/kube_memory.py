@@ -25,7 +25,7 @@ from placement.ports import (
 )
 
 
-class Faults:
+class QueuedKubeErrors:
     """Errors queued for the next calls: each call pops one, if any."""
 
     def __init__(self) -> None:
@@ -40,7 +40,7 @@ class MemoryPods:
     """Pods a test adds and removes; ``watch_pods`` replays the changes since the last watch."""
 
     def __init__(self, pods: tuple[DiscoveredPod, ...] = ()) -> None:
-        self.faults = Faults()
+        self.faults = QueuedKubeErrors()
         self._pods: dict[PodId, DiscoveredPod] = {pod.name: pod for pod in pods}
         self._events: list[PodEvent] = [PodEvent(kind=PodEventKind.ADDED, pod=p) for p in pods]
 
@@ -68,7 +68,7 @@ class MemoryPlanStore:
     """The plan ConfigMap's twin: a current and a previous plan, kept as JSON."""
 
     def __init__(self) -> None:
-        self.faults = Faults()
+        self.faults = QueuedKubeErrors()
         self._current: str | None = None
         self._previous: str | None = None
 
@@ -96,7 +96,7 @@ class MemoryAnnotator:
     """Keeps the labels and annotations each pod would carry."""
 
     def __init__(self) -> None:
-        self.faults = Faults()
+        self.faults = QueuedKubeErrors()
         self.labels: dict[PodId, dict[str, str]] = {}
         self.annotations: dict[PodId, dict[str, str]] = {}
 
@@ -111,7 +111,7 @@ class MemoryLeaseStore:
     """One lease shared by every elector given this object, with optimistic concurrency."""
 
     def __init__(self) -> None:
-        self.faults = Faults()
+        self.faults = QueuedKubeErrors()
         self._record: LeaseRecord | None = None
         self._versions = itertools.count(1)
 
@@ -138,7 +138,7 @@ class MemoryLeaseStore:
 
 class MemoryStateStore:
     def __init__(self) -> None:
-        self.faults = Faults()
+        self.faults = QueuedKubeErrors()
         self._state = StoredState(plan_json=None, ledger_json=None)
 
     def load(self) -> StoredState:
