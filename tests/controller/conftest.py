@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from kubernetes import client
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from controller_kubefake import FakeApiServer
-from controller_support import FakeClock
-
 from placement.adapters.kube import KubeTarget, connect
+from tests.controller.controller_kubefake import FakeApiServer
+from tests.factories import FakeClock
 
 
 @pytest.fixture

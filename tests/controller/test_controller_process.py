@@ -9,8 +9,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-from controller_kubefake import FakeApiServer, make_pod
-from controller_support import make_plan
 from typer.testing import CliRunner
 
 from placement.adapters.statedir import DirPlanStore
@@ -20,6 +18,8 @@ from placement.controller.ports import Job, TickOutcome
 from placement.controller.wiring import build, settings_for
 from placement.errors import InputError
 from placement.settings import Settings
+from tests.controller.controller_kubefake import FakeApiServer, make_pod
+from tests.factories import make_plan
 
 REPO = Path(__file__).resolve().parents[2]
 SCENARIO = REPO / "data" / "legal-research"
@@ -144,12 +144,13 @@ def test_rollback_swaps_the_plans_of_the_state_directory(tmp_path: Path) -> None
     assert first.exit_code == 1
     assert "no previous plan" in first.output
     store = DirPlanStore(tmp_path / "state")
-    store.publish(make_plan("p1"))
-    store.publish(make_plan("p2"))
+    store.publish(make_plan(plan_id="p1"))
+    store.publish(make_plan(plan_id="p2"))
     result = runner.invoke(app, ["rollback", "--config", str(path)])
     assert result.exit_code == 0, result.output
     assert "rolled back to plan p1" in result.output
-    assert store.current() == make_plan("p1") and store.previous() == make_plan("p2")
+    assert store.current() == make_plan(plan_id="p1")
+    assert store.previous() == make_plan(plan_id="p2")
 
 
 @pytest.fixture
@@ -236,14 +237,14 @@ def test_rollback_on_kubernetes_swaps_the_plan_configmap(
     api = connect(host=fake_api.url)
     try:
         store = KubePlanStore(api, target=KubeTarget(namespace="lf"))
-        store.publish(make_plan("p1"))
-        store.publish(make_plan("p2"))
+        store.publish(make_plan(plan_id="p1"))
+        store.publish(make_plan(plan_id="p2"))
         fake_api.inject("GET", "configmaps", 500)
         failed = CliRunner().invoke(app, ["rollback", "--config", str(path)])
         result = CliRunner().invoke(app, ["rollback", "--config", str(path)])
         assert (failed.exit_code, result.exit_code) == (1, 0), result.output
         assert "HTTP 500" in failed.output
-        assert store.current() == make_plan("p1")
+        assert store.current() == make_plan(plan_id="p1")
     finally:
         api.close()
 

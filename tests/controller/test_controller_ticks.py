@@ -12,7 +12,6 @@ from types import MappingProxyType
 
 import pandas as pd
 import pytest
-from controller_support import T0, FakeClock
 
 from placement.adapters.kube_memory import (
     MemoryAnnotator,
@@ -43,6 +42,7 @@ from placement.plan import AdapterPlan, Plan, PodPlan, Preload
 from placement.ports import HOT_COUNT_LABEL, DiscoveredPod
 from placement.settings import ControllerSettings, ExecutorSettings, Settings
 from placement.solver.problem import Demand
+from tests.factories import T0, FakeClock
 
 pytestmark = pytest.mark.anyio
 

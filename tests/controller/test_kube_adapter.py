@@ -6,8 +6,6 @@ import queue
 import threading
 
 import pytest
-from controller_kubefake import FakeApiServer, make_pod
-from controller_support import make_plan
 from kubernetes import client
 
 from placement.adapters.kube import (
@@ -31,6 +29,8 @@ from placement.ports import (
     StoredState,
     is_label_value,
 )
+from tests.controller.controller_kubefake import FakeApiServer, make_pod
+from tests.factories import T0, make_plan
 
 # --- discovery --------------------------------------------------------------------
 
@@ -131,11 +131,11 @@ def test_publish_creates_then_replaces_keeping_previous(
 ) -> None:
     store = KubePlanStore(kube_api, target=target)
     assert store.current() is None
-    store.publish(make_plan("p1"))
-    store.publish(make_plan("p2"))
+    store.publish(make_plan(plan_id="p1"))
+    store.publish(make_plan(plan_id="p2"))
 
-    assert store.current() == make_plan("p2")
-    assert store.previous() == make_plan("p1")
+    assert store.current() == make_plan(plan_id="p2")
+    assert store.previous() == make_plan(plan_id="p1")
     assert ("POST", "/api/v1/namespaces/lf/configmaps") in fake_api.requests
     assert ("PUT", "/api/v1/namespaces/lf/configmaps/lorafleet-plan") in fake_api.requests
 
@@ -144,29 +144,29 @@ def test_rollback_swaps_current_and_previous(
     kube_api: client.ApiClient, target: KubeTarget
 ) -> None:
     store = KubePlanStore(kube_api, target=target)
-    store.publish(make_plan("p1"))
+    store.publish(make_plan(plan_id="p1"))
     with pytest.raises(PlanError, match="no previous plan"):
         store.rollback()
-    store.publish(make_plan("p2"))
+    store.publish(make_plan(plan_id="p2"))
 
     assert store.rollback().id == "p1"
-    assert (store.current(), store.previous()) == (make_plan("p1"), make_plan("p2"))
+    assert (store.current(), store.previous()) == (make_plan(plan_id="p1"), make_plan(plan_id="p2"))
 
 
 def test_concurrent_replace_of_a_configmap_is_a_conflict(
     fake_api: FakeApiServer, kube_api: client.ApiClient, target: KubeTarget
 ) -> None:
     store = KubePlanStore(kube_api, target=target)
-    store.publish(make_plan("p1"))
+    store.publish(make_plan(plan_id="p1"))
     core = client.CoreV1Api(kube_api)
     stale = core.read_namespaced_config_map("lorafleet-plan", "lf")
-    store.publish(make_plan("p2"))
+    store.publish(make_plan(plan_id="p2"))
     stale.data = {"plan.json": "{}"}
 
     with pytest.raises(client.ApiException) as raised:
         core.replace_namespaced_config_map("lorafleet-plan", "lf", stale)
     assert raised.value.status == 409
-    assert store.current() == make_plan("p2")
+    assert store.current() == make_plan(plan_id="p2")
 
 
 def test_state_store_round_trips(kube_api: client.ApiClient, target: KubeTarget) -> None:
@@ -180,7 +180,7 @@ def test_state_store_round_trips(kube_api: client.ApiClient, target: KubeTarget)
 def test_a_plan_too_large_for_a_configmap_is_refused(
     kube_api: client.ApiClient, target: KubeTarget
 ) -> None:
-    big = make_plan("big", hot={f"pod-{i:05d}": ("a",) * 40 for i in range(1500)})
+    big = make_plan(plan_id="big", hot={f"pod-{i:05d}": ("a",) * 40 for i in range(1500)})
     with pytest.raises(KubeError, match="exceed"):
         KubePlanStore(kube_api, target=target).publish(big)
 
@@ -209,11 +209,11 @@ def test_api_failures_become_kube_errors(
     error: type[KubeError],
 ) -> None:
     plans = KubePlanStore(kube_api, target=target)
-    plans.publish(make_plan("p1"))
+    plans.publish(make_plan(plan_id="p1"))
     fake_api.inject(method, kind, status)
     actions = {
         "pods": lambda: KubePods(kube_api, target=target).list_pods(),
-        "configmaps": lambda: plans.publish(make_plan("p2")),
+        "configmaps": lambda: plans.publish(make_plan(plan_id="p2")),
         "leases": lambda: KubeLeaseStore(kube_api, target=target).read(),
     }
     with pytest.raises(error) as raised:
@@ -241,8 +241,6 @@ def test_an_unreachable_server_is_retryable(target: KubeTarget) -> None:
 def test_lease_create_conflicts_when_it_exists_and_stale_replace_conflicts(
     kube_api: client.ApiClient, target: KubeTarget, clock: object
 ) -> None:
-    from controller_support import T0
-
     store = KubeLeaseStore(kube_api, target=target)
     assert store.read() is None
     record = LeaseRecord(holder="a", duration_s=15, acquired_at=T0, renewed_at=T0)

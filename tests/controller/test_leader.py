@@ -5,8 +5,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from controller_kubefake import FakeApiServer
-from controller_support import FakeClock
 from kubernetes import client
 
 from placement.adapters.kube import KubeLeaseStore, KubeTarget, connect
@@ -14,6 +12,8 @@ from placement.adapters.kube_memory import MemoryLeaseStore
 from placement.controller.leader import LeaderElector, LeaseMove, Sighting, decide
 from placement.errors import RetryableKubeError
 from placement.ports import LeaseRecord, LeaseStore
+from tests.controller.controller_kubefake import FakeApiServer
+from tests.factories import FakeClock
 
 DURATION_S = 15
 TICK_S = 5.0

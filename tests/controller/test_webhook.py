@@ -7,7 +7,6 @@ from collections.abc import AsyncIterator
 
 import httpx
 import pytest
-from controller_support import FakeClock, doc_catalog, doc_pipelines, make_fleet
 from fastapi import FastAPI
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -31,6 +30,8 @@ from placement.forecast.event_preloads import (
     pipeline_predictor,
 )
 from placement.settings import ControllerSettings
+from tests.controller.controller_support import doc_catalog, doc_pipelines, make_fleet
+from tests.factories import FakeClock
 
 SECRET = b"s3cret-for-tests"
 

@@ -4,7 +4,6 @@ a Dockerfile that runs as a non-root user from a pinned base image."""
 from __future__ import annotations
 
 import re
-import sys
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,16 +13,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
-BASE = REPO / "deploy" / "base"
-KUBE_VERSION = "1.30.0"
-
-sys.path.insert(0, str(REPO / "tests" / "controller"))
-
-from controller_kubefake import FakeApiServer, make_pod  # noqa: E402
-from controller_support import FakeClock, make_plan  # noqa: E402
-
-from placement.adapters.kube import (  # noqa: E402
+from placement.adapters.kube import (
     KubeAnnotator,
     KubeLeaseStore,
     KubePlanStore,
@@ -32,11 +22,17 @@ from placement.adapters.kube import (  # noqa: E402
     KubeTarget,
     connect,
 )
-from placement.controller.config import load_controller_config  # noqa: E402
-from placement.controller.leader import LeaderElector  # noqa: E402
-from placement.domain import AdapterId, PodId  # noqa: E402
-from placement.inputs import load_catalog, load_fleet, load_pipelines  # noqa: E402
-from placement.ports import StoredState  # noqa: E402
+from placement.controller.config import load_controller_config
+from placement.controller.leader import LeaderElector
+from placement.domain import AdapterId, PodId
+from placement.inputs import load_catalog, load_fleet, load_pipelines
+from placement.ports import StoredState
+from tests.controller.controller_kubefake import FakeApiServer, make_pod
+from tests.factories import FakeClock, make_plan
+
+REPO = Path(__file__).resolve().parents[2]
+BASE = REPO / "deploy" / "base"
+KUBE_VERSION = "1.30.0"
 
 
 def kustomization() -> dict[str, Any]:
@@ -178,7 +174,7 @@ def test_the_controller_role_grants_exactly_what_the_controller_uses() -> None:
         )
         plans, state = KubePlanStore(api, target=target), KubeStateStore(api, target=target)
         for plan_id in ("p1", "p2"):
-            plans.publish(make_plan(plan_id))
+            plans.publish(make_plan(plan_id=plan_id))
             state.save(StoredState(plan_json="{}", ledger_json="{}"))
         state.load()
         plans.rollback()

@@ -23,8 +23,7 @@ from placement.metrics import (
 )
 from placement.plan import Plan, SolverReport
 from placement.router.metrics import RouterMetrics
-
-from .plans import make_catalog, make_fleet
+from tests import factories
 
 
 def sample(registry: CollectorRegistry, name: str, **labels: str) -> float | None:
@@ -226,8 +225,8 @@ def test_apply_report_counts_actions_by_kind_pod_and_result() -> None:
 
 
 def test_fleet_activity_counts_distinct_recent_adapters_per_pool() -> None:
-    catalog = make_catalog(["a", "b", "c", "d"])
-    fleet = make_fleet(3, max_loras=4)
+    adapters = factories.catalog(*map(factories.adapter, ["a", "b", "c", "d"]))
+    pods = factories.fleet(factories.pool("base", 3, pod_prefix="pod", max_loras=4))
     now = datetime(2026, 3, 12, 12, 0, tzinfo=UTC)
     counts = pd.DataFrame(
         {
@@ -243,8 +242,8 @@ def test_fleet_activity_counts_distinct_recent_adapters_per_pool() -> None:
     registry = CollectorRegistry()
     FleetMetrics(registry).fleet_activity(
         counts,
-        catalog=catalog,
-        fleet=fleet,
+        catalog=adapters,
+        fleet=pods,
         since=now - timedelta(hours=1),
         ready=[PodId("pod-0"), PodId("pod-1")],
     )

@@ -13,9 +13,8 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from types import MappingProxyType
 
 import httpx
 import pytest
@@ -26,12 +25,14 @@ from models.baselines import Persistence
 from models.series import panel_from_counts
 from placement.adapters.prom import PromHistorySource
 from placement.controller.live_ports import PrometheusHistory
-from placement.domain import Adapter, AdapterId, Catalog, PodId, Tier
+from placement.domain import Catalog
 from placement.emulator import EmulatedFleet, PodConfig, free_base_port, serving_in_thread
-from placement.plan import AdapterPlan, Plan, PodPlan
+from placement.plan import Plan
 from placement.router import build_router
 from placement.router.wiring import ServedApp, free_port
 from placement.settings import RouterSettings, Settings
+from tests import factories
+from tests.factories import make_plan
 
 pytestmark = pytest.mark.slow
 
@@ -55,17 +56,14 @@ def wait_for(predicate: Callable[[], bool], *, timeout_s: float, what: str) -> N
 
 
 def catalog() -> Catalog:
-    return Catalog(
-        adapters=tuple(
-            Adapter(
-                name=AdapterId(name),
-                base_model="base-model",
+    return factories.catalog(
+        *(
+            factories.adapter(
+                name,
+                base="base-model",
                 rank=8,
-                alpha=8.0,
-                target_modules=("q_proj", "v_proj"),
-                dtype="float16",
-                source=f"s3://adapters/{name}",
                 size_bytes=50_000_000,
+                source=f"s3://adapters/{name}",
             )
             for name in SENT
         )
@@ -73,28 +71,12 @@ def catalog() -> Catalog:
 
 
 def plan() -> Plan:
-    now = datetime(2026, 1, 1, tzinfo=UTC)
-    return Plan(
-        id="live",
-        created_at=now,
-        valid_from=now,
-        valid_until=now.replace(year=2027),
-        pods=MappingProxyType(
-            {
-                PodId("pod-0"): PodPlan(hot=(AdapterId("alpha"),)),
-                PodId("pod-1"): PodPlan(hot=(AdapterId("beta"),)),
-            }
-        ),
-        adapters=MappingProxyType(
-            {
-                AdapterId("alpha"): AdapterPlan(
-                    tier=Tier.HOT, pods=MappingProxyType({PodId("pod-0"): 1.0})
-                ),
-                AdapterId("beta"): AdapterPlan(
-                    tier=Tier.HOT, pods=MappingProxyType({PodId("pod-1"): 1.0})
-                ),
-            }
-        ),
+    """alpha hot on pod-0, beta on pod-1, valid through 2026."""
+    return make_plan(
+        {"pod-0": ["alpha"], "pod-1": ["beta"]},
+        plan_id="live",
+        created=datetime(2026, 1, 1, tzinfo=UTC),
+        valid_for=timedelta(days=365),
     )
 
 

@@ -13,8 +13,7 @@ from typer.testing import CliRunner
 
 from placement.cli import app
 from placement.plan import Plan, plan_to_json
-
-from .plans import T0, make_plan
+from tests.factories import T0, make_plan
 
 runner = CliRunner()
 

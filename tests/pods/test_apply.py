@@ -18,12 +18,11 @@ from placement.actuation.apply import (
     plan_actions,
 )
 from placement.actuation.executor import Executor, Ledger, Status, backoff_s
-from placement.domain import Adapter, AdapterId, Catalog, Engine, Load, PodId, Warmup
+from placement.domain import AdapterId, Catalog, Engine, Load, PodId, Warmup
 from placement.emulator import ZERO_LATENCY, EmulatedFleet, Faults, Latency, PodConfig
 from placement.plan import Plan
 from placement.settings import ExecutorSettings
-
-from .plans import make_plan
+from tests.factories import adapter, catalog, make_plan
 
 pytestmark = pytest.mark.anyio
 
@@ -34,17 +33,15 @@ FAST = ExecutorSettings(
 
 
 def _catalog(missing: str = "") -> Catalog:
-    return Catalog(
-        adapters=tuple(
-            Adapter(
-                name=AdapterId(name),
-                base_model="base-model",
+    return catalog(
+        *(
+            adapter(
+                name,
+                base="base-model",
                 rank=8,
-                alpha=8,
-                target_modules=("q_proj",),
-                dtype="float16",
-                source=f"s3://adapters/{'missing-' if name == missing else ''}{name}",
                 size_bytes=1,
+                target_modules=("q_proj",),
+                source=f"s3://adapters/{'missing-' if name == missing else ''}{name}",
             )
             for name in NAMES
         )
@@ -52,20 +49,12 @@ def _catalog(missing: str = "") -> Catalog:
 
 
 PLAN_A = make_plan(
-    {
-        "pod-0": (["a0", "a1"], ["a2", "a3"]),
-        "pod-1": (["a0", "a4"], ["a5"]),
-        "pod-2": (["a6"], ["a7", "a8"]),
-        "pod-3": (["a1", "a9"], ["a2"]),
-    }
+    {"pod-0": ["a0", "a1"], "pod-1": ["a0", "a4"], "pod-2": ["a6"], "pod-3": ["a1", "a9"]},
+    {"pod-0": ["a2", "a3"], "pod-1": ["a5"], "pod-2": ["a7", "a8"], "pod-3": ["a2"]},
 )
 PLAN_B = make_plan(
-    {
-        "pod-0": (["a9", "a6"], ["a5", "a4"]),
-        "pod-1": (["a1", "a0"], ["a8", "a3"]),
-        "pod-2": (["a2", "a7"], ["a0"]),
-        "pod-3": (["a4", "a5"], ["a6", "a1"]),
-    }
+    {"pod-0": ["a9", "a6"], "pod-1": ["a1", "a0"], "pod-2": ["a2", "a7"], "pod-3": ["a4", "a5"]},
+    {"pod-0": ["a5", "a4"], "pod-1": ["a8", "a3"], "pod-2": ["a0"], "pod-3": ["a6", "a1"]},
 )
 
 

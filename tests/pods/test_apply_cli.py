@@ -17,10 +17,9 @@ from placement.emulator import (
     serving_in_thread,
 )
 from placement.plan import plan_to_json
+from tests.factories import make_plan
 
-from .plans import make_plan
-
-PLAN = make_plan({"pod-0": (["a0"], ["a1"]), "pod-1": (["a0"], ["a2"])})
+PLAN = make_plan({"pod-0": ["a0"], "pod-1": ["a0"]}, {"pod-0": ["a1"], "pod-1": ["a2"]})
 
 
 @pytest.fixture
@@ -91,7 +90,7 @@ def test_a_plan_naming_unknown_pods_or_adapters_is_bad_input(
     pods: EmulatedFleet, tmp_path: Path
 ) -> None:
     args = _inputs(tmp_path, pods)
-    bad = make_plan({"pod-9": (["zz"], [])})
+    bad = make_plan({"pod-9": ["zz"]})
     (tmp_path / "plan.json").write_text(plan_to_json(bad))
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 2

@@ -11,9 +11,10 @@ import pytest
 
 from placement.adapters.engines import engine_client
 from placement.adapters.metrics_text import parse_sglang_metrics, parse_vllm_metrics
-from placement.domain import AdapterId, Engine, Pod, PodId, PoolId
+from placement.domain import AdapterId, Engine, Pod
 from placement.errors import PermanentEngineError, RetryableEngineError
 from placement.ports import EngineClient
+from tests.factories import pod
 
 pytestmark = pytest.mark.anyio
 
@@ -21,17 +22,13 @@ Handler = Callable[[httpx.Request], httpx.Response]
 
 
 def _pod(engine: Engine) -> Pod:
-    return Pod(
-        name=PodId("pod-3"),
-        pool=PoolId("p"),
+    return pod(
+        "pod-3",
         url="http://127.0.0.1:18003",
         engine=engine,
         max_loras=2,
         max_cpu_loras=4,
         max_lora_rank=16,
-        hbm_adapter_bytes=1,
-        host_adapter_bytes=1,
-        capacity_rps=1.0,
     )
 
 
@@ -308,8 +305,8 @@ def test_unreadable_metrics_are_a_permanent_error() -> None:
 
 
 async def test_a_bad_pod_url_is_permanent() -> None:
-    pod = replace(_pod(Engine.VLLM), url="ftp://127.0.0.1:1")
-    client = engine_client(pod, http=httpx.AsyncClient())
+    bad = replace(_pod(Engine.VLLM), url="ftp://127.0.0.1:1")
+    client = engine_client(bad, http=httpx.AsyncClient())
     with pytest.raises(PermanentEngineError, match="bad pod url"):
         await client.load(AdapterId("a"), lora_path="/p")
     await client.aclose()

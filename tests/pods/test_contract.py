@@ -15,10 +15,11 @@ import httpx
 import pytest
 
 from placement.adapters.engines import engine_client
-from placement.domain import AdapterId, Engine, Pod, PodId, PoolId
+from placement.domain import AdapterId, Engine, Pod
 from placement.emulator import ZERO_LATENCY, EmulatedFleet, PodConfig
 from placement.errors import PermanentEngineError
 from placement.ports import EngineClient
+from tests.factories import pod
 
 pytestmark = pytest.mark.anyio
 
@@ -34,18 +35,7 @@ class Target:
 
 
 def _pod(url: str, engine: Engine) -> Pod:
-    return Pod(
-        name=PodId("pod-0"),
-        pool=PoolId("p"),
-        url=url,
-        engine=engine,
-        max_loras=2,
-        max_cpu_loras=4,
-        max_lora_rank=16,
-        hbm_adapter_bytes=1,
-        host_adapter_bytes=1,
-        capacity_rps=1.0,
-    )
+    return pod("pod-0", url=url, engine=engine, max_loras=2, max_cpu_loras=4, max_lora_rank=16)
 
 
 TARGETS = [

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from placement.actuation.reconcile import PodState, depends_on, reconcile, schedule
 from placement.domain import Action, ActionKind, AdapterId, PodId
 from placement.plan import Plan
-
-from .plans import after, make_plan, replay, state
+from tests.factories import make_plan
+from tests.pods.pod_states import after, replay, state
 
 P0, P1, P2 = PodId("pod-0"), PodId("pod-1"), PodId("pod-2")
 
@@ -22,7 +22,7 @@ def _kinds(actions: tuple[Action, ...]) -> list[tuple[str, str, str]]:
 
 
 def test_empty_pods_load_then_warm_hot_adapters() -> None:
-    plan = make_plan({"pod-0": (["h"], ["w"])})
+    plan = make_plan({"pod-0": ["h"]}, {"pod-0": ["w"]})
     actions = reconcile(plan, {P0: state([], cpu=4)})
     assert _kinds(actions) == [
         ("load", "pod-0", "h"),
@@ -32,7 +32,7 @@ def test_empty_pods_load_then_warm_hot_adapters() -> None:
 
 
 def test_a_move_loads_the_new_replica_before_unloading_the_old() -> None:
-    plan = make_plan({"pod-0": ([], []), "pod-1": (["x"], [])})
+    plan = make_plan({"pod-0": [], "pod-1": ["x"]})
     actions = reconcile(plan, {P0: state(["x"], cpu=2), P1: state([], cpu=2)})
     assert _kinds(actions) == [
         ("load", "pod-1", "x"),
@@ -44,14 +44,14 @@ def test_a_move_loads_the_new_replica_before_unloading_the_old() -> None:
 
 
 def test_a_full_pod_unloads_what_the_plan_wants_least_first() -> None:
-    plan = make_plan({"pod-0": (["new"], []), "pod-1": (["hot"], ["warm"])})
+    plan = make_plan({"pod-0": ["new"], "pod-1": ["hot"]}, {"pod-1": ["warm"]})
     observed = {P0: state(["gone", "warm", "hot"], cpu=3), P1: state(["hot", "warm"], cpu=3)}
     actions = reconcile(plan, observed)
     assert _kinds(actions)[:2] == [("unload", "pod-0", "gone"), ("load", "pod-0", "new")]
 
 
 def test_a_swap_between_two_full_pods_is_forced_and_says_so() -> None:
-    plan = make_plan({"pod-0": (["y"], []), "pod-1": (["x"], [])})
+    plan = make_plan({"pod-0": ["y"], "pod-1": ["x"]})
     actions = reconcile(plan, {P0: state(["x"], cpu=1), P1: state(["y"], cpu=1)})
     assert actions[0].kind is ActionKind.UNLOAD
     assert actions[0].reason.startswith("forced")
@@ -62,20 +62,20 @@ def test_a_swap_between_two_full_pods_is_forced_and_says_so() -> None:
 
 
 def test_pinned_adapters_are_never_unloaded() -> None:
-    plan = make_plan({"pod-0": ([], ["w"])}, pinned={"pod-0": ["p"]})
+    plan = make_plan({"pod-0": []}, {"pod-0": ["w"]}, pinned={"pod-0": ["p"]})
     actions = reconcile(plan, {P0: state(["p", "q", "old"], cpu=2, pinned=["q"])})
     assert not any(a.kind is ActionKind.UNLOAD and a.adapter in {"p", "q"} for a in actions)
     assert reconcile(make_plan({}), {P0: state(["q"], cpu=2, pinned=["q"])}) == ()
 
 
 def test_loads_of_pinned_adapters_carry_the_flag() -> None:
-    plan = make_plan({"pod-0": (["p"], [])}, pinned={"pod-0": ["p"]})
+    plan = make_plan({"pod-0": ["p"]}, pinned={"pod-0": ["p"]})
     (load, _warmup) = reconcile(plan, {P0: state([], cpu=2)})
     assert load.pinned and load.reason == "pinned in plan"
 
 
 def test_nothing_is_unloaded_towards_an_unreachable_pod() -> None:
-    plan = make_plan({"pod-0": ([], []), "pod-1": (["x"], [])})
+    plan = make_plan({"pod-0": [], "pod-1": ["x"]})
     assert reconcile(plan, {P0: state(["x"], cpu=2)}) == ()
 
 
@@ -90,7 +90,7 @@ def test_nothing_is_unloaded_towards_an_unreachable_pod() -> None:
 def test_registered_hot_adapters_are_warmed_when_the_ledger_lacks_them(
     warmed: list[str] | None, expected: list[tuple[str, str, str]]
 ) -> None:
-    plan = make_plan({"pod-0": (["h"], [])})
+    plan = make_plan({"pod-0": ["h"]})
     assert _kinds(reconcile(plan, {P0: state(["h"], cpu=2, warmed=warmed)})) == expected
 
 
@@ -114,14 +114,14 @@ def scenarios(draw: st.DrawFn, *, slack: int) -> tuple[Plan, dict[PodId, PodStat
         observed[pod] = state(held, cpu=cpu, gpu=gpu, warmed=warmed)
     # Plans mostly move what the pods hold, so that replicas must travel.
     pool = sorted({a for s in observed.values() for a in s.registered}) or ADAPTERS
-    wanted = {}
+    hot_on, warm_on = {}, {}
     for pod, pod_state in observed.items():
         source = draw(st.sampled_from([pool, pool, ADAPTERS]))
         size = pod_state.max_cpu_loras - slack
         want = draw(st.lists(st.sampled_from(source), unique=True, max_size=size))
         hot = [a for a in want if a in hot_adapters][: pod_state.max_loras]
-        wanted[pod] = (hot, [a for a in want if a not in hot])
-    return make_plan(wanted), observed
+        hot_on[pod], warm_on[pod] = hot, [a for a in want if a not in hot]
+    return make_plan(hot_on, warm_on), observed
 
 
 def _check_limits(observed: dict[PodId, PodState], actions: tuple[Action, ...]) -> None:
@@ -141,7 +141,7 @@ def _check_converged(
 
 #: Two hot adapters leave a full pod-0 for pod-1 and pod-2 while pod-0 needs room.
 MOVE_OUT = (
-    make_plan({"pod-0": ([], ["z"]), "pod-1": (["x"], []), "pod-2": (["y"], [])}),
+    make_plan({"pod-0": [], "pod-1": ["x"], "pod-2": ["y"]}, {"pod-0": ["z"]}),
     {P0: state(["x", "y"], cpu=2), P1: state([], cpu=2), P2: state([], cpu=2)},
 )
 

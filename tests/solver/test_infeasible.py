@@ -5,7 +5,6 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import pytest
-from solver_factories import adapter, catalog, demand, fleet, pool
 
 from placement.domain import Adapter, AdapterId, Catalog, Fleet, PodId
 from placement.errors import InfeasibleError
@@ -13,6 +12,7 @@ from placement.settings import PlannerSettings, Settings
 from placement.solver import SolveOptions, extract_plan, solve
 from placement.solver.infeasible import explain_by_relaxing
 from placement.solver.problem import build_problem
+from tests.factories import adapter, catalog, demand, fleet, pool
 
 AT = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 FAST = SolveOptions(time_limit_s=1.0, workers=1, seed=0, gap_limit=PlannerSettings().gap_limit)

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import jsonschema  # type: ignore[import-untyped]
 import pytest
-from solver_factories import adapter, catalog, demand, fleet, pool
 
 from placement.domain import AdapterId, Catalog, Fleet, PodId, Tier
 from placement.plan import Plan, plan_from_json, plan_to_dict, plan_to_json
 from placement.settings import PlannerSettings, Settings
 from placement.solver import SolveOptions, extract_plan, solve
 from placement.solver.problem import PlacementProblem, build_problem
+from tests.factories import adapter, catalog, demand, fleet, pool
 
 AT = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 FAST = SolveOptions(time_limit_s=2.0, workers=1, seed=0, gap_limit=PlannerSettings().gap_limit)

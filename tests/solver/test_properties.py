@@ -12,7 +12,6 @@ from datetime import UTC, datetime
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from solver_factories import MIB, adapter, catalog, demand, fleet, pool
 
 from placement.domain import AdapterId, Catalog, Fleet, PodId, Tier
 from placement.errors import InfeasibleError
@@ -22,6 +21,7 @@ from placement.solver import Solution, SolveOptions, extract_plan, solve
 from placement.solver.choose import greedy_assignment
 from placement.solver.packing import evaluate
 from placement.solver.problem import PlacementProblem, build_problem
+from tests.factories import MIB, adapter, catalog, demand, fleet, pool
 
 AT = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 FAST = SolveOptions(time_limit_s=1.0, workers=1, seed=0, gap_limit=PlannerSettings().gap_limit)

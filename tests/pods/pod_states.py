@@ -1,48 +1,18 @@
-"""Small builders of plans and pod states for the reconcile and apply suites."""
+"""Pod states for the reconcile suites, and the registrations a list of actions leaves.
+
+Plans come from ``tests.factories.make_plan``.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from datetime import UTC, datetime
-from types import MappingProxyType
 
 from placement.actuation.reconcile import PodState
-from placement.domain import Action, ActionKind, AdapterId, PodId, Tier
-from placement.plan import AdapterPlan, Plan, PodPlan
-
-T0 = datetime(2026, 1, 1, tzinfo=UTC)
+from placement.domain import Action, ActionKind, AdapterId, PodId
 
 
 def ids(names: Iterable[str]) -> tuple[AdapterId, ...]:
     return tuple(AdapterId(name) for name in names)
-
-
-def make_plan(
-    pods: Mapping[str, tuple[Iterable[str], Iterable[str]]],
-    *,
-    pinned: Mapping[str, Iterable[str]] | None = None,
-) -> Plan:
-    """``{pod: (hot, warm)}``; an adapter hot anywhere has tier hot."""
-    pinned = pinned or {}
-    pod_plans = {
-        PodId(pod): PodPlan(hot=ids(hot), warm=ids(warm), pinned=ids(pinned.get(pod, ())))
-        for pod, (hot, warm) in pods.items()
-    }
-    adapters: dict[AdapterId, AdapterPlan] = {}
-    for tier in (Tier.WARM, Tier.HOT):
-        for pod_id, pod_plan in pod_plans.items():
-            for adapter in pod_plan.hot if tier is Tier.HOT else pod_plan.warm:
-                replicas = dict(adapters[adapter].pods) if adapter in adapters else {}
-                replicas[pod_id] = 1.0
-                adapters[adapter] = AdapterPlan(tier=tier, pods=MappingProxyType(replicas))
-    return Plan(
-        id="test",
-        created_at=T0,
-        valid_from=T0,
-        valid_until=T0,
-        pods=MappingProxyType(pod_plans),
-        adapters=MappingProxyType(adapters),
-    )
 
 
 def state(

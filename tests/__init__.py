@@ -1,0 +1,1 @@
+"""lorafleet's tests: a package, so that shared helpers import as ``tests.factories``."""
