@@ -51,7 +51,7 @@ class SimRouter(Protocol):
         """Note an arrival; True asks the engine for an early replan."""
         ...
 
-    def plan(self, now_s: float, engine: Engine) -> dict[str, frozenset[str]] | None:
+    def plan(self, now_s: float, engine: FleetReplay) -> dict[str, frozenset[str]] | None:
         """Replan; returns the adapters each pod should hold hot (None: no planning)."""
         ...
 
@@ -70,7 +70,7 @@ class SimLog:
     plans: int = 0
 
 
-class Engine:
+class FleetReplay:
     """One replay of one workload under one router."""
 
     def __init__(

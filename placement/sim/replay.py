@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from placement.domain import Fleet
 from placement.errors import InputError, Problem
 from placement.settings import Settings
-from placement.sim.engine import Engine, SimLog, SimRouter
+from placement.sim.engine import FleetReplay, SimLog, SimRouter
 from placement.sim.figures import Metrics, compute_metrics
 from placement.sim.planning import (
     Forecaster,
@@ -82,7 +82,7 @@ def check_policies(names: Sequence[str]) -> None:
 
 def _router(
     name: str,
-    engine: Engine,
+    engine: FleetReplay,
     settings: Settings,
     eviction: EvictionPolicy,
     parts: PlanningParts,
@@ -124,14 +124,14 @@ def run_policy(
     eviction: EvictionPolicy = EvictionPolicy.LRU,
     parts: PlanningParts | None = None,
     future: History | None = None,
-    engine_type: type[Engine] = Engine,
+    replay_type: type[FleetReplay] = FleetReplay,
 ) -> ReplayResult:
     """Replay ``workload`` on a fresh fleet of ``specs`` under policy ``name``."""
     check_policies([name])
     chosen_parts = parts or PlanningParts()
     if name == "oracle" and future is None:
         future = _future(workload)
-    engine = engine_type(
+    engine = replay_type(
         workload,
         specs,
         sim=settings.sim,

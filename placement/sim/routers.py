@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass
 
 from placement.settings import Settings
-from placement.sim.engine import Engine
+from placement.sim.engine import FleetReplay
 from placement.sim.planning import (
     Forecaster,
     History,
@@ -58,7 +58,7 @@ class Costs:
     reject_kv_usage: float
 
 
-def costs_for(engine: Engine, settings: Settings) -> Costs:
+def costs_for(engine: FleetReplay, settings: Settings) -> Costs:
     workload, sim, cost = engine.workload, settings.sim, settings.load_cost
     count = max(1, len(workload))
     mean_prompt = sum(workload.prompt_tokens) / count
@@ -95,7 +95,9 @@ class DecayedCounts:
 
 
 class _Base:
-    def __init__(self, name: str, engine: Engine, settings: Settings, eviction: EvictionPolicy):
+    def __init__(
+        self, name: str, engine: FleetReplay, settings: Settings, eviction: EvictionPolicy
+    ):
         self.name = name
         self.eviction = eviction
         self.pods: list[SimPod] = engine.pods
@@ -120,7 +122,9 @@ class _Base:
 class ReactiveRouter(_Base):
     """One of the reactive baselines; it never plans."""
 
-    def __init__(self, name: str, engine: Engine, settings: Settings, eviction: EvictionPolicy):
+    def __init__(
+        self, name: str, engine: FleetReplay, settings: Settings, eviction: EvictionPolicy
+    ):
         super().__init__(name, engine, settings, eviction)
         self.cursor = 0
         pod_ids = [pod.pod_id for pod in self.pods]
@@ -156,7 +160,7 @@ class ReactiveRouter(_Base):
             self.rates.add(adapter, now_s)
         return False
 
-    def plan(self, now_s: float, engine: Engine) -> dict[str, frozenset[str]] | None:
+    def plan(self, now_s: float, engine: FleetReplay) -> dict[str, frozenset[str]] | None:
         return None
 
 
@@ -166,7 +170,7 @@ class PlannedRouter(_Base):
     def __init__(
         self,
         name: str,
-        engine: Engine,
+        engine: FleetReplay,
         settings: Settings,
         eviction: EvictionPolicy,
         *,
@@ -207,7 +211,7 @@ class PlannedRouter(_Base):
             and now_s - self.last_plan_s >= sim.event_replan_min_gap_s
         )
 
-    def plan(self, now_s: float, engine: Engine) -> dict[str, frozenset[str]] | None:
+    def plan(self, now_s: float, engine: FleetReplay) -> dict[str, frozenset[str]] | None:
         sim = self.settings.sim
         rates = self.forecaster(self.history, now_s, sim.plan_horizon_s)
         request = PlanRequest(

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from placement.settings import LoadCostSettings, Settings, SimSettings
-from placement.sim.engine import COLD_LOAD, CPU_HIT, GPU_HIT, Engine
+from placement.sim.engine import COLD_LOAD, CPU_HIT, GPU_HIT, FleetReplay
 from placement.sim.pods import PodSpec, SimPod
 from placement.sim.replay import ReplayResult, run_policy
 from placement.sim.routers import POLICIES, REACTIVE
@@ -110,7 +110,7 @@ def test_cpu_hits_come_from_the_host_cache() -> None:
     assert result.metrics["cold_loads"] == 2
 
 
-class CheckedEngine(Engine):
+class CheckedReplay(FleetReplay):
     """Checks the pod invariants after every load completes and every request ends."""
 
     def _check(self, pod: SimPod) -> None:
@@ -142,7 +142,7 @@ def test_invariants_hold_for_every_policy(
 ) -> None:
     load = workload(trace)
     pods = specs(3, max_loras=2, max_cpu_loras=3)
-    result = replay(name, load, pods, eviction=eviction, engine_type=CheckedEngine)
+    result = replay(name, load, pods, eviction=eviction, replay_type=CheckedReplay)
     metrics = result.metrics
     assert metrics["requests"] == metrics["served"] + metrics["rejected"] == len(trace)
     assert all(pod >= 0 for pod in result.log.pod)
