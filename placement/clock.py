@@ -40,3 +40,18 @@ def clock_from_options(
         return time.time
     begin = start or datetime.fromtimestamp(time.time()).astimezone()
     return warped_clock(start=begin, speed=speed, wall_origin_s=wall_origin_s)
+
+
+class ManualClock:
+    """A clock that moves only when told to: for tests and step-by-step replays."""
+
+    def __init__(self, start_s: float = 0.0) -> None:
+        self.now_s = start_s
+
+    def __call__(self) -> float:
+        return self.now_s
+
+    def advance(self, seconds: float) -> None:
+        if seconds < 0:
+            raise ValueError(f"a clock does not go back, got {seconds} s")
+        self.now_s += seconds

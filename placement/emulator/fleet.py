@@ -21,7 +21,7 @@ import contextlib
 import socket
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -80,12 +80,17 @@ def _is_free(port: int) -> bool:
     return True
 
 
-def build_pod(config: PodConfig, *, url: str = f"http://{HOST}:{DEFAULT_BASE_PORT}") -> PodHandle:
+def build_pod(
+    config: PodConfig,
+    *,
+    url: str = f"http://{HOST}:{DEFAULT_BASE_PORT}",
+    clock: Callable[[], float] = time.monotonic,
+) -> PodHandle:
     """The app factory: an emulated pod speaking ``config.engine``'s dialect."""
     problems = config.problems()
     if problems:
         raise ValueError(f"{config.name}: " + "; ".join(problems))
-    pod = EmulatedPod(config)
+    pod = EmulatedPod(config, clock=clock)
     factory = create_sglang_app if config.engine is Engine.SGLANG else create_vllm_app
     return PodHandle(pod=pod, app=factory(pod), url=url)
 
@@ -101,13 +106,9 @@ class FleetTransport(httpx.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         entry = self._by_address.get(request.url.netloc.decode())
-        if entry is None or _is_down(entry[0].pod):
+        if entry is None or entry[0].pod.is_down():
             raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
         return await entry[1].handle_async_request(request)
-
-
-def _is_down(pod: EmulatedPod) -> bool:
-    return bool(pod.down_until) and time.monotonic() < pod.down_until
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -126,12 +127,14 @@ class EmulatedFleet:
         engine: Engine = Engine.VLLM,
         base_port: int = DEFAULT_BASE_PORT,
         config: PodConfig | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> EmulatedFleet:
         template = replace(config or PodConfig(), engine=engine)
         handles = tuple(
             build_pod(
                 replace(template, name=f"pod-{i}", seed=template.seed + i),
                 url=f"http://{HOST}:{base_port + i}",
+                clock=clock,
             )
             for i in range(n)
         )
@@ -217,7 +220,7 @@ async def serve_fleet(handles: Sequence[PodHandle], *, stop: asyncio.Event | Non
     tasks: list[asyncio.Task[None] | None] = [asyncio.create_task(s.serve()) for s in servers]
     while not stop.is_set():
         for i, handle in enumerate(handles):
-            task, down = tasks[i], _is_down(handle.pod)
+            task, down = tasks[i], handle.pod.is_down()
             if down and task is not None:
                 servers[i].should_exit = True
                 await task

@@ -19,7 +19,7 @@ import asyncio
 import random
 import time
 from collections import Counter, OrderedDict, deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 
 from placement.domain import Engine
@@ -67,8 +67,10 @@ async def _pause(ms: float) -> None:
 class EmulatedPod:
     """One pod's engine: registrations, the two LRU tiers, requests in flight."""
 
-    def __init__(self, config: PodConfig) -> None:
+    def __init__(self, config: PodConfig, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
+        #: Seconds on a monotonic clock: down windows and residencies. Tests pass their own.
+        self.clock = clock
         self.faults = config.faults
         self.rng = random.Random(config.seed)
         self.counters: Counter[str] = Counter()
@@ -102,17 +104,21 @@ class EmulatedPod:
     def kill(self, down_s: float) -> None:
         """Die now; answer as down for ``down_s`` seconds, then come back empty."""
         self.restart()
-        self.down_until = time.monotonic() + down_s
+        self.down_until = self.clock() + down_s
 
     def check(self, *, inject: bool = True) -> None:
         """Raise if the pod is down, or if this call draws an injected failure."""
         if self.down_until:
-            if time.monotonic() < self.down_until:
+            if self.is_down():
                 raise PodDownError()
             self.down_until = 0.0
         if inject and self.faults.error_rate > 0 and self.rng.random() < self.faults.error_rate:
             self.counters["injected_errors"] += 1
             raise InjectedError()
+
+    def is_down(self) -> bool:
+        """Whether the pod is inside a window opened by ``kill``."""
+        return bool(self.down_until) and self.clock() < self.down_until
 
     def set_faults(self, **changes: float) -> Faults:
         self.faults = replace(self.faults, **changes)
@@ -199,7 +205,7 @@ class EmulatedPod:
         """Free ``name``'s GPU slot, remembering how long it stayed (its residency)."""
         activated = self.gpu.pop(name, None)
         if activated is not None:
-            self.residencies_s.append(time.monotonic() - activated)
+            self.residencies_s.append(self.clock() - activated)
 
     def _peak(self) -> None:
         self.peaks["registered"] = max(self.peaks["registered"], len(self.listed))
@@ -226,7 +232,7 @@ class EmulatedPod:
         if name in self.gpu:
             self.gpu.move_to_end(name)
         else:
-            self.gpu[name] = time.monotonic()
+            self.gpu[name] = self.clock()
             self.counters["gpu_activations"] += 1
         self.running[name] += 1
         self._peak()
@@ -296,7 +302,7 @@ class EmulatedPod:
             "gpu": list(self.gpu),
             "residency_s": {
                 "ended": [round(v, 3) for v in self.residencies_s],
-                "ongoing": [round(time.monotonic() - t, 3) for t in self.gpu.values()],
+                "ongoing": [round(self.clock() - t, 3) for t in self.gpu.values()],
             },
             "pinned": sorted(self.pinned),
             "running": sum(self.running.values()),
@@ -307,6 +313,6 @@ class EmulatedPod:
             "faults": {
                 "error_rate": self.faults.error_rate,
                 "slow_load_ms": self.faults.slow_load_ms,
-                "down": bool(self.down_until and time.monotonic() < self.down_until),
+                "down": self.is_down(),
             },
         }

@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 import pytest
 
+from placement.clock import ManualClock
 from placement.domain import Engine
 from placement.emulator import ZERO_LATENCY, EmulatedFleet, PodConfig
 
@@ -23,8 +24,14 @@ def anyio_backend() -> str:
 
 @pytest.fixture
 def emulated() -> EmulatedFactory:
-    def make(n: int = 1, *, engine: Engine = Engine.VLLM, **config: object) -> EmulatedFleet:
+    def make(
+        n: int = 1,
+        *,
+        engine: Engine = Engine.VLLM,
+        clock: ManualClock | None = None,
+        **config: object,
+    ) -> EmulatedFleet:
         template = PodConfig(latency=ZERO_LATENCY, **config)  # type: ignore[arg-type]
-        return EmulatedFleet.start(n, engine=engine, config=template)
+        return EmulatedFleet.start(n, engine=engine, config=template, clock=clock or ManualClock())
 
     return make

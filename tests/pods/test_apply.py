@@ -18,6 +18,7 @@ from placement.actuation.apply import (
     plan_actions,
 )
 from placement.actuation.executor import Executor, Ledger, Status, backoff_s
+from placement.clock import ManualClock
 from placement.domain import AdapterId, Catalog, Engine, Load, PodId, Warmup
 from placement.emulator import ZERO_LATENCY, EmulatedFleet, Faults, Latency, PodConfig
 from placement.plan import Plan
@@ -58,9 +59,11 @@ PLAN_B = make_plan(
 )
 
 
-def _fleet(engine: Engine = Engine.VLLM, **config: object) -> EmulatedFleet:
+def _fleet(
+    engine: Engine = Engine.VLLM, *, clock: ManualClock | None = None, **config: object
+) -> EmulatedFleet:
     template = PodConfig(latency=ZERO_LATENCY, max_loras=2, max_cpu_loras=4, **config)  # type: ignore[arg-type]
-    return EmulatedFleet.start(4, engine=engine, config=template)
+    return EmulatedFleet.start(4, engine=engine, config=template, clock=clock or ManualClock())
 
 
 async def _no_sleep(_: float) -> None:
@@ -165,7 +168,8 @@ async def test_a_fifth_of_calls_failing_with_5xx_still_converges(engine: Engine)
 
 
 async def test_a_pod_killed_mid_apply_is_reported_and_the_next_apply_converges() -> None:
-    fleet = _fleet()
+    clock = ManualClock()
+    fleet = _fleet(clock=clock)
     victim = fleet.pod("pod-2")
     done = 0
 
@@ -180,7 +184,7 @@ async def test_a_pod_killed_mid_apply_is_reported_and_the_next_apply_converges()
         apply = _applier(fleet, http, settings=settings)
         broken = await apply(PLAN_A, on_result=kill_after_five)
         during = await apply(PLAN_A)
-        await asyncio.sleep(0.45)
+        clock.advance(0.45)
         healed = await apply(PLAN_A)
         final = await apply(PLAN_A)
     assert not broken.report.ok

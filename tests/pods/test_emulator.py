@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from placement.adapters.metrics_text import parse_vllm_metrics
+from placement.clock import ManualClock
 from placement.domain import Engine
 from placement.emulator import ZERO_LATENCY, EmulatedFleet, PodConfig, build_pod
 
@@ -238,7 +239,8 @@ async def test_sglang_pins_at_most_one_less_than_the_batch(emulated: EmulatedFac
 async def test_injected_errors_and_a_pod_that_dies_and_comes_back_empty(
     emulated: EmulatedFactory,
 ) -> None:
-    fleet = emulated(1)
+    clock = ManualClock()
+    fleet = emulated(1, clock=clock)
     async with fleet.http() as http:
         await _post(http, "/v1/load_lora_adapter", {"lora_name": "a", "lora_path": "p"})
         await _post(http, "/admin/fault", {"error_rate": 1.0})
@@ -246,7 +248,7 @@ async def test_injected_errors_and_a_pod_that_dies_and_comes_back_empty(
         await _post(http, "/admin/fault", {"error_rate": 0.0, "down_s": 0.3})
         with pytest.raises(httpx.ConnectError):
             await http.get(URL + "/health")
-        await asyncio.sleep(0.35)
+        clock.advance(0.35)
         listed = (await http.get(URL + "/v1/models")).json()["data"]
         stats = (await http.get(URL + "/admin/stats")).json()
     assert failing.status_code == 500
