@@ -8,7 +8,7 @@ in-process with ``--in-process``; latencies are the emulate command's defaults
 run is the critical path: the slowest pod's sum of simulated action times, which no
 executor can beat; the ratio says how close the executor gets to it.
 
-    .venv/bin/python bench/apply_scale.py [--pods 64] [--in-process]
+    .venv/bin/python -m bench.apply_scale [--pods 64] [--in-process]
 """
 
 from __future__ import annotations
@@ -22,61 +22,43 @@ import sys
 import time
 from collections import Counter
 from datetime import UTC, datetime
-from types import MappingProxyType
 
 import httpx
 
 from placement.actuation.apply import apply_plan, make_clients
 from placement.actuation.executor import Ledger
-from placement.domain import ActionKind, Adapter, AdapterId, Catalog, PodId, Tier
+from placement.domain import ActionKind, Catalog, PodId
 from placement.emulator import EmulatedFleet, Latency, PodConfig, free_base_port
-from placement.plan import AdapterPlan, Plan, PodPlan
+from placement.plan import Plan
 from placement.settings import ExecutorSettings
+from tests import factories
 
 LATENCY = Latency(load_ms=10.0, load_ms_per_mb=0.2, activate_ms=25.0, ttft_ms=20.0, tpot_ms=5.0)
 ADAPTER_MB = 50
 N_ADAPTERS = 200
+NAMES = [f"ad-{i:03d}" for i in range(N_ADAPTERS)]
 HOT, WARM = 4, 8
 
 
 def _catalog() -> Catalog:
-    return Catalog(
-        adapters=tuple(
-            Adapter(
-                name=AdapterId(f"ad-{i:03d}"),
-                base_model="llama-3.1-8b",
-                rank=16,
-                alpha=16,
-                target_modules=("q_proj", "v_proj"),
-                dtype="float16",
-                source=f"s3://adapters/ad-{i:03d}",
-                size_bytes=ADAPTER_MB * 1_000_000,
+    return factories.catalog(
+        *(
+            factories.adapter(
+                name, size_bytes=ADAPTER_MB * 1_000_000, source=f"s3://adapters/{name}"
             )
-            for i in range(N_ADAPTERS)
+            for name in NAMES
         )
     )
 
 
 def _plan(pods: list[PodId], *, seed: int) -> Plan:
+    """HOT adapters hot and WARM warm on each pod, drawn at random from the catalog."""
     rng = random.Random(seed)
-    names = [AdapterId(f"ad-{i:03d}") for i in range(N_ADAPTERS)]
-    pod_plans, tiers = {}, {}
+    hot, warm = {}, {}
     for pod in pods:
-        chosen = rng.sample(names, HOT + WARM)
-        pod_plans[pod] = PodPlan(hot=tuple(chosen[:HOT]), warm=tuple(chosen[HOT:]))
-        for adapter in chosen[:HOT]:
-            tiers[adapter] = Tier.HOT
-        for adapter in chosen[HOT:]:
-            tiers.setdefault(adapter, Tier.WARM)
-    now = datetime.now(UTC)
-    return Plan(
-        id=f"bench-{seed}",
-        created_at=now,
-        valid_from=now,
-        valid_until=now,
-        pods=MappingProxyType(pod_plans),
-        adapters=MappingProxyType({a: AdapterPlan(tier=t) for a, t in tiers.items()}),
-    )
+        chosen = rng.sample(NAMES, HOT + WARM)
+        hot[pod], warm[pod] = chosen[:HOT], chosen[HOT:]
+    return factories.make_plan(hot, warm, plan_id=f"bench-{seed}", created=datetime.now(UTC))
 
 
 def _critical_path_s(actions: tuple[object, ...]) -> float:

@@ -4,7 +4,7 @@ Runs emulated vLLM pods with zero simulated latency in one child process and the
 router in another, and drives both from this process with aiohttp, so every figure
 comes with its baseline from the same run (calling the emulated pod directly).
 
-    .venv/bin/python bench/router_overhead.py [--seconds 4] [--rate 500]
+    .venv/bin/python -m bench.router_overhead [--seconds 4] [--rate 500]
 
 Targets: added latency p50 <= 1 ms and p99 <= 5 ms at 500 req/s; a routing
 decision <= 50 us p99 with 64 pods; >= 2,000 req/s through one router process.
@@ -30,11 +30,12 @@ import aiohttp
 
 from placement.domain import AdapterId, Engine, PodId, PoolId, Tier
 from placement.emulator import free_base_port
-from placement.plan import AdapterPlan, Plan, PodPlan, plan_to_json
+from placement.plan import AdapterPlan, Plan, plan_to_json
 from placement.ports import PodMetrics
 from placement.router.picking import Picker
 from placement.router.state import Upstream, build_topology
 from placement.settings import LoadCostSettings, RouterSettings
+from tests import factories
 
 PODS_SCRIPT = """
 import asyncio, sys
@@ -65,20 +66,9 @@ BODY = {"prompt": "hello", "max_tokens": 1}
 
 
 def _plan(pods: int, adapters: list[str]) -> Plan:
-    now = datetime.now(UTC)
-    entries, by_pod = {}, {}
-    for index, name in enumerate(adapters):
-        pod = PodId(f"pod-{index % pods}")
-        entries[AdapterId(name)] = AdapterPlan(tier=Tier.HOT, pods=MappingProxyType({pod: 1.0}))
-        by_pod.setdefault(pod, []).append(AdapterId(name))
-    return Plan(
-        id="bench",
-        created_at=now,
-        valid_from=now,
-        valid_until=now + timedelta(hours=1),
-        pods=MappingProxyType({p: PodPlan(hot=tuple(a)) for p, a in by_pod.items()}),
-        adapters=MappingProxyType(entries),
-    )
+    """Each adapter hot on one pod, dealt round-robin."""
+    hot = {f"pod-{k}": adapters[k::pods] for k in range(min(pods, len(adapters)))}
+    return factories.make_plan(hot, plan_id="bench", created=datetime.now(UTC))
 
 
 async def _wait_up(url: str) -> None:

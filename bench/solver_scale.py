@@ -8,8 +8,10 @@ objective, no hint, the same time limit and workers. Both plans are priced by th
 same yardstick (``placement.solver.packing.evaluate`` without the imbalance term, which the
 baseline does not model), and the baseline's ratio to ours is printed.
 
-    .venv/bin/python bench/solver_scale.py            # all three sizes
-    .venv/bin/python bench/solver_scale.py --only 200x16
+    .venv/bin/python -m bench.solver_scale            # all three sizes
+    .venv/bin/python -m bench.solver_scale --only 200x16
+
+The catalog and fleet are built with ``tests.factories``, hence ``-m`` from the root.
 """
 
 from __future__ import annotations
@@ -23,34 +25,15 @@ from types import MappingProxyType
 import numpy as np
 from ortools.sat.python import cp_model
 
-from placement.domain import (
-    Adapter,
-    AdapterId,
-    Catalog,
-    Engine,
-    Fleet,
-    ModelDims,
-    Pod,
-    PodId,
-    Pool,
-    PoolId,
-)
+from placement.domain import AdapterId, Catalog, Fleet, PodId
 from placement.settings import PlannerSettings, Settings
+from placement.sizing import BUILTIN_MODELS
 from placement.solver import options_from, solve
 from placement.solver.greedy import hot_eligible, warm_eligible
 from placement.solver.packing import Assignment, evaluate
 from placement.solver.problem import Demand, PlacementProblem, PoolProblem, build_problem
+from tests import factories
 
-MIB = 1 << 20
-DIMS = ModelDims(
-    name="bench",
-    hidden_size=4096,
-    num_layers=32,
-    num_attention_heads=32,
-    num_kv_heads=8,
-    head_dim=128,
-    intermediate_size=14336,
-)
 BASES = ("llama-3.1-8b", "mistral-7b")
 
 
@@ -66,68 +49,46 @@ def generate(
     rates = total_rps * weights / weights.sum()
     order = np.argsort(-rates)
     pinned = set(order[:10].tolist())
-    catalog = Catalog(
-        adapters=tuple(
-            Adapter(
-                name=AdapterId(f"ad-{i:05d}"),
-                base_model=BASES[i % 2],
+    names = [f"ad-{i:05d}" for i in range(adapters)]
+    catalog = factories.catalog(
+        *(
+            factories.adapter(
+                names[i],
+                base=BASES[i % 2],
                 rank=int(ranks[i]),
-                alpha=float(ranks[i]),
-                target_modules=("q_proj", "v_proj"),
-                dtype="float16",
-                source=f"/a/{i}",
                 # About 3.2 MB per unit of rank: rank 16 is the typical 50 MB adapter.
                 size_bytes=int(ranks[i]) * 3_200_000,
+                source=f"/a/{i}",
                 pinned=i in pinned,
                 max_replicas=32,
             )
             for i in range(adapters)
         )
     )
-    per_pool = pods // 2
     # Pods carry about 3x the mean load, so capacity binds only for the busiest adapters.
     capacity = math.ceil(total_rps * 3.0 / pods)
-    fleet = Fleet(
-        pools=tuple(
-            _pool(name, base, per_pool, capacity)
+    fleet = factories.fleet(
+        *(
+            factories.pool(
+                name,
+                pods // 2,
+                base=base,
+                dims=BUILTIN_MODELS[BASES[0]],
+                max_loras=16,
+                max_cpu_loras=64,
+                max_lora_rank=128,
+                hbm_mib=2048,
+                host_mib=16384,
+                capacity_rps=capacity,
+            )
             for name, base in (("pool-a", BASES[0]), ("pool-b", BASES[1]))
         )
     )
-    demand = {
-        AdapterId(f"ad-{i:05d}"): Demand(mean_rps=float(rates[i]), q90_rps=float(rates[i]) * 1.5)
-        for i in range(adapters)
-    }
+    demand = factories.demand({name: float(rate) for name, rate in zip(names, rates, strict=True)})
     # Replication 2 for the busiest 10%: the share of the adapter at the 90th percentile.
     threshold = float(np.sort(rates)[::-1][max(0, adapters // 10 - 1)]) / total_rps
     planner = PlannerSettings(replicate_share=threshold, time_limit_s=10.0, workers=2)
     return catalog, fleet, demand, planner
-
-
-def _pool(name: str, base: str, pods: int, capacity: float) -> Pool:
-    members = tuple(
-        Pod(
-            name=PodId(f"{name}-{i}"),
-            pool=PoolId(name),
-            url=f"http://127.0.0.1:{20000 + i}",
-            engine=Engine.VLLM,
-            max_loras=16,
-            max_cpu_loras=64,
-            max_lora_rank=128,
-            hbm_adapter_bytes=2 << 30,
-            host_adapter_bytes=16 << 30,
-            capacity_rps=capacity,
-        )
-        for i in range(pods)
-    )
-    return Pool(
-        name=PoolId(name),
-        base_model=base,
-        served_model_name=base,
-        engine=Engine.VLLM,
-        max_lora_rank=128,
-        dims=DIMS,
-        pods=members,
-    )
 
 
 def direct_model(problem: PoolProblem) -> tuple[cp_model.CpModel, dict, dict]:  # type: ignore[type-arg]
