@@ -36,9 +36,9 @@ from placement.domain import (
     PoolId,
 )
 from placement.settings import Settings
-from placement.sim.replay import PlanningParts, pod_specs, run_policy
+from placement.sim.replay import run_policy
 from placement.sim.routers import POLICIES
-from placement.sim.wiring import planning_parts
+from placement.sim.wiring import PLANNERS, replay_planning
 from placement.sim.workload import SimWorkload
 from placement.sizing import BUILTIN_MODELS, adapter_bytes
 
@@ -132,20 +132,16 @@ def main() -> None:
     parser.add_argument("--days", type=int, default=2)
     parser.add_argument("--rps", type=float, default=4.0)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--planner", choices=["solver", "greedy"], default="solver")
+    parser.add_argument("--planner", choices=PLANNERS, default="solver")
     parser.add_argument("--policy", action="append", default=None)
     args = parser.parse_args()
     settings = Settings()
     load, catalog, fleet = build(args.days, args.rps, args.seed)
     active = len(set(load.adapters))
-    parts = (
-        planning_parts(catalog, fleet, settings=settings, start=load.start)
-        if args.planner == "solver"
-        else PlanningParts()
-    )
+    planning = replay_planning(catalog, fleet, settings=settings, planner=args.planner)
     print(
         f"servegen m-mid: {len(load):,} requests over {args.days} d, {active} adapters,"
-        f" 32 GPU slots; planning: {parts.description}"
+        f" 32 GPU slots; planning: {planning.description}"
     )
     print(
         f"{'policy':12s} {'hit':>6s} {'loads':>7s} {'l/pod/s':>8s} {'peak':>6s} {'res50':>6s}"
@@ -154,7 +150,7 @@ def main() -> None:
     results: dict[str, dict[str, float]] = {}
     for name in args.policy or list(POLICIES):
         began = time.perf_counter()
-        m = run_policy(name, load, pod_specs(fleet), settings=settings, parts=parts).metrics
+        m = run_policy(name, load, fleet, settings=settings, planning=planning).metrics
         wall_s = time.perf_counter() - began
         results[name] = {key: float(value) for key, value in m.items()}
         print(

@@ -22,9 +22,9 @@ from replay_targets import print_target_ratios
 from placement.inputs import load_catalog, load_fleet
 from placement.inputs.request_log import load_request_log
 from placement.settings import Settings
-from placement.sim.replay import PlanningParts, ReplayResult, pod_specs, run_policy
+from placement.sim.replay import ReplayResult, run_policy
 from placement.sim.routers import POLICIES
-from placement.sim.wiring import planning_parts
+from placement.sim.wiring import PLANNERS, replay_planning
 from placement.sim.workload import SimWorkload, workload_from_log
 
 DATA = Path("data/war-story")
@@ -50,21 +50,19 @@ def window(
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--planner", choices=["solver", "greedy"], default="solver")
+    parser.add_argument("--planner", choices=PLANNERS, default="solver")
     parser.add_argument("--policy", action="append", default=None)
     args = parser.parse_args()
     settings = Settings()
     fleet = load_fleet(DATA / "fleet.yaml")
     catalog = load_catalog(DATA / "catalog.yaml", fleet=fleet)
-    load = workload_from_log(load_request_log(DATA / "requests.parquet"), catalog)
-    parts = (
-        planning_parts(catalog, fleet, settings=settings, start=load.start)
-        if args.planner == "solver"
-        else PlanningParts()
-    )
+    log = load_request_log(DATA / "requests.parquet")
+    load = workload_from_log(log, catalog, bucket_s=settings.forecast.bucket_s)
+    planning = replay_planning(catalog, fleet, settings=settings, planner=args.planner)
     experiment_s = (EXPERIMENT - pd.Timestamp(load.start)).total_seconds()
     print(
-        f"war story: {len(load):,} requests, {len(fleet.pods)} pods; planning: {parts.description}"
+        f"war story: {len(load):,} requests, {len(fleet.pods)} pods;"
+        f" planning: {planning.description}"
     )
     header = (
         f"{'policy':12s} {'hit':>6s} {'loads':>7s} {'l/pod/s':>8s} {'peak':>6s} {'res50':>6s}"
@@ -75,7 +73,7 @@ def main() -> None:
     results: dict[str, dict[str, float]] = {}
     for name in args.policy or list(POLICIES):
         began = time.perf_counter()
-        result = run_policy(name, load, pod_specs(fleet), settings=settings, parts=parts)
+        result = run_policy(name, load, fleet, settings=settings, planning=planning)
         wall_s = time.perf_counter() - began
         m = result.metrics
         after = window(result, load, experiment_s, experiment_s + 4 * 3600)

@@ -12,15 +12,16 @@ import pandas as pd
 import typer
 from rich.table import Table
 
+from models.registry import forecaster_named
 from placement.cli.app import app, err, out, report_errors
 from placement.errors import InputError, Problem
 from placement.inputs import load_catalog, load_fleet
 from placement.inputs.request_log import load_request_log
 from placement.settings import Settings
 from placement.sim.engine import COLD_LOAD, CPU_HIT, GPU_HIT
-from placement.sim.replay import PlanningParts, ReplayResult, check_policies, run_replay
-from placement.sim.routers import POLICIES
-from placement.sim.wiring import planning_parts
+from placement.sim.replay import ReplayResult, check_policies, run_replay
+from placement.sim.routers import PLANNED, POLICIES
+from placement.sim.wiring import PLANNERS, replay_planning
 from placement.sim.workload import SimWorkload, workload_from_log
 from policies.eviction import EvictionPolicy
 
@@ -60,6 +61,18 @@ def _eviction(name: str) -> EvictionPolicy:
                 )
             ]
         ) from None
+
+
+def _check_planning(planner: str, forecast_model: str) -> None:
+    problems = []
+    if planner not in PLANNERS:
+        problems.append(Problem(source="--planner", message=f"choose {' or '.join(PLANNERS)}"))
+    try:
+        forecaster_named(forecast_model)
+    except KeyError as exc:
+        problems.append(Problem(source="--forecast-model", message=str(exc.args[0])))
+    if problems:
+        raise InputError(problems)
 
 
 def _table(results: list[ReplayResult]) -> Table:
@@ -121,39 +134,42 @@ def replay(
         float | None, typer.Option(help="lorafleet/oracle replanning interval in seconds")
     ] = None,
     planner: Annotated[
-        str, typer.Option(help="lorafleet/oracle planner: solver (CP-SAT) or greedy")
+        str,
+        typer.Option(help="lorafleet/oracle planner: solver (CP-SAT) or greedy (the solver's)"),
     ] = "solver",
     forecast_model: Annotated[
-        str,
-        typer.Option(help="lorafleet's forecaster (models/ name), or 'sim' for the replay's own"),
+        str, typer.Option(help="lorafleet's forecaster (a models/ name, as the controller's)")
     ] = "level-profile",
 ) -> None:
     """Replay a request log on a simulated fleet under every named policy."""
     check_policies(policy)
     chosen_eviction = _eviction(eviction)
+    _check_planning(planner, forecast_model)
     settings = Settings()
     if plan_interval_s is not None:
         settings = replace(settings, sim=replace(settings.sim, plan_interval_s=plan_interval_s))
     parsed_fleet = load_fleet(fleet)
     parsed_catalog = load_catalog(catalog, fleet=parsed_fleet)
-    workload = workload_from_log(load_request_log(log), parsed_catalog)
-    if planner not in ("solver", "greedy"):
-        raise InputError([Problem(source="--planner", message="choose solver or greedy")])
-    parts = (
-        planning_parts(
-            parsed_catalog,
-            parsed_fleet,
-            settings=settings,
-            start=workload.start,
-            forecast_model=None if forecast_model == "sim" else forecast_model,
-        )
-        if planner == "solver"
-        else PlanningParts()
+    workload = workload_from_log(
+        load_request_log(log), parsed_catalog, bucket_s=settings.forecast.bucket_s
+    )
+    planning = replay_planning(
+        parsed_catalog,
+        parsed_fleet,
+        settings=settings,
+        planner=planner,
+        forecast_model=forecast_model,
     )
     if not as_json:
-        err().print(f"replaying {len(workload):,} requests; planning: {parts.description}")
+        described = planning.description if set(policy) & set(PLANNED) else "none"
+        err().print(f"replaying {len(workload):,} requests; planning: {described}")
     results = run_replay(
-        workload, parsed_fleet, policy, settings=settings, eviction=chosen_eviction, parts=parts
+        workload,
+        parsed_fleet,
+        policy,
+        settings=settings,
+        eviction=chosen_eviction,
+        planning=planning,
     )
     if out_log is not None:
         replayed_frame(workload, results).to_parquet(out_log, index=False)

@@ -1,8 +1,8 @@
 """Hit rate before and after a plan: the last day of the request log replayed twice.
 
 Owns the bridge from a fixed ``Plan`` to the replay simulator (``placement.sim``):
-a planner that always answers with the plan's hot sets and weights, so that the
-simulator's ``lorafleet`` policy routes and protects exactly what the plan says. The
+a ``Planner`` that always answers with that plan, so that the simulator's
+``lorafleet`` policy routes and protects exactly what the plan says. The
 "before" side replays the plan it is compared against, or, without one, the
 reactive ``round-robin`` baseline (what a fleet without a plan does).
 
@@ -14,15 +14,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
-from placement.domain import Catalog, Fleet, PodId, Tier
+from placement.domain import AdapterId, Catalog, Fleet
 from placement.inputs.request_log import RequestLog, request_log_from_frame
 from placement.plan import Plan
 from placement.settings import Settings
-from placement.sim.planning import History, Planner, PlanRequest, SimPlan
-from placement.sim.replay import PlanningParts, pod_specs, run_policy
+from placement.sim.planning import ReplayPlanning
+from placement.sim.replay import run_policy
 from placement.sim.workload import workload_from_log
+from placement.solver.planner import Planner
+from placement.solver.problem import Demand
 
 #: The figures the report shows, in order, with their labels.
 SHOWN = (
@@ -47,31 +49,24 @@ class ReplayComparison:
     span: str
 
 
-def fixed_planner(plan: Plan, pod_ids: tuple[str, ...]) -> Planner:
-    """A planner that ignores the forecast and answers with ``plan`` on these pods."""
-    known = set(pod_ids)
-    hot = {
-        pod_id: frozenset(str(a) for a in plan.pods[PodId(pod_id)].hot)
-        if pod_id in plan.pods
-        else frozenset()
-        for pod_id in pod_ids
-    }
-    weights: dict[str, dict[str, float]] = {}
-    for adapter, entry in plan.adapters.items():
-        if entry.tier is not Tier.HOT:
-            continue
-        shares = {str(pod): weight for pod, weight in entry.pods.items() if pod in known}
-        if shares:
-            weights[str(adapter)] = shares
-    fixed = SimPlan(hot=hot, weights=weights, source="fixed")
+def fixed_planner(plan: Plan) -> Planner:
+    """A planner that ignores the demand and answers with ``plan``."""
 
-    def planner(_: PlanRequest) -> SimPlan:
-        return fixed
+    def planner(
+        demand: Mapping[AdapterId, Demand],
+        *,
+        fleet: Fleet,
+        valid_from: datetime,
+        current: Plan | None,
+    ) -> Plan:
+        return plan
 
     return planner
 
 
-def _no_forecast(_: History, __: float, ___: float) -> dict[str, float]:
+def _no_forecast(
+    history: RequestLog, *, start: datetime, duration_s: int
+) -> Mapping[AdapterId, Demand]:
     return {}
 
 
@@ -97,22 +92,24 @@ def compare_replays(
     """Replay the last ``span`` of ``log`` under ``against`` (or the baseline) and ``plan``."""
     recent = last_day(log, span=span)
     workload = workload_from_log(recent, catalog, bucket_s=settings.forecast.bucket_s)
-    specs = pod_specs(fleet)
-    pod_ids = tuple(spec.pod_id for spec in specs)
 
     def under(fixed: Plan) -> Mapping[str, float | int | bool]:
-        parts = PlanningParts(
+        # No demand and no floor: every hot adapter of the plan is protected.
+        planning = ReplayPlanning(
+            fleet=fleet,
             forecaster=_no_forecast,
-            planner=fixed_planner(fixed, pod_ids),
+            planner=fixed_planner(fixed),
             description=f"fixed plan {fixed.id}",
         )
-        return run_policy("lorafleet", workload, specs, settings=settings, parts=parts).metrics
+        return run_policy(
+            "lorafleet", workload, fleet, settings=settings, planning=planning
+        ).metrics
 
     after = under(plan)
     if against is not None:
         before, before_label = under(against), f"plan {against.id}"
     else:
-        before = run_policy(BASELINE, workload, specs, settings=settings).metrics
+        before = run_policy(BASELINE, workload, fleet, settings=settings).metrics
         before_label = f"no plan ({BASELINE}, LRU)"
     return ReplayComparison(
         before_label=before_label,

@@ -51,7 +51,7 @@ class SimRouter(Protocol):
         """Note an arrival; True asks the engine for an early replan."""
         ...
 
-    def plan(self, now_s: float, engine: FleetReplay) -> dict[str, frozenset[str]] | None:
+    def plan(self, now_s: float, replay: FleetReplay) -> dict[str, frozenset[str]] | None:
         """Replan; returns the adapters each pod should hold hot (None: no planning)."""
         ...
 

@@ -1,145 +1,180 @@
-"""Planning inside a replay: demand seen so far (or the true future) to hot sets.
+"""Planning inside a replay, through the controller's ports: history in, a ``Plan`` out.
 
-Owns the small interface the ``lorafleet`` and ``oracle`` policies replan through:
-a ``Forecaster`` turns per-minute request counts into a rate per adapter over the
-coming horizon, and a ``Planner`` turns those rates into hot adapters per pod with
-routing weights (``SimPlan``). ``greedy_rate_planner`` and ``recent_and_yesterday``
-are the simulator's own simple fallbacks; ``placement.sim.wiring`` connects the
-project's forecaster and solver when they are importable.
+``ReplayPlanning`` is what the ``lorafleet`` and ``oracle`` policies replan with: a
+``DemandForecaster`` (``placement.forecast.demand``) and a ``Planner``
+(``placement.solver.planner``), the ports the controller ticks through, and the fleet
+they plan for. ``ReplayHistory`` hands a forecaster the requests a replay has seen so
+far as the request log a controller would have (per-minute counts); ``RecentFloor``
+keeps an adapter that just appeared from being forecast at nothing; ``TrueDemand`` is
+the oracle's forecaster (the demand actually coming); ``observed_plan`` states what the
+pods hold, for the planner's hint.
 
-Pure: counts and rates in, plans out; no IO, no clock.
+Pure: requests in, demand and plans out; no IO, no clock.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from bisect import bisect_left
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from types import MappingProxyType
 
-MINUTE_S = 60.0
-DAY_S = 86_400.0
+import numpy as np
+import pandas as pd
 
+from placement.domain import AdapterId, Fleet, PodId
+from placement.errors import ForecastError
+from placement.forecast.demand import DemandForecaster
+from placement.inputs.request_log import RequestLog
+from placement.plan import Plan, PodPlan
+from placement.sim.workload import SimWorkload
+from placement.solver.planner import Planner
+from placement.solver.problem import Demand
 
-@dataclass
-class History:
-    """Requests per adapter per minute since the replay started (minute index -> counts)."""
-
-    minutes: dict[int, dict[str, int]] = field(default_factory=dict)
-
-    def add(self, adapter: str, now_s: float) -> None:
-        minute = int(now_s // MINUTE_S)
-        counts = self.minutes.get(minute)
-        if counts is None:
-            counts = self.minutes[minute] = {}
-        counts[adapter] = counts.get(adapter, 0) + 1
-
-    def totals(self, start_s: float, end_s: float) -> dict[str, int]:
-        """Requests per adapter with arrival minute in [start_s, end_s)."""
-        result: dict[str, int] = {}
-        for minute in range(max(0, int(start_s // MINUTE_S)), int(end_s // MINUTE_S)):
-            for adapter, count in self.minutes.get(minute, {}).items():
-                result[adapter] = result.get(adapter, 0) + count
-        return result
-
-    def peak_rates(self, start_s: float, end_s: float, *, bucket_s: float) -> dict[str, float]:
-        """Per adapter, the highest rate (req/s) of any ``bucket_s`` window in the span."""
-        peaks: dict[str, float] = {}
-        moment = start_s
-        while moment < end_s:
-            stop = min(moment + bucket_s, end_s)
-            span = max(stop - moment, MINUTE_S)
-            for adapter, count in self.totals(moment, stop).items():
-                peaks[adapter] = max(peaks.get(adapter, 0.0), count / span)
-            moment = stop
-        return peaks
+MINUTE_S = 60
+#: The oracle's peak: the busiest window of this length in the horizon.
+PEAK_WINDOW_S = 600.0
+#: ``RecentFloor``'s window: at least the rate of the last 20 minutes.
+RECENT_S = 1200.0
 
 
 @dataclass(frozen=True, kw_only=True)
-class PlanPod:
-    pod_id: str
-    max_loras: int
-    capacity_rps: float
+class ReplayPlanning:
+    """How ``lorafleet`` forecasts and plans (the ``oracle`` swaps in ``TrueDemand``)."""
 
-
-@dataclass(frozen=True, kw_only=True)
-class PlanRequest:
-    """What a planner sees: the forecast, the pods and what they hold now."""
-
-    now_s: float
-    horizon_s: float
-    rates: Mapping[str, float]
-    pods: Sequence[PlanPod]
-    current: Mapping[str, frozenset[str]]
-    size_bytes: Mapping[str, int]
-    tail_slots: int = 1
-    capacity_headroom: float = 0.85
-    #: Adapters forecast below this rate are left to the routers' LRU (not planned).
+    fleet: Fleet
+    forecaster: DemandForecaster
+    planner: Planner
+    #: Of a plan's hot adapters only those forecast (q90) at or above this rate are
+    #: protected and routed by weight; the rest stay with the routers' LRU.
     hot_min_rps: float = 0.0
+    description: str = ""
 
 
-@dataclass(frozen=True, kw_only=True)
-class SimPlan:
-    """Hot adapters per pod and, per adapter, the share of its traffic each pod takes."""
+class ReplayHistory:
+    """The replay's requests as per-minute counts, cut at any moment of the replay."""
 
-    hot: Mapping[str, frozenset[str]]
-    weights: Mapping[str, Mapping[str, float]]
-    source: str = "greedy"
-
-
-Forecaster = Callable[[History, float, float], dict[str, float]]
-Planner = Callable[[PlanRequest], SimPlan]
-
-
-def recent_and_yesterday(history: History, now_s: float, horizon_s: float) -> dict[str, float]:
-    """Fallback forecast: the larger of the last 20 minutes' rate and the peak rate in
-    the same horizon a day earlier (time of day), per adapter."""
-    recent = history.peak_rates(max(0.0, now_s - 1200.0), now_s, bucket_s=1200.0)
-    yesterday = history.peak_rates(now_s - DAY_S, now_s - DAY_S + horizon_s, bucket_s=600.0)
-    return {
-        adapter: max(recent.get(adapter, 0.0), yesterday.get(adapter, 0.0))
-        for adapter in recent.keys() | yesterday.keys()
-    }
-
-
-def true_future(future: History) -> Forecaster:
-    """The oracle's forecaster: the peak 10-minute rate actually coming in the horizon."""
-
-    def forecast(_: History, now_s: float, horizon_s: float) -> dict[str, float]:
-        return future.peak_rates(now_s, now_s + horizon_s, bucket_s=600.0)
-
-    return forecast
-
-
-def greedy_rate_planner(request: PlanRequest) -> SimPlan:
-    """Fallback planner: adapters by forecast rate, hottest first, each onto the least
-    loaded pods with a free planned slot (pods already holding it first), with enough
-    replicas for its rate; ``tail_slots`` slots per pod stay free for the long tail."""
-    room = {pod.pod_id: max(0, pod.max_loras - request.tail_slots) for pod in request.pods}
-    capacity = {pod.pod_id: pod.capacity_rps * request.capacity_headroom for pod in request.pods}
-    load = {pod.pod_id: 0.0 for pod in request.pods}
-    hot: dict[str, set[str]] = {pod.pod_id: set() for pod in request.pods}
-    weights: dict[str, dict[str, float]] = {}
-    ranked = sorted(request.rates.items(), key=lambda item: (-item[1], item[0]))
-    for adapter, rate in ranked:
-        free = [pod_id for pod_id in room if len(hot[pod_id]) < room[pod_id]]
-        if rate <= 0.0 or rate < request.hot_min_rps or not free:
-            break
-        free.sort(
-            key=lambda pod_id: (
-                adapter not in request.current.get(pod_id, frozenset()),
-                load[pod_id] / max(capacity[pod_id], 1e-9),
-                pod_id,
-            )
+    def __init__(self, workload: SimWorkload) -> None:
+        self.workload = workload
+        start_s = workload.start.timestamp()
+        minute = (start_s + np.asarray(workload.arrival_s, dtype=float)) // MINUTE_S
+        counts = (
+            pd.DataFrame({"minute": minute.astype("int64"), "adapter": workload.adapters})
+            .groupby(["minute", "adapter"], sort=True)
+            .size()
+            .rename("requests")
+            .reset_index()
         )
-        per_pod = max(min(capacity[pod_id] for pod_id in free), 1e-9)
-        replicas = min(len(free), max(1, math.ceil(rate / per_pod)))
-        chosen = free[:replicas]
-        for pod_id in chosen:
-            hot[pod_id].add(adapter)
-            load[pod_id] += rate / replicas
-        weights[adapter] = {pod_id: 1.0 / replicas for pod_id in chosen}
-    return SimPlan(
-        hot={pod_id: frozenset(adapters) for pod_id, adapters in hot.items()},
-        weights=weights,
-        source="greedy",
+        self._minute_end_s = (counts["minute"].to_numpy() + 1) * MINUTE_S - start_s
+        self._counts = pd.DataFrame(
+            {
+                "ts": pd.to_datetime(counts["minute"] * MINUTE_S, unit="s", utc=True),
+                "adapter": counts["adapter"].astype(str),
+                "requests": counts["requests"].astype("int64"),
+            }
+        )
+
+    def moment(self, now_s: float) -> datetime:
+        return self.workload.start + timedelta(seconds=now_s)
+
+    def seconds(self, moment: datetime) -> float:
+        return (moment - self.workload.start).total_seconds()
+
+    def log_until(self, now_s: float) -> RequestLog:
+        """Every complete minute before ``now_s``: what a controller's history holds."""
+        rows = int(np.searchsorted(self._minute_end_s, now_s, side="right"))
+        return RequestLog(frame=self._counts.iloc[:rows], aggregated=True, source="replay")
+
+    def rates(self, start_s: float, end_s: float) -> dict[AdapterId, float]:
+        """Requests per second per adapter arriving in [start_s, end_s)."""
+        arrival = self.workload.arrival_s
+        first, last = bisect_left(arrival, start_s), bisect_left(arrival, end_s)
+        span_s = max(end_s - start_s, 1e-9)
+        counts = Counter(self.workload.adapters[first:last])
+        return {AdapterId(name): count / span_s for name, count in counts.items()}
+
+
+class RecentFloor:
+    """A forecaster whose demand is at least each adapter's rate of the last
+    ``window_s``, so that an adapter that just appeared (the war story's variants) is
+    planned before a bucket model could see it; that rate alone when the model fails."""
+
+    def __init__(self, forecaster: DemandForecaster, *, window_s: float = RECENT_S) -> None:
+        self.forecaster = forecaster
+        self.window_s = window_s
+        self.failures = 0
+
+    def __call__(
+        self, history: RequestLog, *, start: datetime, duration_s: int
+    ) -> Mapping[AdapterId, Demand]:
+        recent = _recent_rates(history, start=start, window_s=self.window_s)
+        try:
+            forecast = dict(self.forecaster(history, start=start, duration_s=duration_s))
+        except ForecastError:
+            self.failures += 1
+            forecast = {}
+        for name, rate in recent.items():
+            known = forecast.get(name)
+            if known is None:
+                forecast[name] = Demand(mean_rps=rate, q90_rps=rate)
+            elif known.q90_rps < rate or known.mean_rps < rate:
+                forecast[name] = Demand(
+                    mean_rps=max(known.mean_rps, rate), q90_rps=max(known.q90_rps, rate)
+                )
+        return forecast
+
+
+def _recent_rates(
+    history: RequestLog, *, start: datetime, window_s: float
+) -> dict[AdapterId, float]:
+    frame = history.frame
+    recent = frame[frame["ts"] >= pd.Timestamp(start) - pd.Timedelta(seconds=window_s)]
+    totals = recent.groupby("adapter", observed=True)["requests"].sum()
+    return {AdapterId(str(name)): float(count) / window_s for name, count in totals.items()}
+
+
+class TrueDemand:
+    """The oracle's forecaster: the demand actually coming, whatever the history says.
+    The mean is the horizon's; the q90 the busiest ``PEAK_WINDOW_S`` window in it."""
+
+    def __init__(self, history: ReplayHistory) -> None:
+        self.history = history
+
+    def __call__(
+        self, history: RequestLog, *, start: datetime, duration_s: int
+    ) -> Mapping[AdapterId, Demand]:
+        begin_s = self.history.seconds(start)
+        end_s = begin_s + duration_s
+        means = self.history.rates(begin_s, end_s)
+        peaks: dict[AdapterId, float] = {}
+        moment_s = begin_s
+        while moment_s < end_s:
+            stop_s = min(moment_s + PEAK_WINDOW_S, end_s)
+            # A last window shorter than a minute is read as a minute, not as a burst.
+            for name, rate in self.history.rates(
+                moment_s, max(stop_s, moment_s + MINUTE_S)
+            ).items():
+                peaks[name] = max(peaks.get(name, 0.0), rate)
+            moment_s = stop_s
+        return {
+            name: Demand(mean_rps=mean, q90_rps=max(mean, peaks.get(name, 0.0)))
+            for name, mean in means.items()
+        }
+
+
+def observed_plan(gpu_adapters: Mapping[str, frozenset[str]], *, at: datetime) -> Plan:
+    """What the pods hold on their GPU slots, as a plan: the planner's hint."""
+    pods = {
+        PodId(pod_id): PodPlan(hot=tuple(AdapterId(name) for name in sorted(names)))
+        for pod_id, names in gpu_adapters.items()
+    }
+    return Plan(
+        id="observed",
+        created_at=at,
+        valid_from=at,
+        valid_until=at,
+        pods=MappingProxyType(pods),
+        adapters=MappingProxyType({}),
     )

@@ -15,28 +15,11 @@ from placement.errors import InputError, Problem
 from placement.settings import Settings
 from placement.sim.engine import FleetReplay, SimLog, SimRouter
 from placement.sim.figures import Metrics, compute_metrics
-from placement.sim.planning import (
-    Forecaster,
-    History,
-    Planner,
-    greedy_rate_planner,
-    recent_and_yesterday,
-    true_future,
-)
+from placement.sim.planning import ReplayHistory, ReplayPlanning, TrueDemand
 from placement.sim.pods import PodSpec
 from placement.sim.routers import PLANNED, POLICIES, PlannedRouter, ReactiveRouter
 from placement.sim.workload import SimWorkload
 from policies.eviction import EvictionPolicy, EvictionSettings
-
-
-@dataclass(frozen=True, kw_only=True)
-class PlanningParts:
-    """The forecaster and planner ``lorafleet`` uses, and the planner of ``oracle``."""
-
-    forecaster: Forecaster = recent_and_yesterday
-    planner: Planner = greedy_rate_planner
-    oracle_planner: Planner = greedy_rate_planner
-    description: str = "fallback: recent-and-yesterday forecast, greedy-by-rate planner"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -82,65 +65,58 @@ def check_policies(names: Sequence[str]) -> None:
 
 def _router(
     name: str,
-    engine: FleetReplay,
+    replay: FleetReplay,
     settings: Settings,
     eviction: EvictionPolicy,
-    parts: PlanningParts,
-    future: History | None,
+    planning: ReplayPlanning | None,
 ) -> SimRouter:
     if name not in PLANNED:
-        return ReactiveRouter(name, engine, settings, eviction)
+        return ReactiveRouter(name, replay, settings, eviction)
+    assert planning is not None  # run_policy checked
+    history = ReplayHistory(replay.workload)
     if name == "oracle":
-        assert future is not None
+        oracle = ReplayPlanning(
+            fleet=planning.fleet,
+            forecaster=TrueDemand(history),
+            planner=planning.planner,
+            hot_min_rps=planning.hot_min_rps,
+            description="the true future demand",
+        )
         return PlannedRouter(
-            name,
-            engine,
-            settings,
-            EvictionPolicy.BELADY,
-            forecaster=true_future(future),
-            planner=parts.oracle_planner,
+            name, replay, settings, EvictionPolicy.BELADY, planning=oracle, history=history
         )
     # lorafleet evicts by its forecast (rate plus a fading session term) unless another
     # eviction is asked for: on ServeGen it lifts the hit rate and cuts TTFT p95.
     chosen = EvictionPolicy.FORECAST if eviction is EvictionPolicy.LRU else eviction
-    return PlannedRouter(
-        name, engine, settings, chosen, forecaster=parts.forecaster, planner=parts.planner
-    )
-
-
-def _future(workload: SimWorkload) -> History:
-    future = History()
-    for moment, adapter in zip(workload.arrival_s, workload.adapters, strict=True):
-        future.add(adapter, moment)
-    return future
+    return PlannedRouter(name, replay, settings, chosen, planning=planning, history=history)
 
 
 def run_policy(
     name: str,
     workload: SimWorkload,
-    specs: list[PodSpec],
+    fleet: Fleet,
     *,
     settings: Settings,
     eviction: EvictionPolicy = EvictionPolicy.LRU,
-    parts: PlanningParts | None = None,
-    future: History | None = None,
+    planning: ReplayPlanning | None = None,
     replay_type: type[FleetReplay] = FleetReplay,
 ) -> ReplayResult:
-    """Replay ``workload`` on a fresh fleet of ``specs`` under policy ``name``."""
+    """Replay ``workload`` on a fresh ``fleet`` under policy ``name``; ``lorafleet`` and
+    ``oracle`` plan with ``planning``."""
     check_policies([name])
-    chosen_parts = parts or PlanningParts()
-    if name == "oracle" and future is None:
-        future = _future(workload)
-    engine = replay_type(
+    if name in PLANNED and planning is None:
+        raise InputError([Problem(source="--policy", message=f"{name!r} needs a planner")])
+    specs = pod_specs(fleet)
+    replay = replay_type(
         workload,
         specs,
         sim=settings.sim,
         load_cost=settings.load_cost,
         eviction_settings=EvictionSettings(),
     )
-    router = _router(name, engine, settings, eviction, chosen_parts, future)
-    log = engine.run(router)
-    metrics = compute_metrics(log, engine.pods, workload.arrival_s, sim=settings.sim)
+    router = _router(name, replay, settings, eviction, planning)
+    log = replay.run(router)
+    metrics = compute_metrics(log, replay.pods, workload.arrival_s, sim=settings.sim)
     sources = router.plan_sources if isinstance(router, PlannedRouter) else {}
     return ReplayResult(
         policy=name,
@@ -159,15 +135,11 @@ def run_replay(
     *,
     settings: Settings,
     eviction: EvictionPolicy = EvictionPolicy.LRU,
-    parts: PlanningParts | None = None,
+    planning: ReplayPlanning | None = None,
 ) -> list[ReplayResult]:
     """Every named policy on the same requests, in the order given."""
     check_policies(policies)
-    specs = pod_specs(fleet)
-    future = _future(workload) if "oracle" in policies else None
     return [
-        run_policy(
-            name, workload, specs, settings=settings, eviction=eviction, parts=parts, future=future
-        )
+        run_policy(name, workload, fleet, settings=settings, eviction=eviction, planning=planning)
         for name in policies
     ]

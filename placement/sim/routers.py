@@ -14,18 +14,17 @@ least-loaded and llm-d baselines; hash, bounded, lorafleet and oracle coalesce.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
+from placement.domain import AdapterId, PodId, Tier
+from placement.errors import LorafleetError
+from placement.plan import Plan
 from placement.settings import Settings
 from placement.sim.engine import FleetReplay
-from placement.sim.planning import (
-    Forecaster,
-    History,
-    Planner,
-    PlanPod,
-    PlanRequest,
-)
+from placement.sim.planning import ReplayHistory, ReplayPlanning, observed_plan
 from placement.sim.pods import SimPod
+from placement.solver.problem import Demand
 from policies.eviction import EvictionPolicy
 from policies.hashing import build_ring
 from policies.routing import (
@@ -58,8 +57,8 @@ class Costs:
     reject_kv_usage: float
 
 
-def costs_for(engine: FleetReplay, settings: Settings) -> Costs:
-    workload, sim, cost = engine.workload, settings.sim, settings.load_cost
+def costs_for(replay: FleetReplay, settings: Settings) -> Costs:
+    workload, sim, cost = replay.workload, settings.sim, settings.load_cost
     count = max(1, len(workload))
     mean_prompt = sum(workload.prompt_tokens) / count
     mean_output = sum(workload.output_tokens) / count
@@ -96,12 +95,12 @@ class DecayedCounts:
 
 class _Base:
     def __init__(
-        self, name: str, engine: FleetReplay, settings: Settings, eviction: EvictionPolicy
+        self, name: str, replay: FleetReplay, settings: Settings, eviction: EvictionPolicy
     ):
         self.name = name
         self.eviction = eviction
-        self.pods: list[SimPod] = engine.pods
-        self.costs = costs_for(engine, settings)
+        self.pods: list[SimPod] = replay.pods
+        self.costs = costs_for(replay, settings)
         self.coalesce = name in _COALESCING
 
     def context(self, adapter: str, now_s: float) -> RoutingContext:
@@ -123,9 +122,9 @@ class ReactiveRouter(_Base):
     """One of the reactive baselines; it never plans."""
 
     def __init__(
-        self, name: str, engine: FleetReplay, settings: Settings, eviction: EvictionPolicy
+        self, name: str, replay: FleetReplay, settings: Settings, eviction: EvictionPolicy
     ):
-        super().__init__(name, engine, settings, eviction)
+        super().__init__(name, replay, settings, eviction)
         self.cursor = 0
         pod_ids = [pod.pod_id for pod in self.pods]
         # Seed 001: a general pool (one pod in eight) takes the long tail.
@@ -160,29 +159,35 @@ class ReactiveRouter(_Base):
             self.rates.add(adapter, now_s)
         return False
 
-    def plan(self, now_s: float, engine: FleetReplay) -> dict[str, frozenset[str]] | None:
+    def plan(self, now_s: float, replay: FleetReplay) -> dict[str, frozenset[str]] | None:
         return None
 
 
 class PlannedRouter(_Base):
-    """``lorafleet`` (forecast from history) or ``oracle`` (the true future)."""
+    """``lorafleet`` (forecast from history) or ``oracle`` (the true future).
+
+    Each replan asks the forecaster for the demand of the coming ``plan_horizon_s`` and
+    the planner for a ``Plan``; of its hot adapters those forecast at or above
+    ``hot_min_rps`` are protected on their pods and routed by the plan's weights. A
+    plan that fails keeps the last one, as the controller does.
+    """
 
     def __init__(
         self,
         name: str,
-        engine: FleetReplay,
+        replay: FleetReplay,
         settings: Settings,
         eviction: EvictionPolicy,
         *,
-        forecaster: Forecaster,
-        planner: Planner,
+        planning: ReplayPlanning,
+        history: ReplayHistory,
     ) -> None:
-        super().__init__(name, engine, settings, eviction)
+        super().__init__(name, replay, settings, eviction)
         self.settings = settings
-        self.forecaster = forecaster
-        self.planner = planner
-        self.history = History()
+        self.planning = planning
+        self.history = history
         self.weights: dict[str, dict[str, float]] = {}
+        self.hot: dict[str, frozenset[str]] = {}
         pod_ids = [pod.pod_id for pod in self.pods]
         # Unplanned adapters: bounded affinity over every pod (the general pool is the
         # whole fleet; the plan's protected slots keep the hot set safe from them).
@@ -194,6 +199,7 @@ class PlannedRouter(_Base):
         self.known: frozenset[str] = frozenset()
         self.unplanned = DecayedCounts(settings.sim.rate_window_s)
         self.last_plan_s = -math.inf
+        #: Plans by how they were reached (the solver's status, or "failed").
         self.plan_sources: dict[str, int] = {}
 
     def route(self, adapter: str, now_s: float) -> RouteDecision:
@@ -201,7 +207,6 @@ class PlannedRouter(_Base):
         return route_plan(ctx, self.weights.get(adapter), fallback=self.fallback, tail=True)
 
     def observe(self, adapter: str, now_s: float) -> bool:
-        self.history.add(adapter, now_s)
         if adapter in self.known:
             return False
         sim = self.settings.sim
@@ -211,30 +216,52 @@ class PlannedRouter(_Base):
             and now_s - self.last_plan_s >= sim.event_replan_min_gap_s
         )
 
-    def plan(self, now_s: float, engine: FleetReplay) -> dict[str, frozenset[str]] | None:
+    def plan(self, now_s: float, replay: FleetReplay) -> dict[str, frozenset[str]] | None:
         sim = self.settings.sim
-        rates = self.forecaster(self.history, now_s, sim.plan_horizon_s)
-        request = PlanRequest(
-            now_s=now_s,
-            horizon_s=sim.plan_horizon_s,
-            rates=rates,
-            pods=[
-                PlanPod(
-                    pod_id=spec.pod_id, max_loras=spec.max_loras, capacity_rps=spec.capacity_rps
-                )
-                for spec in engine.specs
-            ],
-            current={pod.pod_id: frozenset(pod.gpu_adapters) for pod in self.pods},
-            size_bytes=engine.workload.size_bytes,
-            tail_slots=sim.tail_slots,
-            capacity_headroom=self.settings.planner.capacity_headroom,
-            hot_min_rps=sim.plan_hot_min_rps,
+        moment = self.history.moment(now_s)
+        demand = self.planning.forecaster(
+            self.history.log_until(now_s), start=moment, duration_s=int(sim.plan_horizon_s)
         )
-        engine.forecast_rps = dict(rates)
-        plan = self.planner(request)
-        self.known = frozenset(adapter for adapter, rate in rates.items() if rate > 0.0)
-        self.weights = {adapter: dict(pods) for adapter, pods in plan.weights.items()}
+        replay.forecast_rps = {str(name): entry.mean_rps for name, entry in demand.items()}
+        self.known = frozenset(str(name) for name, entry in demand.items() if entry.q90_rps > 0)
         self.unplanned = DecayedCounts(sim.rate_window_s)
         self.last_plan_s = now_s
-        self.plan_sources[plan.source] = self.plan_sources.get(plan.source, 0) + 1
-        return dict(plan.hot)
+        held = {pod.pod_id: frozenset(pod.gpu_adapters) for pod in self.pods}
+        try:
+            plan = self.planning.planner(
+                demand,
+                fleet=self.planning.fleet,
+                valid_from=moment,
+                current=observed_plan(held, at=moment),
+            )
+        except (LorafleetError, ValueError):
+            self._count("failed (kept the last plan)")
+            return dict(self.hot)
+        self._count(plan.solver.status)
+        self._follow(plan, demand)
+        return dict(self.hot)
+
+    def _count(self, source: str) -> None:
+        self.plan_sources[source] = self.plan_sources.get(source, 0) + 1
+
+    def _follow(self, plan: Plan, demand: Mapping[AdapterId, Demand]) -> None:
+        """Protect and route by the plan's hot adapters forecast at ``hot_min_rps`` or more."""
+        floor = self.planning.hot_min_rps
+        pod_ids = {pod.pod_id for pod in self.pods}
+        protected = {
+            name
+            for name, entry in plan.adapters.items()
+            if entry.tier is Tier.HOT
+            and (floor <= 0.0 or (name in demand and demand[name].q90_rps >= floor))
+        }
+        self.hot = {}
+        for pod_id in sorted(pod_ids):
+            pod_plan = plan.pods.get(PodId(pod_id))
+            hot = pod_plan.hot if pod_plan is not None else ()
+            self.hot[pod_id] = frozenset(str(name) for name in hot if name in protected)
+        self.weights = {}
+        for name in protected:
+            shares = plan.hot_pods(name)
+            kept = {str(pod): share for pod, share in shares.items() if pod in pod_ids}
+            if kept:
+                self.weights[str(name)] = kept

@@ -3,7 +3,7 @@
 Owns the conversion of a request log (per request or pre-aggregated) into parallel
 Python lists: arrival seconds since the first request, adapter, prompt and output
 tokens. A pre-aggregated log is spread evenly over each bucket, with the given
-default lengths. Pandas is used here once; the simulator itself never touches it.
+default lengths. Pandas is used here once; the engine itself never touches it.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def _expand(frame: pd.DataFrame, bucket_s: float) -> pd.DataFrame:
     return rows.drop(columns=["requests"]).sort_values("ts", kind="stable")
 
 
-def workload_from_log(log: RequestLog, catalog: Catalog, *, bucket_s: float = 600.0) -> SimWorkload:
+def workload_from_log(log: RequestLog, catalog: Catalog, *, bucket_s: float) -> SimWorkload:
     """The log's requests; every adapter must be in the catalog (its size decides loads)."""
     frame = _expand(log.frame, bucket_s) if log.aggregated else log.frame
     if frame.empty:

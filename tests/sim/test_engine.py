@@ -9,16 +9,31 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from placement.domain import (
+    Adapter,
+    AdapterId,
+    Catalog,
+    Engine,
+    Fleet,
+    Pod,
+    PodId,
+    Pool,
+    PoolId,
+)
 from placement.settings import LoadCostSettings, Settings, SimSettings
 from placement.sim.engine import COLD_LOAD, CPU_HIT, GPU_HIT, FleetReplay
-from placement.sim.pods import PodSpec, SimPod
+from placement.sim.pods import SimPod
 from placement.sim.replay import ReplayResult, run_policy
 from placement.sim.routers import POLICIES, REACTIVE
+from placement.sim.wiring import replay_planning
 from placement.sim.workload import SimWorkload
+from placement.sizing import BUILTIN_MODELS
 from policies.eviction import EvictionPolicy
 
 MB = 1_000_000
+GiB = 1 << 30
 START = datetime(2026, 3, 10, tzinfo=UTC)
+MODEL = "llama-3.1-8b"
 
 
 def workload(
@@ -36,17 +51,58 @@ def workload(
     )
 
 
-def specs(count: int, *, max_loras: int = 4, max_cpu_loras: int = 8) -> list[PodSpec]:
-    return [
-        PodSpec(
-            pod_id=f"pod-{i}", max_loras=max_loras, max_cpu_loras=max_cpu_loras, capacity_rps=10
+def fleet_of(count: int, *, max_loras: int = 4, max_cpu_loras: int = 8) -> Fleet:
+    pods = tuple(
+        Pod(
+            name=PodId(f"pod-{i}"),
+            pool=PoolId("p"),
+            url=f"http://127.0.0.1:{18000 + i}",
+            engine=Engine.VLLM,
+            max_loras=max_loras,
+            max_cpu_loras=max_cpu_loras,
+            max_lora_rank=64,
+            hbm_adapter_bytes=GiB,
+            host_adapter_bytes=4 * GiB,
+            capacity_rps=10,
         )
         for i in range(count)
-    ]
+    )
+    pool = Pool(
+        name=PoolId("p"),
+        base_model=MODEL,
+        served_model_name=MODEL,
+        engine=Engine.VLLM,
+        max_lora_rank=64,
+        dims=BUILTIN_MODELS[MODEL],
+        pods=pods,
+    )
+    return Fleet(pools=(pool,))
 
 
-def replay(name: str, load: SimWorkload, pods: list[PodSpec], **options: object) -> ReplayResult:
-    return run_policy(name, load, pods, settings=Settings(), **options)  # type: ignore[arg-type]
+def catalog_of(load: SimWorkload) -> Catalog:
+    return Catalog(
+        adapters=tuple(
+            Adapter(
+                name=AdapterId(name),
+                base_model=MODEL,
+                rank=16,
+                alpha=16.0,
+                target_modules=("q_proj", "v_proj"),
+                dtype="float16",
+                source=f"/adapters/{name}",
+                size_bytes=size,
+            )
+            for name, size in sorted(load.size_bytes.items())
+        )
+    )
+
+
+def replay(
+    name: str, load: SimWorkload, fleet: Fleet, *, planner: str = "greedy", **options: object
+) -> ReplayResult:
+    settings = Settings()
+    planning = replay_planning(catalog_of(load), fleet, settings=settings, planner=planner)
+    return run_policy(name, load, fleet, settings=settings, planning=planning, **options)  # type: ignore[arg-type]
 
 
 def test_load_phases_match_seed_000() -> None:
@@ -56,7 +112,7 @@ def test_load_phases_match_seed_000() -> None:
 
 
 def test_first_request_waits_for_a_cold_load_into_a_free_slot() -> None:
-    result = replay("epp", workload([(0.0, "a")]), specs(1))
+    result = replay("epp", workload([(0.0, "a")]), fleet_of(1))
     sim, cost = SimSettings(), LoadCostSettings()
     expected = cost.cold_load_ms(50 * MB) + 100 * sim.prefill_ms_per_token
     assert result.log.ttft_ms[0] == pytest.approx(expected)
@@ -66,7 +122,7 @@ def test_first_request_waits_for_a_cold_load_into_a_free_slot() -> None:
 def test_replacing_an_adapter_drains_the_running_batch() -> None:
     # One slot: "b" must evict "a", whose request runs for 10 x 30 ms; the load waits.
     load = workload([(0.0, "a"), (0.2, "b")], output=10)
-    result = replay("epp", load, specs(1, max_loras=1))
+    result = replay("epp", load, fleet_of(1, max_loras=1))
     first_end = result.log.end_s[0]
     cost = LoadCostSettings()
     load_ms = cost.cold_load_ms(50 * MB, drain_ms=(first_end - 0.2) * 1000)
@@ -76,7 +132,7 @@ def test_replacing_an_adapter_drains_the_running_batch() -> None:
 @pytest.mark.parametrize("name", ["epp", "bounded", "hash", "least-loaded", "lorafleet"])
 def test_a_single_adapter_trace_has_one_load(name: str) -> None:
     load = workload([(i * 0.5, "solo") for i in range(200)])
-    result = replay(name, load, specs(4))
+    result = replay(name, load, fleet_of(4))
     assert result.metrics["loads"] == 1
     assert result.metrics["gpu_hit_rate"] == pytest.approx(199 / 200)
 
@@ -89,7 +145,7 @@ def many_adapter_trace(adapters: int, requests: int, *, seed: int = 7) -> SimWor
 
 def test_round_robin_thrashes_where_hashing_does_not() -> None:
     load = many_adapter_trace(8, 3000)
-    pods = specs(4, max_loras=6)
+    pods = fleet_of(4, max_loras=6)
     round_robin = replay("round-robin", load, pods).metrics
     hashed = replay("hash", load, pods).metrics
     assert int(round_robin["loads"]) > 10 * int(hashed["loads"])
@@ -98,14 +154,14 @@ def test_round_robin_thrashes_where_hashing_does_not() -> None:
 
 def test_stampede_coalesces_onto_one_loading_pod() -> None:
     burst = workload([(i * 0.001, "cold") for i in range(50)])
-    coalesced = replay("bounded", burst, specs(4)).metrics
+    coalesced = replay("bounded", burst, fleet_of(4)).metrics
     assert coalesced["loads"] == 1
 
 
 def test_cpu_hits_come_from_the_host_cache() -> None:
     # One GPU slot, roomy host cache: a, b, a: the second "a" loads from host RAM.
     load = workload([(0.0, "a"), (5.0, "b"), (10.0, "a")])
-    result = replay("epp", load, specs(1, max_loras=1))
+    result = replay("epp", load, fleet_of(1, max_loras=1))
     assert result.log.outcome == [COLD_LOAD, COLD_LOAD, CPU_HIT]
     assert result.metrics["cold_loads"] == 2
 
@@ -141,7 +197,7 @@ def test_invariants_hold_for_every_policy(
     trace: list[tuple[float, str]], name: str, eviction: EvictionPolicy
 ) -> None:
     load = workload(trace)
-    pods = specs(3, max_loras=2, max_cpu_loras=3)
+    pods = fleet_of(3, max_loras=2, max_cpu_loras=3)
     result = replay(name, load, pods, eviction=eviction, replay_type=CheckedReplay)
     metrics = result.metrics
     assert metrics["requests"] == metrics["served"] + metrics["rejected"] == len(trace)

@@ -36,7 +36,7 @@ def test_per_request_log_keeps_order_lengths_and_sizes() -> None:
             "prompt_tokens": [30, 10, 20],
         }
     )
-    load = workload_from_log(request_log_from_frame(frame), CATALOG)
+    load = workload_from_log(request_log_from_frame(frame), CATALOG, bucket_s=600)
     assert load.arrival_s == [0.0, 2.0, 5.0]
     assert load.adapters == ["a", "a", "b"]
     assert load.prompt_tokens == [10, 20, 30]
@@ -62,4 +62,4 @@ def test_aggregated_log_is_spread_over_each_bucket() -> None:
 def test_adapters_missing_from_the_catalog_are_named() -> None:
     frame = pd.DataFrame({"ts": [START], "adapter": ["ghost"]})
     with pytest.raises(InputError, match="not in the catalog: ghost"):
-        workload_from_log(request_log_from_frame(frame), CATALOG)
+        workload_from_log(request_log_from_frame(frame), CATALOG, bucket_s=600)
