@@ -1,0 +1,327 @@
+"""What a pod's engine holds, and what each call does to it: one model for every part.
+
+Neither vLLM nor SGLang reports which adapters sit on its GPU, so every part of
+lorafleet that needs to know (the emulator, the replay simulator, the router's and the
+controller's ledgers, reconcile's ordering and its property tests) runs this model of
+the engine instead of keeping its own. ``PodResidency`` is a state machine: names the
+API server lists, the host (CPU) cache, the GPU slots, pins, and LRU orders; ``load``,
+``unload`` and ``request`` (a warm-up is a request) change them and return ``Effects``
+saying what moved. Three engine models, from the engines' source:
+
+``EngineModel.VLLM`` (vllm-project/vllm)
+  - a load registers the name with a new integer id
+    (vllm/entrypoints/openai/models/serving.py, ``OpenAIServingModels.load_lora_adapter``)
+    and the worker's ``add_adapter`` (vllm/lora/worker_manager.py,
+    ``LRUCacheWorkerLoRAManager.add_adapter``) reads the weights into the host cache,
+    dropping its oldest entry past ``max_cpu_loras`` (that entry leaves the GPU too),
+    and then *activates* the adapter on a GPU slot, evicting the least recently used
+    active one (vllm/lora/model_manager.py, ``LRUCacheLoRAModelManager.activate_adapter``).
+    Every load takes a GPU slot: there is no host-only load over HTTP.
+  - an unload only forgets the name in the API server (``unload_lora_adapter`` deletes
+    it from ``lora_requests``); the host entry and the GPU slot stay, under their old
+    id, until LRU eviction. Loading the name again gives a new id and a second entry.
+  - a request for a listed name whose weights left the host cache reads them again
+    from its path, then activates them; ``load_inplace`` reloads under the same id.
+  - no pins over HTTP (``pin_lora`` is engine API only).
+
+``EngineModel.SGLANG`` (sgl-project/sglang, since PR #11526)
+  - a load reads the weights into host memory (python/sglang/srt/lora/lora_manager.py,
+    ``LoRAManager.load_lora_adapter``); ``--max-loaded-loras`` is a soft cap: past it
+    the least recently used unpinned adapter is unloaded (it leaves ``/v1/models``) and
+    is loaded again by itself on its next request.
+  - the GPU pool has ``--max-loras-per-batch`` slots (python/sglang/srt/lora/mem_pool.py,
+    ``LoRAMemoryPool.prepare_lora_batch``): a request moves its adapter in, evicting
+    the least recently used one not pinned; pinned adapters (at most slots - 1) stay.
+  - an unload removes the adapter everywhere; a request for a name never loaded, or
+    unloaded, is refused (400 "The following requested LoRA adapters are not loaded").
+
+``EngineModel.SGLANG_HARD_CAP``: SGLang before PR #11526, where a load past
+``--max-loaded-loras`` is refused instead.
+
+Pure: no IO, no clock. A caller with requests in flight passes ``busy`` names, which
+eviction skips while it has another choice.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from collections import OrderedDict
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass
+
+__all__ = [
+    "AlreadyLoadedError",
+    "CapReachedError",
+    "Effects",
+    "EngineModel",
+    "NotLoadedError",
+    "PinLimitError",
+    "PodResidency",
+    "ResidencyError",
+]
+
+
+class EngineModel(enum.StrEnum):
+    VLLM = "vllm"
+    SGLANG = "sglang"
+    SGLANG_HARD_CAP = "sglang-hard-cap"
+
+    @property
+    def is_sglang(self) -> bool:
+        return self is not EngineModel.VLLM
+
+
+class ResidencyError(Exception):
+    """A call the engine refuses; the pod's dialect chooses the status code and text."""
+
+    def __init__(self, adapter: str) -> None:
+        self.adapter = adapter
+        super().__init__(adapter)
+
+
+class AlreadyLoadedError(ResidencyError):
+    """The name is loaded already (vLLM 400 without ``load_inplace``; SGLang 400)."""
+
+
+class NotLoadedError(ResidencyError):
+    """The name is not loaded (vLLM: 404 on unload and on requests; SGLang: 400)."""
+
+
+class CapReachedError(ResidencyError):
+    """SGLang before the soft cap: ``--max-loaded-loras`` adapters are loaded already."""
+
+
+class PinLimitError(ResidencyError):
+    """SGLang: pinned adapters may hold at most ``max_loras - 1`` GPU slots."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Effects:
+    """What one call did to the pod, for timing (a cold read, a swap) and for ledgers."""
+
+    #: The weights were read from storage (a cold load).
+    cold: bool = False
+    #: The adapter took a GPU slot it did not hold (a swap: the batch drains).
+    activated: bool = False
+    #: Names pushed off the GPU by this call (vLLM ghosts of unloaded names included).
+    gpu_evicted: tuple[str, ...] = ()
+    #: Names dropped from the host cache (on vLLM still listed; reloaded on next use).
+    host_evicted: tuple[str, ...] = ()
+    #: SGLang's soft cap: names that left ``/v1/models`` (reloaded on their next request).
+    unlisted: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class _Entry:
+    """One host-cache entry: vLLM keys them by id, so an unloaded name can leave one."""
+
+    entry_id: int
+    name: str
+
+
+class PodResidency:
+    """One pod's engine state under ``engine``'s semantics; mutated by its three calls."""
+
+    def __init__(self, engine: EngineModel, *, max_loras: int, max_cpu_loras: int | None) -> None:
+        if max_loras < 1:
+            raise ValueError(f"max_loras must be at least 1, got {max_loras}")
+        if max_cpu_loras is not None and max_cpu_loras < (
+            max_loras if engine is EngineModel.VLLM else 1
+        ):
+            raise ValueError(f"max_cpu_loras {max_cpu_loras} is below max_loras {max_loras}")
+        self.engine = engine
+        self.max_loras = max_loras
+        #: vLLM: the host cache's size (``--max-cpu-loras``, at least ``max_loras``);
+        #: SGLang: ``--max-loaded-loras`` (None: no cap).
+        self.max_cpu_loras = max_cpu_loras
+        self._ids = itertools.count(1)
+        self.restart()
+
+    def restart(self) -> None:
+        """Come back empty, as a restarted pod does."""
+        #: Listed names (``/v1/models``) and their paths.
+        self.listed: dict[str, str] = {}
+        #: SGLang: names unloaded by the soft cap, still served (reloaded on use).
+        self.parked: dict[str, str] = {}
+        self._current: dict[str, _Entry] = {}
+        self._host: OrderedDict[_Entry, None] = OrderedDict()
+        self._gpu: OrderedDict[_Entry, None] = OrderedDict()
+        self.pinned: set[str] = set()
+
+    # what the pod holds ------------------------------------------------------------
+    def on_gpu(self) -> tuple[str, ...]:
+        """Names of listed adapters on a GPU slot, least recently used first."""
+        return tuple(e.name for e in self._gpu if self._current.get(e.name) == e)
+
+    def in_host(self) -> tuple[str, ...]:
+        """Names of listed adapters whose weights are in host memory, oldest first."""
+        return tuple(e.name for e in self._host if self._current.get(e.name) == e)
+
+    def ghosts_on_gpu(self) -> int:
+        """GPU slots held by entries no listed name points to (vLLM after an unload)."""
+        return sum(1 for e in self._gpu if self._current.get(e.name) != e)
+
+    def is_on_gpu(self, name: str) -> bool:
+        entry = self._current.get(name)
+        return entry is not None and entry in self._gpu
+
+    def serves(self, name: str) -> bool:
+        """Whether a request for ``name`` is accepted (listed, or parked on SGLang)."""
+        return name in self.listed or name in self.parked
+
+    # calls -------------------------------------------------------------------------
+    def load(
+        self,
+        name: str,
+        path: str,
+        *,
+        pinned: bool = False,
+        inplace: bool = False,
+        busy: Collection[str] = (),
+    ) -> Effects:
+        """``load_lora_adapter``; raises ``AlreadyLoadedError``, ``CapReachedError`` (SGLang
+        before the soft cap) or ``PinLimitError``."""
+        if self.engine is EngineModel.VLLM:
+            return self._vllm_load(name, path, inplace=inplace, busy=busy)
+        return self._sglang_load(name, path, pinned=pinned, busy=busy)
+
+    def unload(self, name: str) -> Effects:
+        """``unload_lora_adapter``: raises ``NotLoadedError`` for a name the pod does not list."""
+        if name not in self.listed and name not in self.parked:
+            raise NotLoadedError(name)
+        self.listed.pop(name, None)
+        self.parked.pop(name, None)
+        entry = self._current.pop(name, None)
+        if self.engine is EngineModel.VLLM or entry is None:
+            return Effects()  # vLLM: the host entry and the GPU slot stay (a ghost)
+        self.pinned.discard(name)
+        self._host.pop(entry, None)
+        was_on_gpu = entry in self._gpu
+        self._gpu.pop(entry, None)
+        return Effects(gpu_evicted=(name,) if was_on_gpu else ())
+
+    def request(self, name: str, *, busy: Collection[str] = ()) -> Effects:
+        """A completion (or a warm-up) naming ``name``; raises ``NotLoadedError`` if refused."""
+        if not self.serves(name):
+            raise NotLoadedError(name)
+        cold = False
+        host_evicted: tuple[str, ...] = ()
+        unlisted: tuple[str, ...] = ()
+        if name in self.parked:
+            path = self.parked.pop(name)
+            self.listed[name] = path
+            unlisted = self._park_over_cap(keep=name, busy=busy)
+            self._current[name] = _Entry(next(self._ids), name)
+        entry = self._current.get(name)
+        if entry is None:  # vLLM: listed, but the id's entry was dropped
+            entry = self._current[name] = _Entry(next(self._ids), name)
+        if entry not in self._host:
+            cold = True
+            host_evicted = self._into_host(entry, busy=busy)
+        activated, gpu_evicted = self._activate(entry, busy=busy)
+        return Effects(
+            cold=cold,
+            activated=activated,
+            gpu_evicted=gpu_evicted,
+            host_evicted=host_evicted,
+            unlisted=unlisted,
+        )
+
+    # vLLM --------------------------------------------------------------------------
+    def _vllm_load(self, name: str, path: str, *, inplace: bool, busy: Collection[str]) -> Effects:
+        if name in self.listed and not inplace:
+            raise AlreadyLoadedError(name)
+        entry = self._current.get(name) if inplace else None
+        if entry is None:
+            entry = _Entry(next(self._ids), name)
+        self.listed[name] = path
+        self._current[name] = entry
+        self._host.pop(entry, None)  # the weights are read again either way
+        host_evicted = self._into_host(entry, busy=busy)
+        activated, gpu_evicted = self._activate(entry, busy=busy)
+        return Effects(
+            cold=True, activated=activated, gpu_evicted=gpu_evicted, host_evicted=host_evicted
+        )
+
+    # SGLang ------------------------------------------------------------------------
+    def _sglang_load(self, name: str, path: str, *, pinned: bool, busy: Collection[str]) -> Effects:
+        if name in self.listed:
+            raise AlreadyLoadedError(name)
+        if pinned and len(self.pinned) >= self.max_loras - 1:
+            raise PinLimitError(name)
+        cap = self.max_cpu_loras
+        hard = self.engine is EngineModel.SGLANG_HARD_CAP
+        if hard and cap is not None and len(self.listed) >= cap:
+            raise CapReachedError(name)
+        self.parked.pop(name, None)
+        entry = _Entry(next(self._ids), name)
+        self.listed[name] = path
+        self._current[name] = entry
+        self._host[entry] = None
+        unlisted = () if hard else self._park_over_cap(keep=name, busy=busy)
+        if not pinned:
+            return Effects(cold=True, unlisted=unlisted)
+        self.pinned.add(name)
+        activated, gpu_evicted = self._activate(entry, busy=busy)
+        return Effects(cold=True, activated=activated, gpu_evicted=gpu_evicted, unlisted=unlisted)
+
+    def _park_over_cap(self, *, keep: str, busy: Collection[str]) -> tuple[str, ...]:
+        """SGLang's soft cap: unload least recently used unpinned adapters past it."""
+        cap = self.max_cpu_loras
+        parked: list[str] = []
+        while cap is not None and len(self.listed) > cap:
+            victim = self._victim(
+                (e for e in self._host if e.name != keep and e.name not in self.pinned), busy
+            )
+            if victim is None:
+                break
+            self.parked[victim.name] = self.listed.pop(victim.name)
+            self._current.pop(victim.name, None)
+            self._host.pop(victim, None)
+            self._gpu.pop(victim, None)
+            parked.append(victim.name)
+        return tuple(parked)
+
+    # shared ------------------------------------------------------------------------
+    def _into_host(self, entry: _Entry, *, busy: Collection[str]) -> tuple[str, ...]:
+        self._host[entry] = None
+        evicted: list[str] = []
+        cap = self.max_cpu_loras
+        if self.engine is not EngineModel.VLLM or cap is None:
+            return ()
+        while len(self._host) > cap:
+            victim = self._victim((e for e in self._host if e != entry), busy)
+            if victim is None:
+                break
+            del self._host[victim]
+            self._gpu.pop(victim, None)  # leaving the host cache leaves the GPU too
+            evicted.append(victim.name)
+        return tuple(evicted)
+
+    def _activate(self, entry: _Entry, *, busy: Collection[str]) -> tuple[bool, tuple[str, ...]]:
+        if entry in self._gpu:
+            self._gpu.move_to_end(entry)
+            self._host.move_to_end(entry)
+            return False, ()
+        evicted: list[str] = []
+        while len(self._gpu) >= self.max_loras:
+            victim = self._victim((e for e in self._gpu if e.name not in self.pinned), busy)
+            if victim is None:
+                break
+            del self._gpu[victim]
+            evicted.append(victim.name)
+        self._gpu[entry] = None
+        self._host.move_to_end(entry)
+        return True, tuple(evicted)
+
+    @staticmethod
+    def _victim(candidates: Iterable[_Entry], busy: Collection[str]) -> _Entry | None:
+        """The least recently used candidate not busy, else the least recently used."""
+        fallback = None
+        for entry in candidates:
+            if entry.name not in busy:
+                return entry
+            if fallback is None:
+                fallback = entry
+        return fallback

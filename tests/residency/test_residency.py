@@ -1,0 +1,190 @@
+"""The engine model: what a load, an unload and a request do on each engine.
+
+Each table row names the engine behaviour it encodes; ``placement/residency.py``'s
+docstring names the engine source (repository, file, function) of each.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from placement.residency import (
+    AlreadyLoadedError,
+    CapReachedError,
+    EngineModel,
+    NotLoadedError,
+    PinLimitError,
+    PodResidency,
+)
+
+VLLM, SGLANG, HARD = EngineModel.VLLM, EngineModel.SGLANG, EngineModel.SGLANG_HARD_CAP
+
+
+def _pod(engine: EngineModel, max_loras: int = 2, max_cpu_loras: int | None = 4) -> PodResidency:
+    return PodResidency(engine, max_loras=max_loras, max_cpu_loras=max_cpu_loras)
+
+
+def test_vllm_every_load_takes_a_gpu_slot_evicting_the_lru_active() -> None:
+    pod = _pod(VLLM)
+    pod.load("a", "/a")
+    pod.load("b", "/b")
+    effects = pod.load("c", "/c")
+    assert effects.cold and effects.activated and effects.gpu_evicted == ("a",)
+    assert pod.on_gpu() == ("b", "c")
+    assert pod.in_host() == ("a", "b", "c")
+
+
+def test_vllm_warm_first_then_hot_ends_with_the_hot_set_on_the_gpu() -> None:
+    pod = _pod(VLLM)
+    for name in ("w1", "w2", "h1", "h2"):
+        pod.load(name, f"/{name}")
+    assert pod.on_gpu() == ("h1", "h2")
+    pod.request("w1")  # a request for a warm one pushes the least recently used hot one
+    assert pod.on_gpu() == ("h2", "w1")
+
+
+def test_vllm_unload_frees_nothing_and_a_reload_takes_a_second_entry() -> None:
+    pod = _pod(VLLM)
+    pod.load("a", "/a")
+    pod.load("b", "/b")
+    assert pod.unload("a").gpu_evicted == ()
+    assert pod.ghosts_on_gpu() == 1 and "a" not in pod.listed
+    effects = pod.load("a", "/a")  # a new id: the ghost still holds its slot
+    assert effects.gpu_evicted == ("a",)  # the LRU active was a's own ghost
+    assert pod.on_gpu() == ("b", "a") and pod.ghosts_on_gpu() == 0
+
+
+def test_vllm_an_unload_of_a_hot_adapter_leaves_its_slot_taken() -> None:
+    pod = _pod(VLLM)
+    pod.load("a", "/a")
+    pod.load("b", "/b")
+    pod.unload("b")
+    effects = pod.load("c", "/c")
+    assert effects.gpu_evicted == ("a",)  # not b's ghost: a is older
+    assert pod.on_gpu() == ("c",) and pod.ghosts_on_gpu() == 1
+
+
+def test_vllm_host_eviction_keeps_the_name_listed_and_reloads_cold() -> None:
+    pod = _pod(VLLM, max_loras=1, max_cpu_loras=2)
+    for name in ("a", "b", "c"):
+        pod.load(name, f"/{name}")
+    assert set(pod.listed) == {"a", "b", "c"} and pod.in_host() == ("b", "c")
+    effects = pod.request("a")
+    assert effects.cold and effects.activated and effects.host_evicted == ("b",)
+
+
+def test_vllm_refusals() -> None:
+    pod = _pod(VLLM)
+    pod.load("a", "/a")
+    with pytest.raises(AlreadyLoadedError):
+        pod.load("a", "/a")
+    assert pod.load("a", "/a2", inplace=True).cold  # load_inplace: new weights, same name
+    with pytest.raises(NotLoadedError):
+        pod.unload("zz")
+    with pytest.raises(NotLoadedError):
+        pod.request("zz")
+
+
+def test_sglang_a_load_stays_in_host_until_a_request() -> None:
+    pod = _pod(SGLANG)
+    effects = pod.load("a", "/a")
+    assert effects.cold and not effects.activated and pod.on_gpu() == ()
+    assert pod.request("a").activated and pod.on_gpu() == ("a",)
+    assert not pod.request("a").activated
+
+
+def test_sglang_soft_cap_unloads_the_lru_unpinned_and_reloads_it_on_use() -> None:
+    pod = _pod(SGLANG, max_loras=2, max_cpu_loras=2)
+    pod.load("a", "/a", pinned=True)
+    pod.load("b", "/b")
+    effects = pod.load("c", "/c")
+    assert effects.unlisted == ("b",) and set(pod.listed) == {"a", "c"}
+    assert pod.serves("b")
+    again = pod.request("b")
+    assert again.cold and again.unlisted == ("c",) and set(pod.listed) == {"a", "b"}
+
+
+def test_sglang_before_the_soft_cap_refuses_a_load_past_it() -> None:
+    pod = _pod(HARD, max_loras=2, max_cpu_loras=1)
+    pod.load("a", "/a")
+    with pytest.raises(CapReachedError):
+        pod.load("b", "/b")
+
+
+def test_sglang_pins_stay_on_the_gpu_and_are_bounded() -> None:
+    pod = _pod(SGLANG, max_loras=2, max_cpu_loras=None)
+    pod.load("p", "/p", pinned=True)
+    with pytest.raises(PinLimitError):
+        pod.load("q", "/q", pinned=True)
+    for name in ("a", "b", "c"):
+        pod.load(name, f"/{name}")
+        pod.request(name)
+    assert pod.on_gpu() == ("p", "c")
+
+
+def test_sglang_unload_removes_everywhere_and_requests_are_then_refused() -> None:
+    pod = _pod(SGLANG)
+    pod.load("a", "/a")
+    pod.request("a")
+    assert pod.unload("a").gpu_evicted == ("a",)
+    with pytest.raises(NotLoadedError):
+        pod.request("a")
+    pod.load("b", "/b")
+    with pytest.raises(AlreadyLoadedError):
+        pod.load("b", "/b")
+
+
+def test_busy_adapters_are_not_evicted_while_another_can_go() -> None:
+    pod = _pod(VLLM)
+    pod.load("a", "/a")
+    pod.load("b", "/b")
+    assert pod.load("c", "/c", busy={"a"}).gpu_evicted == ("b",)
+
+
+def test_restart_comes_back_empty() -> None:
+    pod = _pod(SGLANG)
+    pod.load("a", "/a", pinned=True)
+    pod.restart()
+    assert (pod.listed, pod.on_gpu(), pod.pinned) == ({}, (), set())
+
+
+NAMES = st.sampled_from(["a", "b", "c", "d", "e", "f"])
+CALLS = st.lists(
+    st.tuples(st.sampled_from(["load", "pin", "unload", "request"]), NAMES), max_size=40
+)
+
+
+@given(
+    engine=st.sampled_from(list(EngineModel)),
+    max_loras=st.integers(1, 4),
+    extra=st.integers(0, 3),
+    calls=CALLS,
+)
+def test_limits_hold_after_any_sequence(
+    engine: EngineModel, max_loras: int, extra: int, calls: list[tuple[str, str]]
+) -> None:
+    cap = max_loras + extra
+    pod = PodResidency(engine, max_loras=max_loras, max_cpu_loras=cap)
+    for call, name in calls:
+        try:
+            if call in ("load", "pin"):
+                pod.load(name, f"/{name}", pinned=call == "pin")
+                if engine is VLLM:
+                    assert pod.on_gpu()[-1] == name  # a vLLM load always activates
+            elif call == "unload":
+                pod.unload(name)
+            else:
+                pod.request(name)
+                assert pod.on_gpu()[-1] == name  # a request always ends on the GPU
+        except (AlreadyLoadedError, NotLoadedError, CapReachedError, PinLimitError):
+            continue
+        assert len(pod.on_gpu()) + pod.ghosts_on_gpu() <= max_loras
+        assert set(pod.on_gpu()) <= set(pod.listed)
+        assert set(pod.in_host()) <= set(pod.listed)
+        if engine is VLLM:
+            assert len(pod.in_host()) <= cap
+        else:
+            assert len(pod.listed) <= cap
+            assert pod.pinned <= set(pod.on_gpu())
