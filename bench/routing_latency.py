@@ -19,7 +19,7 @@ from placement.settings import MB, Settings
 from policies.hashing import build_ring
 from policies.routing import (
     HashFallback,
-    PodView,
+    PodSnapshot,
     RouteDecision,
     RoutingContext,
     route_bounded,
@@ -32,13 +32,13 @@ from policies.routing import (
 )
 
 
-def make_pods(count: int, adapters: list[str], rng: random.Random) -> list[PodView]:
+def make_pods(count: int, adapters: list[str], rng: random.Random) -> list[PodSnapshot]:
     pods = []
     for i in range(count):
         registered = rng.sample(adapters, 16)
         gpu = tuple(registered[:4])
         pods.append(
-            PodView(
+            PodSnapshot(
                 pod_id=f"pod-{i}",
                 queue_depth=rng.randint(0, 6),
                 running=rng.randint(0, 30),

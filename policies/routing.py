@@ -24,7 +24,7 @@ from policies.hashing import HashRing
 
 
 class PodLike(Protocol):
-    """What a router reads about one pod. ``PodView`` is the frozen implementation;
+    """What a router reads about one pod. ``PodSnapshot`` is the frozen implementation;
     the simulator's mutable pod state satisfies it too, to avoid a copy per request."""
 
     @property
@@ -65,7 +65,7 @@ class PodLike(Protocol):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class PodView:
+class PodSnapshot:
     """A snapshot of one pod, as the live router scrapes it."""
 
     pod_id: str

@@ -14,7 +14,7 @@ from placement.settings import MB, LoadCostSettings, RouterSettings
 from policies.hashing import build_ring
 from policies.routing import (
     HashFallback,
-    PodView,
+    PodSnapshot,
     RouteReason,
     RoutingContext,
     epp_affinity,
@@ -45,13 +45,13 @@ _BASE = RoutingContext(
 )
 
 
-def context(pods: Sequence[PodView], **fields: Any) -> RoutingContext:
+def context(pods: Sequence[PodSnapshot], **fields: Any) -> RoutingContext:
     """A request for MED over ``pods``; ``fields`` replace the settings' values."""
     return replace(_BASE, pods=pods, **fields)
 
 
-def pod(name: str, **fields: object) -> PodView:
-    return PodView(pod_id=name, **fields)  # type: ignore[arg-type]
+def pod(name: str, **fields: object) -> PodSnapshot:
+    return PodSnapshot(pod_id=name, **fields)  # type: ignore[arg-type]
 
 
 POD_02 = pod(
@@ -88,7 +88,7 @@ def test_epp_worked_example() -> None:
     ],
     ids=["active", "cached-gpu", "host", "free-slot", "none"],
 )
-def test_epp_affinity_levels(view: PodView, level: float) -> None:
+def test_epp_affinity_levels(view: PodSnapshot, level: float) -> None:
     assert epp_affinity(view, MED) == level
 
 
@@ -115,7 +115,7 @@ def test_epp_affinity_levels(view: PodView, level: float) -> None:
     ],
     ids=["active", "free-slot", "waiting", "none", "idle-resident-invisible"],
 )
-def test_llmd_affinity_levels(view: PodView, level: float) -> None:
+def test_llmd_affinity_levels(view: PodSnapshot, level: float) -> None:
     assert llmd_affinity(view, MED) == level
 
 
