@@ -33,7 +33,7 @@ from placement.router.metrics import RouterMetrics
 from placement.router.picking import Picker
 from placement.router.reqlog import RequestLogger, RequestLogSink
 from placement.router.sources import PlanSource, PodSource
-from placement.router.state import PodState, Topology, Upstream, build_topology
+from placement.router.state import LivePod, Topology, Upstream, build_topology
 from placement.settings import LoadCostSettings, RouterSettings
 
 log = logging.getLogger("lorafleet.router")
@@ -185,7 +185,7 @@ class Router:
         states = list(self.topology.pods.values())
         await asyncio.gather(*(self._scrape(state, listing=listing) for state in states))
 
-    async def _scrape(self, state: PodState, *, listing: bool) -> None:
+    async def _scrape(self, state: LivePod, *, listing: bool) -> None:
         assert self.session is not None
         upstream = state.upstream
         timeout = aiohttp.ClientTimeout(total=self.settings.scrape_timeout_s)
@@ -217,7 +217,7 @@ class Router:
         self.metrics.pod_healthy.labels(pod=upstream.pod).set(1)
         self.metrics.queue_depth.labels(pod=upstream.pod).set(state.queue_len())
 
-    def mark_unhealthy(self, state: PodState, why: str) -> None:
+    def mark_unhealthy(self, state: LivePod, why: str) -> None:
         if state.healthy:
             log.warning("pod %s leaves the rotation: %s", state.upstream.pod, why)
         state.healthy = False
@@ -226,7 +226,7 @@ class Router:
         self.fleet_metrics.pod_emptied(state.upstream.pod, now_s=self.wall_clock())
         self.metrics.pod_healthy.labels(pod=state.upstream.pod).set(0)
 
-    async def _read_listing(self, state: PodState) -> None:
+    async def _read_listing(self, state: LivePod) -> None:
         registered = await self.engine_client(state.upstream).registered()
         state.ledger.reconcile_listing(registered.names())
         state.sync()
@@ -243,11 +243,11 @@ class Router:
 
     # -- coalesced loads -------------------------------------------------------------
 
-    def needs_load(self, state: PodState, adapter: AdapterId) -> bool:
+    def needs_load(self, state: LivePod, adapter: AdapterId) -> bool:
         """The pod does not know the adapter and the catalog says where to load it from."""
         return not state.ledger.is_listed(adapter) and adapter in self.adapters.sources
 
-    async def load(self, state: PodState, adapter: AdapterId) -> None:
+    async def load(self, state: LivePod, adapter: AdapterId) -> None:
         """Load ``adapter`` on the pod once, however many requests wait for it.
 
         The first caller starts the load and marks the pod as loading the adapter, so
@@ -263,7 +263,7 @@ class Router:
         await asyncio.shield(pending)
 
     async def _load_once(
-        self, state: PodState, adapter: AdapterId, done: asyncio.Future[None]
+        self, state: LivePod, adapter: AdapterId, done: asyncio.Future[None]
     ) -> None:
         client = self.engine_client(state.upstream)
         try:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 
 from placement.domain import AdapterId, Engine, Outcome
-from placement.router.state import PodState
+from placement.router.state import LivePod
 
 if TYPE_CHECKING:
     from placement.router.core import Router
@@ -80,7 +80,7 @@ class Exchange:
                 self.auth = value
         return None
 
-    def body_for(self, state: PodState) -> bytes:
+    def body_for(self, state: LivePod) -> bytes:
         """The body as the pod's engine wants it: SGLang names ``<base>:<adapter>``."""
         upstream = state.upstream
         if upstream.engine is not Engine.SGLANG or self.model == upstream.served_model:
@@ -95,7 +95,7 @@ class Exchange:
             self.output_tokens = completion if isinstance(completion, int) else self.output_tokens
 
 
-def _note_admission(router: Router, state: PodState, exchange: Exchange) -> None:
+def _note_admission(router: Router, state: LivePod, exchange: Exchange) -> None:
     """The request takes a GPU slot on the pod: update the ledger, count activations."""
     if exchange.outcome is None:
         return
@@ -105,7 +105,7 @@ def _note_admission(router: Router, state: PodState, exchange: Exchange) -> None
 
 
 async def forward(
-    router: Router, state: PodState, exchange: Exchange, send: Send, *, last_try: bool
+    router: Router, state: LivePod, exchange: Exchange, send: Send, *, last_try: bool
 ) -> bool:
     """Send the request to ``state``'s pod and relay the answer; False means try another."""
     assert router.session is not None
@@ -153,7 +153,7 @@ def _reply_headers(reply: aiohttp.ClientResponse) -> list[tuple[bytes, bytes]]:
 
 async def _relay_whole(
     router: Router,
-    state: PodState,
+    state: LivePod,
     exchange: Exchange,
     reply: aiohttp.ClientResponse,
     send: Send,
@@ -173,7 +173,7 @@ async def _relay_whole(
 
 async def _relay_stream(
     router: Router,
-    state: PodState,
+    state: LivePod,
     exchange: Exchange,
     reply: aiohttp.ClientResponse,
     send: Send,

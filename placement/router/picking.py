@@ -5,7 +5,7 @@ The rules themselves are pure and shared with the replay simulator
 every candidate, 503 above 0.95), stampede coalescing (a request for an adapter
 loading on a pod goes to that pod), the plan's pods weighted by the plan, bounded
 affinity, and consistent hashing with replication 2 for adapters the plan does not
-place. This module only finds the request's pool, hands the live ``PodState`` objects
+place. This module only finds the request's pool, hands the live ``LivePod`` objects
 to the policy as they are (they satisfy its ``PodLike``), and turns the decision into
 a ``Choice`` with the ledger's outcome.
 
@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from placement.domain import AdapterId, Outcome, PodId, PoolId
-from placement.router.state import PodState, PoolView, Topology
+from placement.router.state import LivePod, PoolView, Topology
 from placement.settings import LoadCostSettings, RouterSettings
 from policies.routing import (
     HashFallback,
@@ -57,7 +57,7 @@ _REJECTS = {
 class Choice:
     """A pod for the request, or a reason to refuse it."""
 
-    pod: PodState | None
+    pod: LivePod | None
     outcome: Outcome | None = None
     #: The policy's reason (plan, spill, hash, coalesce, ...) or "base".
     reason: str = ""

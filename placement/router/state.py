@@ -2,9 +2,9 @@
 
 ``Topology`` is immutable and replaced by reference when the pods or the plan change,
 so a request sees one consistent view without a lock (the swap is atomic under one
-event loop). ``PodState`` is the mutable part per pod: the last scrape, the router's
+event loop). ``LivePod`` is the mutable part per pod: the last scrape, the router's
 own requests in flight, the ledger and the loads in progress; a pod that stays in
-the fleet keeps its ``PodState`` across swaps.
+the fleet keeps its ``LivePod`` across swaps.
 
 No IO here: the scraper, the plan watcher and the proxy fill these in.
 """
@@ -37,7 +37,7 @@ class Upstream:
     max_cpu_loras: int
 
 
-class PodState:
+class LivePod:
     """The live, mutable state of one pod.
 
     It is also ``policies.routing.PodLike`` as plain attributes, kept current as the
@@ -153,7 +153,7 @@ class PoolView:
     engine: Engine
     pods: tuple[PodId, ...]
     #: The same pods' live states, in the same order (what the policy scans).
-    states: tuple[PodState, ...]
+    states: tuple[LivePod, ...]
     ring: HashRing
 
 
@@ -162,7 +162,7 @@ class Topology:
     """The pods by pool, the plan (or None: hashing only) and the lookups both give."""
 
     pools: Mapping[PoolId, PoolView]
-    pods: Mapping[PodId, PodState]
+    pods: Mapping[PodId, LivePod]
     plan: Plan | None
     #: Which pool serves an adapter: from the plan, else from the catalog.
     adapter_pool: Mapping[AdapterId, PoolId]
@@ -209,16 +209,16 @@ def build_topology(
     upstreams: Iterable[Upstream],
     plan: Plan | None,
     *,
-    previous: Mapping[PodId, PodState] | None = None,
+    previous: Mapping[PodId, LivePod] | None = None,
     adapter_pools: Mapping[AdapterId, PoolId] | None = None,
 ) -> Topology:
     """A fresh view, keeping the live state of pods that were already known."""
     previous = previous or {}
-    pods: dict[PodId, PodState] = {}
+    pods: dict[PodId, LivePod] = {}
     for upstream in upstreams:
         old = previous.get(upstream.pod)
         pods[upstream.pod] = (
-            old if old is not None and old.upstream == upstream else PodState(upstream)
+            old if old is not None and old.upstream == upstream else LivePod(upstream)
         )
     pools = _pool_views(pods)
     adapter_pool = dict(adapter_pools or {})
@@ -236,7 +236,7 @@ def build_topology(
     )
 
 
-def _pool_views(pods: Mapping[PodId, PodState]) -> dict[PoolId, PoolView]:
+def _pool_views(pods: Mapping[PodId, LivePod]) -> dict[PoolId, PoolView]:
     members: dict[PoolId, list[Upstream]] = {}
     for state in pods.values():
         members.setdefault(state.upstream.pool, []).append(state.upstream)
@@ -255,7 +255,7 @@ def _pool_views(pods: Mapping[PodId, PodState]) -> dict[PoolId, PoolView]:
 
 def _read_plan(
     plan: Plan,
-    pods: Mapping[PodId, PodState],
+    pods: Mapping[PodId, LivePod],
     adapter_pool: dict[AdapterId, PoolId],
     weights: dict[AdapterId, Mapping[str, float]],
 ) -> None:
