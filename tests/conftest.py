@@ -1,4 +1,5 @@
-"""Fixtures shared by every test folder, and the Hypothesis profiles.
+"""Fixtures shared by every test folder, the Hypothesis profiles, and ``--regen-golden``
+(tests/golden/test_golden.py says when to use it).
 
 Property tests run under the Hypothesis profile "ci" unless HYPOTHESIS_PROFILE names
 another: "ci" (the default, used by the gate) is derandomized, with no example database,
@@ -38,6 +39,14 @@ settings.register_profile(
 )
 # pytest's --hypothesis-profile, applied after this file is imported, still wins
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--regen-golden",
+        action="store_true",
+        help="rewrite the golden files in tests/golden/ from this run instead of comparing",
+    )
 
 
 @pytest.fixture
