@@ -25,7 +25,6 @@ from placement.controller.live_ports import EngineActuator, SeasonalForecaster
 from placement.controller.ports import ControllerPorts, Job, TickOutcome
 from placement.controller.ticks import Controller
 from placement.domain import (
-    Adapter,
     AdapterId,
     Catalog,
     Fleet,
@@ -42,6 +41,7 @@ from placement.plan import AdapterPlan, Plan, PodPlan, Preload
 from placement.ports import HOT_COUNT_LABEL, DiscoveredPod
 from placement.settings import ControllerSettings, ExecutorSettings, Settings
 from placement.solver.problem import Demand
+from tests import factories
 from tests.factories import T0, FakeClock
 
 pytestmark = pytest.mark.anyio
@@ -54,17 +54,15 @@ SETTINGS = Settings(
 
 
 def catalog() -> Catalog:
-    return Catalog(
-        adapters=tuple(
-            Adapter(
-                name=AdapterId(name),
-                base_model="base-model",
+    return factories.catalog(
+        *(
+            factories.adapter(
+                name,
+                base="base-model",
                 rank=8,
-                alpha=8.0,
-                target_modules=("q_proj",),
-                dtype="float16",
-                source=f"s3://adapters/{name}",
                 size_bytes=1_000_000,
+                target_modules=("q_proj",),
+                source=f"s3://adapters/{name}",
             )
             for name in NAMES
         )
