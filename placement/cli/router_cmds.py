@@ -129,7 +129,7 @@ def router(
         catalog=parsed_catalog,
         request_log=request_log,
         settings=Settings(router=RouterSettings(policy=policy)),
-        wall_clock=_clock(clock_start, clock_speed, clock_origin),
+        clock=_clock(clock_start, clock_speed, clock_origin),
     )
     if plan is None and policy == "plan":
         err().print("no --plan: routing every adapter by consistent hashing")

@@ -140,9 +140,7 @@ class RouterApp:
 
     async def _proxy(self, scope: Scope, receive: Receive, send: Send) -> None:
         router = self.router
-        exchange = Exchange(
-            started_s=router.clock(), arrived_s=router.wall_clock(), path=scope["path"]
-        )
+        exchange = Exchange(started_s=router.timer(), arrived_s=router.clock(), path=scope["path"])
         try:
             exchange.body = await _read_body(receive)
         except ConnectionResetError:

@@ -5,6 +5,10 @@ reading each pod's ``/v1/models`` now and then (to correct the ledger), watching
 plan source and the pod source, and flushing the request log. The plan or the pods
 change by building a new ``Topology`` and swapping one reference.
 
+Each loop only waits and calls one round: ``scrape_all``, ``refresh_plan``,
+``refresh_pods``. Tests call those rounds themselves, with the HTTP client to the pods
+(``engine_http``) and the ``clock`` injected, instead of sleeping through intervals.
+
 Must not parse client requests or answer them: that is ``router.asgi``.
 """
 
@@ -15,7 +19,7 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -25,6 +29,7 @@ from prometheus_client import CollectorRegistry
 from placement.adapters.metrics_text import parse_sglang_metrics, parse_vllm_metrics
 from placement.adapters.sglang import SglangClient
 from placement.adapters.vllm import VllmClient
+from placement.clock import Clock
 from placement.domain import AdapterId, Engine, PoolId
 from placement.errors import EngineError, PlanError
 from placement.metrics import FleetMetrics
@@ -50,20 +55,30 @@ class AdapterInfo:
 
 
 class Router:
-    """Everything the ASGI app needs, wired by the entry point."""
+    """Everything the ASGI app needs, wired by the entry point.
+
+    ``engine_http`` reaches the pods for scrapes, listings and loads (absolute URLs, so
+    one client, or one test transport, serves the fleet); without one the router makes
+    its own at ``start`` and closes it at ``stop``, and never closes one it was given.
+    ``clock`` gives the epoch seconds the router decides and stamps by (a request's
+    arrival in the log, when an adapter was last routed, residencies); ``timer`` only
+    measures latencies (time to first byte) and decides nothing. Client requests are
+    proxied through an aiohttp session of the router's own, opened by ``start``.
+    """
 
     def __init__(
         self,
         *,
         plan_source: PlanSource,
         pod_source: PodSource,
+        engine_http: httpx.AsyncClient | None = None,
+        clock: Clock = time.time,
+        timer: Clock = time.perf_counter,
         settings: RouterSettings | None = None,
         load_cost: LoadCostSettings | None = None,
         registry: CollectorRegistry | None = None,
         request_log: RequestLogSink | None = None,
         adapters: AdapterInfo | None = None,
-        wall_clock: Callable[[], float] = time.time,
-        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.settings = settings or RouterSettings()
         self.adapters = adapters or AdapterInfo()
@@ -71,7 +86,7 @@ class Router:
         self.pod_source = pod_source
         registry = registry if registry is not None else CollectorRegistry()
         self.metrics = RouterMetrics(registry)
-        #: Seed 000's thrashing signals (residency, adapters on slots) from the ledger.
+        #: The thrashing signals (residency, adapters on slots) from the ledger.
         self.fleet_metrics = FleetMetrics(registry)
         self.picker = Picker(
             settings=self.settings,
@@ -79,8 +94,8 @@ class Router:
             adapter_bytes=self.adapters.size_bytes,
         )
         self.request_log = RequestLogger(request_log, flush_interval_s=self.settings.log_flush_s)
-        self.wall_clock = wall_clock
         self.clock = clock
+        self.timer = timer
         self.topology: Topology = build_topology((), None)
         self.plan_error: str | None = "no plan read yet"
         self.unplanned: Counter[AdapterId] = Counter()
@@ -88,7 +103,8 @@ class Router:
         self.upstream_timeout = aiohttp.ClientTimeout(
             total=self.settings.upstream_timeout_s, sock_connect=self.settings.connect_timeout_s
         )
-        self.engine_http: httpx.AsyncClient | None = None
+        self.engine_http = engine_http
+        self._owns_engine_http = engine_http is None
         self._tasks: list[asyncio.Task[None]] = []
         self._scrapes = 0
         self._loads: set[asyncio.Task[None]] = set()
@@ -101,9 +117,12 @@ class Router:
             limit=self.settings.max_connections, limit_per_host=0, ttl_dns_cache=300
         )
         self.session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
-        # One client for the engine calls (loads, listings): a new httpx client costs
-        # tens of milliseconds of CPU building its TLS context.
-        self.engine_http = httpx.AsyncClient()
+        if self.engine_http is None:
+            # One client for every engine call (scrapes, listings, loads): a new httpx
+            # client costs tens of milliseconds of CPU building its TLS context.
+            most = self.settings.max_connections
+            limits = httpx.Limits(max_connections=most, max_keepalive_connections=most)
+            self.engine_http = httpx.AsyncClient(limits=limits)
         await self.refresh_pods()
         await self.refresh_plan()
         await self.scrape_all()
@@ -121,14 +140,15 @@ class Router:
         if self.session is not None:
             await self.session.close()
             self.session = None
-        if self.engine_http is not None:
+        if self._owns_engine_http and self.engine_http is not None:
             await self.engine_http.aclose()
             self.engine_http = None
 
     # -- plan and pods ---------------------------------------------------------------
 
     async def refresh_plan(self) -> None:
-        """Swap in a new plan if the source has one; keep the last good one otherwise."""
+        """One poll of the plan source: swap in a new plan if it has one, keep the last
+        good one if it fails. The plan loop calls this every ``plan_poll_s``."""
         try:
             plan = await self.plan_source.poll()
         except PlanError as exc:
@@ -145,6 +165,7 @@ class Router:
         self.metrics.plan_ok.set(1 if self.topology.plan is not None else 0)
 
     async def refresh_pods(self) -> None:
+        """One read of the pod source; the topology changes only if the pods did."""
         upstreams = await self.pod_source.upstreams()
         if upstreams != self.topology_upstreams():
             self._swap(upstreams, self.topology.plan)
@@ -180,40 +201,36 @@ class Router:
             await self.scrape_all()
 
     async def scrape_all(self) -> None:
+        """One scrape of every pod's ``/metrics`` (every ``listing_every_scrapes``-th
+        one, and each one of a pod out of the rotation, also reads ``/v1/models``). The
+        scrape loop calls this every ``scrape_interval_s``."""
         self._scrapes += 1
         listing = self._scrapes % self.settings.listing_every_scrapes == 1
         states = list(self.topology.pods.values())
         await asyncio.gather(*(self._scrape(state, listing=listing) for state in states))
 
     async def _scrape(self, state: LivePod, *, listing: bool) -> None:
-        assert self.session is not None
         upstream = state.upstream
-        timeout = aiohttp.ClientTimeout(total=self.settings.scrape_timeout_s)
         try:
-            async with self.session.get(upstream.url + "/metrics", timeout=timeout) as response:
-                if response.status != 200:
-                    raise EngineError(f"/metrics answered {response.status}", pod=upstream.pod)
-                text = await response.text()
+            text = await self._metrics_text(upstream)
             parse = parse_sglang_metrics if upstream.engine is Engine.SGLANG else parse_vllm_metrics
             state.observe(parse(text, pod=upstream.pod))
             if listing or not state.healthy:
                 await self._read_listing(state)
-        except TimeoutError:
+        except httpx.TimeoutException:
             # A slow answer may be our own loop being busy: two in a row take it out.
             state.failures += 1
             if state.failures >= 2:
                 self.mark_unhealthy(state, "scrapes timed out twice")
             return
-        except (aiohttp.ClientError, EngineError) as exc:
+        except (httpx.HTTPError, httpx.InvalidURL, EngineError) as exc:
             self.mark_unhealthy(state, str(exc) or type(exc).__name__)
             return
         if not state.healthy:
             log.info("pod %s is back", upstream.pod)
         state.healthy = True
         state.failures = 0
-        self.fleet_metrics.observe_gpu(
-            upstream.pod, state.ledger.active_view, now_s=self.wall_clock()
-        )
+        self.fleet_metrics.observe_gpu(upstream.pod, state.ledger.active_view, now_s=self.clock())
         self.metrics.pod_healthy.labels(pod=upstream.pod).set(1)
         self.metrics.queue_depth.labels(pod=upstream.pod).set(state.queue_len())
 
@@ -223,8 +240,20 @@ class Router:
         state.healthy = False
         state.failures += 1
         # A pod out of the rotation may come back empty: its adapters' stays end here.
-        self.fleet_metrics.pod_emptied(state.upstream.pod, now_s=self.wall_clock())
+        self.fleet_metrics.pod_emptied(state.upstream.pod, now_s=self.clock())
         self.metrics.pod_healthy.labels(pod=state.upstream.pod).set(0)
+
+    async def _metrics_text(self, upstream: Upstream) -> str:
+        http = self._engine_http()
+        timeout_s = self.settings.scrape_timeout_s
+        response = await http.get(upstream.url + "/metrics", timeout=timeout_s)
+        if response.status_code != 200:
+            raise EngineError(f"/metrics answered {response.status_code}", pod=upstream.pod)
+        return response.text
+
+    def _engine_http(self) -> httpx.AsyncClient:
+        assert self.engine_http is not None, "pass engine_http, or start() the router"
+        return self.engine_http
 
     async def _read_listing(self, state: LivePod) -> None:
         registered = await self.engine_client(state.upstream).registered()
@@ -237,7 +266,7 @@ class Router:
             upstream.pod,
             upstream.url,
             served_model_name=upstream.served_model,
-            http=self.engine_http,
+            http=self._engine_http(),
             timeout_s=self.settings.load_timeout_s,
         )
 

@@ -7,6 +7,9 @@ nothing to the client, when the pod answered 503 and another pod may be tried; a
 connection error propagates for the same reason. Once a byte went to the client the
 request is never retried.
 
+``forward`` takes a ``Relay``: the few parts of the router it uses (the upstream
+session and its timeout, the clock, the timer, the metrics), not the router itself.
+
 Must not choose pods: the caller passes the one ``picking`` chose.
 """
 
@@ -17,15 +20,14 @@ import json
 import re
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import aiohttp
 
+from placement.clock import Clock
 from placement.domain import AdapterId, Engine, Outcome
+from placement.router.metrics import RouterMetrics
 from placement.router.state import LivePod
-
-if TYPE_CHECKING:
-    from placement.router.core import Router
 
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
@@ -34,9 +36,36 @@ _JSON_HEADERS = {"content-type": "application/json"}
 _TAIL_BYTES = 4096
 
 
+class Relay(Protocol):
+    """What ``forward`` needs from the router (``router.core.Router`` is one)."""
+
+    @property
+    def session(self) -> aiohttp.ClientSession | None:
+        """The upstream session; None before the router started."""
+        ...
+
+    @property
+    def upstream_timeout(self) -> aiohttp.ClientTimeout: ...
+
+    @property
+    def clock(self) -> Clock:
+        """Epoch seconds the router decides by: when an adapter was last routed."""
+        ...
+
+    @property
+    def timer(self) -> Clock:
+        """Seconds for measuring latencies (time to first byte) only."""
+        ...
+
+    @property
+    def metrics(self) -> RouterMetrics: ...
+
+
 @dataclass(kw_only=True, slots=True)
 class Exchange:
+    #: On the router's timer: the start of the time to first byte.
     started_s: float
+    #: On the router's clock: the arrival the request log records.
     arrived_s: float
     path: str
     body: bytes = b""
@@ -95,30 +124,31 @@ class Exchange:
             self.output_tokens = completion if isinstance(completion, int) else self.output_tokens
 
 
-def _note_admission(router: Router, state: LivePod, exchange: Exchange) -> None:
+def _note_admission(relay: Relay, state: LivePod, exchange: Exchange) -> None:
     """The request takes a GPU slot on the pod: update the ledger, count activations."""
     if exchange.outcome is None:
         return
-    state.note_use(AdapterId(exchange.model), router.clock())
+    state.note_use(AdapterId(exchange.model), relay.clock())
     if exchange.outcome is Outcome.CPU_HIT:
-        router.metrics.loads.labels(pod=state.upstream.pod, reason="activation").inc()
+        relay.metrics.loads.labels(pod=state.upstream.pod, reason="activation").inc()
 
 
 async def forward(
-    router: Router, state: LivePod, exchange: Exchange, send: Send, *, last_try: bool
+    relay: Relay, state: LivePod, exchange: Exchange, send: Send, *, last_try: bool
 ) -> bool:
     """Send the request to ``state``'s pod and relay the answer; False means try another."""
-    assert router.session is not None
+    session = relay.session
+    assert session is not None, "the router has not started"
     headers = _JSON_HEADERS
     if exchange.auth is not None:
         headers = {**_JSON_HEADERS, "authorization": exchange.auth.decode("latin-1")}
     url = state.upstream.url + exchange.path
     body = exchange.body_for(state)
-    _note_admission(router, state, exchange)
+    _note_admission(relay, state, exchange)
     state.begin()
     try:
-        async with router.session.post(
-            url, data=body, headers=headers, timeout=router.upstream_timeout
+        async with session.post(
+            url, data=body, headers=headers, timeout=relay.upstream_timeout
         ) as reply:
             if reply.status == 503 and not last_try:
                 await reply.read()
@@ -135,9 +165,9 @@ async def forward(
                     return False
             exchange.status = reply.status
             if exchange.stream and reply.status == 200:
-                await _relay_stream(router, state, exchange, reply, send)
+                await _relay_stream(relay.timer, state, exchange, reply, send)
             else:
-                await _relay_whole(router, state, exchange, reply, send)
+                await _relay_whole(relay.timer, state, exchange, reply, send)
             return True
     finally:
         state.end()
@@ -152,14 +182,14 @@ def _reply_headers(reply: aiohttp.ClientResponse) -> list[tuple[bytes, bytes]]:
 
 
 async def _relay_whole(
-    router: Router,
+    timer: Clock,
     state: LivePod,
     exchange: Exchange,
     reply: aiohttp.ClientResponse,
     send: Send,
 ) -> None:
     data = await reply.read()
-    exchange.ttft_s = router.clock() - exchange.started_s
+    exchange.ttft_s = timer() - exchange.started_s
     state.observe_ttfb(exchange.ttft_s * 1000.0)
     if reply.status == 200:
         _usage_from_text(exchange, data)
@@ -172,7 +202,7 @@ async def _relay_whole(
 
 
 async def _relay_stream(
-    router: Router,
+    timer: Clock,
     state: LivePod,
     exchange: Exchange,
     reply: aiohttp.ClientResponse,
@@ -186,7 +216,7 @@ async def _relay_stream(
     tail = b""
     async for chunk in reply.content.iter_any():
         if exchange.ttft_s is None:
-            exchange.ttft_s = router.clock() - exchange.started_s
+            exchange.ttft_s = timer() - exchange.started_s
             state.observe_ttfb(exchange.ttft_s * 1000.0)
         events += chunk.count(b"data: ") - chunk.count(b"data: [DONE]")
         tail = (tail + chunk)[-_TAIL_BYTES:]

@@ -3,21 +3,24 @@
 ``build_router`` is the one place that turns a fleet, a plan source, a catalog and
 settings into a ``RouterApp``; the CLI, the demo and the tests call it.
 ``ServedApp`` runs any ASGI app under uvicorn in a thread on 127.0.0.1 (port 0 picks a
-free port), for tests, benchmarks and the demo.
+free port), for tests, benchmarks and the demo; ``ServedApp.call`` runs a coroutine on
+its event loop, so a test can drive the router's rounds (``scrape_all``) itself.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator, MutableMapping
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
+import httpx
 import uvicorn
 from prometheus_client import CollectorRegistry
 
@@ -35,6 +38,8 @@ from placement.router.sources import (
     StaticPlanSource,
 )
 from placement.settings import Settings
+
+T = TypeVar("T")
 
 
 def adapter_info_from_catalog(catalog: Catalog, fleet: Fleet | None = None) -> AdapterInfo:
@@ -61,11 +66,13 @@ def build_router(
     settings: Settings | None = None,
     registry: CollectorRegistry | None = None,
     request_log: str | os.PathLike[str] | RequestLogSink | None = None,
-    wall_clock: Clock = time.time,
+    engine_http: httpx.AsyncClient | None = None,
+    clock: Clock = time.time,
 ) -> RouterApp:
     """A ready ASGI app. ``plan`` is a path (watched), a Plan, a PlanSource, or None
-    (consistent hashing only). Give ``fleet`` or a ``pod_source``. ``wall_clock``
-    stamps the request log (a warped clock in demos)."""
+    (consistent hashing only). Give ``fleet`` or a ``pod_source``. ``clock`` stamps
+    the request log and times residencies (a warped clock in demos); ``engine_http``
+    is the client for scrapes and loads (the router makes one if not given)."""
     settings = settings or Settings()
     if pod_source is None:
         if fleet is None:
@@ -79,7 +86,8 @@ def build_router(
         registry=registry,
         request_log=_sink(request_log),
         adapters=adapter_info_from_catalog(catalog, fleet) if catalog is not None else None,
-        wall_clock=wall_clock,
+        engine_http=engine_http,
+        clock=clock,
     )
     return RouterApp(router)
 
@@ -101,6 +109,8 @@ def _sink(target: str | os.PathLike[str] | RequestLogSink | None) -> RequestLogS
 
 
 def free_port() -> int:
+    """A port free at this moment, for a process that must be told one (Prometheus);
+    ``ServedApp`` binds its own socket instead."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
@@ -110,16 +120,26 @@ class ServedApp:
     """An ASGI app served by uvicorn in a daemon thread; a context manager.
 
     ``with ServedApp(app) as served: served.url`` gives ``http://127.0.0.1:<port>``;
-    leaving the block shuts uvicorn down (the app's lifespan shutdown runs).
+    leaving the block shuts uvicorn down (the app's lifespan shutdown runs). The socket
+    is bound here, so port 0 takes a free port without a race, and ``start`` returns
+    once the app's lifespan startup is done (the first connections wait in the
+    backlog until uvicorn accepts them).
     """
 
     def __init__(self, app: Any, *, port: int = 0, fast: bool = True) -> None:
-        self.port = port or free_port()
+        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._socket.bind(("127.0.0.1", port))
+        self._socket.listen(2048)
+        self.port = int(self._socket.getsockname()[1])
         self.url = f"http://127.0.0.1:{self.port}"
+        self._app = app
+        self._ready = threading.Event()
+        self._problem: str | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
         config = uvicorn.Config(
-            app,
-            host="127.0.0.1",
-            port=self.port,
+            self._noting_startup,
+            interface="asgi3",
             log_level="warning",
             access_log=False,
             lifespan="auto",
@@ -127,20 +147,51 @@ class ServedApp:
             loop="uvloop" if fast else "asyncio",
         )
         self.server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self.server.run, daemon=True)
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+
+    async def _noting_startup(self, scope: Any, receive: Any, send: Any) -> None:
+        """The app, noting its event loop and the end of its lifespan startup."""
+        self.loop = asyncio.get_running_loop()
+        if scope["type"] != "lifespan":
+            await self._app(scope, receive, send)
+            return
+
+        async def noting(message: MutableMapping[str, Any]) -> None:
+            if message["type"] == "lifespan.startup.failed":
+                self._problem = str(message.get("message") or "lifespan startup failed")
+            await send(message)
+            if message["type"] in ("lifespan.startup.complete", "lifespan.startup.failed"):
+                self._ready.set()
+
+        try:
+            await self._app(scope, receive, noting)
+        finally:
+            self._ready.set()  # an app without a lifespan is ready once served
+
+    def _serve(self) -> None:
+        try:
+            self.server.run(sockets=[self._socket])
+        finally:
+            self._ready.set()
 
     def start(self, *, timeout_s: float = 10.0) -> ServedApp:
         self._thread.start()
-        deadline = time.monotonic() + timeout_s
-        while not self.server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"uvicorn did not start on {self.url}")
-            time.sleep(0.01)
+        if not self._ready.wait(timeout_s) or self._problem or not self._thread.is_alive():
+            self.stop()
+            raise RuntimeError(f"uvicorn did not start on {self.url}: {self._problem or '?'}")
         return self
+
+    def call(self, work: Coroutine[Any, Any, T], *, timeout_s: float = 30.0) -> T:
+        """Run ``work`` on the server's event loop and wait for its result (from any
+        other thread): a test's ``served.call(router.scrape_all())``."""
+        assert self.loop is not None, "call() needs a started ServedApp"
+        return asyncio.run_coroutine_threadsafe(work, self.loop).result(timeout=timeout_s)
 
     def stop(self) -> None:
         self.server.should_exit = True
-        self._thread.join(timeout=10.0)
+        if self._thread.is_alive():
+            self._thread.join(timeout=10.0)
+        self._socket.close()
 
     def __enter__(self) -> ServedApp:
         return self.start()
