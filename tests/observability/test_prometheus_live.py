@@ -2,7 +2,8 @@
 the history source reads the request counts back and a forecaster uses them.
 
 Slow (a real server, a few scrape intervals): marked ``slow``. Without the binary it
-skips, or fails under CI=true (``scripts/ensure-prometheus`` installs it).
+skips, or fails under CI=true (``scripts/ensure-prometheus`` installs it). The test
+keeps time by Prometheus's own scrapes of the router, which it waits on as events.
 """
 
 from __future__ import annotations
@@ -10,11 +11,13 @@ from __future__ import annotations
 import contextlib
 import math
 import subprocess
+import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -39,20 +42,41 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 RULES = REPO / "deploy" / "monitoring" / "rules.yaml"
 BUCKET_S = 6
-FAST = Settings(
-    router=RouterSettings(
-        scrape_interval_s=0.05, plan_poll_s=0.05, listing_every_scrapes=4, log_flush_s=0.05
-    )
+#: The router's own loops stay quiet: this test is about Prometheus scraping it.
+QUIET = Settings(
+    router=RouterSettings(scrape_interval_s=3600.0, plan_poll_s=3600.0, log_flush_s=3600.0)
 )
 SENT = {"alpha": 7, "beta": 3}
 
 
-def wait_for(predicate: Callable[[], bool], *, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
+class Scrapes:
+    """The router app, noting the wall time at which each scrape of ``/metrics`` was
+    answered, so that the test waits on Prometheus's scrapes instead of sleeping."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self._times_s: list[float] = []
+        self._changed = threading.Condition()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await self.app(scope, receive, send)
+        if scope["type"] == "http" and scope["path"] == "/metrics":
+            with self._changed:
+                self._times_s.append(time.time())
+                self._changed.notify_all()
+
+    def count(self) -> int:
+        with self._changed:
+            return len(self._times_s)
+
+    def wait(
+        self, done: Callable[[Sequence[float]], bool], *, timeout_s: float, what: str
+    ) -> Sequence[float]:
+        """The scrape times once ``done`` holds for them."""
+        with self._changed:
+            if not self._changed.wait_for(lambda: done(self._times_s), timeout=timeout_s):
+                raise AssertionError(f"timed out waiting for {what}")
+            return list(self._times_s)
 
 
 def catalog() -> Catalog:
@@ -81,7 +105,7 @@ def plan() -> Plan:
 
 
 @contextlib.contextmanager
-def router_with_pods() -> Iterator[str]:
+def router_with_pods() -> Iterator[tuple[str, Scrapes]]:
     config = replace(PodConfig(), max_loras=2, max_cpu_loras=4)
     fleet = EmulatedFleet.start(2, base_port=free_base_port(2), config=config)
     with serving_in_thread(fleet.handles):
@@ -89,15 +113,16 @@ def router_with_pods() -> Iterator[str]:
             fleet=fleet.domain(),
             plan=plan(),
             catalog=catalog(),
-            settings=FAST,
+            settings=QUIET,
             registry=CollectorRegistry(),
         )
-        with ServedApp(app) as served:
-            yield served.url
+        scrapes = Scrapes(app)
+        with ServedApp(scrapes) as served:
+            yield served.url, scrapes
 
 
 @contextlib.contextmanager
-def prometheus(binary: str, tmp_path: Path, *, target: str) -> Iterator[str]:
+def prometheus(binary: str, tmp_path: Path, *, target: str, scrapes: Scrapes) -> Iterator[str]:
     port = free_port()
     config = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
@@ -124,7 +149,15 @@ def prometheus(binary: str, tmp_path: Path, *, target: str) -> Iterator[str]:
         )
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_for(lambda: _ready(url, process), timeout_s=20, what="prometheus to be ready")
+        # Prometheus scrapes only once its storage and configuration are loaded, and
+        # it has answered queries since; a second scrape also had the first stored.
+        try:
+            scrapes.wait(lambda times: len(times) >= 2, timeout_s=20, what="two scrapes")
+        except AssertionError:
+            raise AssertionError(
+                f"prometheus (exit status {process.poll()}) never scraped the router: "
+                + log_path.read_text()[-2000:]
+            ) from None
         yield url
     finally:
         process.terminate()
@@ -133,15 +166,6 @@ def prometheus(binary: str, tmp_path: Path, *, target: str) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait(timeout=5)
-
-
-def _ready(url: str, process: subprocess.Popen[bytes]) -> bool:
-    if process.poll() is not None:
-        raise AssertionError(f"prometheus exited with status {process.returncode}")
-    try:
-        return httpx.get(f"{url}/-/ready", timeout=1).status_code == 200
-    except httpx.TransportError:
-        return False
 
 
 def instant(url: str, query: str) -> list[dict[str, object]]:
@@ -153,16 +177,18 @@ def instant(url: str, query: str) -> list[dict[str, object]]:
 def test_counts_scraped_from_the_router_come_back_for_the_forecast(
     prometheus_binary: str, tmp_path: Path
 ) -> None:
-    with router_with_pods() as router_url:
+    with router_with_pods() as (router_url, scrapes):
         target = router_url.removeprefix("http://")
-        with prometheus(prometheus_binary, tmp_path, target=target) as prom_url:
-            wait_for(
-                lambda: bool(instant(prom_url, 'up{job="router"} == 1')),
-                timeout_s=10,
-                what="the first scrape of the router",
+        with prometheus(prometheus_binary, tmp_path, target=target, scrapes=scrapes) as prom_url:
+            assert instant(prom_url, 'up{job="router"} == 1')
+            # Start the requests just after a scrape early in a bucket (scrapes come every
+            # second), so that they share one bucket.
+            seen = scrapes.count()
+            scrapes.wait(
+                lambda times: len(times) > seen and times[-1] % BUCKET_S < 1.0,
+                timeout_s=BUCKET_S + 2,
+                what="a scrape early in a bucket",
             )
-            # Start the requests just after a bucket boundary so they share one bucket.
-            wait_for(lambda: time.time() % BUCKET_S < 0.3, timeout_s=BUCKET_S + 1, what="a bucket")
             bucket_start_s = math.floor(time.time() / BUCKET_S) * BUCKET_S
             with httpx.Client(base_url=router_url, timeout=10) as client:
                 for adapter, count in SENT.items():
@@ -172,13 +198,14 @@ def test_counts_scraped_from_the_router_come_back_for_the_forecast(
                             json={"model": adapter, "prompt": "hi", "max_tokens": 1},
                         )
                         assert answer.status_code == 200, answer.text
-            # The last bucket closes after a scrape has seen every request.
+            # The last bucket closes after a scrape has seen every request; the scrape
+            # after that one means the one before is stored.
             bucket_end_s = math.ceil((time.time() + 1.5) / BUCKET_S) * BUCKET_S
             one_bucket = bucket_end_s == bucket_start_s + BUCKET_S
-            wait_for(
-                lambda: time.time() > bucket_end_s + 1.5,
+            scrapes.wait(
+                lambda times: sum(t > bucket_end_s for t in times) >= 2,
                 timeout_s=3 * BUCKET_S,
-                what="the bucket to close",
+                what="two scrapes after the bucket closed",
             )
             rule_groups = httpx.get(f"{prom_url}/api/v1/rules", timeout=5).json()
             with PromHistorySource(prom_url) as source:

@@ -1,11 +1,18 @@
-"""Emulated pods on real sockets and a router in front of them, for the router's tests."""
+"""Emulated pods on real sockets and a router in front of them, for the router's tests.
+
+The router's loops never fire during a test (``MANUAL``): a test that needs a scrape
+or a plan poll calls the round itself (``Running.scrape``, ``Running.refresh_plan``),
+and waits on events (``Answers.wait``), never on the wall clock.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import threading
+import time
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, MutableMapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -16,17 +23,23 @@ import pytest
 from openai import OpenAI
 from prometheus_client import CollectorRegistry
 
+from placement.clock import Clock
 from placement.domain import Adapter, AdapterId, Catalog, Engine, Fleet, PodId, Tier
 from placement.emulator import EmulatedFleet, PodConfig, free_base_port, serving_in_thread
 from placement.plan import AdapterPlan, Plan, PodPlan
-from placement.router import MemoryRequestLog, RouterApp, build_router
+from placement.router import MemoryRequestLog, Router, RouterApp, build_router
 from placement.router.sources import PlanSource
 from placement.router.wiring import ServedApp
 from placement.settings import RouterSettings, Settings
 
-FAST = Settings(
+#: An hour between rounds of every loop: within a test, only the test runs them.
+MANUAL = Settings(
     router=RouterSettings(
-        scrape_interval_s=0.05, plan_poll_s=0.05, listing_every_scrapes=4, log_flush_s=0.05
+        scrape_interval_s=3600.0,
+        plan_poll_s=3600.0,
+        pods_poll_s=3600.0,
+        log_flush_s=3600.0,
+        listing_every_scrapes=4,
     )
 )
 
@@ -71,10 +84,65 @@ def plan_of(hot: dict[str, list[str]], *, plan_id: str = "plan-1") -> Plan:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """One completion request an emulated pod finished (or gave up on)."""
+
+    pod: str
+    path: str
+    #: The pod sent its whole answer; False when the caller went away first.
+    complete: bool
+
+
+class Answers:
+    """The completion requests the pods finished, in order, for tests to wait on."""
+
+    def __init__(self) -> None:
+        self._answers: list[Answer] = []
+        self._changed = threading.Condition()
+
+    def add(self, answer: Answer) -> None:
+        with self._changed:
+            self._answers.append(answer)
+            self._changed.notify_all()
+
+    def wait(self, count: int, *, timeout_s: float = 10.0) -> list[Answer]:
+        """The first ``count`` answers, once the pods have finished that many."""
+        with self._changed:
+            if not self._changed.wait_for(lambda: len(self._answers) >= count, timeout_s):
+                raise AssertionError(f"the pods finished {len(self._answers)} of {count}")
+            return self._answers[:count]
+
+
+class _NoteAnswers:
+    """ASGI middleware on an emulated pod: each completion request it finishes is noted."""
+
+    def __init__(self, app: Any, *, pod: str, answers: Answers) -> None:
+        self.app, self.pod, self.answers = app, pod, answers
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or not scope["path"].endswith("completions"):
+            await self.app(scope, receive, send)
+            return
+        finished = False
+
+        async def noting(message: MutableMapping[str, Any]) -> None:
+            nonlocal finished
+            await send(message)
+            if message["type"] == "http.response.body" and not message.get("more_body"):
+                finished = True
+
+        try:
+            await self.app(scope, receive, noting)
+        finally:
+            self.answers.add(Answer(pod=self.pod, path=scope["path"], complete=finished))
+
+
 @dataclass
 class Pods:
     fleet: EmulatedFleet
     domain: Fleet
+    answers: Answers
 
     def stats(self, pod: str) -> dict[str, Any]:
         url = next(h.url for h in self.fleet.handles if h.name == pod)
@@ -96,14 +164,20 @@ def emulated(
     engine: Engine = Engine.VLLM,
     max_loras: int = 2,
     max_cpu_loras: int = 8,
+    clock: Clock = time.monotonic,
     **extra: Any,
 ) -> Iterator[Pods]:
+    """``n`` pods on real sockets; ``clock`` is the pods' own (their down windows)."""
     config = replace(
         PodConfig(), engine=engine, max_loras=max_loras, max_cpu_loras=max_cpu_loras, **extra
     )
-    fleet = EmulatedFleet.start(n, engine=engine, base_port=free_base_port(n), config=config)
+    base_port = free_base_port(n)
+    fleet = EmulatedFleet.start(n, engine=engine, base_port=base_port, config=config, clock=clock)
+    answers = Answers()
+    for handle in fleet.handles:
+        handle.app.add_middleware(_NoteAnswers, pod=handle.name, answers=answers)
     with serving_in_thread(fleet.handles):
-        yield Pods(fleet=fleet, domain=fleet.domain())
+        yield Pods(fleet=fleet, domain=fleet.domain(), answers=answers)
 
 
 @dataclass
@@ -116,6 +190,18 @@ class Running:
     @property
     def url(self) -> str:
         return self.served.url
+
+    @property
+    def router(self) -> Router:
+        return self.app.router
+
+    def scrape(self) -> None:
+        """One scrape round, as the scrape loop would run it, on the router's loop."""
+        self.served.call(self.router.scrape_all())
+
+    def refresh_plan(self) -> None:
+        """One poll of the plan source, as the plan loop would run it."""
+        self.served.call(self.router.refresh_plan())
 
     clients: list[OpenAI] = field(default_factory=list)
 
@@ -140,7 +226,7 @@ def router_for(
     *,
     plan: Plan | str | Path | PlanSource | None = None,
     catalog: Catalog | None = None,
-    settings: Settings = FAST,
+    settings: Settings = MANUAL,
 ) -> Iterator[Running]:
     log = MemoryRequestLog()
     registry = CollectorRegistry()

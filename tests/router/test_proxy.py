@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import openai
 import pytest
 
@@ -12,14 +10,6 @@ from placement.domain import Engine
 from .conftest import catalog_of, emulated, plan_of, router_for
 
 ADAPTERS = ["alpha", "beta", "gamma"]
-
-
-def _wait_for(predicate, timeout_s: float = 5.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.02)
 
 
 @pytest.mark.parametrize("engine", [Engine.VLLM, Engine.SGLANG], ids=["vllm", "sglang"])

@@ -6,7 +6,7 @@ import asyncio
 import itertools
 import json
 import random
-import time
+import socket
 import urllib.request
 from dataclasses import replace
 
@@ -14,11 +14,13 @@ import openai
 import pytest
 from openai import AsyncOpenAI, OpenAI
 
+from placement.domain import Catalog, Fleet, PodId
 from placement.emulator import Latency
 from placement.ports import PodMetrics
-from placement.settings import RouterSettings, Settings
+from placement.router import RouterApp
+from tests.factories import FakeClock
 
-from .conftest import FAST, Pods, catalog_of, emulated, plan_of, router_for
+from .conftest import MANUAL, Pods, catalog_of, emulated, plan_of, router_for
 
 ADAPTERS = [f"lora-{i}" for i in range(8)]
 ROUNDS = 4
@@ -94,21 +96,21 @@ def test_a_stampede_of_100_requests_for_a_cold_adapter_causes_one_load(plan: str
             assert unplanned == {"cold": 100}
 
 
-def _set_kv(router_app, kv_usage: float) -> None:  # type: ignore[no-untyped-def]
+def _set_kv(router_app: RouterApp, kv_usage: float) -> None:
     for state in router_app.router.topology.pods.values():
         state.observe(PodMetrics(kv_usage=kv_usage))
 
 
-SLOW_SCRAPES = Settings(
-    router=RouterSettings(scrape_interval_s=30.0, plan_poll_s=30.0, pressure_wait_s=0.1)
-)
+SHORT_PRESSURE_WAIT = replace(MANUAL, router=replace(MANUAL.router, pressure_wait_s=0.1))
 
 
 def test_memory_pressure_stops_loads_then_answers_503_with_retry_after() -> None:
     with emulated(2) as pods:
         plan = plan_of({"hot": ["pod-0"]})
         catalog = catalog_of(["hot", "cold"])
-        with router_for(pods.domain, plan=plan, catalog=catalog, settings=SLOW_SCRAPES) as router:
+        with router_for(
+            pods.domain, plan=plan, catalog=catalog, settings=SHORT_PRESSURE_WAIT
+        ) as router:
             client = router.client()
             client.completions.create(model="hot", prompt="p", max_tokens=1)
             _set_kv(router.app, 0.9)  # soft pressure: no new loads
@@ -127,9 +129,7 @@ def test_memory_pressure_stops_loads_then_answers_503_with_retry_after() -> None
 def test_a_503_from_a_dying_pod_is_retried_once_on_the_next_pod() -> None:
     with emulated(2) as pods:
         plan = plan_of({"alpha": ["pod-0"]})
-        with router_for(
-            pods.domain, plan=plan, catalog=catalog_of(["alpha"]), settings=SLOW_SCRAPES
-        ) as router:
+        with router_for(pods.domain, plan=plan, catalog=catalog_of(["alpha"])) as router:
             client = router.client()
             client.completions.create(model="alpha", prompt="p", max_tokens=1)
             pods.fleet.pod("pod-0").kill(30.0)
@@ -140,21 +140,16 @@ def test_a_503_from_a_dying_pod_is_retried_once_on_the_next_pod() -> None:
 
 
 def test_a_refused_connection_is_retried_on_the_next_pod() -> None:
-    from placement.domain import Fleet, PodId
-    from placement.router.wiring import free_port
-
-    with emulated(1) as pods:
+    with emulated(1) as pods, socket.socket() as unheard:
+        unheard.bind(("127.0.0.1", 0))  # bound and never listening: connections are refused
         pool = pods.domain.pools[0]
-        ghost = replace(
-            pool.pods[0], name=PodId("pod-ghost"), url=f"http://127.0.0.1:{free_port()}"
-        )
+        url = f"http://127.0.0.1:{unheard.getsockname()[1]}"
+        ghost = replace(pool.pods[0], name=PodId("pod-ghost"), url=url)
         fleet = Fleet(pools=(replace(pool, pods=(ghost, *pool.pods)),))
         plan = plan_of({"alpha": ["pod-ghost"]})
-        # The ghost passes for healthy until its first scrape fails; request before that.
-        settings = Settings(router=RouterSettings(scrape_interval_s=30.0))
-        with router_for(
-            fleet, plan=plan, catalog=catalog_of(["alpha"]), settings=settings
-        ) as router:
+        with router_for(fleet, plan=plan, catalog=catalog_of(["alpha"])) as router:
+            # The first scrape took the ghost out; it passes for healthy again, as a pod
+            # that died since its last scrape does.
             assert router.get("/healthz")["healthy_pods"] == ["pod-0"]
             for state in router.app.router.topology.pods.values():
                 state.healthy = True
@@ -164,26 +159,22 @@ def test_a_refused_connection_is_retried_on_the_next_pod() -> None:
 
 
 def test_an_unhealthy_pod_leaves_the_rotation_and_returns_when_it_recovers() -> None:
-    import time
-
-    with emulated(2) as pods, router_for(pods.domain, settings=FAST) as router:
-        pods.fleet.pod("pod-1").kill(1.0)
-        deadline = time.monotonic() + 5
-        while "pod-1" in router.get("/healthz")["healthy_pods"]:
-            assert time.monotonic() < deadline, "pod-1 never left the rotation"
-            time.sleep(0.02)
+    pod_clock = FakeClock()
+    with emulated(2, clock=pod_clock) as pods, router_for(pods.domain) as router:
+        assert router.get("/healthz")["healthy_pods"] == ["pod-0", "pod-1"]
+        pods.fleet.pod("pod-1").kill(60.0)
+        router.scrape()
+        assert router.get("/healthz")["healthy_pods"] == ["pod-0"]
         # While it is out, everything goes to pod-0, whatever the hash says.
         for name in ADAPTERS:
             router.client().completions.create(model="base-model", prompt=name, max_tokens=1)
         assert pods.fleet.pod("pod-1").counters["requests"] == 0
-        while "pod-1" not in router.get("/healthz")["healthy_pods"]:
-            assert time.monotonic() < deadline + 5, "pod-1 never came back"
-            time.sleep(0.05)
+        pod_clock.advance(60.0)  # the pod's down window ends
+        router.scrape()
+        assert router.get("/healthz")["healthy_pods"] == ["pod-0", "pod-1"]
 
 
 def test_an_adapter_the_pod_cannot_load_is_a_502_naming_it_and_the_pod_stays() -> None:
-    from placement.domain import Catalog
-
     broken = catalog_of(["ghost"]).adapters[0]
     catalog = Catalog(adapters=(replace(broken, source="s3://adapters/missing/ghost"),))
     with emulated(1) as pods, router_for(pods.domain, catalog=catalog) as router:
@@ -195,7 +186,7 @@ def test_an_adapter_the_pod_cannot_load_is_a_502_naming_it_and_the_pod_stays() -
 
 
 def _evictions_through_router(policy: str) -> int:
-    settings = replace(FAST, router=replace(FAST.router, policy=policy))
+    settings = replace(MANUAL, router=replace(MANUAL.router, policy=policy))
     with emulated(4, max_loras=2, max_cpu_loras=8) as pods:
         with router_for(pods.domain, catalog=catalog_of(ADAPTERS), settings=settings) as router:
             client = router.client()
@@ -222,7 +213,7 @@ def test_an_unknown_policy_is_refused() -> None:
 def test_the_router_exports_residency_and_slot_use_from_its_ledger() -> None:
     # The thrashing signals: round-robin over one slot per pod makes adapters
     # leave their slots, and each stay the router's scrapes see is a residency.
-    settings = replace(FAST, router=replace(FAST.router, policy="round-robin"))
+    settings = replace(MANUAL, router=replace(MANUAL.router, policy="round-robin"))
     with (
         emulated(2, max_loras=1, max_cpu_loras=8) as pods,
         router_for(pods.domain, catalog=catalog_of(ADAPTERS), settings=settings) as router,
@@ -230,7 +221,7 @@ def test_the_router_exports_residency_and_slot_use_from_its_ledger() -> None:
         client = router.client()
         for name in _traffic()[:10]:
             client.completions.create(model=name, prompt="p", max_tokens=1)
-            time.sleep(3 * FAST.router.scrape_interval_s)  # let a scrape see each change
+            router.scrape()  # a scrape sees each change
         sample = router.registry.get_sample_value
         assert sample("lorafleet_pod_gpu_slots", {"pod": "pod-0"}) == 1.0
         stays = sample("lorafleet_adapter_residency_seconds_count", {"pod": "pod-0"})
@@ -240,7 +231,7 @@ def test_the_router_exports_residency_and_slot_use_from_its_ledger() -> None:
 def test_an_adapter_unloaded_behind_the_routers_back_is_loaded_again_not_a_404() -> None:
     # The controller may unload an adapter between two listings; the pod's 404 must not
     # reach the client while the catalog can load it again.
-    settings = replace(FAST, router=replace(FAST.router, listing_every_scrapes=10_000))
+    settings = replace(MANUAL, router=replace(MANUAL.router, listing_every_scrapes=10_000))
     with (
         emulated(1) as pods,
         router_for(pods.domain, catalog=catalog_of(["lora-0"]), settings=settings) as router,
