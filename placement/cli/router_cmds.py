@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated
@@ -17,7 +18,7 @@ from placement.inputs import load_catalog, load_fleet
 from placement.router.picking import POLICIES
 from placement.router.sources import FilePlanSource, PlanSource, PodSource
 from placement.router.wiring import build_router, run_router
-from placement.settings import RouterSettings, Settings
+from placement.settings import Settings
 
 CONFIGMAP_PREFIX = "configmap:"
 
@@ -84,9 +85,13 @@ def router(
     host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="port to listen on")] = 8080,
     policy: Annotated[
-        str,
-        typer.Option(help="plan (lorafleet), or a reactive baseline: " + ", ".join(POLICIES[1:])),
-    ] = "plan",
+        str | None,
+        typer.Option(
+            help="plan (lorafleet), or a reactive baseline: "
+            + ", ".join(POLICIES[1:])
+            + "; default: router.policy"
+        ),
+    ] = None,
     clock_start: Annotated[
         datetime | None,
         typer.Option(help="demos: stamp the request log from this moment of a scenario"),
@@ -100,6 +105,10 @@ def router(
     ] = None,
 ) -> None:
     """Route OpenAI requests to the pods that hold each adapter, following the plan."""
+    settings = Settings()
+    if policy is not None:
+        settings = replace(settings, router=replace(settings.router, policy=policy))
+    policy = settings.router.policy
     if policy not in POLICIES:
         raise InputError(
             [
@@ -128,7 +137,7 @@ def router(
         plan=_plan_source(plan),
         catalog=parsed_catalog,
         request_log=request_log,
-        settings=Settings(router=RouterSettings(policy=policy)),
+        settings=settings,
         clock=_clock(clock_start, clock_speed, clock_origin),
     )
     if plan is None and policy == "plan":
