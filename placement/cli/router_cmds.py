@@ -1,4 +1,4 @@
-"""``lorafleet router``: serve the plan-following OpenAI-compatible proxy (issue 8)."""
+"""``lorafleet router``: serve the plan-following OpenAI-compatible proxy."""
 
 from __future__ import annotations
 

@@ -290,7 +290,7 @@ class PrometheusObserver(ControllerObserver):
     def ingested(
         self, history: RequestLog, *, catalog: Catalog, fleet: Fleet, now: datetime
     ) -> None:
-        """Seed 000's early warning: distinct adapters of the last hour against the slots."""
+        """The early warning: distinct adapters of the last hour against the slots."""
         self.fleet.fleet_activity(
             history.counts(self.bucket_s),
             catalog=catalog,

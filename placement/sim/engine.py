@@ -2,7 +2,7 @@
 
 Per pod: GPU slots (an LRU of ``max_loras``, as vLLM activates adapters), a host
 cache (an LRU of ``max_cpu_loras``), a running batch of up to ``max_num_seqs``, a FIFO
-queue, and adapter loads in seed 000's phases. A load drains the batch first (up to
+queue, and adapter loads in the five swap phases. A load drains the batch first (up to
 ``max_drain_ms``) and the pod admits nothing new until the weights are in: that is
 the convoy effect. The step cost rises with batch size and distinct adapters.
 
@@ -296,11 +296,11 @@ class FleetReplay:
     # --- loads ---------------------------------------------------------------------
 
     def _start_load(self, pod: SimPod, p: int, adapter: str, now_s: float, r: int) -> None:
-        """Seed 000's phases: drain the batch, then deallocate, transfer, init, warm up."""
+        """A swap's five phases: drain the batch, then deallocate, transfer, init, warm up."""
         cost = self.load_cost
         size = self.workload.size_bytes.get(adapter, 0)
         cold = adapter not in pod.registered
-        # Into a free slot the weights move between steps (seed 000's best case, no
+        # Into a free slot the weights move between steps (a swap's best case, no
         # drain); replacing an adapter drains the running batch first.
         drain_ms = 0.0
         if pod.free_slots <= 0:

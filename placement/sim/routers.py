@@ -7,7 +7,7 @@ appears) from the history seen so far, preloads the plan's hot sets, protects th
 from eviction and routes by the plan's weights with bounded affinity; ``oracle`` does
 the same from the true future demand with Belady eviction.
 
-Coalescing: the seed's EPP does not know a pod is loading (the stampede), nor do the
+Coalescing: the EPP baseline does not know a pod is loading (the stampede), nor do the
 least-loaded and llm-d baselines; hash, bounded, lorafleet and oracle coalesce.
 """
 
@@ -127,7 +127,7 @@ class ReactiveRouter(_Base):
         super().__init__(name, replay, settings, eviction)
         self.cursor = 0
         pod_ids = [pod.pod_id for pod in self.pods]
-        # Seed 001: a general pool (one pod in eight) takes the long tail.
+        # A general pool (one pod in eight) takes the long tail.
         pool_size = len(pod_ids) // 8 if len(pod_ids) >= 4 else 0
         self.general_pool = frozenset(pod_ids[len(pod_ids) - pool_size :])
         self.ring = build_ring([p for p in pod_ids if p not in self.general_pool] or pod_ids)

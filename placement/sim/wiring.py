@@ -27,7 +27,7 @@ PLANNERS = ("solver", "greedy")
 
 def replay_settings(settings: Settings) -> Settings:
     """The settings a replay plans with: a short solver time, a short forecast."""
-    # No availability replicas (seed 001's second copy for a pod failure): a replay
+    # No availability replicas (the second copy that covers a pod failure): a replay
     # has no failures, and each such copy costs a GPU slot the LRU tail would use.
     planner = replace(settings.planner, time_limit_s=REPLAY_SOLVER_TIME_S, replicate_share=1.0)
     # Forecast only the plan's horizon: the next day is not planned from one replan.
