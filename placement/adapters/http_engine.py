@@ -2,8 +2,12 @@
 
 The only network code of the engine clients. Every transport failure (refused
 connection, reset, timeout) becomes ``RetryableEngineError``; a 5xx (or 429) answer
-too; the engine-specific modules decide what each 4xx means. ``/v1/models`` and
-``/health`` look alike on both engines, so they live here.
+too, unless the caller asks to read it (SGLang's dp_size 500 is permanent); the
+engine-specific modules decide what each 4xx means. Error bodies come nested
+(``{"error": {"message", ...}}``, current vLLM), flat (``{"message", ...}``, older
+vLLM and SGLang's OpenAI routes), as SGLang's ``{"error_message"}`` or as plain text:
+``error_text`` reads them all. ``/v1/models`` and ``/health`` look alike on both
+engines, so they live here.
 """
 
 from __future__ import annotations
@@ -87,9 +91,15 @@ class HttpEngine:
         return PermanentEngineError(message, pod=self._pod, status=status)
 
     async def call(
-        self, method: str, path: str, *, body: dict[str, Any] | None = None
+        self,
+        method: str,
+        path: str,
+        *,
+        body: dict[str, Any] | None = None,
+        answer_5xx: bool = False,
     ) -> httpx.Response:
-        """Send one request; transport failures and 5xx/429 raise RetryableEngineError."""
+        """Send one request; transport failures, and 5xx/429 unless ``answer_5xx`` (the
+        caller reads them itself), raise RetryableEngineError."""
         try:
             response = await self._http.request(
                 method, self._url + path, json=body, timeout=self._timeout
@@ -100,7 +110,7 @@ class HttpEngine:
             raise self.retryable(f"{method} {path} timed out") from None
         except httpx.TransportError as exc:
             raise self.retryable(f"{method} {path} failed: {type(exc).__name__}: {exc}") from None
-        if response.status_code >= 500 or response.status_code == 429:
+        if not answer_5xx and (response.status_code >= 500 or response.status_code == 429):
             raise self.retryable(
                 f"{method} {path} answered {response.status_code}: {error_text(response)}",
                 status=response.status_code,

@@ -2,7 +2,13 @@
 
 Pure: text in, values out. vLLM's ``lora_requests_info`` keeps one series per label
 set it ever exposed, each valued with the time it was last set, so the current one is
-the series with the largest value (POD-API.md). SGLang has no per-adapter series.
+the series with the largest value (POD-API.md). vLLM's KV share is
+``vllm:kv_cache_usage_perc``, ``vllm:gpu_cache_usage_perc`` before vllm-project/vllm#18354:
+either is read, the current name first.
+
+SGLang has no per-adapter series. ``sglang:lora_pool_slots_used`` counts the distinct
+adapters in the running batch, not the adapters resident on the GPU: it is activity,
+never residency (residency comes from the router's ledger, ``placement.residency``).
 """
 
 from __future__ import annotations
@@ -38,6 +44,14 @@ def _mean(samples: _Samples, name: str) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
+def _first_mean(samples: _Samples, *names: str) -> float:
+    """The mean of the first of ``names`` the text exposes (0.0 when none is)."""
+    for name in names:
+        if name in samples:
+            return _mean(samples, name)
+    return 0.0
+
+
 def _names(joined: str) -> frozenset[AdapterId]:
     return frozenset(AdapterId(name) for name in joined.split(",") if name)
 
@@ -51,7 +65,7 @@ def parse_vllm_metrics(text: str, *, pod: str | None = None) -> PodMetrics:
     return PodMetrics(
         running=round(_total(samples, "vllm:num_requests_running")),
         waiting=round(_total(samples, "vllm:num_requests_waiting")),
-        kv_usage=_mean(samples, "vllm:kv_cache_usage_perc"),
+        kv_usage=_first_mean(samples, "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
         running_adapters=_names(latest.get("running_lora_adapters", "")),
         waiting_adapters=_names(latest.get("waiting_lora_adapters", "")),
         max_loras=int(max_lora) if max_lora and max_lora.isdigit() else None,
@@ -59,7 +73,7 @@ def parse_vllm_metrics(text: str, *, pod: str | None = None) -> PodMetrics:
 
 
 def parse_sglang_metrics(text: str, *, pod: str | None = None) -> PodMetrics:
-    """SGLang's gauges; the LoRA pool slots stand in for the missing per-adapter series."""
+    """SGLang's gauges; the LoRA pool slots say how many adapters the running batch uses."""
     samples = _samples(text, pod=pod)
     slots = "sglang:lora_pool_slots_total" in samples
     used = round(_total(samples, "sglang:lora_pool_slots_used"))

@@ -3,7 +3,13 @@
 Maps every answer of a vLLM pod (POD-API.md) onto the exception tree so that callers
 decide by type: "already loaded" on load and "cannot be found" on unload are success
 (reconcile is idempotent); FastAPI's 404 ``{"detail":"Not Found"}`` on the LoRA routes
-means the pod runs without ``VLLM_ALLOW_RUNTIME_LORA_UPDATING``; a bad path is permanent.
+means the pod runs without ``VLLM_ALLOW_RUNTIME_LORA_UPDATING``. Every other load
+failure is permanent and carries the engine's own message: vLLM answers 404 for "No
+adapter found" and 400 for the rest (a rank above ``--max-lora-rank``, bad files), in
+the nested ``{"error": {...}}`` body of current versions or the flat one of older ones.
+
+``load(..., inplace=True)`` sends ``load_inplace``: new weights under a loaded name
+(an adapter whose ``source`` changed).
 """
 
 from __future__ import annotations
@@ -29,8 +35,10 @@ class VllmClient(HttpEngine):
             status=404,
         )
 
-    async def load(self, adapter: AdapterId, *, lora_path: str, pinned: bool = False) -> bool:
-        body = {"lora_name": adapter, "lora_path": lora_path, "load_inplace": False}
+    async def load(
+        self, adapter: AdapterId, *, lora_path: str, pinned: bool = False, inplace: bool = False
+    ) -> bool:
+        body = {"lora_name": adapter, "lora_path": lora_path, "load_inplace": inplace}
         response = await self.call("POST", LOAD_PATH, body=body)
         if response.status_code == 200:
             return True
@@ -39,12 +47,8 @@ class VllmClient(HttpEngine):
             return False
         if is_route_missing(response):
             raise self._runtime_updating_off()
-        if response.status_code == 404:
-            raise self.permanent(
-                f"cannot load {adapter} from lora_path {lora_path!r}: {message}", status=404
-            )
         raise self.permanent(
-            f"cannot load {adapter} from {lora_path!r}: {response.status_code} {message}",
+            f"cannot load {adapter} from lora_path {lora_path!r}: {response.status_code} {message}",
             status=response.status_code,
         )
 

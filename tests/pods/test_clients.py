@@ -52,6 +52,14 @@ def _vllm_error(status: int, message: str, kind: str = "InvalidUserInput") -> Ha
     )
 
 
+def _vllm_flat_error(status: int, message: str, kind: str = "BadRequestError") -> Handler:
+    """The body of vLLM before the nested ``{"error": {...}}``."""
+    return _answer(
+        status,
+        {"object": "error", "message": message, "type": kind, "param": None, "code": status},
+    )
+
+
 def _sglang_error(message: str) -> Handler:
     return _answer(400, {"success": False, "error_message": message})
 
@@ -128,6 +136,27 @@ LOAD_FAILURES = [
     ),
     pytest.param(
         Engine.VLLM,
+        _vllm_error(400, "LoRA rank 64 is greater than max_lora_rank 16.", "BadRequestError"),
+        PermanentEngineError,
+        "400 LoRA rank 64 is greater than max_lora_rank 16.",
+        id="vllm-rank-400-nested",
+    ),
+    pytest.param(
+        Engine.VLLM,
+        _vllm_flat_error(400, "LoRA rank 64 is greater than max_lora_rank 16.", "BadRequestError"),
+        PermanentEngineError,
+        "400 LoRA rank 64 is greater than max_lora_rank 16.",
+        id="vllm-rank-400-flat",
+    ),
+    pytest.param(
+        Engine.VLLM,
+        _vllm_flat_error(404, "Loading lora a failed: No adapter found for /p", "NotFoundError"),
+        PermanentEngineError,
+        "404 Loading lora a failed: No adapter found for /p",
+        id="vllm-bad-path-flat",
+    ),
+    pytest.param(
+        Engine.VLLM,
         _vllm_error(500, "boom", "InternalServerError"),
         RetryableEngineError,
         "500",
@@ -156,7 +185,21 @@ LOAD_FAILURES = [
         id="sglang-lora-off",
     ),
     pytest.param(
+        Engine.SGLANG,
+        _answer(500, "Internal Server Error"),
+        PermanentEngineError,
+        "restart the pod with --dp-size 1",
+        id="sglang-dp-size-assertion",
+    ),
+    pytest.param(
         Engine.SGLANG, _answer(502, "bad gateway"), RetryableEngineError, "502", id="sglang-502"
+    ),
+    pytest.param(
+        Engine.SGLANG,
+        _answer(500, "Internal Server Error (injected)"),
+        RetryableEngineError,
+        "500",
+        id="sglang-other-500",
     ),
     pytest.param(Engine.SGLANG, _refuse, RetryableEngineError, "ConnectError", id="sglang-refused"),
 ]
@@ -246,6 +289,8 @@ async def test_warmup_sends_one_token_request_naming_the_adapter(engine: Engine)
     )
     assert (seen[0]["path"], seen[0]["model"]) == expected
     assert seen[0]["max_tokens"] == 1
+    # Older SGLang ignores ``model`` and would run the base model: it reads lora_path.
+    assert seen[0].get("lora_path") == (None if engine is Engine.VLLM else "a")
 
 
 async def test_health_is_false_when_the_pod_is_gone() -> None:
@@ -310,3 +355,84 @@ async def test_a_bad_pod_url_is_permanent() -> None:
     with pytest.raises(PermanentEngineError, match="bad pod url"):
         await client.load(AdapterId("a"), lora_path="/p")
     await client.aclose()
+
+
+class _Recorder:
+    """A pod at the wire that answers each path as told and keeps what it was sent."""
+
+    def __init__(self, answers: dict[str, Handler]) -> None:
+        self.answers = answers
+        self.seen: list[tuple[str, dict[str, object]]] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content) if request.content else {}
+        self.seen.append((request.url.path, body))
+        return self.answers[request.url.path](request)
+
+
+async def test_a_changed_source_is_loaded_in_place_on_vllm() -> None:
+    pod = _Recorder(
+        {"/v1/load_lora_adapter": _answer(200, "Success: LoRA adapter 'a' added successfully.")}
+    )
+    assert await _client(Engine.VLLM, pod).load(AdapterId("a"), lora_path="/v2", inplace=True)
+    assert pod.seen == [
+        ("/v1/load_lora_adapter", {"lora_name": "a", "lora_path": "/v2", "load_inplace": True})
+    ]
+
+
+async def test_an_in_place_load_on_sglang_unloads_then_loads() -> None:
+    # SGLang has no load_inplace: the name goes, then comes back with the new weights.
+    done = {"success": True, "error_message": "", "loaded_adapters": {"a": "/v2"}}
+    pod = _Recorder(
+        {"/unload_lora_adapter": _answer(200, done), "/load_lora_adapter": _answer(200, done)}
+    )
+    assert await _client(Engine.SGLANG, pod).load(AdapterId("a"), lora_path="/v2", inplace=True)
+    assert [path for path, _ in pod.seen] == ["/unload_lora_adapter", "/load_lora_adapter"]
+
+
+KV_NAMES = [
+    pytest.param('vllm:kv_cache_usage_perc{engine="0",model_name="base"} 0.42\n', id="current"),
+    pytest.param('vllm:gpu_cache_usage_perc{engine="0",model_name="base"} 0.42\n', id="older"),
+    pytest.param(
+        'vllm:kv_cache_usage_perc{engine="0",model_name="base"} 0.42\n'
+        'vllm:gpu_cache_usage_perc{engine="0",model_name="base"} 0.9\n',
+        id="both-current-wins",
+    ),
+]
+
+
+@pytest.mark.parametrize("text", KV_NAMES)
+def test_vllm_kv_use_is_read_under_either_name(text: str) -> None:
+    # Before vllm-project/vllm#18354 the gauge was gpu_cache_usage_perc: read as 0.0, the
+    # router's pressure rules would never fire on those pods.
+    assert parse_vllm_metrics(text).kv_usage == 0.42
+
+
+@pytest.mark.parametrize("healthy", [True, False], ids=["health-200", "health-503"])
+async def test_sglang_without_enable_metrics_is_judged_by_health(
+    healthy: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    pod = _Recorder(
+        {
+            "/metrics": _answer(404, {"detail": "Not Found"}),
+            "/health": _answer(200 if healthy else 503, ""),
+        }
+    )
+    client = _client(Engine.SGLANG, pod)
+    first = await client.metrics()
+    second = await client.metrics()
+    assert first.healthy is second.healthy is healthy
+    assert (first.running, first.waiting, first.kv_usage) == (0, 0, 0.0)
+    warnings = [r.getMessage() for r in caplog.records if "--enable-metrics" in r.getMessage()]
+    assert len(warnings) == 1 and "pod-3" in warnings[0]  # once, naming the pod and the flag
+
+
+def test_sglang_pool_slots_in_use_are_batch_activity_not_residency() -> None:
+    # lora_pool_slots_used counts adapters in the running batch: an idle pod reads 0 with
+    # adapters resident. It lands in lora_slots_used only, never in the adapter sets.
+    metrics = parse_sglang_metrics(
+        'sglang:lora_pool_slots_used{model_name="base"} 0\n'
+        'sglang:lora_pool_slots_total{model_name="base"} 4\n'
+    )
+    assert (metrics.lora_slots_used, metrics.lora_slots_total) == (0, 4)
+    assert metrics.running_adapters == metrics.waiting_adapters == frozenset()
