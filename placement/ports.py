@@ -78,8 +78,14 @@ class EngineClient(Protocol):
     @property
     def pod(self) -> PodId: ...
 
-    async def load(self, adapter: AdapterId, *, lora_path: str, pinned: bool = False) -> bool:
-        """Register ``adapter``; True if it was loaded now, False if it already was."""
+    async def load(
+        self, adapter: AdapterId, *, lora_path: str, pinned: bool = False, inplace: bool = False
+    ) -> bool:
+        """Register ``adapter``; True if it was loaded now, False if it already was.
+
+        ``inplace`` loads new weights under a name already loaded (the catalog's
+        ``source`` changed): vLLM's ``load_inplace``; SGLang unloads and loads again.
+        """
         ...
 
     async def unload(self, adapter: AdapterId) -> bool:
