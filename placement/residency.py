@@ -21,7 +21,8 @@ saying what moved. Three engine models, from the engines' source:
     it from ``lora_requests``); the host entry and the GPU slot stay, under their old
     id, until LRU eviction. Loading the name again gives a new id and a second entry.
   - a request for a listed name whose weights left the host cache reads them again
-    from its path, then activates them; ``load_inplace`` reloads under the same id.
+    from its path, then activates them; ``load_inplace`` reloads under the same id
+    (``add_adapter`` removes the old weights first, so they are activated again).
   - no pins over HTTP (``pin_lora`` is engine API only).
 
 ``EngineModel.SGLANG`` (sgl-project/sglang, since PR #11526)
@@ -166,6 +167,17 @@ class PodResidency:
         entry = self._current.get(name)
         return entry is not None and entry in self._gpu
 
+    def can_activate_now(self, name: str, *, busy: Collection[str] = ()) -> bool:
+        """Whether a request for ``name`` gets a GPU slot without pushing off an adapter
+        that is pinned or ``busy`` (a scheduler would otherwise hold it back a step)."""
+        entry = self._current.get(name)
+        if (entry is not None and entry in self._gpu) or len(self._gpu) < self.max_loras:
+            return True
+        return any(
+            e.name not in self.pinned and (self._current.get(e.name) != e or e.name not in busy)
+            for e in self._gpu
+        )
+
     def serves(self, name: str) -> bool:
         """Whether a request for ``name`` is accepted (listed, or parked on SGLang)."""
         return name in self.listed or name in self.parked
@@ -208,10 +220,11 @@ class PodResidency:
         cold = False
         host_evicted: tuple[str, ...] = ()
         unlisted: tuple[str, ...] = ()
+        left_gpu: tuple[str, ...] = ()
         if name in self.parked:
             path = self.parked.pop(name)
             self.listed[name] = path
-            unlisted = self._park_over_cap(keep=name, busy=busy)
+            unlisted, left_gpu = self._park_over_cap(keep=name, busy=busy)
             self._current[name] = _Entry(next(self._ids), name)
         entry = self._current.get(name)
         if entry is None:  # vLLM: listed, but the id's entry was dropped
@@ -223,7 +236,7 @@ class PodResidency:
         return Effects(
             cold=cold,
             activated=activated,
-            gpu_evicted=gpu_evicted,
+            gpu_evicted=left_gpu + gpu_evicted,
             host_evicted=host_evicted,
             unlisted=unlisted,
         )
@@ -237,7 +250,10 @@ class PodResidency:
             entry = _Entry(next(self._ids), name)
         self.listed[name] = path
         self._current[name] = entry
-        self._host.pop(entry, None)  # the weights are read again either way
+        # The weights are read again either way; in place, the worker removes the old
+        # ones first (``remove_adapter`` deactivates too), so they are copied to the GPU again.
+        self._host.pop(entry, None)
+        self._gpu.pop(entry, None)
         host_evicted = self._into_host(entry, busy=busy)
         activated, gpu_evicted = self._activate(entry, busy=busy)
         return Effects(
@@ -259,17 +275,27 @@ class PodResidency:
         self.listed[name] = path
         self._current[name] = entry
         self._host[entry] = None
-        unlisted = () if hard else self._park_over_cap(keep=name, busy=busy)
+        unlisted, left_gpu = ((), ()) if hard else self._park_over_cap(keep=name, busy=busy)
         if not pinned:
-            return Effects(cold=True, unlisted=unlisted)
+            return Effects(cold=True, gpu_evicted=left_gpu, unlisted=unlisted)
         self.pinned.add(name)
         activated, gpu_evicted = self._activate(entry, busy=busy)
-        return Effects(cold=True, activated=activated, gpu_evicted=gpu_evicted, unlisted=unlisted)
+        return Effects(
+            cold=True,
+            activated=activated,
+            gpu_evicted=left_gpu + gpu_evicted,
+            unlisted=unlisted,
+        )
 
-    def _park_over_cap(self, *, keep: str, busy: Collection[str]) -> tuple[str, ...]:
-        """SGLang's soft cap: unload least recently used unpinned adapters past it."""
+    def _park_over_cap(
+        self, *, keep: str, busy: Collection[str]
+    ) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """SGLang's soft cap: unload least recently used unpinned adapters past it.
+
+        Returns the names unloaded, and those of them that left a GPU slot."""
         cap = self.max_cpu_loras
         parked: list[str] = []
+        left_gpu: list[str] = []
         while cap is not None and len(self.listed) > cap:
             victim = self._victim(
                 (e for e in self._host if e.name != keep and e.name not in self.pinned), busy
@@ -279,9 +305,11 @@ class PodResidency:
             self.parked[victim.name] = self.listed.pop(victim.name)
             self._current.pop(victim.name, None)
             self._host.pop(victim, None)
-            self._gpu.pop(victim, None)
+            if victim in self._gpu:
+                del self._gpu[victim]
+                left_gpu.append(victim.name)
             parked.append(victim.name)
-        return tuple(parked)
+        return tuple(parked), tuple(left_gpu)
 
     # shared ------------------------------------------------------------------------
     def _into_host(self, entry: _Entry, *, busy: Collection[str]) -> tuple[str, ...]:

@@ -87,6 +87,47 @@ def test_vllm_refusals() -> None:
         pod.request("zz")
 
 
+def test_vllm_load_inplace_keeps_the_id_and_copies_the_weights_to_the_gpu_again() -> None:
+    pod = _pod(VLLM)
+    pod.load("a", "/a")
+    pod.load("b", "/b")
+    effects = pod.load("a", "/a2", inplace=True)
+    assert effects.cold and effects.activated and effects.gpu_evicted == ()
+    assert pod.listed["a"] == "/a2" and pod.on_gpu() == ("b", "a")
+    assert pod.ghosts_on_gpu() == 0  # the same id: no second entry
+
+
+@pytest.mark.parametrize(
+    ("busy", "pinned", "expected"),
+    [
+        pytest.param(set(), False, True, id="an-idle-adapter-can-go"),
+        pytest.param({"a", "b"}, False, False, id="every-slot-running"),
+        pytest.param({"b"}, True, False, id="the-idle-one-is-pinned"),
+    ],
+)
+def test_a_request_waits_only_while_every_slot_is_busy_or_pinned(
+    busy: set[str], pinned: bool, expected: bool
+) -> None:
+    pod = _pod(SGLANG, max_loras=2, max_cpu_loras=None)
+    pod.load("a", "/a", pinned=pinned)
+    pod.load("b", "/b")
+    pod.load("c", "/c")
+    pod.request("a")
+    pod.request("b")
+    assert pod.can_activate_now("a", busy=busy)  # on the GPU already
+    assert pod.can_activate_now("c", busy=busy) is expected
+
+
+def test_a_vllm_ghost_never_holds_a_request_back() -> None:
+    pod = _pod(VLLM)
+    pod.load("a", "/a")
+    pod.load("b", "/b")
+    pod.unload("a")
+    pod.load("c", "/c")  # evicts a's ghost
+    pod.unload("b")
+    assert pod.can_activate_now("zz", busy={"b", "c"})
+
+
 def test_sglang_a_load_stays_in_host_until_a_request() -> None:
     pod = _pod(SGLANG)
     effects = pod.load("a", "/a")
@@ -104,6 +145,18 @@ def test_sglang_soft_cap_unloads_the_lru_unpinned_and_reloads_it_on_use() -> Non
     assert pod.serves("b")
     again = pod.request("b")
     assert again.cold and again.unlisted == ("c",) and set(pod.listed) == {"a", "b"}
+
+
+def test_sglang_soft_cap_reports_an_unloaded_adapter_that_held_a_gpu_slot() -> None:
+    pod = _pod(SGLANG, max_loras=2, max_cpu_loras=2)
+    pod.load("a", "/a")
+    pod.load("b", "/b")
+    pod.request("a")
+    effects = pod.load("c", "/c")
+    assert (effects.unlisted, effects.gpu_evicted) == (("b",), ())  # b never ran
+    effects = pod.load("d", "/d")
+    assert (effects.unlisted, effects.gpu_evicted) == (("a",), ("a",))
+    assert pod.on_gpu() == ()
 
 
 def test_sglang_before_the_soft_cap_refuses_a_load_past_it() -> None:
