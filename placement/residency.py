@@ -29,12 +29,19 @@ saying what moved. Three engine models, from the engines' source:
   - a load reads the weights into host memory (python/sglang/srt/lora/lora_manager.py,
     ``LoRAManager.load_lora_adapter``); ``--max-loaded-loras`` is a soft cap: past it
     the least recently used unpinned adapter is unloaded (it leaves ``/v1/models``) and
-    is loaded again by itself on its next request.
+    is loaded again by itself on its next request (the tokenizer manager's
+    ``load_lora_adapter``: ``lora_registry.lru_lora_name(exclude_pinned=True)``, then the
+    unload path, which waits for that adapter's requests in flight).
   - the GPU pool has ``--max-loras-per-batch`` slots (python/sglang/srt/lora/mem_pool.py,
     ``LoRAMemoryPool.prepare_lora_batch``): a request moves its adapter in, evicting
     the least recently used one not pinned; pinned adapters (at most slots - 1) stay.
   - an unload removes the adapter everywhere; a request for a name never loaded, or
-    unloaded, is refused (400 "The following requested LoRA adapters are not loaded").
+    unloaded, is refused (400: "Got LoRA adapter that has never been loaded", from
+    python/sglang/srt/managers/tokenizer_manager.py ``TokenizerManager._resolve_lora_path``,
+    which also loads a parked adapter again; before PR #11526 "The following
+    requested LoRA adapters are not loaded", from lora_registry.py ``acquire``). An
+    unload of a name the soft cap unloaded is refused as unknown
+    (``LoRARegistry.unregister``) and leaves it parked, to be loaded again on use.
 
 ``EngineModel.SGLANG_HARD_CAP``: SGLang before PR #11526, where a load past
 ``--max-loaded-loras`` is refused instead.
@@ -199,11 +206,13 @@ class PodResidency:
         return self._sglang_load(name, path, pinned=pinned, busy=busy)
 
     def unload(self, name: str) -> Effects:
-        """``unload_lora_adapter``: raises ``NotLoadedError`` for a name the pod does not list."""
-        if name not in self.listed and name not in self.parked:
+        """``unload_lora_adapter``: raises ``NotLoadedError`` for a name the pod does not list.
+
+        SGLang refuses a name its soft cap unloaded too (``LoRARegistry.unregister`` finds
+        no such name), and it stays parked: the next request loads it again."""
+        if name not in self.listed:
             raise NotLoadedError(name)
         self.listed.pop(name, None)
-        self.parked.pop(name, None)
         entry = self._current.pop(name, None)
         if self.engine is EngineModel.VLLM or entry is None:
             return Effects()  # vLLM: the host entry and the GPU slot stay (a ghost)

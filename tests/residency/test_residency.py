@@ -159,6 +159,15 @@ def test_sglang_soft_cap_reports_an_unloaded_adapter_that_held_a_gpu_slot() -> N
     assert pod.on_gpu() == ()
 
 
+def test_sglang_an_adapter_the_soft_cap_unloaded_cannot_be_unloaded_and_comes_back() -> None:
+    pod = _pod(SGLANG, max_loras=2, max_cpu_loras=1)
+    pod.load("a", "/a")
+    pod.load("b", "/b")
+    with pytest.raises(NotLoadedError):
+        pod.unload("a")
+    assert pod.serves("a") and pod.request("a").unlisted == ("b",)
+
+
 def test_sglang_before_the_soft_cap_refuses_a_load_past_it() -> None:
     pod = _pod(HARD, max_loras=2, max_cpu_loras=1)
     pod.load("a", "/a")
