@@ -5,7 +5,7 @@ SGLang answers every LoRA failure it expects with HTTP 400 and ``{"success": fal
 and "does not exist" on unload are success, anything else is permanent. Two answers
 need more than the message:
 
-- dynamic loads need ``dp_size == 1``; with more, the load path fails an assertion
+- dynamic loads and unloads need ``dp_size == 1``; with more, they fail an assertion
   that nothing catches, and the server answers Starlette's bare 500 "Internal Server
   Error" (python/sglang/srt/managers/tokenizer_manager.py, ``load_lora_adapter``). A
   5xx is normally worth retrying; this one never succeeds, so it is permanent and says
@@ -69,7 +69,7 @@ class SglangClient(HttpEngine):
         if response.status_code == 200:
             return True
         if response.status_code >= 500 or response.status_code == 429:
-            raise self._load_5xx(adapter, response)
+            raise self._lora_5xx("loading", adapter, LOAD_PATH, response)
         message = error_text(response)
         if "already loaded" in message:
             return False
@@ -80,26 +80,31 @@ class SglangClient(HttpEngine):
             status=response.status_code,
         )
 
-    def _load_5xx(self, adapter: AdapterId, response: httpx.Response) -> EngineError:
+    def _lora_5xx(
+        self, doing: str, adapter: AdapterId, path: str, response: httpx.Response
+    ) -> EngineError:
         """The dp_size assertion is permanent; any other 5xx is worth retrying."""
         message = error_text(response)
         if response.status_code == 500 and (message == UNCAUGHT_500 or "dp_size" in message):
             return self.permanent(
-                f"loading {adapter} answered 500 {message!r}: SGLang fails an assertion "
-                "there when dp_size > 1 (it loads adapters at run time only with dp_size 1): "
-                "restart the pod with --dp-size 1 (if it has dp_size 1, its log says what "
-                "failed)",
+                f"{doing} {adapter} answered 500 {message!r}: SGLang fails an assertion "
+                "there when dp_size > 1 (it changes adapters at run time only with dp_size "
+                "1): restart the pod with --dp-size 1 (if it has dp_size 1, its log says "
+                "what failed)",
                 status=500,
             )
         return self.retryable(
-            f"POST {LOAD_PATH} answered {response.status_code}: {message}",
+            f"POST {path} answered {response.status_code}: {message}",
             status=response.status_code,
         )
 
     async def unload(self, adapter: AdapterId) -> bool:
-        response = await self.call("POST", UNLOAD_PATH, body={"lora_name": adapter})
+        body = {"lora_name": adapter}
+        response = await self.call("POST", UNLOAD_PATH, body=body, answer_5xx=True)
         if response.status_code == 200:
             return True
+        if response.status_code >= 500 or response.status_code == 429:
+            raise self._lora_5xx("unloading", adapter, UNLOAD_PATH, response)
         message = error_text(response)
         if "does not exist" in message:
             return False

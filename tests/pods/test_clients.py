@@ -436,3 +436,9 @@ def test_sglang_pool_slots_in_use_are_batch_activity_not_residency() -> None:
     )
     assert (metrics.lora_slots_used, metrics.lora_slots_total) == (0, 4)
     assert metrics.running_adapters == metrics.waiting_adapters == frozenset()
+
+
+async def test_an_sglang_unload_with_dp_size_above_one_is_permanent() -> None:
+    handler = _answer(500, "Internal Server Error")
+    with pytest.raises(PermanentEngineError, match="--dp-size 1"):
+        await _client(Engine.SGLANG, handler).unload(AdapterId("a"))
