@@ -1,4 +1,8 @@
-"""``lorafleet emulate``: N emulated vLLM or SGLang pods on 127.0.0.1, until Ctrl-C."""
+"""``lorafleet emulate``: N emulated vLLM or SGLang pods on 127.0.0.1, until Ctrl-C.
+
+The pods follow an engine model (``--engine-model``: vllm, sglang with the soft cap, or
+sglang-hard-cap, SGLang before it) and the version knobs real engines differ by.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from placement.domain import Engine
 from placement.emulator.config import Faults, Latency, PodConfig
 from placement.emulator.fleet import HOST, EmulatedFleet, serve_fleet
 from placement.errors import InputError, Problem
+from placement.residency import EngineModel
 
 
 def _fleet_yaml(fleet: EmulatedFleet, *, base_model: str) -> str:
@@ -62,6 +67,13 @@ async def _serve(fleet: EmulatedFleet, *, crash_every_s: float, down_s: float) -
 def emulate(
     pods: Annotated[int, typer.Option(min=1, help="How many pods, on consecutive ports.")] = 4,
     engine: Annotated[Engine, typer.Option(help="The dialect the pods speak.")] = Engine.VLLM,
+    engine_model: Annotated[
+        EngineModel | None,
+        typer.Option(
+            help="What loads, unloads and requests do (default: the engine's current model; "
+            "sglang-hard-cap is SGLang before its soft --max-loaded-loras)."
+        ),
+    ] = None,
     port: Annotated[int, typer.Option(help="The first pod's port on 127.0.0.1.")] = 18000,
     served_model_name: Annotated[str, typer.Option(help="The name requests use.")] = "base-model",
     base_model: Annotated[
@@ -83,6 +95,26 @@ def emulate(
     no_runtime_updating: Annotated[
         bool, typer.Option(help="Act as vLLM without VLLM_ALLOW_RUNTIME_LORA_UPDATING.")
     ] = False,
+    vllm_flat_errors: Annotated[
+        bool, typer.Option(help="Answer older vLLM's flat error bodies, not {'error': {...}}.")
+    ] = False,
+    vllm_old_kv_metric: Annotated[
+        bool, typer.Option(help="Export vllm:gpu_cache_usage_perc (vLLM before #18354).")
+    ] = False,
+    sglang_metrics: Annotated[
+        bool,
+        typer.Option(
+            "--sglang-metrics/--no-sglang-metrics",
+            help="SGLang's --enable-metrics; without it /metrics is a 404.",
+        ),
+    ] = True,
+    sglang_dp_size: Annotated[
+        int, typer.Option(min=1, help="SGLang's --dp-size; above 1 loads and unloads fail.")
+    ] = 1,
+    sglang_old_naming: Annotated[
+        bool,
+        typer.Option(help="Act as SGLang before model='<base>:<adapter>' (reads lora_path only)."),
+    ] = False,
     crash_every_s: Annotated[
         float, typer.Option(help="Kill a random pod this often (0: never); its port closes.")
     ] = 0.0,
@@ -101,7 +133,13 @@ def emulate(
         max_loras=max_loras,
         max_cpu_loras=max_cpu_loras,
         max_lora_rank=max_lora_rank,
+        engine_model=engine_model,
         runtime_lora_updating=not no_runtime_updating,
+        vllm_flat_errors=vllm_flat_errors,
+        vllm_old_kv_metric=vllm_old_kv_metric,
+        sglang_metrics=sglang_metrics,
+        sglang_dp_size=sglang_dp_size,
+        sglang_model_naming=not sglang_old_naming,
         missing_pattern=missing_pattern,
         latency=Latency(
             load_ms=load_ms,
@@ -117,6 +155,9 @@ def emulate(
     if problems:
         raise InputError([Problem(source="emulate", message=p) for p in problems])
     fleet = EmulatedFleet.start(pods, engine=engine, base_port=port, config=template)
-    err().print(f"{pods} emulated {engine.value} pods on {HOST}:{port}..{port + pods - 1}")
+    err().print(
+        f"{pods} emulated {engine.value} pods ({template.model.value}) on "
+        f"{HOST}:{port}..{port + pods - 1}"
+    )
     out().print(_fleet_yaml(fleet, base_model=base_model), highlight=False, markup=False)
     asyncio.run(_serve(fleet, crash_every_s=crash_every_s, down_s=down_s))

@@ -1,5 +1,14 @@
 """What an emulated pod is configured with, and which adapters "exist" for it.
 
+The engine model (``placement.residency.EngineModel``) decides what a load, an unload
+and a request do to the pod; the version knobs choose among the wire forms real engines
+of different ages answer with (POD-API.md): vLLM's error body (nested ``{"error": {...}}``
+now, flat before) and KV gauge name (``vllm:kv_cache_usage_perc`` now,
+``vllm:gpu_cache_usage_perc`` before vllm-project/vllm#18354); SGLang's ``--enable-metrics``
+(off: ``/metrics`` answers 404), ``--dp-size`` (above 1 a load fails an assertion: 500)
+and its request naming (``model: "<base>:<adapter>"`` since sgl-project/sglang#11570;
+older engines read only ``lora_path`` and run the base model for anything else).
+
 Adapter existence: a ``lora_path`` is missing when it matches ``missing_pattern``
 (default: a path segment starting with ``missing``), or when it is a local path
 (``/``, ``./``, ``../``, ``~`` or ``file://``) that does not exist. A local PEFT
@@ -15,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from placement.domain import VLLM_MAX_LORA_RANKS, Engine
+from placement.residency import EngineModel
 
 MB = 1_000_000
 
@@ -55,20 +65,43 @@ class Faults:
     slow_load_ms: float = 0.0
 
 
+VLLM_KV_METRIC = "vllm:kv_cache_usage_perc"
+#: The KV gauge's name before vllm-project/vllm#18354.
+VLLM_OLD_KV_METRIC = "vllm:gpu_cache_usage_perc"
+
+_DEFAULT_MODEL = {Engine.VLLM: EngineModel.VLLM, Engine.SGLANG: EngineModel.SGLANG}
+
+
 @dataclass(frozen=True, kw_only=True)
 class PodConfig:
     name: str = "pod-0"
+    #: The dialect the pod speaks.
     engine: Engine = Engine.VLLM
+    #: What the engine does with loads, unloads and requests; None: the current
+    #: model of ``engine`` (vLLM, or SGLang with the soft cap).
+    engine_model: EngineModel | None = None
     served_model_name: str = "base-model"
     model_path: str = "/models/base-model"
     max_loras: int = 1
-    #: Defaults to ``max_loras`` as in vLLM (SGLang's ``--max-loaded-loras``).
+    #: vLLM's ``--max-cpu-loras`` (None: ``max_loras``, as in vLLM); SGLang's
+    #: ``--max-loaded-loras`` (None: no cap, as in SGLang).
     max_cpu_loras: int | None = None
     max_lora_rank: int = 16
     #: vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING; off, the LoRA routes are not mounted.
     runtime_lora_updating: bool = True
     #: SGLang's --enable-lora.
     enable_lora: bool = True
+    #: vLLM before the nested error body: ``{"message", "type", "param", "code"}``.
+    vllm_flat_errors: bool = False
+    #: vLLM before vllm-project/vllm#18354 names its KV gauge ``vllm:gpu_cache_usage_perc``.
+    vllm_old_kv_metric: bool = False
+    #: SGLang's --enable-metrics; off, ``/metrics`` is not mounted (404).
+    sglang_metrics: bool = True
+    #: SGLang's --dp-size; above 1 every load or unload fails an assertion (500).
+    sglang_dp_size: int = 1
+    #: SGLang since sgl-project/sglang#11570 reads ``model: "<base>:<adapter>"``; older
+    #: engines read only ``lora_path`` and run the base model for any other ``model``.
+    sglang_model_naming: bool = True
     missing_pattern: str = r"(^|[/:])missing"
     default_adapter_bytes: int = 50 * MB
     kv_capacity_tokens: int = 65536
@@ -78,7 +111,22 @@ class PodConfig:
 
     @property
     def cpu_slots(self) -> int:
+        """The host-cache size lorafleet plans with (``max_loras`` when none is set)."""
         return self.max_loras if self.max_cpu_loras is None else self.max_cpu_loras
+
+    @property
+    def model(self) -> EngineModel:
+        """The engine model in force: ``engine_model``, else ``engine``'s current one."""
+        return self.engine_model or _DEFAULT_MODEL[self.engine]
+
+    @property
+    def residency_cap(self) -> int | None:
+        """``max_cpu_loras`` as the engine model takes it: SGLang has no cap unless set."""
+        return self.max_cpu_loras if self.model.is_sglang else self.cpu_slots
+
+    @property
+    def kv_metric(self) -> str:
+        return VLLM_OLD_KV_METRIC if self.vllm_old_kv_metric else VLLM_KV_METRIC
 
     def problems(self) -> list[str]:
         """What a real engine would refuse to start with."""
@@ -89,6 +137,10 @@ class PodConfig:
             found.append(f"max_cpu_loras ({self.cpu_slots}) must be >= max_loras")
         if self.engine is Engine.VLLM and self.max_lora_rank not in VLLM_MAX_LORA_RANKS:
             found.append(f"max_lora_rank must be one of {VLLM_MAX_LORA_RANKS}")
+        if self.model.is_sglang != (self.engine is Engine.SGLANG):
+            found.append(f"engine model {self.model.value} does not speak {self.engine.value}")
+        if self.sglang_dp_size < 1:
+            found.append(f"dp_size must be at least 1, got {self.sglang_dp_size}")
         return found
 
 

@@ -1,11 +1,13 @@
 """The state and timing of one emulated pod, whatever HTTP dialect it speaks.
 
-Models what POD-API.md says of the engines: registrations (``/v1/models``), a host
-LRU of ``max_cpu_loras`` and a GPU LRU of ``max_loras`` slots, a per-name lock on
-loads and unloads, cold loads timed by size, activations that stall the running batch
-(the drain), and failure injection. vLLM evicts silently past ``max_cpu_loras`` and
-keeps listing the evicted adapter; SGLang refuses loads past ``max_loaded_loras`` and
-keeps pinned adapters on the GPU. Counters let tests see thrashing.
+What the pod holds is ``placement.residency.PodResidency``, the one engine model the
+replay and the ledgers run too: this module asks it what each load, unload and request
+does (``Effects``) and keeps only what the model does not: time (a cold read timed by
+size, the drain while weights move onto the GPU), a lock per adapter name on loads and
+unloads, requests in flight (passed to the model as ``busy``; a request waits while
+every GPU slot holds a running or pinned adapter, as a scheduler holds it back), SGLang's
+unload waiting for the adapter's requests in flight, failure injection, and counters
+that let tests see thrashing.
 
 Configuration and adapter existence live in ``placement.emulator.config``.
 
@@ -18,12 +20,13 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections import Counter, OrderedDict, deque
-from collections.abc import AsyncIterator, Callable
+from collections import Counter, deque
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import replace
 
-from placement.domain import Engine
+from placement import residency
 from placement.emulator.config import AdapterFile, Faults, PodConfig, resolve_adapter
+from placement.residency import Effects, EngineModel, PodResidency
 
 
 class EmulatorError(Exception):
@@ -53,10 +56,23 @@ class RankTooLargeError(EmulatorError):
         super().__init__(rank)
 
 
-class PoolFullError(EmulatorError): ...
+class PoolFullError(EmulatorError):
+    """SGLang before the soft cap: ``--max-loaded-loras`` adapters are loaded already."""
 
 
 class PinLimitError(EmulatorError): ...
+
+
+_REFUSALS: Mapping[type[residency.ResidencyError], type[EmulatorError]] = {
+    residency.AlreadyLoadedError: AlreadyLoadedError,
+    residency.NotLoadedError: NotLoadedError,
+    residency.CapReachedError: PoolFullError,
+    residency.PinLimitError: PinLimitError,
+}
+
+
+def _refusal(exc: residency.ResidencyError) -> EmulatorError:
+    return _REFUSALS[type(exc)]()
 
 
 async def _pause(ms: float) -> None:
@@ -65,7 +81,7 @@ async def _pause(ms: float) -> None:
 
 
 class EmulatedPod:
-    """One pod's engine: registrations, the two LRU tiers, requests in flight."""
+    """One pod's engine: the engine model, its timing, requests in flight, counters."""
 
     def __init__(self, config: PodConfig, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
@@ -79,14 +95,18 @@ class EmulatedPod:
         self.residencies_s: deque[float] = deque(maxlen=10_000)
         self.generation = 0
         self.down_until = 0.0
+        self.residency = PodResidency(
+            config.model, max_loras=config.max_loras, max_cpu_loras=config.residency_cap
+        )
         self._restart()
 
     def _restart(self) -> None:
         self.generation += 1
-        self.listed: dict[str, AdapterFile] = {}
-        self.host: OrderedDict[str, None] = OrderedDict()
-        self.gpu: OrderedDict[str, float] = OrderedDict()
-        self.pinned: set[str] = set()
+        self.residency.restart()
+        #: The adapter file behind each name the pod knows (listed or parked).
+        self.files: dict[str, AdapterFile] = {}
+        #: When each GPU entry of a name was activated, oldest first (a vLLM ghost first).
+        self.activated_at: dict[str, deque[float]] = {}
         self.running: Counter[str] = Counter()
         self.waiting: Counter[str] = Counter()
         self.running_tokens = 0
@@ -94,6 +114,26 @@ class EmulatedPod:
         self.slots = asyncio.Condition()
         self.engine_step = asyncio.Lock()
         self.lora_info: dict[tuple[str, str], float] = {}
+
+    # what the pod holds (read from the engine model) ---------------------------------
+    @property
+    def listed(self) -> dict[str, AdapterFile]:
+        """Names ``/v1/models`` lists, with their files."""
+        return {name: self.files[name] for name in self.residency.listed}
+
+    @property
+    def gpu(self) -> tuple[str, ...]:
+        """Listed names on a GPU slot, least recently used first."""
+        return self.residency.on_gpu()
+
+    @property
+    def host(self) -> tuple[str, ...]:
+        """Listed names whose weights are in host memory, oldest first."""
+        return self.residency.in_host()
+
+    @property
+    def pinned(self) -> set[str]:
+        return set(self.residency.pinned)
 
     # faults ------------------------------------------------------------------------
     def restart(self) -> None:
@@ -124,7 +164,7 @@ class EmulatedPod:
         self.faults = replace(self.faults, **changes)
         return self.faults
 
-    # registrations -----------------------------------------------------------------
+    # loads and unloads -------------------------------------------------------------
     def _lock(self, name: str) -> asyncio.Lock:
         return self.locks.setdefault(name, asyncio.Lock())
 
@@ -132,85 +172,105 @@ class EmulatedPod:
         if generation != self.generation:
             raise PodDownError()
 
-    async def load(self, name: str, path: str, *, pinned: bool = False) -> AdapterFile:
+    def _busy(self) -> set[str]:
+        return {name for name, count in self.running.items() if count > 0 and name}
+
+    async def load(
+        self, name: str, path: str, *, pinned: bool = False, inplace: bool = False
+    ) -> AdapterFile:
+        """``load_lora_adapter``: read the weights, then do what the engine model says."""
         generation = self.generation
         async with self._lock(name):
             self._alive(generation)
-            if name in self.listed:
-                raise AlreadyLoadedError()
-            adapter = resolve_adapter(path, self.config)
-            if adapter is None:
-                raise BadPathError()
-            if adapter.rank is not None and adapter.rank > self.config.max_lora_rank:
-                raise RankTooLargeError(adapter.rank)
-            self._check_room(pinned=pinned)
+            adapter = self._check_load(name, path, pinned=pinned, inplace=inplace)
             await _pause(self.config.latency.cold_ms(adapter.size_bytes) + self.faults.slow_load_ms)
             self._alive(generation)
-            self._check_room(pinned=pinned)
-            self.listed[name] = adapter
+            # SGLang's soft cap picks the least recently used adapter whatever runs on it,
+            # then waits for its requests (``_unload_lora_adapter_locked``).
+            busy = () if self.config.model.is_sglang else self._busy()
+            try:
+                effects = self.residency.load(name, path, pinned=pinned, inplace=inplace, busy=busy)
+            except residency.ResidencyError as exc:
+                raise _refusal(exc) from exc
+            self.files[name] = adapter
             self.counters["loads"] += 1
-            self._into_host(name)
-            if len(self.listed) > self.config.cpu_slots:  # vLLM took it, evicting silently
-                self.counters["over_limit"] += 1
-            if pinned:
-                await self._pin(name, adapter)
-            self._peak()
+            cap = self.config.residency_cap
+            if cap is not None and len(self.residency.listed) > cap:
+                self.counters["over_limit"] += 1  # vLLM took it, dropping weights silently
+            await self._apply(name, effects, size_bytes=adapter.size_bytes)
+            await self._drain_unlisted(effects.unlisted)
             return adapter
 
-    def _check_room(self, *, pinned: bool) -> None:
-        if self.config.engine is not Engine.SGLANG:
-            return
-        if len(self.listed) >= self.config.cpu_slots:
-            raise PoolFullError()
-        if pinned and len(self.pinned) >= self.config.max_loras - 1:
+    def _check_load(self, name: str, path: str, *, pinned: bool, inplace: bool) -> AdapterFile:
+        """The refusals a load meets before any weights are read."""
+        model = self.config.model
+        if name in self.residency.listed and not (inplace and model is EngineModel.VLLM):
+            raise AlreadyLoadedError()
+        adapter = resolve_adapter(path, self.config)
+        if adapter is None:
+            raise BadPathError()
+        if adapter.rank is not None and adapter.rank > self.config.max_lora_rank:
+            raise RankTooLargeError(adapter.rank)
+        if model.is_sglang and pinned and len(self.residency.pinned) >= self.config.max_loras - 1:
             raise PinLimitError()
-
-    async def _pin(self, name: str, adapter: AdapterFile) -> None:
-        self.pinned.add(name)
-        async with self.slots:
-            await self._claim_slot(name)
-            self.running[name] -= 1
-        await self._swap(adapter)
-
-    def _into_host(self, name: str) -> None:
-        self.host[name] = None
-        self.host.move_to_end(name)
-        while len(self.host) > self.config.cpu_slots:
-            victim = next((n for n in self.host if not self.running[n]), None)
-            if victim is None:
-                break
-            del self.host[victim]
-            self._leave_gpu(victim)
-            self.counters["host_evictions"] += 1
+        cap = self.config.residency_cap
+        hard = model is EngineModel.SGLANG_HARD_CAP
+        if hard and cap is not None and len(self.residency.listed) >= cap:
+            raise PoolFullError()
+        return adapter
 
     async def unload(self, name: str) -> None:
+        """``unload_lora_adapter``: SGLang waits for the adapter's requests in flight."""
         generation = self.generation
         async with self._lock(name):
             self._alive(generation)
-            if name not in self.listed:
+            if name not in self.residency.listed:
                 raise NotLoadedError()
-            if self.config.engine is Engine.SGLANG:
-                async with self.slots:  # SGLang waits for the adapter's requests in flight
-                    await self.slots.wait_for(lambda: not self.running[name])
+            if self.config.model.is_sglang:
+                await self._wait_idle(name)
             self._alive(generation)
-            del self.listed[name]
-            self.host.pop(name, None)
-            self._leave_gpu(name)
-            self.pinned.discard(name)
+            try:
+                effects = self.residency.unload(name)
+            except residency.ResidencyError as exc:
+                raise _refusal(exc) from exc
             self.counters["unloads"] += 1
+            self._note_evictions(effects.gpu_evicted)
             async with self.slots:
                 self.slots.notify_all()
 
-    def _leave_gpu(self, name: str) -> None:
-        """Free ``name``'s GPU slot, remembering how long it stayed (its residency)."""
-        activated = self.gpu.pop(name, None)
-        if activated is not None:
-            self.residencies_s.append(self.clock() - activated)
+    async def _drain_unlisted(self, names: Iterable[str]) -> None:
+        """SGLang's soft cap unloads through the unload path: it waits for their requests."""
+        for name in names:
+            self.counters["unlisted"] += 1
+            await self._wait_idle(name)
+
+    async def _wait_idle(self, name: str) -> None:
+        async with self.slots:
+            await self.slots.wait_for(lambda: not self.running[name])
+
+    async def _apply(self, name: str, effects: Effects, *, size_bytes: int) -> None:
+        """Count and time what one call did; a swap onto the GPU stalls the batch."""
+        self.counters["host_evictions"] += len(effects.host_evicted)
+        self._note_evictions(effects.gpu_evicted)
+        if effects.activated:
+            self.counters["gpu_activations"] += 1
+            self.activated_at.setdefault(name, deque()).append(self.clock())
+        self._peak()
+        if effects.activated:
+            await self._swap(size_bytes)
+
+    def _note_evictions(self, names: Iterable[str]) -> None:
+        """End the oldest GPU residency of each name (a vLLM ghost's before its successor's)."""
+        for name in names:
+            self.counters["gpu_evictions"] += 1
+            stamps = self.activated_at.get(name)
+            if stamps:
+                self.residencies_s.append(self.clock() - stamps.popleft())
 
     def _peak(self) -> None:
-        self.peaks["registered"] = max(self.peaks["registered"], len(self.listed))
-        self.peaks["host"] = max(self.peaks["host"], len(self.host))
-        self.peaks["gpu"] = max(self.peaks["gpu"], len(self.gpu))
+        self.peaks["registered"] = max(self.peaks["registered"], len(self.residency.listed))
+        self.peaks["host"] = max(self.peaks["host"], len(self.residency.in_host()))
+        self.peaks["gpu"] = max(self.peaks["gpu"], len(self.residency.on_gpu()))
 
     # requests ----------------------------------------------------------------------
     def _record_info(self) -> None:
@@ -218,54 +278,51 @@ class EmulatedPod:
         waiting = ",".join(sorted(n for n, c in self.waiting.items() if c > 0 and n))
         self.lora_info[(waiting, running)] = time.time()
 
-    async def _claim_slot(self, name: str) -> None:
-        """Under ``slots``: put ``name`` on a GPU slot, waiting while all are busy."""
-        while name not in self.gpu and len(self.gpu) >= self.config.max_loras:
-            victim = next(
-                (n for n in self.gpu if not self.running[n] and n not in self.pinned), None
-            )
-            if victim is not None:
-                self._leave_gpu(victim)
-                self.counters["gpu_evictions"] += 1
-                break
-            await self.slots.wait()
-        if name in self.gpu:
-            self.gpu.move_to_end(name)
-        else:
-            self.gpu[name] = self.clock()
-            self.counters["gpu_activations"] += 1
-        self.running[name] += 1
-        self._peak()
-
-    async def _swap(self, adapter: AdapterFile) -> None:
+    async def _swap(self, size_bytes: int) -> None:
         # Weights move between batch steps: every running request stalls (the drain).
         async with self.engine_step:
-            await _pause(self.config.latency.swap_ms(adapter.size_bytes))
+            await _pause(self.config.latency.swap_ms(size_bytes))
 
     async def admit(self, name: str | None) -> None:
-        """Wait until ``name`` (None: the base model) can run, loading it as needed."""
+        """Wait until ``name`` (None: the base model) runs, reading it in as needed.
+
+        Raises ``NotLoadedError`` when the engine does not serve ``name``."""
         self.counters["requests"] += 1
         if name is None:
             self.running[""] += 1
             return
+        if not self.residency.serves(name):
+            raise NotLoadedError()
         generation = self.generation
-        adapter = self.listed[name]
         self.waiting[name] += 1
         self._record_info()
         try:
-            if name not in self.host:
-                self.counters["cold_reloads"] += 1
-                await _pause(self.config.latency.cold_ms(adapter.size_bytes))
-                self._alive(generation)
-                self._into_host(name)
-            async with self.slots:
-                was_active = name in self.gpu
-                await self._claim_slot(name)
+            effects = await self._run_on_gpu(name, generation)
         finally:
             self.waiting[name] -= 1
         self._record_info()
-        if not was_active:
-            await self._swap(adapter)
+        self.counters["cold_reloads"] += int(effects.cold)
+        await self._apply(name, effects, size_bytes=self.files[name].size_bytes)
+        await self._drain_unlisted(effects.unlisted)
+
+    async def _run_on_gpu(self, name: str, generation: int) -> Effects:
+        """Put ``name`` on a GPU slot (a cold read first when its weights left the host)."""
+        if name in self.residency.parked or name not in self.residency.in_host():
+            await _pause(self.config.latency.cold_ms(self.files[name].size_bytes))
+            self._alive(generation)
+        async with self.slots:
+            await self.slots.wait_for(
+                lambda: self.residency.can_activate_now(name, busy=self._busy())
+            )
+            self._alive(generation)
+            if not self.residency.serves(name):  # unloaded while it waited
+                raise NotLoadedError()
+            try:
+                effects = self.residency.request(name, busy=self._busy())
+            except residency.ResidencyError as exc:
+                raise _refusal(exc) from exc
+            self.running[name] += 1
+        return effects
 
     async def release(self, name: str | None) -> None:
         key = name or ""
@@ -294,17 +351,25 @@ class EmulatedPod:
         return min(1.0, self.running_tokens / max(1, self.config.kv_capacity_tokens))
 
     def stats(self) -> dict[str, object]:
+        model = self.residency
+        now = self.clock()
         return {
             "pod": self.config.name,
             "engine": self.config.engine.value,
-            "registered": list(self.listed),
-            "host": list(self.host),
-            "gpu": list(self.gpu),
+            "engine_model": self.config.model.value,
+            "registered": list(model.listed),
+            "listed": list(model.listed),
+            "parked": list(model.parked),
+            "host": list(model.in_host()),
+            "gpu": list(model.on_gpu()),
+            "ghosts": model.ghosts_on_gpu(),
             "residency_s": {
                 "ended": [round(v, 3) for v in self.residencies_s],
-                "ongoing": [round(self.clock() - t, 3) for t in self.gpu.values()],
+                "ongoing": [
+                    round(now - t, 3) for stamps in self.activated_at.values() for t in stamps
+                ],
             },
-            "pinned": sorted(self.pinned),
+            "pinned": sorted(model.pinned),
             "running": sum(self.running.values()),
             "waiting": sum(self.waiting.values()),
             "limits": {"max_loras": self.config.max_loras, "max_cpu_loras": self.config.cpu_slots},

@@ -1,12 +1,25 @@
 """An emulated SGLang pod: the routes and texts of POD-API.md's SGLang table.
 
-LoRA failures are HTTP 400 ``{"success": false, "error_message": ...}``; requests name
-an adapter as ``<served-base>:<adapter>`` and a bare adapter name is "not served".
-The full-pool, rank and pin texts are SGLang's (tokenizer and LoRA managers); the
-missing-path text is this emulator's own, worded like SGLang's. A dead pod answers 503.
+LoRA failures are HTTP 400 ``{"success": false, "error_message": ...}``
+(python/sglang/srt/entrypoints/http_server.py, ``load_lora_adapter``); the texts are
+SGLang's (python/sglang/srt/lora/lora_manager.py, ``LoRAManager.validate_new_adapter``;
+python/sglang/srt/lora/lora_registry.py, ``LoRARegistry.unregister``), except the
+missing-path one, which is this emulator's own worded like them. With ``--dp-size`` above
+1 the load and unload paths fail an assertion outside the handler's ``except
+ValueError``: FastAPI's plain 500.
+
+A request names its adapter as ``model: "<base>:<adapter>"`` (split at the first colon;
+sgl-project/sglang#11570) or ``lora_path: "<adapter>"``; engines before that read only
+``lora_path`` and run the base model for any other ``model``. An adapter the engine does
+not serve is refused with 400 (streamed: 200, an error event, then ``[DONE]``); the text
+is the tokenizer manager's ("Got LoRA adapter that has never been loaded", since the
+soft cap of sgl-project/sglang#11526) or, before it, the registry's ("The following
+requested LoRA adapters are not loaded"). A dead pod answers 503.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
@@ -23,7 +36,14 @@ from placement.emulator.pod import (
     PoolFullError,
     RankTooLargeError,
 )
-from placement.emulator.wire import add_admin_routes, add_serving_routes, complete, read_json
+from placement.emulator.wire import (
+    add_admin_routes,
+    add_serving_routes,
+    complete,
+    error_stream,
+    read_json,
+)
+from placement.residency import EngineModel
 
 
 def _lora_answer(pod: EmulatedPod, *, ok: bool, message: str = "") -> JSONResponse:
@@ -35,8 +55,8 @@ def _lora_answer(pod: EmulatedPod, *, ok: bool, message: str = "") -> JSONRespon
     return JSONResponse(body, status_code=200 if ok else 400)
 
 
-def _openai_error(status: int, message: str) -> JSONResponse:
-    body = {"object": "error", "message": message, "type": "NotFoundError", "code": status}
+def _openai_error(status: int, message: str, kind: str = "NotFoundError") -> JSONResponse:
+    body = {"object": "error", "message": message, "type": kind, "param": None, "code": status}
     return JSONResponse(body, status_code=status)
 
 
@@ -50,6 +70,14 @@ def _guard(pod: EmulatedPod, *, inject: bool = True) -> Response | None:
     return None
 
 
+def _dp_assertion(pod: EmulatedPod) -> Response | None:
+    """``assert dp_size == 1, "dp_size must be 1 for dynamic lora loading"`` escapes the
+    handler, so FastAPI answers its own 500 (the text is only in the server's log)."""
+    if pod.config.sglang_dp_size > 1:
+        return PlainTextResponse("Internal Server Error", status_code=500)
+    return None
+
+
 def _load_refusal(pod: EmulatedPod, exc: EmulatorError, name: str, path: str) -> str:
     config = pod.config
     messages: dict[type[EmulatorError], str] = {
@@ -57,8 +85,8 @@ def _load_refusal(pod: EmulatedPod, exc: EmulatorError, name: str, path: str) ->
         BadPathError: f"Failed to load LoRA adapter {name}: no adapter found at {path}",
         PoolFullError: (
             f"Cannot load LoRA adapter {name} at path {path}. Maximum number of loaded "
-            f"LoRA adapters is {config.cpu_slots}. Please unload some LoRA adapters before "
-            "loading new ones."
+            f"LoRA adapters is {config.max_cpu_loras}. Please unload some LoRA adapters "
+            "before loading new ones."
         ),
         PinLimitError: (
             f"Failed to load LoRA adapter {name} as a pinned adapter. It is not allowed to "
@@ -77,13 +105,31 @@ def _load_refusal(pod: EmulatedPod, exc: EmulatorError, name: str, path: str) ->
     return messages.get(type(exc), f"Failed to load LoRA adapter {name}: {type(exc).__name__}")
 
 
+def not_loaded_text(pod: EmulatedPod, adapter: str) -> str:
+    """What the engine says of a request for an adapter it does not serve."""
+    model = pod.residency
+    if pod.config.model is EngineModel.SGLANG_HARD_CAP:
+        loaded = ", ".join(repr(name) for name in model.listed)
+        return (
+            f"The following requested LoRA adapters are not loaded: {adapter}\n"
+            f"Loaded adapters: dict_keys([{loaded}])."
+        )
+    known = ", ".join(repr(name) for name in [*model.listed, *model.parked])
+    return (
+        f"Got LoRA adapter that has never been loaded: {adapter}\n"
+        f"All loaded adapters: dict_keys([{known}])."
+    )
+
+
 def _metrics_text(pod: EmulatedPod) -> str:
     labels = f'model_name="{pod.config.served_model_name}"'
+    in_batch = sum(1 for name, count in pod.running.items() if count > 0 and name)
     gauges = {
         "sglang:num_running_reqs": sum(pod.running.values()),
         "sglang:num_queue_reqs": sum(pod.waiting.values()),
         "sglang:token_usage": pod.kv_usage,
-        "sglang:lora_pool_slots_used": len(pod.gpu),
+        # Distinct adapters in the running batch, not adapters resident on the GPU.
+        "sglang:lora_pool_slots_used": in_batch,
         "sglang:lora_pool_slots_total": pod.config.max_loras,
     }
     lines = []
@@ -100,6 +146,8 @@ def _add_lora_routes(app: FastAPI, pod: EmulatedPod) -> None:
         if not pod.config.enable_lora:
             message = "LoRA is not enabled. Please set `--enable-lora` to enable LoRA."
             return _lora_answer(pod, ok=False, message=message)
+        if (refused := _dp_assertion(pod)) is not None:
+            return refused
         body = await read_json(request)
         name, path = str(body.get("lora_name", "")), str(body.get("lora_path", ""))
         try:
@@ -114,11 +162,13 @@ def _add_lora_routes(app: FastAPI, pod: EmulatedPod) -> None:
     async def unload(request: Request) -> Response:
         if (refused := _guard(pod)) is not None:
             return refused
+        if (refused := _dp_assertion(pod)) is not None:
+            return refused
         name = str((await read_json(request)).get("lora_name", ""))
         try:
             await pod.unload(name)
         except NotLoadedError:
-            loaded = ", ".join(repr(n) for n in pod.listed)
+            loaded = ", ".join(repr(n) for n in pod.residency.listed)
             message = f"LoRA with name {name} does not exist. Loaded LoRAs: dict_keys([{loaded}])"
             return _lora_answer(pod, ok=False, message=message)
         except PodDownError:
@@ -126,24 +176,45 @@ def _add_lora_routes(app: FastAPI, pod: EmulatedPod) -> None:
         return _lora_answer(pod, ok=True)
 
 
+def requested_adapter(pod: EmulatedPod, body: dict[str, Any]) -> str | None:
+    """The adapter a request names, as this engine's version reads it (None: the base)."""
+    lora_path = body.get("lora_path")
+    explicit = lora_path if isinstance(lora_path, str) and lora_path else None
+    model = body.get("model")
+    if pod.config.sglang_model_naming and isinstance(model, str) and ":" in model:
+        return model.partition(":")[2] or explicit
+    return explicit
+
+
 def _add_serving_routes(app: FastAPI, pod: EmulatedPod) -> None:
     async def serve(request: Request, *, chat: bool) -> Response:
         if (refused := _guard(pod)) is not None:
             return refused
         body = await read_json(request)
-        base = pod.config.served_model_name
-        model = str(body.get("model") or base)
-        head, _, adapter = model.partition(":")
-        if model != base and (head != base or adapter not in pod.listed):
-            return _openai_error(404, f"Model '{model}' is not served.")
+        model = str(body.get("model") or pod.config.served_model_name)
+        adapter = requested_adapter(pod, body)
         try:
-            return await complete(pod, adapter=adapter or None, model=model, body=body, chat=chat)
+            if adapter is not None and not pod.residency.serves(adapter):
+                raise NotLoadedError()
+            return await complete(pod, adapter=adapter, model=model, body=body, chat=chat)
+        except NotLoadedError:
+            message = not_loaded_text(pod, adapter or "")
+            if body.get("stream"):
+                return error_stream(
+                    {
+                        "object": "error",
+                        "message": message,
+                        "type": "BadRequestError",
+                        "param": None,
+                        "code": 400,
+                    }
+                )
+            return _openai_error(400, message, kind="BadRequestError")
         except PodDownError:
             return PlainTextResponse(f"pod {pod.config.name} restarted", status_code=503)
 
-    add_serving_routes(
-        app, pod, serve=serve, guard=_guard, metrics_text=_metrics_text, owned_by="sglang"
-    )
+    metrics = _metrics_text if pod.config.sglang_metrics else None
+    add_serving_routes(app, pod, serve=serve, guard=_guard, metrics_text=metrics, owned_by="sglang")
 
 
 def create_sglang_app(pod: EmulatedPod) -> FastAPI:

@@ -3,9 +3,11 @@
 Completions answer in the OpenAI shape, or as SSE chunks (``data: {...}`` then
 ``data: [DONE]``) with ``"stream": true``. The admin routes are the emulator's own:
 
-- ``GET /admin/stats``: registrations, host and GPU LRU order, counters
-  (loads, unloads, gpu_activations, gpu_evictions, host_evictions, cold_reloads,
-  requests, injected_errors, restarts, over_limit) and peaks.
+- ``GET /admin/stats``: what the engine model holds: ``listed`` (also as
+  ``registered``), ``parked`` (SGLang's soft cap: unloaded, reloaded on use), ``host``
+  and ``gpu`` in LRU order, ``ghosts`` (vLLM GPU slots held by unloaded names),
+  ``pinned``; counters (loads, unloads, gpu_activations, gpu_evictions, host_evictions,
+  unlisted, cold_reloads, requests, injected_errors, restarts, over_limit) and peaks.
 - ``POST /admin/fault``: ``{"error_rate": 0.2, "slow_load_ms": 500, "down_s": 1.5}``,
   any subset; ``down_s`` kills the pod now and brings it back empty after that long.
 - ``POST /admin/restart``: come back empty at once.
@@ -174,13 +176,14 @@ def add_serving_routes(
     *,
     serve: Serve,
     guard: Guard,
-    metrics_text: Callable[[EmulatedPod], str],
+    metrics_text: Callable[[EmulatedPod], str] | None,
     owned_by: str,
 ) -> None:
     """The routes both engines answer alike: completions, chat, models, health, metrics.
 
     ``serve(request, chat=...)`` is the engine's own way of naming models; ``guard`` its
-    answer for a pod that is down or injecting errors."""
+    answer for a pod that is down or injecting errors; without ``metrics_text`` there is
+    no ``/metrics`` route (FastAPI's 404), as on SGLang without ``--enable-metrics``."""
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
@@ -200,8 +203,21 @@ def add_serving_routes(
     async def health() -> Response:
         return guard(pod, inject=False) or Response(status_code=200)
 
+    if metrics_text is None:
+        return
+
     @app.get("/metrics")
     async def metrics() -> Response:
         if (refused := guard(pod, inject=False)) is not None:
             return refused
         return PlainTextResponse(metrics_text(pod), media_type="text/plain; version=0.0.4")
+
+
+def error_stream(event: dict[str, Any]) -> StreamingResponse:
+    """A stream that fails before its first token: 200, one error event, then [DONE]."""
+
+    async def events() -> AsyncIterator[str]:
+        yield f"data: {json.dumps(event)}\n\n"
+        yield "data: [DONE]\n\n"
+
+    return StreamingResponse(events(), media_type="text/event-stream")

@@ -1,4 +1,6 @@
-"""The emulated pods speak POD-API.md exactly, keep the two LRU tiers, and fail on demand."""
+"""The emulated pods speak POD-API.md exactly, hold what the engine model says, and fail on
+demand. The engine semantics every pod must keep are in ``test_contract.py``; these are the
+emulator's own: exact bodies, version knobs, timing-free residency counters, faults."""
 
 from __future__ import annotations
 
@@ -8,11 +10,14 @@ from pathlib import Path
 
 import httpx
 import pytest
+from typer.testing import CliRunner
 
 from placement.adapters.metrics_text import parse_vllm_metrics
+from placement.cli import app
 from placement.clock import ManualClock
 from placement.domain import Engine
 from placement.emulator import ZERO_LATENCY, EmulatedFleet, PodConfig, build_pod
+from placement.residency import EngineModel
 
 from .conftest import EmulatedFactory
 
@@ -44,7 +49,10 @@ VLLM_ANSWERS = [
         {"lora_name": "b", "lora_path": "s3://x/missing-b"},
         404,
         _vllm_error(
-            404, "Loading lora b failed: No adapter found for s3://x/missing-b", "NotFoundError"
+            404,
+            "Call to add_lora method failed: Loading lora b failed: No adapter found for "
+            "s3://x/missing-b",
+            "NotFoundError",
         ),
         id="load-bad-path",
     ),
@@ -136,10 +144,11 @@ async def test_alternating_adapters_on_one_slot_thrash(emulated: EmulatedFactory
             await _post(http, "/v1/completions", {"model": name, "prompt": "x", "max_tokens": 1})
     stats = fleet.handles[0].pod.stats()
     counters = stats["counters"]
-    assert (counters["gpu_activations"], counters["gpu_evictions"]) == (4, 3)
+    # each load activates (b pushes a off), then a, b, a, b swap in turn and b stays
+    assert (counters["gpu_activations"], counters["gpu_evictions"]) == (6, 5)
     residency = stats["residency_s"]
     # every eviction ended one residency; the adapter still on the slot is ongoing
-    assert (len(residency["ended"]), len(residency["ongoing"])) == (3, 1)
+    assert (len(residency["ended"]), len(residency["ongoing"])) == (5, 1)
     assert all(seconds >= 0 for seconds in residency["ended"])
 
 
@@ -206,17 +215,161 @@ async def test_sglang_lora_answers(emulated: EmulatedFactory) -> None:
     }
 
 
-async def test_sglang_refuses_bare_names_and_full_pools(emulated: EmulatedFactory) -> None:
-    async with emulated(1, **SGLANG).http() as http:
+async def test_sglang_soft_cap_lets_a_load_past_it_and_unlists_the_lru(
+    emulated: EmulatedFactory,
+) -> None:
+    fleet = emulated(1, **SGLANG)
+    async with fleet.http() as http:
+        for name in ("a", "b", "c"):
+            await _post(http, "/load_lora_adapter", {"lora_name": name, "lora_path": name})
+        stats = (await http.get(URL + "/admin/stats")).json()
+        parked_unload = await _post(http, "/unload_lora_adapter", {"lora_name": "a"})
+        again = await _post(http, "/v1/completions", {"model": "base-model:a", "prompt": "x"})
+        after = (await http.get(URL + "/admin/stats")).json()
+    assert (stats["listed"], stats["parked"]) == (["b", "c"], ["a"])
+    # the soft cap's victim is no longer registered: an unload does not find it
+    assert parked_unload.json()["error_message"] == (
+        "LoRA with name a does not exist. Loaded LoRAs: dict_keys(['b', 'c'])"
+    )
+    assert again.status_code == 200 and (after["listed"], after["parked"]) == (["c", "a"], ["b"])
+    assert (after["counters"]["unlisted"], after["counters"]["cold_reloads"]) == (2, 1)
+
+
+async def test_sglang_before_the_soft_cap_refuses_a_load_past_it(
+    emulated: EmulatedFactory,
+) -> None:
+    async with emulated(1, **SGLANG, engine_model=EngineModel.SGLANG_HARD_CAP).http() as http:
         for name in ("a", "b"):
             await _post(http, "/load_lora_adapter", {"lora_name": name, "lora_path": name})
         full = await _post(http, "/load_lora_adapter", {"lora_name": "c", "lora_path": "c"})
-        bare = await _post(http, "/v1/chat/completions", {"model": "a", "messages": []})
-        named = await _post(http, "/v1/chat/completions", {"model": "base-model:a", "messages": []})
     assert full.status_code == 400
     assert "Maximum number of loaded LoRA adapters is 2" in full.json()["error_message"]
-    assert (bare.status_code, bare.json()["message"]) == (404, "Model 'a' is not served.")
-    assert named.status_code == 200
+
+
+COMPLETION = {"prompt": "x", "max_tokens": 1}
+
+
+@pytest.mark.parametrize(
+    ("naming", "body", "runs"),
+    [
+        pytest.param(True, {"model": "base-model:a"}, "a", id="new-model-colon"),
+        pytest.param(True, {"model": "base-model", "lora_path": "a"}, "a", id="new-lora-path"),
+        pytest.param(True, {"model": "a"}, None, id="new-bare-name-runs-the-base"),
+        pytest.param(False, {"model": "base-model:a"}, None, id="old-ignores-model"),
+        pytest.param(False, {"model": "base-model:a", "lora_path": "a"}, "a", id="old-lora-path"),
+    ],
+)
+async def test_sglang_request_naming_by_engine_version(
+    emulated: EmulatedFactory, naming: bool, body: dict[str, str], runs: str | None
+) -> None:
+    fleet = emulated(1, **SGLANG, sglang_model_naming=naming)
+    async with fleet.http() as http:
+        await _post(http, "/load_lora_adapter", {"lora_name": "a", "lora_path": "a"})
+        answer = await _post(http, "/v1/completions", {**body, **COMPLETION})
+    assert answer.status_code == 200
+    assert fleet.handles[0].pod.stats()["gpu"] == ([runs] if runs else [])
+
+
+@pytest.mark.parametrize(
+    ("model", "text"),
+    [
+        pytest.param(
+            EngineModel.SGLANG,
+            "Got LoRA adapter that has never been loaded: zz\n"
+            "All loaded adapters: dict_keys(['a']).",
+            id="soft-cap",
+        ),
+        pytest.param(
+            EngineModel.SGLANG_HARD_CAP,
+            "The following requested LoRA adapters are not loaded: zz\n"
+            "Loaded adapters: dict_keys(['a']).",
+            id="before-the-soft-cap",
+        ),
+    ],
+)
+async def test_sglang_a_request_for_an_adapter_not_loaded(
+    emulated: EmulatedFactory, model: EngineModel, text: str
+) -> None:
+    async with emulated(1, **SGLANG, engine_model=model).http() as http:
+        await _post(http, "/load_lora_adapter", {"lora_name": "a", "lora_path": "a"})
+        body = {"model": "base-model:zz", **COMPLETION}
+        whole = await _post(http, "/v1/completions", body)
+        streamed = await _post(http, "/v1/completions", {**body, "stream": True})
+    error = {"object": "error", "message": text, "type": "BadRequestError", "param": None}
+    assert (whole.status_code, whole.json()) == (400, {**error, "code": 400})
+    assert streamed.status_code == 200
+    assert streamed.text == f"data: {json.dumps({**error, 'code': 400})}\n\ndata: [DONE]\n\n"
+
+
+async def test_sglang_without_enable_metrics_has_no_metrics_route(
+    emulated: EmulatedFactory,
+) -> None:
+    async with emulated(1, **SGLANG, sglang_metrics=False).http() as http:
+        metrics, health = await http.get(URL + "/metrics"), await http.get(URL + "/health")
+    assert (metrics.status_code, metrics.json(), health.status_code) == (
+        404,
+        {"detail": "Not Found"},
+        200,
+    )
+
+
+async def test_sglang_dp_size_above_one_fails_loads_and_unloads_with_a_500(
+    emulated: EmulatedFactory,
+) -> None:
+    async with emulated(1, **SGLANG, sglang_dp_size=2).http() as http:
+        load = await _post(http, "/load_lora_adapter", {"lora_name": "a", "lora_path": "a"})
+        unload = await _post(http, "/unload_lora_adapter", {"lora_name": "a"})
+    assert [(r.status_code, r.text) for r in (load, unload)] == [(500, "Internal Server Error")] * 2
+
+
+async def test_vllm_older_versions_answer_flat_errors_and_the_old_kv_gauge(
+    emulated: EmulatedFactory,
+) -> None:
+    fleet = emulated(1, vllm_flat_errors=True, vllm_old_kv_metric=True)
+    async with fleet.http() as http:
+        absent = await _post(http, "/v1/unload_lora_adapter", {"lora_name": "zz"})
+        metrics = (await http.get(URL + "/metrics")).text
+    assert absent.json() == {
+        "message": "The lora adapter 'zz' cannot be found.",
+        "type": "NotFoundError",
+        "param": None,
+        "code": 404,
+    }
+    assert "vllm:gpu_cache_usage_perc{" in metrics and "kv_cache_usage_perc" not in metrics
+
+
+async def test_vllm_a_rank_above_the_cap_is_a_400(
+    emulated: EmulatedFactory, tmp_path: Path
+) -> None:
+    (tmp_path / "adapter_config.json").write_text(json.dumps({"r": 64}))
+    async with emulated(1).http() as http:
+        answer = await _post(
+            http, "/v1/load_lora_adapter", {"lora_name": "a", "lora_path": str(tmp_path)}
+        )
+    assert (answer.status_code, answer.json()) == (
+        400,
+        _vllm_error(
+            400,
+            "Call to add_lora method failed: LoRA rank 64 is greater than max_lora_rank 16.",
+            "BadRequestError",
+        ),
+    )
+
+
+async def test_vllm_stats_show_ghosts_and_a_reload_takes_a_new_entry(
+    emulated: EmulatedFactory,
+) -> None:
+    fleet = emulated(1, max_loras=2, max_cpu_loras=4)
+    async with fleet.http() as http:
+        for name in ("a", "b"):
+            await _post(http, "/v1/load_lora_adapter", {"lora_name": name, "lora_path": name})
+        await _post(http, "/v1/unload_lora_adapter", {"lora_name": "b"})
+        ghosted = (await http.get(URL + "/admin/stats")).json()
+        await _post(http, "/v1/load_lora_adapter", {"lora_name": "b", "lora_path": "b"})
+        reloaded = (await http.get(URL + "/admin/stats")).json()
+    assert (ghosted["gpu"], ghosted["ghosts"], ghosted["listed"]) == (["a"], 1, ["a"])
+    # the new b took a slot: the least recently used active entry (a) went, b's ghost stayed
+    assert (reloaded["gpu"], reloaded["ghosts"]) == (["b"], 1)
 
 
 async def test_sglang_pins_at_most_one_less_than_the_batch(emulated: EmulatedFactory) -> None:
@@ -267,3 +420,9 @@ def test_fleet_domain_matches_the_pods() -> None:
     assert [(p.name, p.url, p.max_cpu_loras) for p in pods] == [
         (f"pod-{i}", f"http://127.0.0.1:{18000 + i}", 5) for i in range(3)
     ]
+
+
+def test_emulate_refuses_an_engine_model_its_dialect_cannot_speak() -> None:
+    result = CliRunner().invoke(app, ["emulate", "--engine", "vllm", "--engine-model", "sglang"])
+    assert result.exit_code != 0
+    assert "engine model sglang does not speak vllm" in result.output
