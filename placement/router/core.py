@@ -257,7 +257,7 @@ class Router:
 
     async def _read_listing(self, state: LivePod) -> None:
         registered = await self.engine_client(state.upstream).registered()
-        state.ledger.reconcile_listing(registered.names())
+        state.ledger.reconcile_listing(registered.adapters)
         state.sync()
 
     def engine_client(self, upstream: Upstream) -> VllmClient | SglangClient:
@@ -296,8 +296,9 @@ class Router:
     ) -> None:
         client = self.engine_client(state.upstream)
         try:
-            loaded = await client.load(adapter, lora_path=self.adapters.sources[adapter])
-            state.ledger.register(adapter)
+            lora_path = self.adapters.sources[adapter]
+            loaded = await client.load(adapter, lora_path=lora_path)
+            state.ledger.loaded(adapter, lora_path, changed=loaded, busy=state.busy.keys())
             state.sync()
             if loaded:
                 self.metrics.loads.labels(pod=state.upstream.pod, reason="cold").inc()

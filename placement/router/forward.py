@@ -7,6 +7,13 @@ nothing to the client, when the pod answered 503 and another pod may be tried; a
 connection error propagates for the same reason. Once a byte went to the client the
 request is never retried.
 
+It also returns False, once per pod, when the pod does not have the adapter the ledger
+said it had (a plan unloaded it since the last listing), so that the caller loads it
+and tries again: vLLM answers 404; SGLang answers 400 "The following requested LoRA
+adapters are not loaded" (or, since its soft cap, "Got LoRA adapter that has never been
+loaded"), or, streaming, 200 and that error as the first event, which is read before
+anything goes to the client.
+
 ``forward`` takes a ``Relay``: the few parts of the router it uses (the upstream
 session and its timeout, the clock, the timer, the metrics), not the router itself.
 
@@ -18,12 +25,13 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import aiohttp
 
+from placement.adapters.sglang import adapter_request
 from placement.clock import Clock
 from placement.domain import AdapterId, Engine, Outcome
 from placement.router.metrics import RouterMetrics
@@ -34,6 +42,13 @@ Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 _PASSED_HEADERS = (b"authorization",)
 _JSON_HEADERS = {"content-type": "application/json"}
 _TAIL_BYTES = 4096
+#: SGLang's refusals of an adapter it does not serve: the registry's "The following
+#: requested LoRA adapters are not loaded" (python/sglang/srt/lora/lora_registry.py) and,
+#: since the soft cap, the tokenizer manager's "Got LoRA adapter that has never been
+#: loaded" (python/sglang/srt/managers/tokenizer_manager.py, ``_resolve_lora_path``).
+SGLANG_NOT_LOADED = (b"requested LoRA adapters are not loaded", b"has never been loaded")
+#: How much of a stream is held back looking for the end of its first event.
+_FIRST_EVENT_BYTES = 65536
 
 
 class Relay(Protocol):
@@ -82,9 +97,9 @@ class Exchange:
     output_tokens: int | None = None
     #: Something went to the client: the request can no longer be retried.
     streamed_bytes: bool = False
-    #: The last pod tried answered 404 for an adapter we thought it held: retry it there.
+    #: The last pod tried does not have the adapter we thought it held: retry it there.
     adapter_gone: bool = False
-    #: Pods that lost the adapter once already (a second 404 there goes to the client).
+    #: Pods that lost the adapter once already (a second refusal there goes to the client).
     reloaded_on: set[str] = field(default_factory=set)
     client_gone: bool = False
     finished: bool = False
@@ -110,11 +125,12 @@ class Exchange:
         return None
 
     def body_for(self, state: LivePod) -> bytes:
-        """The body as the pod's engine wants it: SGLang names ``<base>:<adapter>``."""
+        """The body as the pod's engine wants it: SGLang names ``<base>:<adapter>`` and
+        ``lora_path: <adapter>`` (older SGLang reads only the latter)."""
         upstream = state.upstream
         if upstream.engine is not Engine.SGLANG or self.model == upstream.served_model:
             return self.body
-        rewritten = dict(self.payload, model=f"{upstream.served_model}:{self.model}")
+        rewritten = adapter_request(upstream.served_model, AdapterId(self.model), self.payload)
         return json.dumps(rewritten).encode()
 
     def read_usage(self, usage: object) -> None:
@@ -144,8 +160,9 @@ async def forward(
         headers = {**_JSON_HEADERS, "authorization": exchange.auth.decode("latin-1")}
     url = state.upstream.url + exchange.path
     body = exchange.body_for(state)
+    adapter = AdapterId(exchange.model) if exchange.outcome is not None else None
     _note_admission(relay, state, exchange)
-    state.begin()
+    state.begin(adapter)
     try:
         async with session.post(
             url, data=body, headers=headers, timeout=relay.upstream_timeout
@@ -153,24 +170,53 @@ async def forward(
             if reply.status == 503 and not last_try:
                 await reply.read()
                 return False
-            if reply.status == 404 and exchange.outcome is not None:
+            head = await _head(state, exchange, reply)
+            if adapter is not None and _adapter_missing(state, reply.status, head):
                 # The pod no longer holds the adapter (a plan unloaded it since our last
                 # listing): forget it, and try again, where it will be loaded first.
-                state.ledger.forget(AdapterId(exchange.model))
+                state.ledger.forget(adapter)
                 state.sync()
                 if state.upstream.pod not in exchange.reloaded_on:
-                    await reply.read()
                     exchange.reloaded_on.add(state.upstream.pod)
                     exchange.adapter_gone = True
                     return False
             exchange.status = reply.status
             if exchange.stream and reply.status == 200:
-                await _relay_stream(relay.timer, state, exchange, reply, send)
+                await _relay_stream(relay.timer, state, exchange, reply, send, head=head or b"")
             else:
-                await _relay_whole(relay.timer, state, exchange, reply, send)
+                await _relay_whole(relay.timer, state, exchange, reply, send, data=head)
             return True
     finally:
-        state.end()
+        state.end(adapter)
+
+
+async def _head(state: LivePod, exchange: Exchange, reply: aiohttp.ClientResponse) -> bytes | None:
+    """What must be read before anything is relayed, to tell whether the pod has the
+    adapter: the body of a 404 (or of an SGLang 400), the first event of an SGLang
+    stream. None when nothing needs reading first."""
+    if exchange.outcome is None:
+        return None
+    sglang = state.upstream.engine is Engine.SGLANG
+    if reply.status == 404 or (sglang and reply.status == 400):
+        return await reply.read()
+    if not (sglang and exchange.stream and reply.status == 200):
+        return None
+    head = b""
+    async for chunk in reply.content.iter_any():
+        head += chunk
+        if b"\n\n" in head or len(head) >= _FIRST_EVENT_BYTES:
+            break
+    return head
+
+
+def _adapter_missing(state: LivePod, status: int, head: bytes | None) -> bool:
+    """vLLM's 404 for a name it does not list; SGLang's "not loaded" (400, or streamed)."""
+    if status == 404:
+        return True
+    if state.upstream.engine is not Engine.SGLANG or head is None:
+        return False
+    first_event = head.split(b"\n\n", 1)[0]
+    return status in (200, 400) and any(text in first_event for text in SGLANG_NOT_LOADED)
 
 
 def _reply_headers(reply: aiohttp.ClientResponse) -> list[tuple[bytes, bytes]]:
@@ -187,8 +233,11 @@ async def _relay_whole(
     exchange: Exchange,
     reply: aiohttp.ClientResponse,
     send: Send,
+    *,
+    data: bytes | None = None,
 ) -> None:
-    data = await reply.read()
+    if data is None:
+        data = await reply.read()
     exchange.ttft_s = timer() - exchange.started_s
     state.observe_ttfb(exchange.ttft_s * 1000.0)
     if reply.status == 200:
@@ -207,14 +256,17 @@ async def _relay_stream(
     exchange: Exchange,
     reply: aiohttp.ClientResponse,
     send: Send,
+    *,
+    head: bytes = b"",
 ) -> None:
+    """Relay the stream; ``head`` is its beginning, read already (``_head``)."""
     headers = _reply_headers(reply)
     headers.append((b"cache-control", b"no-cache"))
     exchange.streamed_bytes = True
     await send({"type": "http.response.start", "status": reply.status, "headers": headers})
     events = 0
     tail = b""
-    async for chunk in reply.content.iter_any():
+    async for chunk in _chunks(head, reply):
         if exchange.ttft_s is None:
             exchange.ttft_s = timer() - exchange.started_s
             state.observe_ttfb(exchange.ttft_s * 1000.0)
@@ -225,6 +277,13 @@ async def _relay_stream(
     exchange.finished = True
     exchange.output_tokens = events
     _usage_from_tail(exchange, tail)
+
+
+async def _chunks(head: bytes, reply: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
+    if head:
+        yield head
+    async for chunk in reply.content.iter_any():
+        yield chunk
 
 
 _PROMPT_TOKENS = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')

@@ -1,14 +1,21 @@
-"""The router's ledger of what each pod holds: registered and GPU-active adapters, in LRU order.
+"""The router's ledger of what each pod holds: the engine model, driven by the router's calls.
 
 Neither vLLM nor SGLang reports GPU residency per adapter (POD-API.md), so the router
-keeps its own account from what it routed, what it loaded and what the plan says the
-controller loaded, and corrects it against each pod's ``/v1/models`` listing.
+keeps its own account. It does not guess the engine's rules: each ledger is one
+``placement.residency.PodResidency`` under the pool's engine, and every call the router
+knows of is applied to it as the engine applies it: a load the router made (on vLLM a
+load takes a GPU slot at once, evicting the least recently used), an unload the pod
+reported (on vLLM it frees nothing), the plan's loads and warm-ups as the controller
+makes them (warm loads first, hot loads and warm-ups last), and every routed request
+(it activates its adapter). So "active" here means on the GPU as the engine would have
+it, and ``registered`` means in the engine's host cache.
 
-The model follows vLLM's LRUCacheLoRAModelManager: a request activates its adapter into
-one of ``max_loras`` GPU slots, evicting the least recently used active one; a load
-registers an adapter in a host cache of ``max_cpu_loras`` entries, evicting the least
-recently used registration (vLLM keeps an evicted registration *listed* and reloads it
-from its path on next use, so ``listed`` is tracked apart from ``registered``).
+Each pod's ``/v1/models`` listing corrects the ledger: a name the ledger lists that the
+pod does not was unloaded (or, when none of the ledger's names is left, the pod
+restarted); a listed name the ledger lacks was loaded by someone else, and is applied
+as a load now. Names the plan says the controller loaded stay unconfirmed until the pod
+lists them or the router loads them: until then the router still asks the pod to load
+them (a no-op when the controller did).
 
 No IO, no clock: the caller owns the ledger and calls it from one event loop.
 """
@@ -16,23 +23,57 @@ No IO, no clock: the caller owns the ledger and calls it from one event loop.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 
-from placement.domain import AdapterId, Outcome
+from placement.domain import AdapterId, Engine, Outcome
+from placement.residency import (
+    Effects,
+    EngineModel,
+    NotLoadedError,
+    PinLimitError,
+    PodResidency,
+    ResidencyError,
+)
+
+_NOTHING = Effects()
+
+
+def engine_model(engine: Engine) -> EngineModel:
+    """The engine model of a pool's engine (SGLang with its soft cap, as current SGLang)."""
+    return EngineModel.SGLANG if engine is Engine.SGLANG else EngineModel.VLLM
 
 
 class PodLedger:
-    """One pod's registered and GPU-active adapters, each an LRU (oldest first)."""
+    """One pod's engine state as the router knows it, with live views of its two LRUs."""
 
-    __slots__ = ("_active", "_listed", "_registered", "max_cpu_loras", "max_loras")
+    __slots__ = (
+        "_active",
+        "_registered",
+        "_seeded_plan",
+        "_unconfirmed",
+        "max_cpu_loras",
+        "max_loras",
+        "residency",
+    )
 
-    def __init__(self, *, max_loras: int, max_cpu_loras: int) -> None:
+    def __init__(self, engine: EngineModel, *, max_loras: int, max_cpu_loras: int) -> None:
         self.max_loras = max(1, max_loras)
         self.max_cpu_loras = max(self.max_loras, max_cpu_loras)
+        self.residency = PodResidency(
+            engine, max_loras=self.max_loras, max_cpu_loras=self.max_cpu_loras
+        )
+        #: Mirrors of the engine model's GPU and host orders (least recently used
+        #: first), kept as objects so that the views handed out stay live.
         self._active: OrderedDict[AdapterId, None] = OrderedDict()
         self._registered: OrderedDict[AdapterId, None] = OrderedDict()
-        self._listed: set[AdapterId] = set()
+        self._unconfirmed: set[AdapterId] = set()
+        self._seeded_plan: str | None = None
 
+    @property
+    def engine(self) -> EngineModel:
+        return self.residency.engine
+
+    # what the pod holds ------------------------------------------------------------
     def classify(self, adapter: AdapterId) -> Outcome:
         """How a request for ``adapter`` admitted now would find it."""
         if adapter in self._active:
@@ -45,19 +86,24 @@ class PodLedger:
         return adapter in self._active
 
     def is_listed(self, adapter: AdapterId) -> bool:
-        """Whether the pod knows the name at all (a request for it will not 404)."""
-        return adapter in self._listed
+        """Whether the pod serves the name (a request for it will not be refused)."""
+        return self.residency.serves(adapter) and adapter not in self._unconfirmed
+
+    def free_slots(self) -> int:
+        """GPU slots no adapter holds (a vLLM slot of an unloaded name is not free)."""
+        return self.max_loras - len(self._active) - self.residency.ghosts_on_gpu()
 
     def has_free_slot(self) -> bool:
-        return len(self._active) < self.max_loras
+        return self.free_slots() > 0
 
     @property
     def active_view(self) -> Collection[AdapterId]:
-        """The GPU-active adapters, least recently used first (a live view, not a copy)."""
+        """The adapters on GPU slots, least recently used first (a live view, not a copy)."""
         return self._active.keys()
 
     @property
     def registered_view(self) -> Collection[AdapterId]:
+        """The adapters in the host cache (the GPU ones included), a live view."""
         return self._registered.keys()
 
     def active(self) -> tuple[AdapterId, ...]:
@@ -66,66 +112,137 @@ class PodLedger:
     def registered(self) -> tuple[AdapterId, ...]:
         return tuple(self._registered)
 
-    def register(self, adapter: AdapterId) -> AdapterId | None:
-        """A load finished: the adapter sits in the host cache. Returns the one evicted."""
-        self._listed.add(adapter)
-        return _touch(self._registered, adapter, self.max_cpu_loras)
+    # the calls the router knows of -------------------------------------------------
+    def loaded(
+        self, adapter: AdapterId, lora_path: str, *, changed: bool, busy: Collection[str] = ()
+    ) -> Effects:
+        """The router loaded ``adapter``: ``changed`` when the pod loaded it now, False
+        when it answered that it had it already."""
+        self._unconfirmed.discard(adapter)
+        if not changed and self.residency.serves(adapter):
+            return _NOTHING  # nothing happened on the engine
+        if changed and self.residency.serves(adapter):
+            effects = self._reload(adapter, lora_path, busy=busy)
+        else:
+            effects = self._load(adapter, lora_path, busy=busy)
+        self._sync()
+        return effects
 
-    def activate(self, adapter: AdapterId) -> AdapterId | None:
-        """A request was routed here: the adapter takes a GPU slot. Returns the one evicted."""
-        self._listed.add(adapter)
-        _touch(self._registered, adapter, self.max_cpu_loras)
-        return _touch(self._active, adapter, self.max_loras)
+    def activate(self, adapter: AdapterId, *, busy: Collection[str] = ()) -> Effects:
+        """A request (or a warm-up) for ``adapter`` was sent to the pod."""
+        residency = self.residency
+        was_active = adapter in self._active
+        try:
+            effects = residency.request(adapter, busy=busy)
+        except NotLoadedError:  # loaded by someone else since the last listing
+            self._load(adapter, "", busy=busy)
+            if not residency.serves(adapter):
+                return _NOTHING
+            effects = residency.request(adapter, busy=busy)
+        if was_active and effects == _NOTHING:
+            self._active.move_to_end(adapter)  # a GPU hit only refreshes both LRUs
+            self._registered.move_to_end(adapter)
+        else:
+            self._sync()
+        return effects
 
     def forget(self, adapter: AdapterId) -> None:
-        """The adapter was unloaded from the pod."""
-        self._active.pop(adapter, None)
-        self._registered.pop(adapter, None)
-        self._listed.discard(adapter)
+        """The pod does not have the name (it answered "not found" or "not loaded")."""
+        self._unconfirmed.discard(adapter)
+        residency = self.residency
+        if adapter in residency.listed:
+            residency.unload(adapter)
+        elif adapter in residency.parked:  # SGLang forgot a parked name too (a restart)
+            del residency.parked[adapter]
+        else:
+            return
+        self._sync()
 
     def clear(self) -> None:
         """The pod restarted empty."""
-        self._active.clear()
-        self._registered.clear()
-        self._listed.clear()
+        self.residency.restart()
+        self._unconfirmed.clear()
+        self._sync()
 
-    def seed(self, *, hot: Iterable[AdapterId], warm: Iterable[AdapterId]) -> None:
-        """Expect what a plan says: warm ones registered, hot ones also active.
-
-        The names are not marked as listed: until ``/v1/models`` shows them, the router
-        still asks the pod to load them (a no-op if the controller already did).
-        """
-        for adapter in warm:
-            if adapter not in self._registered:
-                _touch(self._registered, adapter, self.max_cpu_loras)
+    def seed(
+        self,
+        *,
+        hot: Iterable[AdapterId],
+        warm: Iterable[AdapterId],
+        pinned: Iterable[AdapterId] = (),
+        plan_id: str | None = None,
+    ) -> None:
+        """Apply what the controller does for a plan, in the order its apply runs: warm
+        loads first, then hot loads (``pinned`` ones pinned, on SGLang), then a warm-up
+        of each hot adapter. Names loaded here stay unconfirmed until the pod lists them.
+        A plan already seeded (same ``plan_id``) is not applied twice."""
+        if plan_id is not None and plan_id == self._seeded_plan:
+            return
+        self._seeded_plan = plan_id
+        hot = tuple(hot)
+        pins = frozenset(pinned)
+        for adapter in (a for a in warm if a not in hot):
+            self._expect_load(adapter, pinned=False)
         for adapter in hot:
-            _touch(self._registered, adapter, self.max_cpu_loras)
-            _touch(self._active, adapter, self.max_loras)
+            self._expect_load(adapter, pinned=adapter in pins)
+        for adapter in hot:
+            if self.residency.serves(adapter):
+                self.residency.request(adapter)
+        self._sync()
 
-    def reconcile_listing(self, listed: Iterable[AdapterId]) -> None:
-        """Correct the ledger from the pod's ``/v1/models``: the names it knows now.
+    def reconcile_listing(self, listed: Mapping[AdapterId, str]) -> None:
+        """Correct the ledger from the pod's ``/v1/models``: the names it lists now, with
+        their paths."""
+        residency = self.residency
+        confirmed = [a for a in residency.listed if a not in self._unconfirmed]
+        missing = [a for a in residency.listed if a not in listed]
+        if confirmed and all(a not in listed for a in confirmed):
+            residency.restart()  # none of the names the pod had confirmed is left
+            self._unconfirmed.clear()
+        else:
+            for adapter in missing:
+                self.forget(AdapterId(adapter))
+        for adapter in sorted(listed):
+            self._unconfirmed.discard(adapter)
+            if adapter in residency.listed:
+                continue
+            if adapter in residency.parked:  # SGLang: a request brought it back
+                residency.request(adapter)
+            else:
+                self._load(adapter, listed[adapter])
+        self._sync()
 
-        A name the ledger holds that the pod no longer lists was unloaded (or the pod
-        restarted); a listed name the ledger lacks was loaded by someone else and is
-        put at the cold end of the host cache.
-        """
-        names = set(listed)
-        known = self._listed | set(self._registered) | set(self._active)
-        for adapter in [a for a in known if a not in names]:
-            self.forget(adapter)
-        for adapter in names - self._listed:
-            self._listed.add(adapter)
-            if len(self._registered) < self.max_cpu_loras:
-                self._registered[adapter] = None
-                self._registered.move_to_end(adapter, last=False)
+    # the engine model --------------------------------------------------------------
+    def _load(self, adapter: AdapterId, lora_path: str, *, busy: Collection[str] = ()) -> Effects:
+        try:
+            return self.residency.load(adapter, lora_path, busy=busy)
+        except ResidencyError:  # SGLang before the soft cap refused it: nothing changed
+            return _NOTHING
 
+    def _reload(self, adapter: AdapterId, lora_path: str, *, busy: Collection[str]) -> Effects:
+        """A load answered "loaded now" for a name the ledger already had: the ledger's
+        entry was a guess (the plan's) or stale, and the pod read the weights anew."""
+        if adapter in self.residency.listed:
+            if self.engine is EngineModel.VLLM:
+                return self.residency.load(adapter, lora_path, inplace=True, busy=busy)
+            self.residency.unload(adapter)
+        return self._load(adapter, lora_path, busy=busy)  # SGLang: a parked name loads anew
 
-def _touch(lru: OrderedDict[AdapterId, None], adapter: AdapterId, limit: int) -> AdapterId | None:
-    if adapter in lru:
-        lru.move_to_end(adapter)
-        return None
-    lru[adapter] = None
-    if len(lru) > limit:
-        evicted, _ = lru.popitem(last=False)
-        return evicted
-    return None
+    def _expect_load(self, adapter: AdapterId, *, pinned: bool) -> None:
+        if self.residency.serves(adapter):
+            return
+        pin = pinned and self.engine is not EngineModel.VLLM
+        try:
+            self.residency.load(adapter, "", pinned=pin)
+        except PinLimitError:
+            self.residency.load(adapter, "")
+        except ResidencyError:
+            return
+        self._unconfirmed.add(adapter)
+
+    def _sync(self) -> None:
+        """Rebuild the mirrors in place from the engine model."""
+        self._active.clear()
+        self._active.update((AdapterId(a), None) for a in self.residency.on_gpu())
+        self._registered.clear()
+        self._registered.update((AdapterId(a), None) for a in self.residency.in_host())

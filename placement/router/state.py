@@ -19,7 +19,7 @@ from types import MappingProxyType
 from placement.domain import AdapterId, Engine, Fleet, PodId, PoolId, Tier
 from placement.plan import Plan
 from placement.ports import PodMetrics
-from placement.router.ledger import PodLedger
+from placement.router.ledger import PodLedger, engine_model
 from policies.hashing import HashRing, build_ring
 
 
@@ -46,6 +46,7 @@ class LivePod:
     """
 
     __slots__ = (
+        "busy",
         "failures",
         "free_slots",
         "gpu_adapters",
@@ -72,13 +73,20 @@ class LivePod:
 
     def __init__(self, upstream: Upstream) -> None:
         self.upstream = upstream
-        self.ledger = PodLedger(max_loras=upstream.max_loras, max_cpu_loras=upstream.max_cpu_loras)
+        self.ledger = PodLedger(
+            engine_model(upstream.engine),
+            max_loras=upstream.max_loras,
+            max_cpu_loras=upstream.max_cpu_loras,
+        )
         #: Unknown pods are given the benefit of the doubt until the first scrape.
         self.healthy = True
         self.failures = 0
         self.metrics = PodMetrics()
         self.inflight = 0
         self.inflight_at_scrape = 0
+        #: The router's requests in flight here per adapter: the engine evicts none of
+        #: these while it has another choice (the ledger's ``busy``).
+        self.busy: dict[AdapterId, int] = {}
         #: Moving average of time to first byte, the per-request service estimate.
         self.service_ms = 50.0
         #: Adapters being brought onto this pod, each with the future its waiters share.
@@ -102,7 +110,7 @@ class LivePod:
 
     def sync(self) -> None:
         """Recompute the fields derived from the ledger; call after changing it."""
-        self.free_slots = self.max_loras - len(self.gpu_adapters)
+        self.free_slots = self.ledger.free_slots()
         victim = next(iter(self.gpu_adapters), None)
         #: When the adapter this pod would evict next was last routed here.
         self.victim_last_used_s = (
@@ -110,19 +118,26 @@ class LivePod:
         )
 
     def note_use(self, adapter: AdapterId, now_s: float) -> None:
-        self.ledger.activate(adapter)
+        """A request for ``adapter`` is sent here: the engine activates it."""
+        self.ledger.activate(adapter, busy=self.busy.keys())
         self.last_used_s[adapter] = now_s
         if len(self.last_used_s) > 4 * self.ledger.max_cpu_loras + 64:
             self.last_used_s = {a: self.last_used_s.get(a, 0.0) for a in self.ledger.active_view}
         self.sync()
 
-    def begin(self) -> None:
-        """A request was sent to the pod."""
+    def begin(self, adapter: AdapterId | None = None) -> None:
+        """A request (for ``adapter``, None: the base model) was sent to the pod."""
         self.inflight += 1
+        if adapter is not None:
+            self.busy[adapter] = self.busy.get(adapter, 0) + 1
         self._requeue()
 
-    def end(self) -> None:
+    def end(self, adapter: AdapterId | None = None) -> None:
         self.inflight -= 1
+        if adapter is not None:
+            left = self.busy.pop(adapter, 1) - 1
+            if left > 0:
+                self.busy[adapter] = left
         self._requeue()
 
     def _requeue(self) -> None:
@@ -270,5 +285,7 @@ def _read_plan(
     for pod_id, pod_plan in plan.pods.items():
         state = pods.get(pod_id)
         if state is not None:
-            state.ledger.seed(hot=pod_plan.hot, warm=pod_plan.warm)
+            state.ledger.seed(
+                hot=pod_plan.hot, warm=pod_plan.warm, pinned=pod_plan.pinned, plan_id=plan.id
+            )
             state.sync()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from types import MappingProxyType
 
 import pytest
@@ -14,49 +15,123 @@ from placement.cli.app import app
 from placement.domain import AdapterId, Engine, Outcome, PodId, PoolId, Tier
 from placement.errors import KubeError, PlanError
 from placement.ports import DiscoveredPod
+from placement.residency import EngineModel
 from placement.router.kube_sources import DiscoveryPodSource, StorePlanSource
 from placement.router.ledger import PodLedger
 
 from .conftest import plan_of
 
 NAMES = st.sampled_from([AdapterId(f"a{i}") for i in range(12)])
-STEPS = st.lists(st.tuples(st.sampled_from(["activate", "register", "forget"]), NAMES), max_size=60)
+CALLS = st.sampled_from(["activate", "load", "already", "forget", "listing"])
+STEPS = st.lists(st.tuples(CALLS, NAMES), max_size=60)
+VLLM, SGLANG = EngineModel.VLLM, EngineModel.SGLANG
 
 
-@given(steps=STEPS, max_loras=st.integers(1, 4), extra=st.integers(0, 4))
+def _apply(ledger: PodLedger, call: str, adapter: AdapterId) -> None:
+    if call == "activate":
+        ledger.activate(adapter)
+    elif call in ("load", "already"):
+        ledger.loaded(adapter, f"s3://x/{adapter}", changed=call == "load")
+    elif call == "forget":
+        ledger.forget(adapter)
+    else:  # the pod lists what the ledger lists, less this adapter (unloaded behind us)
+        listed = {a: "" for a in ledger.residency.listed if a != adapter}
+        ledger.reconcile_listing(listed)
+
+
+@given(
+    steps=STEPS,
+    max_loras=st.integers(1, 4),
+    extra=st.integers(0, 4),
+    engine=st.sampled_from([VLLM, SGLANG]),
+)
 @settings(max_examples=150, deadline=None)
 def test_the_ledger_never_holds_more_than_the_engine_does(
-    steps: list[tuple[str, AdapterId]], max_loras: int, extra: int
+    steps: list[tuple[str, AdapterId]], max_loras: int, extra: int, engine: EngineModel
 ) -> None:
-    ledger = PodLedger(max_loras=max_loras, max_cpu_loras=max_loras + extra)
-    for action, adapter in steps:
-        getattr(ledger, action)(adapter)
-        assert len(ledger.active()) <= max_loras
-        assert len(ledger.registered()) <= max_loras + extra
-        if action == "activate":
+    ledger = PodLedger(engine, max_loras=max_loras, max_cpu_loras=max_loras + extra)
+    for call, adapter in steps:
+        _apply(ledger, call, adapter)
+        residency = ledger.residency
+        assert ledger.active() == residency.on_gpu()  # the views mirror the engine model
+        assert ledger.registered() == residency.in_host()
+        assert len(ledger.active()) + residency.ghosts_on_gpu() <= max_loras
+        assert ledger.free_slots() >= 0
+        if call == "activate":
             assert ledger.classify(adapter) is Outcome.GPU_HIT
             assert ledger.active()[-1] == adapter  # the most recently used
-        if action == "forget":
+        if call == "forget":
             assert ledger.classify(adapter) is Outcome.COLD_LOAD
             assert not ledger.is_listed(adapter)
 
 
+def _names(ledger_view: Iterable[AdapterId]) -> list[str]:
+    return [str(a) for a in ledger_view]
+
+
+def test_on_vllm_a_load_takes_a_gpu_slot_and_an_unload_frees_none() -> None:
+    ledger = PodLedger(VLLM, max_loras=2, max_cpu_loras=4)
+    a, b, c = (AdapterId(n) for n in "abc")
+    ledger.activate(a)
+    ledger.activate(b)
+    ledger.loaded(c, "s3://x/c", changed=True)  # a warm preload on vLLM: c activates...
+    assert _names(ledger.active_view) == ["b", "c"]  # ...and pushes a, the LRU, off the GPU
+    assert ledger.classify(a) is Outcome.CPU_HIT
+    ledger.forget(b)  # unloaded: the name goes, its GPU slot stays taken
+    assert _names(ledger.active_view) == ["c"]
+    assert ledger.free_slots() == 0 and not ledger.is_listed(b)
+    ledger.activate(a)  # a comes back by evicting the slot b's weights still hold
+    assert _names(ledger.active_view) == ["c", "a"] and ledger.free_slots() == 0
+
+
+def test_on_sglang_a_load_stays_in_host_memory_and_the_soft_cap_parks_the_lru() -> None:
+    ledger = PodLedger(SGLANG, max_loras=2, max_cpu_loras=2)
+    a, b, c = (AdapterId(n) for n in "abc")
+    ledger.loaded(a, "s3://x/a", changed=True)
+    assert ledger.classify(a) is Outcome.CPU_HIT and ledger.free_slots() == 2
+    ledger.activate(a)
+    ledger.loaded(b, "s3://x/b", changed=True)
+    ledger.activate(b)
+    ledger.loaded(c, "s3://x/c", changed=True)  # past --max-loaded-loras: a is unloaded...
+    assert "a" in ledger.residency.parked
+    assert ledger.is_listed(a)  # ...and reloaded by the engine on its next request
+    assert ledger.classify(a) is Outcome.COLD_LOAD
+    ledger.reconcile_listing({b: "s3://x/b", c: "s3://x/c"})  # a left /v1/models, as expected
+    assert ledger.is_listed(a)
+
+
 def test_the_ledger_evicts_the_least_recently_used_and_trusts_the_listing() -> None:
-    ledger = PodLedger(max_loras=2, max_cpu_loras=3)
+    ledger = PodLedger(VLLM, max_loras=2, max_cpu_loras=3)
     a, b, c, d = (AdapterId(n) for n in "abcd")
     ledger.activate(a)
     ledger.activate(b)
     ledger.activate(a)
-    assert ledger.activate(c) == b  # b was used least recently
+    ledger.activate(c)  # b was used least recently
     assert [ledger.classify(x) for x in (a, b, c)] == [
         Outcome.GPU_HIT,
         Outcome.CPU_HIT,
         Outcome.GPU_HIT,
     ]
-    ledger.reconcile_listing([a, d])  # b and c were unloaded; d was loaded by someone else
+    ledger.reconcile_listing({a: "", d: "s3://x/d"})  # b, c unloaded; d loaded by someone else
     assert ledger.classify(c) is Outcome.COLD_LOAD
-    assert ledger.classify(d) is Outcome.CPU_HIT
     assert ledger.is_listed(d) and not ledger.is_listed(b)
+    assert ledger.classify(d) is Outcome.GPU_HIT  # a vLLM load activates
+    ledger.reconcile_listing({})  # nothing the pod had is left: it restarted
+    assert ledger.active() == () and ledger.residency.ghosts_on_gpu() == 0
+
+
+@pytest.mark.parametrize("engine", [VLLM, SGLANG], ids=["vllm", "sglang"])
+def test_a_plan_is_seeded_as_its_apply_runs_warm_first_hot_last(engine: EngineModel) -> None:
+    ledger = PodLedger(engine, max_loras=2, max_cpu_loras=6)
+    hot = (AdapterId("h1"), AdapterId("h2"))
+    warm = (AdapterId("w1"), AdapterId("w2"), AdapterId("w3"))
+    ledger.seed(hot=hot, warm=warm, plan_id="p1")
+    assert ledger.active() == hot  # on vLLM the warm loads took slots first, then lost them
+    assert set(ledger.registered()) == set(hot + warm)
+    assert not ledger.is_listed(AdapterId("w1"))  # until /v1/models shows it
+    ledger.activate(AdapterId("w1"))
+    ledger.seed(hot=hot, warm=warm, plan_id="p1")  # the same plan again changes nothing
+    assert "w1" in ledger.active()
 
 
 @pytest.mark.anyio

@@ -1,0 +1,128 @@
+"""The router against pods that behave as vLLM and SGLang do (placement.residency inside).
+
+What the router's ledger believes is held against what the emulated engine holds
+(``/admin/stats``), and each engine's way of saying "I do not have that adapter", of
+running without metrics, and of naming an adapter in a request is met at the wire.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from dataclasses import replace
+from typing import Any
+
+import openai
+import pytest
+
+from placement.domain import AdapterId, Engine, PodId
+
+from .conftest import MANUAL, Running, catalog_of, emulated, router_for
+
+ADAPTERS = [f"lora-{i}" for i in range(5)]
+#: No listing during the test: the ledger must stand on its own.
+NO_LISTING = replace(MANUAL, router=replace(MANUAL.router, listing_every_scrapes=10_000))
+#: Every other scrape reads /v1/models: two scrapes make one listing.
+EVERY_OTHER = replace(MANUAL, router=replace(MANUAL.router, listing_every_scrapes=2))
+
+
+def _ledger_gpu(router: Running, pod: str = "pod-0") -> list[str]:
+    return [str(a) for a in router.router.topology.pods[PodId(pod)].ledger.active()]
+
+
+def _post(url: str, body: dict[str, Any]) -> None:
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"content-type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=5):
+        pass
+
+
+def _load_through_router(router: Running, adapter: str, pod: str = "pod-0") -> None:
+    """The router's own on-demand load, without a request after it."""
+    core = router.router
+    router.served.call(core.load(core.topology.pods[PodId(pod)], AdapterId(adapter)))
+
+
+@pytest.mark.parametrize("engine", [Engine.VLLM, Engine.SGLANG], ids=["vllm", "sglang"])
+def test_the_ledgers_gpu_set_is_the_pods_after_the_router_loads_and_routes(
+    engine: Engine,
+) -> None:
+    with (
+        emulated(1, engine=engine, max_loras=2, max_cpu_loras=8) as pods,
+        router_for(pods.domain, catalog=catalog_of(ADAPTERS), settings=NO_LISTING) as router,
+    ):
+        client = router.client()
+        for name in ["lora-0", "lora-1", "lora-2", "lora-0"]:
+            client.completions.create(model=name, prompt="p", max_tokens=1)
+            assert _ledger_gpu(router) == pods.stats("pod-0")["gpu"]
+        _load_through_router(router, "lora-3")  # a load and nothing else
+        gpu = pods.stats("pod-0")["gpu"]
+        assert _ledger_gpu(router) == gpu
+        if engine is Engine.VLLM:  # every vLLM load takes a GPU slot, evicting the LRU
+            assert gpu == ["lora-0", "lora-3"]
+        else:  # an SGLang load stays in host memory until a request needs it
+            assert gpu == ["lora-2", "lora-0"]
+
+
+def test_on_vllm_an_unload_behind_the_routers_back_frees_no_slot_in_either() -> None:
+    with (
+        emulated(1, max_loras=2, max_cpu_loras=8) as pods,
+        router_for(pods.domain, catalog=catalog_of(ADAPTERS), settings=EVERY_OTHER) as router,
+    ):
+        client = router.client()
+        for name in ["lora-0", "lora-1"]:
+            client.completions.create(model=name, prompt="p", max_tokens=1)
+        _post(f"{pods.url('pod-0')}/v1/unload_lora_adapter", {"lora_name": "lora-0"})
+        router.scrape()
+        router.scrape()  # a listing: lora-0 is gone
+        stats = pods.stats("pod-0")
+        state = router.router.topology.pods[PodId("pod-0")]
+        assert _ledger_gpu(router) == stats["gpu"] == ["lora-1"]
+        assert state.ledger.residency.ghosts_on_gpu() == stats["ghosts"] == 1
+        assert state.free_slots == 0  # the unloaded name's weights still hold their slot
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_an_adapter_sglang_no_longer_has_is_loaded_again_not_a_400(stream: bool) -> None:
+    # SGLang refuses an adapter it does not serve with 400, or streaming with 200 and an
+    # error event: the router reads that before forwarding, loads and retries.
+    with (
+        emulated(1, engine=Engine.SGLANG, max_loras=2) as pods,
+        router_for(pods.domain, catalog=catalog_of(ADAPTERS), settings=NO_LISTING) as router,
+    ):
+        client = router.client()
+        client.completions.create(model="lora-0", prompt="p", max_tokens=1)
+        _post(f"{pods.url('pod-0')}/unload_lora_adapter", {"lora_name": "lora-0"})
+        if stream:
+            chunks = list(
+                client.completions.create(model="lora-0", prompt="p", max_tokens=3, stream=True)
+            )
+            assert chunks and all(chunk.choices for chunk in chunks)
+        else:
+            assert client.completions.create(model="lora-0", prompt="p", max_tokens=1).choices
+        assert pods.counter("loads") == 2
+        assert _ledger_gpu(router) == pods.stats("pod-0")["gpu"]
+
+
+def test_older_sglang_that_reads_only_lora_path_runs_the_adapter() -> None:
+    # Before sgl-project/sglang#11570 the engine ignores model "<base>:<adapter>" and would
+    # run the base model; the router's lora_path names the adapter for it.
+    with (
+        emulated(1, engine=Engine.SGLANG, max_loras=2, sglang_model_naming=False) as pods,
+        router_for(pods.domain, catalog=catalog_of(ADAPTERS)) as router,
+    ):
+        router.client().completions.create(model="lora-0", prompt="p", max_tokens=1)
+        assert pods.stats("pod-0")["gpu"] == ["lora-0"]
+
+
+def test_sglang_with_dp_size_above_one_refuses_loads_with_what_to_change() -> None:
+    with (
+        emulated(1, engine=Engine.SGLANG, max_loras=2, sglang_dp_size=2) as pods,
+        router_for(pods.domain, catalog=catalog_of(ADAPTERS)) as router,
+    ):
+        with pytest.raises(openai.APIStatusError) as failure:
+            router.client().completions.create(model="lora-0", prompt="p", max_tokens=1)
+        assert failure.value.status_code == 502
+        assert "--dp-size 1" in str(failure.value)
+        assert router.get("/healthz")["healthy_pods"] == ["pod-0"]
