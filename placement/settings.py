@@ -90,6 +90,9 @@ class RouterSettings:
     scrape_interval_s: float = 0.25
     #: A scrape slower than this counts as a failed health check.
     scrape_timeout_s: float = 1.0
+    #: A pod without /metrics (SGLang without --enable-metrics) is judged by /health;
+    #: SGLang's runs a one-token generation and answers after a second at the earliest.
+    health_timeout_s: float = 5.0
     #: Above this KV use on every candidate, no new loads (soft memory pressure: 85%).
     no_load_kv_usage: float = 0.85
     #: Above this KV use on every candidate, answer 503 with Retry-After (critical: 95%).

@@ -9,6 +9,10 @@ Each loop only waits and calls one round: ``scrape_all``, ``refresh_plan``,
 ``refresh_pods``. Tests call those rounds themselves, with the HTTP client to the pods
 (``engine_http``) and the ``clock`` injected, instead of sleeping through intervals.
 
+An SGLang pod started without ``--enable-metrics`` answers 404 on ``/metrics``: it stays
+in the rotation, judged by ``/health``, with ``lorafleet_router_pod_metrics_missing``
+set and one warning naming the pod and the flag.
+
 Must not parse client requests or answer them: that is ``router.asgi``.
 """
 
@@ -27,13 +31,14 @@ import httpx
 from prometheus_client import CollectorRegistry
 
 from placement.adapters.metrics_text import parse_sglang_metrics, parse_vllm_metrics
-from placement.adapters.sglang import SglangClient
+from placement.adapters.sglang import SglangClient, metrics_missing_message
 from placement.adapters.vllm import VllmClient
 from placement.clock import Clock
 from placement.domain import AdapterId, Engine, PoolId
 from placement.errors import EngineError, PlanError
 from placement.metrics import FleetMetrics
 from placement.plan import Plan
+from placement.ports import PodMetrics
 from placement.router.metrics import RouterMetrics
 from placement.router.picking import Picker
 from placement.router.reqlog import RequestLogger, RequestLogSink
@@ -212,9 +217,14 @@ class Router:
     async def _scrape(self, state: LivePod, *, listing: bool) -> None:
         upstream = state.upstream
         try:
-            text = await self._metrics_text(upstream)
-            parse = parse_sglang_metrics if upstream.engine is Engine.SGLANG else parse_vllm_metrics
-            state.observe(parse(text, pod=upstream.pod))
+            text = await self._metrics_text(state)
+            if text is None:  # SGLang without --enable-metrics: /health decides
+                await self._probe_health(state, due=listing or not state.healthy)
+                state.observe(PodMetrics())
+            else:
+                sglang = upstream.engine is Engine.SGLANG
+                parse = parse_sglang_metrics if sglang else parse_vllm_metrics
+                state.observe(parse(text, pod=upstream.pod))
             if listing or not state.healthy:
                 await self._read_listing(state)
         except httpx.TimeoutException:
@@ -243,13 +253,37 @@ class Router:
         self.fleet_metrics.pod_emptied(state.upstream.pod, now_s=self.clock())
         self.metrics.pod_healthy.labels(pod=state.upstream.pod).set(0)
 
-    async def _metrics_text(self, upstream: Upstream) -> str:
+    async def _metrics_text(self, state: LivePod) -> str | None:
+        """The pod's ``/metrics`` text; None for an SGLang pod without the route."""
+        upstream = state.upstream
         http = self._engine_http()
         timeout_s = self.settings.scrape_timeout_s
         response = await http.get(upstream.url + "/metrics", timeout=timeout_s)
+        missing = response.status_code == 404 and upstream.engine is Engine.SGLANG
+        if missing != state.metrics_missing:
+            state.metrics_missing = missing
+            state.health_probed = False
+            self.metrics.metrics_missing.labels(pod=upstream.pod).set(1 if missing else 0)
+            if missing:  # once per pod, until its /metrics comes back
+                log.warning(metrics_missing_message(upstream.pod))
+        if missing:
+            return None
         if response.status_code != 200:
             raise EngineError(f"/metrics answered {response.status_code}", pod=upstream.pod)
         return response.text
+
+    async def _probe_health(self, state: LivePod, *, due: bool) -> None:
+        """Judge a pod without ``/metrics`` by ``/health``: on listing rounds and while
+        it is out of the rotation (SGLang's ``/health`` runs a one-token generation, so
+        not every scrape); in between, its answering 404 shows the server is up."""
+        if not due and state.health_probed:
+            return
+        upstream = state.upstream
+        timeout_s = self.settings.health_timeout_s
+        response = await self._engine_http().get(upstream.url + "/health", timeout=timeout_s)
+        state.health_probed = True
+        if response.status_code != 200:
+            raise EngineError(f"/health answered {response.status_code}", pod=upstream.pod)
 
     def _engine_http(self) -> httpx.AsyncClient:
         assert self.engine_http is not None, "pass engine_http, or start() the router"

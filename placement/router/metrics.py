@@ -59,6 +59,13 @@ class RouterMetrics:
         self.retries = Counter(
             "lorafleet_upstream_retries", "Requests retried on another pod.", registry=registry
         )
+        self.metrics_missing = Gauge(
+            "lorafleet_router_pod_metrics_missing",
+            "1 while the pod answers 404 on /metrics (SGLang without --enable-metrics): "
+            "it is judged by /health, and its queue and KV use are unknown.",
+            ["pod"],
+            registry=registry,
+        )
         self.plan_ok = Gauge(
             "lorafleet_router_plan_loaded",
             "1 while the router routes by a plan, 0 while it falls back to hashing.",

@@ -51,6 +51,7 @@ class LivePod:
         "free_slots",
         "gpu_adapters",
         "gpu_util",
+        "health_probed",
         "healthy",
         "inflight",
         "inflight_at_scrape",
@@ -60,6 +61,7 @@ class LivePod:
         "loading",
         "max_loras",
         "metrics",
+        "metrics_missing",
         "pod_id",
         "queue_depth",
         "registered",
@@ -82,6 +84,10 @@ class LivePod:
         self.healthy = True
         self.failures = 0
         self.metrics = PodMetrics()
+        #: SGLang without --enable-metrics: ``/metrics`` answers 404, ``/health`` decides.
+        self.metrics_missing = False
+        #: Whether ``/health`` was asked since ``/metrics`` went missing.
+        self.health_probed = False
         self.inflight = 0
         self.inflight_at_scrape = 0
         #: The router's requests in flight here per adapter: the engine evicts none of

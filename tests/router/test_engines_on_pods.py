@@ -8,6 +8,7 @@ running without metrics, and of naming an adapter in a request is met at the wir
 from __future__ import annotations
 
 import json
+import logging
 import urllib.request
 from dataclasses import replace
 from typing import Any
@@ -81,6 +82,34 @@ def test_on_vllm_an_unload_behind_the_routers_back_frees_no_slot_in_either() -> 
         assert _ledger_gpu(router) == stats["gpu"] == ["lora-1"]
         assert state.ledger.residency.ghosts_on_gpu() == stats["ghosts"] == 1
         assert state.free_slots == 0  # the unloaded name's weights still hold their slot
+
+
+def _metrics_missing(router: Running) -> float | None:
+    return router.registry.get_sample_value(
+        "lorafleet_router_pod_metrics_missing", {"pod": "pod-0"}
+    )
+
+
+def test_an_sglang_pod_without_enable_metrics_stays_in_rotation_judged_by_health(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with (
+        emulated(1, engine=Engine.SGLANG, max_loras=2, sglang_metrics=False) as pods,
+        router_for(pods.domain, catalog=catalog_of(ADAPTERS), settings=EVERY_OTHER) as router,
+    ):
+        caplog.set_level(logging.WARNING, logger="lorafleet.router")
+        router.scrape()
+        router.scrape()
+        assert router.get("/healthz")["healthy_pods"] == ["pod-0"]
+        answer = router.client().completions.create(model="lora-0", prompt="p", max_tokens=1)
+        assert answer.choices
+        assert _metrics_missing(router) == 1.0
+        warned = [r.getMessage() for r in caplog.records if "--enable-metrics" in r.getMessage()]
+        assert len(warned) == 1 and "pod-0" in warned[0]  # one line, naming pod and flag
+        pods.fleet.pod("pod-0").kill(3600.0)  # /health answers 503 now
+        router.scrape()
+        router.scrape()  # /health is asked on listing rounds: the pod leaves
+        assert router.get("/healthz")["healthy_pods"] == []
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
