@@ -1,4 +1,9 @@
-"""Parse fleet.yaml: pools, their base models and engines, and their pods' budgets."""
+"""Parse fleet.yaml: pools, their base models and engines, and their pods' budgets.
+
+Refuses what an engine would break on: a vLLM ``max_lora_rank`` outside the ranks vLLM
+accepts, a host cache below the GPU slots, and on SGLang a served model name with a
+colon (SGLang reads ``model: "<served>:<adapter>"`` up to the first colon).
+"""
 
 from __future__ import annotations
 
@@ -141,12 +146,23 @@ def _pool(reader: Reader, raw: Any, *, index: int, base: Path) -> Pool | None:
         )
         for i, pod in enumerate(pods_raw)
     ]
+    served = str(raw.get("served_model_name") or base_model or "")
+    if engine is Engine.SGLANG and ":" in served:
+        # SGLang reads an adapter request's model "<served>:<adapter>" up to its first colon.
+        reader.add(
+            f"SGLang splits a request's model '<served name>:<adapter>' at the first colon, "
+            f"so the served name {served!r} would break every adapter request; serve the "
+            "model under a name without a colon (SGLang's --served-model-name) and give "
+            "that name here",
+            entry=entry,
+            field_="served_model_name" if raw.get("served_model_name") else "base_model",
+        )
     if name is None or base_model is None or engine is None or rank is None or dims is None:
         return None
     return Pool(
         name=PoolId(name),
         base_model=base_model,
-        served_model_name=str(raw.get("served_model_name") or base_model),
+        served_model_name=served,
         engine=engine,
         max_lora_rank=rank,
         dims=dims,
