@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import urllib.request
 from dataclasses import replace
 from typing import Any
@@ -16,7 +17,8 @@ from typing import Any
 import openai
 import pytest
 
-from placement.domain import AdapterId, Engine, PodId
+from placement.domain import AdapterId, Catalog, Engine, PodId
+from placement.residency import EngineModel
 
 from .conftest import MANUAL, Running, catalog_of, emulated, router_for
 
@@ -113,11 +115,19 @@ def test_an_sglang_pod_without_enable_metrics_stays_in_rotation_judged_by_health
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
-def test_an_adapter_sglang_no_longer_has_is_loaded_again_not_a_400(stream: bool) -> None:
+@pytest.mark.parametrize(
+    "model",
+    [EngineModel.SGLANG, EngineModel.SGLANG_HARD_CAP],
+    ids=["never-been-loaded", "not-loaded-before-the-soft-cap"],
+)
+def test_an_adapter_sglang_no_longer_has_is_loaded_again_not_a_400(
+    stream: bool, model: EngineModel
+) -> None:
     # SGLang refuses an adapter it does not serve with 400, or streaming with 200 and an
-    # error event: the router reads that before forwarding, loads and retries.
+    # error event (its text depends on the version): the router reads that before
+    # forwarding, loads and retries.
     with (
-        emulated(1, engine=Engine.SGLANG, max_loras=2) as pods,
+        emulated(1, engine=Engine.SGLANG, max_loras=2, engine_model=model) as pods,
         router_for(pods.domain, catalog=catalog_of(ADAPTERS), settings=NO_LISTING) as router,
     ):
         client = router.client()
@@ -155,3 +165,18 @@ def test_sglang_with_dp_size_above_one_refuses_loads_with_what_to_change() -> No
         assert failure.value.status_code == 502
         assert "--dp-size 1" in str(failure.value)
         assert router.get("/healthz")["healthy_pods"] == ["pod-0"]
+
+
+@pytest.mark.parametrize("flat", [False, True], ids=["nested-error", "flat-error"])
+def test_a_vllm_load_refusal_reaches_the_client_in_the_engines_words(flat: bool) -> None:
+    broken = replace(catalog_of(["ghost"]).adapters[0], source="s3://adapters/missing/ghost")
+    with (
+        emulated(1, vllm_flat_errors=flat) as pods,
+        router_for(pods.domain, catalog=Catalog(adapters=(broken,))) as router,
+    ):
+        with pytest.raises(openai.APIStatusError) as failure:
+            router.client().completions.create(model="ghost", prompt="p", max_tokens=1)
+        assert failure.value.status_code == 502
+        # The engine's message, read out of either body shape (not the JSON body itself):
+        words = r": 404 [^{}]*No adapter found for s3://adapters/missing/ghost$"
+        assert re.search(words, str(failure.value))
