@@ -212,13 +212,25 @@ class Action:
     adapter: AdapterId
     reason: str
     pinned: bool = False
+    #: A load of new weights under a name the pod lists already (its ``source`` changed):
+    #: vLLM's ``load_inplace``; SGLang's client unloads and loads again.
+    inplace: bool = False
 
     def describe(self) -> str:
         return f"{self.kind.value} {self.adapter} on {self.pod}: {self.reason}"
 
 
-def Load(*, pod: PodId, adapter: AdapterId, reason: str, pinned: bool = False) -> Action:  # noqa: N802
-    return Action(kind=ActionKind.LOAD, pod=pod, adapter=adapter, reason=reason, pinned=pinned)
+def Load(  # noqa: N802
+    *, pod: PodId, adapter: AdapterId, reason: str, pinned: bool = False, inplace: bool = False
+) -> Action:
+    return Action(
+        kind=ActionKind.LOAD,
+        pod=pod,
+        adapter=adapter,
+        reason=reason,
+        pinned=pinned,
+        inplace=inplace,
+    )
 
 
 def Unload(*, pod: PodId, adapter: AdapterId, reason: str) -> Action:  # noqa: N802

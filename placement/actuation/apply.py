@@ -1,10 +1,12 @@
 """Apply a plan to the pods: observe them, reconcile, execute. The IO shell of reconcile.
 
 ``apply_plan`` is what ``lorafleet apply`` and the controller call: it lists each pod's
-registrations (``/v1/models``) through the ``EngineClient`` port, builds the observed
-state with the ledger and the catalog's pins, asks the pure ``reconcile`` for actions
-and runs them with the ``Executor``. A pod that does not answer is reported as
-unreachable and left alone (reconcile then keeps its adapters' other replicas).
+registrations and their paths (``/v1/models``) through the ``EngineClient`` port, builds
+the observed state with the pod's engine (``engine_model``), the ledger and the
+catalog's pins, asks the pure ``reconcile`` for actions (with the catalog's sources,
+so a changed ``source`` is loaded in place) and runs them with the ``Executor``. A pod
+that does not answer is reported as unreachable and left alone (reconcile then keeps
+its adapters' other replicas).
 """
 
 from __future__ import annotations
@@ -20,10 +22,11 @@ import httpx
 from placement.actuation.executor import ActionResult, ApplyReport, Executor, Ledger, Sleep
 from placement.actuation.reconcile import ActionSchedule, PodState, schedule
 from placement.adapters.engines import engine_client
-from placement.domain import Action, AdapterId, Catalog, Fleet, PodId
+from placement.domain import Action, AdapterId, Catalog, Engine, Fleet, PodId
 from placement.errors import EngineError, RetryableEngineError
 from placement.plan import Plan
-from placement.ports import EngineClient
+from placement.ports import EngineClient, Registered
+from placement.residency import EngineModel
 from placement.settings import ExecutorSettings
 
 #: Tries at listing a pod before calling it unreachable (a lone 5xx is not a dead pod).
@@ -57,6 +60,11 @@ def make_clients(
     }
 
 
+def engine_model(engine: Engine) -> EngineModel:
+    """The engine model of a pool's engine: SGLang is taken as current (the soft cap)."""
+    return EngineModel.VLLM if engine is Engine.VLLM else EngineModel.SGLANG
+
+
 def lora_paths(catalog: Catalog) -> dict[AdapterId, str]:
     """Each adapter's ``source``, handed to the engine as ``lora_path``."""
     return {adapter.name: adapter.source for adapter in catalog.adapters}
@@ -78,13 +86,13 @@ async def observe(
     """List every pod's registrations at once; a pod that fails is unreachable."""
     pods = fleet.pods
 
-    async def listed(pod_id: PodId) -> frozenset[AdapterId] | str:
+    async def listed(pod_id: PodId) -> Registered | str:
         client = clients.get(pod_id)
         if client is None:
             return "no client for this pod"
         for attempt in range(1, LIST_ATTEMPTS + 1):
             try:
-                return (await client.registered()).names()
+                return await client.registered()
             except RetryableEngineError as exc:
                 if attempt == LIST_ATTEMPTS:
                     return str(exc)
@@ -99,18 +107,21 @@ async def observe(
         if isinstance(answer, str):
             unreachable[pod.name] = answer
             continue
-        pinned = _catalog_pins(catalog, pod.name) & answer
+        names, engine = answer.names(), engine_model(pod.engine)
+        pinned = _catalog_pins(catalog, pod.name) & names
         warmed = None
         if ledger is not None:
-            ledger.forget_missing(pod.name, answer)
+            ledger.observe(pod.name, registered=names, engine=engine)
             pinned |= ledger.pinned.get(pod.name, set())
             warmed = tuple(ledger.warmed.get(pod.name, []))
         states[pod.name] = PodState(
-            registered=answer,
+            registered=names,
+            engine=engine,
             max_cpu_loras=pod.max_cpu_loras,
             max_loras=pod.max_loras,
             warmed=warmed,
             pinned=frozenset(pinned),
+            paths=MappingProxyType(dict(answer.adapters)),
         )
     return Observation(states=MappingProxyType(states), unreachable=MappingProxyType(unreachable))
 
@@ -122,10 +133,14 @@ async def plan_actions(
     clients: Mapping[PodId, EngineClient],
     catalog: Catalog | None = None,
     ledger: Ledger | None = None,
+    demand_rps: Mapping[AdapterId, float] | None = None,
 ) -> tuple[Observation, ActionSchedule]:
-    """What applying ``plan`` would do now (``--dry-run``), in the order it needs."""
+    """What applying ``plan`` would do now (``--dry-run``), in the order it needs.
+    ``demand_rps`` (the forecast) orders each hot set, the most valuable activated last."""
     observation = await observe(fleet, clients, catalog=catalog, ledger=ledger)
-    return observation, schedule(plan, observation.states)
+    sources = lora_paths(catalog) if catalog is not None else None
+    steps = schedule(plan, observation.states, sources=sources, demand_rps=demand_rps)
+    return observation, steps
 
 
 async def apply_plan(
@@ -138,12 +153,18 @@ async def apply_plan(
     rng: random.Random,
     ledger: Ledger | None = None,
     sleep: Sleep = asyncio.sleep,
+    demand_rps: Mapping[AdapterId, float] | None = None,
     on_actions: Callable[[tuple[Action, ...]], None] | None = None,
     on_result: Callable[[ActionResult], None] | None = None,
 ) -> ApplyOutcome:
-    """Observe, reconcile and execute once. Applying the same plan again does nothing."""
+    """Observe, reconcile and execute once. Applying the same plan again loads nothing."""
     observation, steps = await plan_actions(
-        plan, fleet=fleet, clients=clients, catalog=catalog, ledger=ledger
+        plan,
+        fleet=fleet,
+        clients=clients,
+        catalog=catalog,
+        ledger=ledger,
+        demand_rps=demand_rps,
     )
     if on_actions is not None:
         on_actions(steps.actions)

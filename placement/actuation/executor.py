@@ -6,7 +6,9 @@ adapter on other pods (make before break, ``reconcile.depends_on``); at most
 with exponential backoff and full jitter (``rng`` and ``sleep`` are parameters) until
 ``max_attempts`` or the action's deadline; a permanent one is not. An action whose
 prerequisite failed is skipped, so a failed load never leaves its adapter without a
-replica. The ledger records what was warmed and pinned, for the next reconcile.
+replica. Actions of one pod run in the order given (each waits for the one before it,
+whatever ``after`` says), since what a pod's GPU holds depends on that order. The
+ledger records what was activated and pinned, for the next reconcile.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from placement.actuation.reconcile import depends_on
 from placement.domain import Action, ActionKind, AdapterId, PodId
 from placement.errors import EngineError, PermanentEngineError, RetryableEngineError
 from placement.ports import EngineClient
+from placement.residency import EngineModel
 from placement.settings import ExecutorSettings
 
 Sleep = Callable[[float], Awaitable[None]]
@@ -87,31 +90,45 @@ class ApplyReport:
 
 @dataclass(kw_only=True)
 class Ledger:
-    """What lorafleet warmed and pinned per pod; the caller keeps it between applies.
+    """What lorafleet activated and pinned per pod; the caller keeps it between applies.
 
-    ``warmed`` lists warm-ups oldest first: the GPU LRU as far as lorafleet knows it.
+    ``warmed`` lists the activations lorafleet caused, oldest first: the GPU LRU as far
+    as lorafleet knows it. A warm-up activates on every engine; a load activates on vLLM
+    (and a pinned load on SGLang). On vLLM an unloaded name stays in the list: its entry
+    keeps its GPU slot until LRU eviction. ``engines`` is learnt from the fleet at each
+    ``observe`` (a pod not seen yet counts as vLLM, the engine whose loads activate).
     """
 
     warmed: dict[PodId, list[AdapterId]] = field(default_factory=dict)
     pinned: dict[PodId, set[AdapterId]] = field(default_factory=dict)
+    engines: dict[PodId, EngineModel] = field(default_factory=dict)
 
     def record(self, action: Action) -> None:
+        engine = self.engines.get(action.pod, EngineModel.VLLM)
         warmed = self.warmed.setdefault(action.pod, [])
         pinned = self.pinned.setdefault(action.pod, set())
-        if action.adapter in warmed and action.kind is not ActionKind.LOAD:
-            warmed.remove(action.adapter)
-        if action.kind is ActionKind.WARMUP:
+        kind = action.kind
+        loads_activate = engine is EngineModel.VLLM or action.pinned
+        if kind is ActionKind.WARMUP or (kind is ActionKind.LOAD and loads_activate):
+            if action.adapter in warmed:
+                warmed.remove(action.adapter)
             warmed.append(action.adapter)
             del warmed[:-LEDGER_DEPTH]
-        elif action.kind is ActionKind.LOAD and action.pinned:
+        elif engine.is_sglang and action.adapter in warmed:
+            warmed.remove(action.adapter)  # an SGLang unload (or unload and load) frees it
+        if kind is ActionKind.LOAD and action.pinned:
             pinned.add(action.adapter)
-        elif action.kind is ActionKind.UNLOAD:
+        elif kind is ActionKind.UNLOAD:
             pinned.discard(action.adapter)
 
-    def forget_missing(self, pod: PodId, registered: Iterable[AdapterId]) -> None:
-        """Drop entries a pod no longer registers (it restarted, or someone unloaded)."""
+    def observe(self, pod: PodId, *, registered: Iterable[AdapterId], engine: EngineModel) -> None:
+        """Note ``pod``'s engine and what it lists now; drop entries it lost (it
+        restarted, or someone unloaded). On vLLM an unlisted name's entry may still hold
+        a GPU slot, so it stays: an entry too many only costs a warm-up."""
+        self.engines[pod] = engine
         present = set(registered)
-        self.warmed[pod] = [a for a in self.warmed.get(pod, []) if a in present]
+        if engine.is_sglang:
+            self.warmed[pod] = [a for a in self.warmed.get(pod, []) if a in present]
         self.pinned[pod] = self.pinned.get(pod, set()) & present
 
     def to_dict(self) -> dict[str, dict[str, list[str]]]:
@@ -164,7 +181,7 @@ class Executor:
     ) -> ApplyReport:
         """Run ``actions``; ``after`` (from ``reconcile.schedule``) gives what each waits
         for, else the conservative ``reconcile.depends_on`` order is used."""
-        deps = depends_on(actions) if after is None else after
+        deps = _in_pod_order(actions, depends_on(actions) if after is None else after)
         finished = [asyncio.Event() for _ in actions]
         results: list[ActionResult | None] = [None] * len(actions)
         gate = asyncio.Semaphore(max(1, self._settings.max_concurrency))
@@ -242,11 +259,27 @@ class Executor:
                 raise PermanentEngineError(
                     f"no lora_path (catalog source) for {action.adapter}", pod=action.pod
                 )
-            return await client.load(action.adapter, lora_path=path, pinned=action.pinned)
+            return await client.load(
+                action.adapter, lora_path=path, pinned=action.pinned, inplace=action.inplace
+            )
         if action.kind is ActionKind.UNLOAD:
             return await client.unload(action.adapter)
         await client.warmup(action.adapter)
         return True
+
+
+def _in_pod_order(
+    actions: tuple[Action, ...], after: tuple[tuple[int, ...], ...]
+) -> tuple[tuple[int, ...], ...]:
+    """``after`` with each action also waiting for the previous one on its pod."""
+    last_on_pod: dict[PodId, int] = {}
+    deps = []
+    for index, action in enumerate(actions):
+        previous = last_on_pod.get(action.pod)
+        wait = after[index]
+        deps.append(wait if previous is None or previous in wait else (*wait, previous))
+        last_on_pod[action.pod] = index
+    return tuple(deps)
 
 
 def _holds_pod(action: Action, *, blocker: ActionResult | None, permanent: bool) -> bool:

@@ -1,16 +1,35 @@
 """Reconcile: a desired plan and what the pods hold now, to an ordered tuple of actions.
 
-Pure: no IO, no clock, no logging. ``reconcile(plan, observed)`` simulates the pods
-while it emits actions, so that every prefix of the result keeps these promises:
+Pure: no IO, no clock, no logging. ``reconcile(plan, observed)`` follows each pod's
+engine (``placement.residency``: ``EngineModel``) while it emits actions, so that once
+they have run each pod lists the plan's adapters and its GPU holds the plan's hot set,
+the most valuable hot adapter activated last (the last the engine's LRU evicts):
 
-- ``max_cpu_loras`` holds on every pod at every step: on a full pod, unload first,
-  choosing adapters the plan does not want anywhere, then warm ones, then hot ones.
+- vLLM activates every load on a GPU slot (evicting the least recently used) and an
+  unload frees nothing: the host-cache entry and the GPU slot stay until LRU eviction.
+  So a pod loads its warm adapters first and its hot ones last (loaded, or warmed up
+  when kept), and loads never wait for unloads: room comes from the LRU order, not
+  from an unload. The names a plan drops are still unloaded, once the loads are done.
+  A GPU slot the hot set leaves free holds the last warm adapters loaded.
+- SGLang registers on load (a pinned load also takes a slot) and activates on request.
+  ``--max-loaded-loras`` (``max_cpu_loras``) is a soft cap: a load past it makes the
+  engine unload an adapter of its choosing. So a pod never lists more than its cap at
+  any step: on a full pod, unload first, choosing adapters the plan does not want
+  anywhere, then warm ones, then hot ones. The hot adapters are warmed up at the end.
+- Every engine: the plan's adapters on a pod are capped to ``max_cpu_loras`` and its
+  hot set to ``max_loras``, keeping the most valuable; ``ActionSchedule.left_out``
+  says what was cut. Value is the adapter's forecast rate times its share on the pod
+  (``demand_rps``), else the share, from the plan's weights.
 - Make before break: an adapter the plan still wants is unloaded only once a replica
   is registered on a pod where the plan wants it, so a hot adapter never drops below
-  one ready replica. Only when no such order exists (a cycle of full pods swapping
-  adapters) is one unload forced, and its reason says so.
-- Loads of hot adapters are followed by a warm-up; with a ledger of warmed adapters,
-  hot adapters registered but never warmed are warmed too.
+  one ready replica. Only when no such order exists (a cycle of full SGLang pods
+  swapping adapters) is one unload forced, and its reason says so.
+- A kept adapter whose ``source`` changed (``sources`` against the pod's listed paths)
+  is loaded again in place.
+- What the GPU holds is known from the pod's ledger (``PodState.warmed``: the
+  activations lorafleet caused, oldest first). Hot adapters are activated again only
+  when that says one is missing, or when the pod's ledger is unknown and this apply
+  loads onto it; so applying the same plan twice does nothing the second time.
 - Pinned adapters (the plan's, or the pod's ledger's) are never unloaded.
 
 Pods the plan names but ``observed`` lacks (unreachable) get no actions, and their
@@ -21,68 +40,166 @@ earlier actions on the same adapter (``depends_on``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from placement.domain import Action, ActionKind, AdapterId, Load, PodId, Unload, Warmup
 from placement.plan import Plan
+from placement.residency import EngineModel
+
+#: No limit on the names a vLLM pod lists: its API server keeps them in a dict.
+_UNBOUNDED = 1 << 30
 
 
 @dataclass(frozen=True, kw_only=True)
 class PodState:
-    """What one pod holds now, and its limits."""
+    """What one pod holds now, its engine and its limits."""
 
     registered: frozenset[AdapterId]
+    engine: EngineModel
+    #: vLLM: ``--max-cpu-loras`` (the host cache); SGLang: ``--max-loaded-loras``.
     max_cpu_loras: int
     max_loras: int
-    #: The ledger of warm-ups on this pod, oldest first: the GPU slots' LRU as far as
-    #: lorafleet knows it. None when unknown (then only adapters loaded now are warmed).
+    #: The activations lorafleet caused on this pod (warm-ups; loads on vLLM), oldest
+    #: first, names it unloaded on vLLM included (their entries keep their slot): the
+    #: GPU slots' LRU as far as lorafleet knows it. None when unknown.
     warmed: tuple[AdapterId, ...] | None = None
     #: Adapters that must never be unloaded from this pod.
     pinned: frozenset[AdapterId] = frozenset()
+    #: The ``lora_path`` the pod lists for each registered adapter (``/v1/models``).
+    paths: Mapping[AdapterId, str] = field(default_factory=lambda: MappingProxyType({}))
 
 
 @dataclass(frozen=True, kw_only=True)
 class _Want:
-    """The plan for one observed pod, capped to its limits, in load priority order."""
+    """The plan for one observed pod, capped to its limits."""
 
+    #: Load priority order (pins, hot, warm; the most valuable first).
     adapters: tuple[AdapterId, ...]
-    hot: frozenset[AdapterId]
+    #: The hot set, least valuable first: the order they are activated in.
+    hot: tuple[AdapterId, ...]
+    #: The warm adapters, least valuable first.
+    warm: tuple[AdapterId, ...]
     pinned: frozenset[AdapterId]
+    left_out: tuple[tuple[AdapterId, str], ...]
 
 
-def _wants(plan: Plan, observed: Mapping[PodId, PodState]) -> dict[PodId, _Want]:
-    wants = {}
-    for pod_id, state in observed.items():
-        pod_plan = plan.pods.get(pod_id)
-        pinned = tuple(pod_plan.pinned) if pod_plan else ()
-        keep = tuple(sorted(state.pinned & state.registered))
-        hot = tuple(pod_plan.hot) if pod_plan else ()
-        ordered = tuple(dict.fromkeys(keep + pinned + hot + (pod_plan.warm if pod_plan else ())))
-        adapters = ordered[: state.max_cpu_loras]
-        wants[pod_id] = _Want(
-            adapters=adapters,
-            hot=frozenset([a for a in hot if a in adapters][: state.max_loras]),
-            pinned=frozenset(pinned) | state.pinned,
-        )
-    return wants
+Worth = Callable[[AdapterId], tuple[float, float, str]]
+
+
+def _worth(plan: Plan, pod_id: PodId, demand_rps: Mapping[AdapterId, float]) -> Worth:
+    def worth(adapter: AdapterId) -> tuple[float, float, str]:
+        entry = plan.adapters.get(adapter)
+        share = entry.pods.get(pod_id, 0.0) if entry is not None else 0.0
+        return (demand_rps.get(adapter, 0.0) * share, share, adapter)
+
+    return worth
+
+
+def _want(
+    plan: Plan, pod_id: PodId, state: PodState, demand_rps: Mapping[AdapterId, float]
+) -> _Want:
+    pod_plan = plan.pods.get(pod_id)
+    worth = _worth(plan, pod_id, demand_rps)
+    pinned = tuple(pod_plan.pinned) if pod_plan else ()
+    keep = tuple(sorted(state.pinned & state.registered))
+    hot = tuple(sorted(dict.fromkeys(pod_plan.hot if pod_plan else ()), key=worth, reverse=True))
+    warm = tuple(sorted(dict.fromkeys(pod_plan.warm if pod_plan else ()), key=worth, reverse=True))
+    ordered = tuple(dict.fromkeys(keep + pinned + hot + warm))
+    adapters = ordered[: state.max_cpu_loras]
+    hot_set = [a for a in hot if a in adapters][: state.max_loras]
+    left_out = [(a, f"over max_cpu_loras {state.max_cpu_loras}") for a in ordered[len(adapters) :]]
+    left_out += [
+        (a, f"hot over max_loras {state.max_loras}: warm")
+        for a in hot
+        if a in adapters and a not in hot_set
+    ]
+    return _Want(
+        adapters=adapters,
+        hot=tuple(reversed(hot_set)),
+        warm=tuple(sorted((a for a in adapters if a not in hot_set), key=worth)),
+        pinned=frozenset(pinned) | state.pinned,
+        left_out=tuple(left_out),
+    )
+
+
+class _Gpu:
+    """What reconcile knows of one pod's GPU slots: the adapters on them, least
+    recently activated first, replayed from the ledger's activations.
+
+    SGLang's pinned adapters hold their slots for good. Unknown (no ledger): unknown
+    entries fill the slots until activations push them out."""
+
+    def __init__(self, state: PodState) -> None:
+        self.known = state.warmed is not None
+        self.slots = state.max_loras
+        self.sglang = state.engine.is_sglang
+        self.fixed = set(state.pinned & state.registered) if self.sglang else set()
+        self.lru: list[AdapterId] = []
+        self._unknown = 0
+        if state.warmed is None:
+            for _ in range(self.slots):
+                self.lru.append(self._placeholder())
+        for adapter in state.warmed or ():
+            self.activate(adapter)
+
+    def _placeholder(self) -> AdapterId:
+        """An entry no name points to (not a valid adapter name)."""
+        self._unknown += 1
+        return AdapterId(f"?{self._unknown}")
+
+    def holds(self, adapter: AdapterId) -> bool:
+        return adapter in self.fixed or adapter in self.lru
+
+    def activate(self, adapter: AdapterId, *, pinned: bool = False, fresh: bool = False) -> None:
+        """``fresh``: a vLLM load of a new entry; an unloaded one of the same name keeps
+        its slot until the LRU evicts it."""
+        if pinned and self.sglang:
+            self.fixed.add(adapter)
+        if adapter in self.lru:
+            at = self.lru.index(adapter)
+            if fresh:
+                self.lru[at] = self._placeholder()
+            else:
+                del self.lru[at]
+        if adapter not in self.fixed:
+            self.lru.append(adapter)
+        del self.lru[: max(0, len(self.lru) - max(0, self.slots - len(self.fixed)))]
+
+    def unload(self, adapter: AdapterId) -> None:
+        """SGLang frees the slot; vLLM keeps the entry on its slot until LRU eviction."""
+        if self.sglang:
+            self.fixed.discard(adapter)
+            if adapter in self.lru:
+                self.lru.remove(adapter)
 
 
 class _Simulation:
-    """The pods' registrations as the actions so far leave them."""
+    """The pods' registrations and GPU slots as the actions so far leave them."""
 
-    def __init__(self, plan: Plan, observed: Mapping[PodId, PodState]) -> None:
+    def __init__(
+        self,
+        plan: Plan,
+        observed: Mapping[PodId, PodState],
+        *,
+        sources: Mapping[AdapterId, str],
+        demand_rps: Mapping[AdapterId, float],
+    ) -> None:
         self.observed = observed
-        self.wants = _wants(plan, observed)
-        self.regs = {pod_id: set(state.registered) for pod_id, state in observed.items()}
-        self.gpu = {
-            pod_id: None if state.warmed is None else list(state.warmed)[-state.max_loras :]
-            for pod_id, state in observed.items()
+        self.sources = sources
+        self.wants = {
+            pod_id: _want(plan, pod_id, state, demand_rps) for pod_id, state in observed.items()
         }
+        self.regs = {pod_id: set(state.registered) for pod_id, state in observed.items()}
+        self.gpu = {pod_id: _Gpu(state) for pod_id, state in observed.items()}
+        #: Whether this apply loads onto the pod (the GPU changes even when unknown).
+        self.loaded = dict.fromkeys(observed, False)
         self.pending = {
             pod_id: [a for a in want.adapters if a not in self.regs[pod_id]]
             for pod_id, want in self.wants.items()
         }
+        self.reload = {pod_id: self._changed(pod_id) for pod_id in observed}
         self.homes: dict[AdapterId, set[PodId]] = {}
         self.hot_anywhere: set[AdapterId] = set()
         for pod_id, pod_plan in plan.pods.items():
@@ -97,10 +214,25 @@ class _Simulation:
         self.loaded_at: dict[tuple[PodId, AdapterId], int] = {}
         self.waits_on: dict[int, int] = {}
 
+    def _changed(self, pod_id: PodId) -> list[AdapterId]:
+        """Kept adapters whose listed path is not the catalog's source any more."""
+        paths = self.observed[pod_id].paths
+        return [
+            a
+            for a in self.wants[pod_id].adapters
+            if a in self.regs[pod_id] and a in paths and a in self.sources
+            if paths[a] != self.sources[a]
+        ]
+
     def pods(self) -> list[PodId]:
         return sorted(self.observed)
 
+    def engine(self, pod_id: PodId) -> EngineModel:
+        return self.observed[pod_id].engine
+
     def room(self, pod_id: PodId) -> int:
+        if self.engine(pod_id) is EngineModel.VLLM:
+            return _UNBOUNDED  # an unload frees nothing: loads never wait for one
         return self.observed[pod_id].max_cpu_loras - len(self.regs[pod_id])
 
     def extras(self, pod_id: PodId) -> list[AdapterId]:
@@ -142,48 +274,85 @@ class _Simulation:
     def safe(self, pod_id: PodId, adapter: AdapterId) -> bool:
         return self.support(pod_id, adapter)[0]
 
+    # the three actions -------------------------------------------------------------
     def unload(self, pod_id: PodId, adapter: AdapterId, reason: str) -> None:
         _, dep = self.support(pod_id, adapter)
         if dep is not None:
             self.waits_on[len(self.actions)] = dep
         self.regs[pod_id].discard(adapter)
-        gpu = self.gpu[pod_id]
-        if gpu is not None and adapter in gpu:
-            gpu.remove(adapter)
+        self.gpu[pod_id].unload(adapter)
         self.actions.append(Unload(pod=pod_id, adapter=adapter, reason=reason))
 
     def warm(self, pod_id: PodId, adapter: AdapterId, reason: str) -> None:
-        gpu = self.gpu[pod_id]
-        if gpu is not None:
-            if adapter in gpu:
-                gpu.remove(adapter)
-            gpu.append(adapter)
-            del gpu[: -self.observed[pod_id].max_loras]
+        self.gpu[pod_id].activate(adapter)
         self.actions.append(Warmup(pod=pod_id, adapter=adapter, reason=reason))
 
     def load(self, pod_id: PodId, adapter: AdapterId) -> None:
         want = self.wants[pod_id]
-        hot = adapter in want.hot
-        tier = "pinned" if adapter in want.pinned else "hot" if hot else "warm"
+        inplace = adapter in self.regs[pod_id]
+        if inplace:
+            self.reload[pod_id].remove(adapter)
+            old = self.observed[pod_id].paths.get(adapter, "")
+            reason = f"source changed: {old} -> {self.sources.get(adapter, '')}"
+        else:
+            tier = "pinned" if adapter in want.pinned else "hot" if adapter in want.hot else "warm"
+            reason = f"{tier} in plan"
+        pinned = adapter in want.pinned
         self.regs[pod_id].add(adapter)
-        self.loaded_at[(pod_id, adapter)] = len(self.actions)
+        self.loaded[pod_id] = True
+        gpu = self.gpu[pod_id]
+        if self.engine(pod_id) is EngineModel.VLLM:
+            gpu.activate(adapter, fresh=not inplace)  # vLLM: every load takes a GPU slot
+        else:
+            if inplace:
+                gpu.unload(adapter)  # SGLang's client unloads, then loads
+            if pinned:
+                gpu.activate(adapter, pinned=True)
+        if not inplace:
+            self.loaded_at[(pod_id, adapter)] = len(self.actions)
         self.actions.append(
-            Load(
-                pod=pod_id,
-                adapter=adapter,
-                reason=f"{tier} in plan",
-                pinned=adapter in want.pinned,
-            )
+            Load(pod=pod_id, adapter=adapter, reason=reason, pinned=pinned, inplace=inplace)
         )
-        if hot:
-            self.warm(pod_id, adapter, "hot: pull onto GPU")
 
+    # phases ------------------------------------------------------------------------
     def load_into_room(self, pod_id: PodId) -> bool:
         """Load what waits while the pod has room; True if anything was emitted."""
-        pending, before = self.pending[pod_id], len(self.actions)
+        before = len(self.actions)
+        if self.engine(pod_id) is EngineModel.VLLM:
+            self._vllm_loads(pod_id)
+            return len(self.actions) > before
+        for adapter in list(self.reload[pod_id]):  # an unload then a load: room-neutral
+            self.load(pod_id, adapter)
+        pending = self.pending[pod_id]
         while pending and self.room(pod_id) > 0:
             self.load(pod_id, pending.pop(0))
         return len(self.actions) > before
+
+    def _vllm_loads(self, pod_id: PodId) -> None:
+        """Warm adapters first, least valuable first; then the hot set, activated last."""
+        want, pending, reload = self.wants[pod_id], self.pending[pod_id], self.reload[pod_id]
+        for adapter in want.warm:
+            if adapter in pending or adapter in reload:
+                self.load(pod_id, adapter)
+        pending.clear()
+        self.hot_phase(pod_id)
+
+    def hot_phase(self, pod_id: PodId) -> None:
+        """Activate the hot set, least valuable first, when the GPU may lack any of it."""
+        hot, regs, gpu = self.wants[pod_id].hot, self.regs[pod_id], self.gpu[pod_id]
+        vllm = self.engine(pod_id) is EngineModel.VLLM
+        # vLLM loads its new and changed hot adapters here; SGLang did in the load pass.
+        due = [a for a in hot if a not in regs or a in self.reload[pod_id]] if vllm else []
+        lacking = [a for a in hot if a in regs and not gpu.holds(a)]
+        # Unknown GPU (no ledger) and nothing loaded: no reason to think it changed.
+        if not due and (not lacking or not (gpu.known or self.loaded[pod_id])):
+            return
+        for adapter in hot:
+            if adapter in due:
+                self.load(pod_id, adapter)  # vLLM: the load is the activation
+            elif adapter in regs:
+                reason = "hot: activate last" if gpu.holds(adapter) else "hot: pull onto GPU"
+                self.warm(pod_id, adapter, reason)
 
     def make_room(self, pod_id: PodId) -> bool:
         """Unload safely as many extras as the waiting loads need (or the pod is over)."""
@@ -213,7 +382,7 @@ class _Simulation:
         return False
 
     def finish(self) -> None:
-        """Unload what is no longer wanted, and warm hot adapters the ledger lacks."""
+        """Unload what is no longer wanted, then activate the hot sets where needed."""
         for pod_id in self.pods():
             for adapter in self.extras(pod_id):
                 if self.safe(pod_id, adapter):
@@ -221,19 +390,7 @@ class _Simulation:
                     reason = f"moved to {', '.join(elsewhere)}" if elsewhere else "not in plan"
                     self.unload(pod_id, adapter, reason)
         for pod_id in self.pods():
-            self._rewarm(pod_id)
-
-    def _rewarm(self, pod_id: PodId) -> None:
-        """Warm hot adapters the GPU LRU lost, refreshing the ones it kept first so
-        that the last warm-ups are exactly the hot set (no more than ``max_loras``)."""
-        gpu = self.gpu[pod_id]
-        hot = {a for a in self.wants[pod_id].hot if a in self.regs[pod_id]}
-        if gpu is None or hot <= set(gpu):
-            return
-        kept = [a for a in gpu if a in hot]
-        for adapter in kept + sorted(hot - set(gpu)):
-            reason = "hot: keep on GPU" if adapter in kept else "hot but not on GPU"
-            self.warm(pod_id, adapter, reason)
+            self.hot_phase(pod_id)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -244,16 +401,35 @@ class ActionSchedule:
 
     actions: tuple[Action, ...]
     after: tuple[tuple[int, ...], ...]
+    #: Planned adapters a pod's limits cannot hold as planned, and why.
+    left_out: tuple[tuple[PodId, AdapterId, str], ...] = ()
 
 
-def reconcile(desired: Plan, observed: Mapping[PodId, PodState]) -> tuple[Action, ...]:
-    """The actions that bring the observed pods to ``desired``, in a safe order."""
-    return schedule(desired, observed).actions
+def reconcile(
+    desired: Plan,
+    observed: Mapping[PodId, PodState],
+    *,
+    sources: Mapping[AdapterId, str] | None = None,
+    demand_rps: Mapping[AdapterId, float] | None = None,
+) -> tuple[Action, ...]:
+    """The actions that bring the observed pods to ``desired``, in a safe order.
+
+    ``sources``: each adapter's ``lora_path`` (the catalog's ``source``): a kept adapter
+    listed with another path is loaded again in place. ``demand_rps``: the forecast
+    rate of each adapter, which orders the hot set (the most valuable activated last).
+    """
+    return schedule(desired, observed, sources=sources, demand_rps=demand_rps).actions
 
 
-def schedule(desired: Plan, observed: Mapping[PodId, PodState]) -> ActionSchedule:
+def schedule(
+    desired: Plan,
+    observed: Mapping[PodId, PodState],
+    *,
+    sources: Mapping[AdapterId, str] | None = None,
+    demand_rps: Mapping[AdapterId, float] | None = None,
+) -> ActionSchedule:
     """``reconcile`` with the precise order each action needs (see ``ActionSchedule``)."""
-    sim = _Simulation(desired, observed)
+    sim = _Simulation(desired, observed, sources=sources or {}, demand_rps=demand_rps or {})
     while True:
         # Loads everywhere first, then the unloads they make safe: an unload then waits
         # on a load of the previous phase, never on a chain through this one.
@@ -267,20 +443,32 @@ def schedule(desired: Plan, observed: Mapping[PodId, PodState]) -> ActionSchedul
         if not any(sim.pending.values()) or not sim.force():
             break
     sim.finish()
+    return ActionSchedule(
+        actions=tuple(sim.actions),
+        after=_after(sim.actions, sim.waits_on),
+        left_out=tuple(
+            (pod_id, adapter, why)
+            for pod_id in sim.pods()
+            for adapter, why in sim.wants[pod_id].left_out
+        ),
+    )
+
+
+def _after(actions: list[Action], waits_on: Mapping[int, int]) -> tuple[tuple[int, ...], ...]:
     last_on_pod: dict[PodId, int] = {}
     last_here: dict[tuple[PodId, AdapterId], int] = {}
     after = []
-    for index, action in enumerate(sim.actions):
+    for index, action in enumerate(actions):
         here = (action.pod, action.adapter)
         before = {last_on_pod[action.pod]} if action.pod in last_on_pod else set()
         if here in last_here:
             before.add(last_here[here])
-        if index in sim.waits_on:
-            before.add(sim.waits_on[index])
+        if index in waits_on:
+            before.add(waits_on[index])
         after.append(tuple(sorted(before)))
         last_on_pod[action.pod] = index
         last_here[here] = index
-    return ActionSchedule(actions=tuple(sim.actions), after=tuple(after))
+    return tuple(after)
 
 
 def depends_on(actions: tuple[Action, ...]) -> tuple[tuple[int, ...], ...]:

@@ -21,6 +21,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
 from placement.actuation.apply import Observation, lora_paths, make_clients, plan_actions
 from placement.actuation.executor import ActionResult, ApplyReport, Executor, Ledger
+from placement.actuation.reconcile import ActionSchedule
 from placement.cli.app import EXIT_FAILED, app, err, out, report_errors
 from placement.domain import Action, ActionKind, Catalog, Fleet, PodId
 from placement.errors import InputError, Problem
@@ -50,21 +51,26 @@ def _check_refs(plan: Plan, fleet: Fleet, catalog: Catalog, *, source: str) -> N
         raise InputError(problems)
 
 
-def _print_diff(console: Console, actions: tuple[Action, ...], observation: Observation) -> None:
+def _print_diff(console: Console, steps: ActionSchedule, observation: Observation) -> None:
     by_pod: dict[PodId, list[Action]] = {}
-    for action in actions:
+    for action in steps.actions:
         by_pod.setdefault(action.pod, []).append(action)
+    left_out: dict[PodId, list[str]] = {}
+    for pod, adapter, why in steps.left_out:
+        left_out.setdefault(pod, []).append(f"  ! {adapter} left out: {why}")
     for pod in sorted(set(observation.states) | set(observation.unreachable)):
         if pod in observation.unreachable:
             console.print(f"{pod}: unreachable ({observation.unreachable[pod]})", markup=False)
             continue
         if pod not in by_pod:
             console.print(f"{pod}: no change", markup=False)
-            continue
-        console.print(f"{pod}:", markup=False)
-        for action in by_pod[pod]:
+        else:
+            console.print(f"{pod}:", markup=False)
+        for action in by_pod.get(pod, ()):
             mark = _MARKS[action.kind]
             line = f"  {mark} {action.kind.value} {action.adapter}  ({action.reason})"
+            console.print(line, markup=False, highlight=False)
+        for line in left_out.get(pod, ()):
             console.print(line, markup=False, highlight=False)
 
 
@@ -118,7 +124,7 @@ async def _run(
         observation, steps = await plan_actions(
             plan, fleet=fleet, clients=clients, catalog=catalog, ledger=ledger
         )
-        _print_diff(out(), steps.actions, observation)
+        _print_diff(out(), steps, observation)
         if dry_run or not steps.actions:
             return _print_outcome(ApplyReport(results=()), observation)
         with Progress(

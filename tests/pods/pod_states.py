@@ -1,18 +1,31 @@
-"""Pod states for the reconcile suites, and the registrations a list of actions leaves.
+"""Pod states for the reconcile suites, and pods on the engine model that run actions.
 
-Plans come from ``tests.factories.make_plan``.
+Plans come from ``tests.factories.make_plan``. ``engines`` builds one ``PodResidency``
+per observed pod holding what the state says; ``run`` drives actions through them as
+the engine clients do (SGLang's client unloads and loads again for ``inplace``), and
+``observe`` reads them back as ``apply.observe`` does, with the executor's ``Ledger``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
 
+from placement.actuation.executor import Ledger
 from placement.actuation.reconcile import PodState
 from placement.domain import Action, ActionKind, AdapterId, PodId
+from placement.residency import Effects, EngineModel, PodResidency
+
+VLLM, SGLANG, SGLANG_HARD_CAP = EngineModel.VLLM, EngineModel.SGLANG, EngineModel.SGLANG_HARD_CAP
 
 
 def ids(names: Iterable[str]) -> tuple[AdapterId, ...]:
     return tuple(AdapterId(name) for name in names)
+
+
+def path_of(adapter: str, version: int = 1) -> str:
+    return f"s3://adapters/v{version}/{adapter}"
 
 
 def state(
@@ -22,51 +35,123 @@ def state(
     gpu: int = 1,
     warmed: Iterable[str] | None = None,
     pinned: Iterable[str] = (),
+    engine: EngineModel = VLLM,
+    paths: Mapping[str, str] | None = None,
 ) -> PodState:
+    names = ids(registered)
+    listed = {a: path_of(a) for a in names} | dict(paths or {})
     return PodState(
-        registered=frozenset(ids(registered)),
+        registered=frozenset(names),
+        engine=engine,
         max_cpu_loras=cpu,
         max_loras=gpu,
         warmed=None if warmed is None else ids(warmed),
         pinned=frozenset(ids(pinned)),
+        paths=MappingProxyType({AdapterId(a): p for a, p in listed.items() if a in names}),
     )
 
 
-def replay(
-    observed: Mapping[PodId, PodState], actions: Iterable[Action]
-) -> Iterable[dict[PodId, set[AdapterId]]]:
-    """The registrations after each action, in order."""
-    regs = {pod: set(s.registered) for pod, s in observed.items()}
-    for action in actions:
-        if action.kind is ActionKind.LOAD:
-            regs[action.pod].add(action.adapter)
-        elif action.kind is ActionKind.UNLOAD:
-            regs[action.pod].discard(action.adapter)
-        yield regs
+def engines(observed: Mapping[PodId, PodState]) -> dict[PodId, PodResidency]:
+    """Pods on the engine model holding what ``observed`` says: the registered adapters
+    nobody warmed loaded first, then the ledger's activations in order (a name in the
+    ledger that the pod does not list is loaded, then unloaded: a vLLM ghost)."""
+    pods = {}
+    for pod_id, s in observed.items():
+        pod = PodResidency(s.engine, max_loras=s.max_loras, max_cpu_loras=s.max_cpu_loras)
+        order = list(s.warmed or ())
+        for adapter in sorted(s.registered - set(order)) + order:
+            if adapter not in pod.listed:
+                path = s.paths.get(adapter, path_of(adapter))
+                pod.load(adapter, path, pinned=adapter in s.pinned)
+            if s.engine.is_sglang:
+                pod.request(adapter)
+        for ghost in set(order) - s.registered:
+            pod.unload(ghost)
+        pods[pod_id] = pod
+    return pods
 
 
-def after(observed: Mapping[PodId, PodState], actions: Iterable[Action]) -> dict[PodId, PodState]:
-    """The pod states once every action is applied, with the ledger updated."""
-    regs = {pod: set(s.registered) for pod, s in observed.items()}
-    lru = {pod: None if s.warmed is None else list(s.warmed) for pod, s in observed.items()}
+def call(pod: PodResidency, action: Action, *, sources: Mapping[AdapterId, str]) -> Effects:
+    """One action on one engine, as the engine clients send it."""
+    if action.kind is ActionKind.UNLOAD:
+        return pod.unload(action.adapter)
+    if action.kind is ActionKind.WARMUP:
+        return pod.request(action.adapter)
+    path = sources.get(action.adapter, path_of(action.adapter))
+    if action.inplace and pod.engine.is_sglang:
+        pod.unload(action.adapter)
+        return pod.load(action.adapter, path, pinned=action.pinned)
+    return pod.load(action.adapter, path, pinned=action.pinned, inplace=action.inplace)
+
+
+def run(
+    pods: Mapping[PodId, PodResidency],
+    actions: Iterable[Action],
+    *,
+    sources: Mapping[AdapterId, str] | None = None,
+    ledger: Ledger | None = None,
+) -> Iterator[tuple[Action, Effects]]:
+    """Run ``actions`` in order, yielding after each what it did (the pods are live)."""
     for action in actions:
-        held, order = regs[action.pod], lru[action.pod]
-        if action.kind is ActionKind.LOAD:
-            held.add(action.adapter)
-        elif action.kind is ActionKind.UNLOAD:
-            held.discard(action.adapter)
-        if order is not None and action.kind is not ActionKind.LOAD:
-            if action.adapter in order:
-                order.remove(action.adapter)
-            if action.kind is ActionKind.WARMUP:
-                order.append(action.adapter)
-    return {
-        pod: PodState(
-            registered=frozenset(regs[pod]),
-            max_cpu_loras=s.max_cpu_loras,
-            max_loras=s.max_loras,
-            warmed=None if lru[pod] is None else tuple(lru[pod] or ()),
-            pinned=s.pinned,
+        effects = call(pods[action.pod], action, sources=sources or {})
+        if ledger is not None:
+            ledger.record(action)
+        yield action, effects
+
+
+def ledger_of(observed: Mapping[PodId, PodState]) -> Ledger | None:
+    """The executor's ledger as ``observed`` reads it; None when no pod has one."""
+    if all(s.warmed is None for s in observed.values()):
+        return None
+    return Ledger(
+        warmed={pod: list(s.warmed or ()) for pod, s in observed.items()},
+        pinned={pod: set(s.pinned) for pod, s in observed.items()},
+        engines={pod: s.engine for pod, s in observed.items()},
+    )
+
+
+def observe(
+    pods: Mapping[PodId, PodResidency],
+    observed: Mapping[PodId, PodState],
+    ledger: Ledger | None,
+) -> dict[PodId, PodState]:
+    """The pods read back as ``apply.observe`` reads them: listings and the ledger."""
+    states = {}
+    for pod_id, pod in pods.items():
+        names = frozenset(ids(pod.listed))
+        before = observed[pod_id]
+        warmed = None
+        pinned = before.pinned & names
+        if ledger is not None:
+            ledger.observe(pod_id, registered=names, engine=pod.engine)
+            warmed = tuple(ledger.warmed.get(pod_id, []))
+            pinned |= ledger.pinned.get(pod_id, set())
+        states[pod_id] = PodState(
+            registered=names,
+            engine=pod.engine,
+            max_cpu_loras=before.max_cpu_loras,
+            max_loras=before.max_loras,
+            warmed=warmed,
+            pinned=frozenset(pinned),
+            paths=MappingProxyType({AdapterId(a): p for a, p in pod.listed.items()}),
         )
-        for pod, s in observed.items()
-    }
+    return states
+
+
+@dataclass(frozen=True)
+class Held:
+    """What one engine holds, as sets: what a second apply must leave alone."""
+
+    listed: frozenset[tuple[str, str]]
+    gpu: frozenset[str]
+    host: frozenset[str]
+    ghosts: int
+
+
+def held(pod: PodResidency) -> Held:
+    return Held(
+        listed=frozenset(pod.listed.items()),
+        gpu=frozenset(pod.on_gpu()),
+        host=frozenset(pod.in_host()),
+        ghosts=pod.ghosts_on_gpu(),
+    )
