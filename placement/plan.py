@@ -181,6 +181,11 @@ class _Reader:
     def string(self, value: object, where: str) -> str:
         if not isinstance(value, str):
             raise self.fail(where, f"expected a string, got {type(value).__name__}")
+        if not value.isascii():
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise self.fail(where, f"not valid Unicode text: {value!r}") from None
         return value
 
     def number(self, value: object, where: str, *, allow_null: bool = False) -> float:
@@ -188,7 +193,13 @@ class _Reader:
             return math.nan
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise self.fail(where, f"expected a number, got {type(value).__name__}")
-        return float(value)
+        try:
+            number = float(value)
+        except OverflowError:  # an integer too large for a float
+            raise self.fail(where, f"number out of range: {value}") from None
+        if not math.isfinite(number):
+            raise self.fail(where, f"expected a finite number, got {value}")
+        return number
 
     def names(self, value: object, where: str) -> tuple[str, ...]:
         if not isinstance(value, list):
@@ -300,8 +311,16 @@ def plan_from_dict(raw: object, *, source: str = "plan") -> Plan:
 
 
 def plan_from_json(text: str, *, source: str = "plan") -> Plan:
+    """Parse plan JSON; anything wrong with it, NaN, Infinity and nesting too deep for
+    the parser included, is a PlanError (so a plan watcher keeps its last good plan)."""
+
+    def refuse(constant: str) -> float:
+        raise PlanError(f"{source}: not valid JSON: {constant} is not a number a plan may hold")
+
     try:
-        raw = json.loads(text)
+        raw = json.loads(text, parse_constant=refuse)
     except json.JSONDecodeError as exc:
         raise PlanError(f"{source}: not valid JSON: {exc}") from None
+    except RecursionError:
+        raise PlanError(f"{source}: not valid JSON: nested too deeply") from None
     return plan_from_dict(raw, source=source)
