@@ -138,7 +138,33 @@ class ControllerSettings:
     backoff_base_s: float = 30.0
     backoff_max_s: float = 900.0
     misfire_grace_s: int = 60
+    #: Leader election as client-go does it: the lease lasts lease_duration_s; the
+    #: holder stops acting once lease_renew_deadline_s passed since its last renewal,
+    #: and tries to renew every lease_retry_period_s.
     lease_duration_s: int = 15
+    lease_renew_deadline_s: float = 10.0
+    lease_retry_period_s: float = 2.0
+    #: Every Kubernetes API call gives up after this long; shorter than the renew
+    #: deadline, so that a write begun while the lease is held ends before it lapses.
+    api_timeout_s: float = 5.0
+    #: The header a trusted proxy (an ingress) puts the sender's address in, such as
+    #: X-Forwarded-For; None keys the webhook's rate limit on the client address.
+    webhook_source_header: str | None = None
+    #: Proxies of ours that append to that header: the sender is this many from the right.
+    webhook_trusted_hops: int = 1
+    #: A job run in flight longer than this counts as stuck: /healthz fails.
+    job_stall_s: float = 1800.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class InputSettings:
+    """What a catalog's ``source`` may be: what the engines can load and nothing else."""
+
+    #: Absolute local paths (and file:// URLs) must lie under one of these directories,
+    #: as the pods see their file system.
+    adapter_roots: tuple[str, ...] = ("/adapters",)
+    #: URL schemes handed to the engines as they are (besides file:// under a root).
+    adapter_schemes: tuple[str, ...] = ("s3", "gs")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -205,5 +231,6 @@ class Settings:
     planner: PlannerSettings = field(default_factory=PlannerSettings)
     router: RouterSettings = field(default_factory=RouterSettings)
     controller: ControllerSettings = field(default_factory=ControllerSettings)
+    inputs: InputSettings = field(default_factory=InputSettings)
     executor: ExecutorSettings = field(default_factory=ExecutorSettings)
     sim: SimSettings = field(default_factory=SimSettings)

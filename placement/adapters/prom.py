@@ -12,8 +12,12 @@ gives fractional, slightly inflated counts. A series absent at the range's first
 was created inside the range, so its first value counts from zero.
 
 Errors: Prometheus down, timing out or answering 5xx raise
-``RetryableHistorySourceError``; an answer that is not JSON, a ``status: error`` or a
-body missing its fields raise ``HistorySourceError`` naming the URL and the problem.
+``RetryableHistorySourceError``; an answer that is not JSON (nested too deeply
+included), a ``status: error`` or a body missing its fields raise
+``HistorySourceError`` naming the URL and the problem. A sample that is not a finite
+number (NaN, ±Inf) is left out, as Prometheus itself leaves out a stale one, and so
+is a series whose ``adapter`` label is not a name an engine takes: one bad series
+never costs the whole history.
 Must not decide anything; the caller chooses the range and the bucket.
 """
 
@@ -29,7 +33,7 @@ import httpx
 import pandas as pd
 
 from placement.errors import HistorySourceError, RetryableHistorySourceError
-from placement.inputs.request_log import RequestLog, request_log_from_frame
+from placement.inputs.request_log import ADAPTER_NAME, RequestLog, request_log_from_frame
 
 REQUESTS_METRIC = "lorafleet_requests_total"
 #: Prometheus refuses a range query of more than 11,000 points per series.
@@ -143,7 +147,7 @@ def parse_matrix(answer: httpx.Response, *, url: str) -> list[Series]:
         )
     try:
         body = answer.json()
-    except ValueError:
+    except (ValueError, RecursionError):
         raise _fail(
             url, f"answer is not JSON (HTTP {answer.status_code}): {answer.text[:200]!r}"
         ) from None
@@ -173,9 +177,11 @@ def _series(raw: Any, url: str, index: int) -> Series:
     for i, pair in enumerate(values):
         try:
             moment, text = pair
-            points.append((float(moment), float(text)))
+            point = (float(moment), float(text))
         except (TypeError, ValueError):
-            raise _fail(url, f"{where}.values[{i}] is not [time, value]: {pair!r}") from None
+            raise _fail(url, f"{where}.values[{i}] is not [time, value]: {pair!r:.80}") from None
+        if math.isfinite(point[0]) and math.isfinite(point[1]):
+            points.append(point)
     labels = {str(key): str(value) for key, value in raw["metric"].items()}
     return Series(labels=labels, points=tuple(points))
 
@@ -197,7 +203,7 @@ def counts_frame(series: Sequence[Series], *, first_s: float, bucket_s: int) -> 
     totals: dict[tuple[float, str], float] = {}
     for one in series:
         adapter = one.labels.get("adapter")
-        if not adapter:
+        if not adapter or ADAPTER_NAME.match(adapter) is None:
             continue
         for moment, grown in _bucket_increases(one, first_s, bucket_s).items():
             totals[(moment, adapter)] = totals.get((moment, adapter), 0.0) + grown

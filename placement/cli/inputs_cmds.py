@@ -15,6 +15,7 @@ from placement.cli.app import EXIT_BAD_INPUT, app, err, out, report_errors
 from placement.errors import InputError, Problem
 from placement.inputs import load_catalog, load_fleet, load_pipelines, parse_bytes, validate_inputs
 from placement.inputs.request_log import write_request_log
+from placement.settings import InputSettings
 from placement.synth.generate import generate
 from placement.synth.scenario import load_scenario
 
@@ -28,9 +29,24 @@ def validate(
     fleet: Annotated[Path, typer.Option(help="fleet.yaml")],
     pipelines: Annotated[Path | None, typer.Option(help="pipelines.yaml")] = None,
     log: Annotated[Path | None, typer.Option(help="request log (.parquet, .csv, .jsonl)")] = None,
+    adapter_root: Annotated[
+        list[str] | None,
+        typer.Option(help="a directory local adapter sources may lie under (repeatable)"),
+    ] = None,
+    adapter_scheme: Annotated[
+        list[str] | None,
+        typer.Option(help="a URL scheme adapter sources may use, e.g. s3 (repeatable)"),
+    ] = None,
 ) -> None:
     """Check every input and list every problem, one line each (exit 2 on errors)."""
-    problems = validate_inputs(catalog=catalog, fleet=fleet, pipelines=pipelines, log=log)
+    rules = InputSettings()
+    if adapter_root:
+        rules = replace(rules, adapter_roots=tuple(adapter_root))
+    if adapter_scheme:
+        rules = replace(rules, adapter_schemes=tuple(adapter_scheme))
+    problems = validate_inputs(
+        catalog=catalog, fleet=fleet, pipelines=pipelines, log=log, rules=rules
+    )
     console = err()
     for problem in problems:
         colour = "yellow" if problem.severity == "warning" else "red"

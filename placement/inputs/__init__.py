@@ -15,10 +15,12 @@ from placement.domain import Catalog, Fleet
 from placement.errors import InputError, PlanError, Problem
 from placement.inputs.catalog import load_catalog, parse_catalog
 from placement.inputs.fields import is_dns_label, parse_bytes
+from placement.inputs.files import read_text, write_atomically
 from placement.inputs.fleet import load_fleet, parse_fleet
 from placement.inputs.pipelines import load_pipelines, parse_pipelines
 from placement.inputs.request_log import RequestLog, check_request_log, load_request_log
 from placement.plan import Plan, plan_from_json, plan_to_json
+from placement.settings import InputSettings
 
 __all__ = [
     "RequestLog",
@@ -41,8 +43,10 @@ def validate_inputs(
     fleet: str | os.PathLike[str],
     pipelines: str | os.PathLike[str] | None = None,
     log: str | os.PathLike[str] | None = None,
+    rules: InputSettings | None = None,
 ) -> list[Problem]:
-    """Every problem in the inputs, errors and warnings, without stopping at the first."""
+    """Every problem in the inputs, errors and warnings, without stopping at the first;
+    ``rules`` say what an adapter's ``source`` may be (default: the settings tree's)."""
     problems: list[Problem] = []
     parsed_fleet: Fleet | None = None
     parsed_catalog: Catalog | None = None
@@ -52,7 +56,7 @@ def validate_inputs(
     except InputError as exc:
         problems += exc.problems
     try:
-        parsed_catalog, found = parse_catalog(Path(catalog), parsed_fleet)
+        parsed_catalog, found = parse_catalog(Path(catalog), parsed_fleet, rules=rules)
         problems += found
     except InputError as exc:
         problems += exc.problems
@@ -70,15 +74,12 @@ def validate_inputs(
 def read_plan(path: str | os.PathLike[str]) -> Plan:
     """Read a plan JSON file; PlanError names the file and the key that is wrong."""
     try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise PlanError(f"{path}: cannot read: {exc.strerror}") from None
+        text = read_text(Path(path))
+    except InputError as exc:
+        raise PlanError(str(exc)) from None
     return plan_from_json(text, source=str(path))
 
 
 def write_plan(path: str | os.PathLike[str], plan: Plan) -> None:
-    """Write a plan atomically: a reader never sees half a file."""
-    target = Path(path)
-    temporary = target.with_name(f".{target.name}.tmp")
-    temporary.write_text(plan_to_json(plan))
-    temporary.replace(target)
+    """Write a plan atomically and durably: a reader never sees half a file."""
+    write_atomically(Path(path), plan_to_json(plan))

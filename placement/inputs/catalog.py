@@ -22,6 +22,8 @@ from placement.inputs.fields import (
     parse_bytes,
     raise_errors,
 )
+from placement.inputs.sources import check_source
+from placement.settings import InputSettings
 
 
 def _dims_for(base_model: str, fleet: Fleet | None) -> ModelDims | None:
@@ -78,7 +80,13 @@ def _pins(value: Any) -> tuple[bool, tuple[PodId, ...]]:
 
 
 def _adapter(
-    reader: Reader, raw: Any, *, index: int, base: Path, fleet: Fleet | None
+    reader: Reader,
+    raw: Any,
+    *,
+    index: int,
+    base: Path,
+    fleet: Fleet | None,
+    rules: InputSettings,
 ) -> Adapter | None:
     entry = f"adapters[{index}]"
     if not isinstance(raw, dict):
@@ -91,7 +99,13 @@ def _adapter(
     default_targets: tuple[str, ...] = ("q_proj", "v_proj")
     targets = reader.get(raw, "target_modules", as_strings, entry=entry, default=default_targets)
     dtype = reader.get(raw, "dtype", as_text, entry=entry, default="float16") or "float16"
-    source = reader.get(raw, "source", as_text, entry=entry, required=True)
+    source = reader.get(
+        raw,
+        "source",
+        lambda value: check_source(as_text(value), rules=rules),
+        entry=entry,
+        required=True,
+    )
     no_pins: tuple[bool, tuple[PodId, ...]] = (False, ())
     pinned, pinned_pods = reader.get(raw, "pinned", _pins, entry=entry, default=no_pins) or no_pins
     min_replicas = reader.get(raw, "min_replicas", as_integer(0), entry=entry, default=1)
@@ -191,15 +205,21 @@ def _check_against_fleet(
             )
 
 
-def parse_catalog(path: Path, fleet: Fleet | None) -> tuple[Catalog, list[Problem]]:
+def parse_catalog(
+    path: Path, fleet: Fleet | None, *, rules: InputSettings | None = None
+) -> tuple[Catalog, list[Problem]]:
+    """The catalog and every problem in it; ``rules`` (default: the settings tree's)
+    say what an adapter's ``source`` may be (``placement.inputs.sources``)."""
     reader, adapters_raw = load_yaml(path, "adapters")
     adapters = [
-        _adapter(reader, raw, index=i, base=path.parent, fleet=fleet)
+        _adapter(
+            reader, raw, index=i, base=path.parent, fleet=fleet, rules=rules or InputSettings()
+        )
         for i, raw in enumerate(adapters_raw)
     ]
     catalog = Catalog(adapters=tuple(a for a in adapters if a is not None))
     names = [raw.get("name") for raw in adapters_raw if isinstance(raw, dict)]
-    for duplicate, count in Counter(n for n in names if n is not None).items():
+    for duplicate, count in Counter(n for n in names if isinstance(n, str)).items():
         if count > 1:
             reader.add(
                 f"adapter name {duplicate!r} is used {count} times",
@@ -209,8 +229,10 @@ def parse_catalog(path: Path, fleet: Fleet | None) -> tuple[Catalog, list[Proble
     return catalog, reader.problems
 
 
-def load_catalog(path: str | os.PathLike[str], *, fleet: Fleet | None = None) -> Catalog:
+def load_catalog(
+    path: str | os.PathLike[str], *, fleet: Fleet | None = None, rules: InputSettings | None = None
+) -> Catalog:
     """Read catalog.yaml (checked against ``fleet`` when given); raise InputError on problems."""
-    catalog, problems = parse_catalog(Path(path), fleet)
+    catalog, problems = parse_catalog(Path(path), fleet, rules=rules)
     raise_errors(problems)
     return catalog

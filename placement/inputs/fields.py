@@ -2,12 +2,21 @@
 
 ``Reader`` keeps the problems of one file; the converters turn raw YAML values into
 typed ones or raise ValueError with a message that ends up on the problem's line.
+
+``parse_yaml`` is the one YAML parser of the files people write (catalog, fleet,
+pipelines, controller.yaml): PyYAML's safe loader made strict. A key given twice
+in one mapping is an error naming the key and its line (YAML says keys are unique;
+PyYAML would silently keep the last). Aliases (``*name``) are refused: an "alias
+bomb" of nested aliases expands to billions of nodes from a few lines, and nothing
+lorafleet reads needs them. Nesting deeper than the parser's stack, a file that is
+not UTF-8, and any other YAML error are one line each, never a traceback.
 """
 
 from __future__ import annotations
 
+import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -16,6 +25,7 @@ from typing import Any, TypeVar
 import yaml
 
 from placement.errors import InputError, Problem
+from placement.inputs.files import read_text
 
 T = TypeVar("T")
 
@@ -35,9 +45,9 @@ _UNITS = {
 
 
 def parse_bytes(value: object) -> int:
-    """``2GiB``, ``65.6MB``, ``512MiB`` or a plain as_integer, as a whole number of bytes."""
+    """``2GiB``, ``65.6MB``, ``512MiB`` or a plain integer, as a whole number of bytes."""
     if isinstance(value, bool):
-        raise ValueError(f"expected a byte size, got {value!r}")
+        raise ValueError(f"expected a byte size, got {_shown(value)}")
     if isinstance(value, int):
         if value < 0:
             raise ValueError(f"a byte size cannot be negative: {value}")
@@ -45,12 +55,15 @@ def parse_bytes(value: object) -> int:
     if isinstance(value, float) and value >= 0 and value.is_integer():
         return int(value)
     if not isinstance(value, str):
-        raise ValueError(f"expected a byte size like 2GiB or 65.6MB, got {value!r}")
+        raise ValueError(f"expected a byte size like 2GiB or 65.6MB, got {_shown(value)}")
     match = _BYTES.match(value)
     if match is None:
-        raise ValueError(f"expected a byte size like 2GiB or 65.6MB, got {value!r}")
+        raise ValueError(f"expected a byte size like 2GiB or 65.6MB, got {_shown(value)}")
     unit = (match.group(2) or "B").lower()
-    return round(float(match.group(1)) * _UNITS[unit])
+    size = float(match.group(1)) * _UNITS[unit]
+    if not math.isfinite(size):
+        raise ValueError(f"a byte size out of range: {_shown(value)}")
+    return round(size)
 
 
 def is_dns_label(name: str) -> bool:
@@ -103,33 +116,75 @@ class Reader:
             return default
 
 
-def load_yaml(path: Path, top_key: str) -> tuple[Reader, list[Any]]:
-    """The list under ``top_key`` of a YAML file, or an InputError saying why not."""
-    reader = Reader(str(path))
+class _StrictLoader(yaml.SafeLoader):
+    """The safe loader, refusing aliases and keys repeated within one mapping."""
+
+    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
+        if self.check_event(yaml.AliasEvent):
+            event: yaml.AliasEvent = self.peek_event()  # type: ignore[no-untyped-call]
+            mark: Any = event.start_mark
+            raise yaml.composer.ComposerError(
+                None,
+                None,
+                f"the alias *{event.anchor} is not allowed (aliases are refused: "
+                "write each value out)",
+                mark,
+            )
+        return super().compose_node(parent, index)
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[object] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, Hashable) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"key {key!r} is given twice in this mapping",
+                    key_node.start_mark,
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def parse_yaml(text: str, *, source: str) -> Any:
+    """One YAML document, strictly (see the module's docstring); InputError names the
+    file and the line of the first problem."""
     try:
-        text = path.read_text()
-    except OSError as exc:
-        raise InputError(
-            [Problem(source=str(path), message=f"cannot read: {exc.strerror}")]
-        ) from None
-    try:
-        document = yaml.safe_load(text)
+        return yaml.load(text, Loader=_StrictLoader)  # a SafeLoader: no Python objects
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark is not None else None
         problem = getattr(exc, "problem", None) or "not valid YAML"
-        raise InputError([Problem(source=str(path), entry=where, message=str(problem))]) from None
+        raise InputError([Problem(source=source, entry=where, message=str(problem))]) from None
+    except RecursionError:
+        raise InputError([Problem(source=source, message="nested too deeply")]) from None
+
+
+def read_yaml(path: Path) -> Any:
+    """The YAML document of a file (``parse_yaml``), InputError when unreadable."""
+    return parse_yaml(read_text(path), source=str(path))
+
+
+def load_yaml(path: Path, top_key: str) -> tuple[Reader, list[Any]]:
+    """The list under ``top_key`` of a YAML file, or an InputError saying why not."""
+    document = read_yaml(path)
+    return reader_for(path, document, top_key)
+
+
+def reader_for(path: Path, document: Any, top_key: str) -> tuple[Reader, list[Any]]:
+    """The list under ``top_key`` of a parsed document, with a Reader for the file."""
     if not isinstance(document, dict) or not isinstance(document.get(top_key), list):
         raise InputError(
             [Problem(source=str(path), message=f"expected a mapping with a list under {top_key!r}")]
         )
-    return reader, document[top_key]
+    return Reader(str(path)), document[top_key]
 
 
 def as_integer(minimum: int) -> Callable[[Any], int]:
     def convert(value: Any) -> int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"expected an as_integer, got {value!r}")
+            raise ValueError(f"expected an integer, got {value!r}")
         if value < minimum:
             raise ValueError(f"must be at least {minimum}, got {value}")
         return value
@@ -139,23 +194,36 @@ def as_integer(minimum: int) -> Callable[[Any], int]:
 
 def as_number(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"expected a as_number, got {value!r}")
-    if value < 0:
+        raise ValueError(f"expected a number, got {value!r}")
+    try:
+        number = float(value)
+    except OverflowError:
+        raise ValueError(f"number out of range: {value}") from None
+    if not math.isfinite(number):
+        raise ValueError(f"expected a finite number, got {value!r}")
+    if number < 0:
         raise ValueError(f"cannot be negative, got {value}")
-    return float(value)
+    return number
 
 
 def as_text(value: Any) -> str:
     if not isinstance(value, str | int | float) or isinstance(value, bool) or value == "":
-        raise ValueError(f"expected a non-empty string, got {value!r}")
+        raise ValueError(f"expected a non-empty string, got {_shown(value)}")
     return str(value)
+
+
+def _shown(value: Any, limit: int = 60) -> str:
+    """``repr`` cut short: a value may be a huge structure."""
+    simple = isinstance(value, str | int | float | bool | None)
+    text = repr(value) if simple else type(value).__name__
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def as_dns_name(value: Any) -> str:
     text = as_text(value)
     if not is_dns_label(text):
         raise ValueError(
-            f"{text!r} is not a DNS label (lower-case letters, digits and '-', at most 63)"
+            f"{_shown(text)} is not a DNS label (lower-case letters, digits and '-', at most 63)"
         )
     return text
 
@@ -164,13 +232,13 @@ def as_strings(value: Any) -> tuple[str, ...]:
     if isinstance(value, str):
         return tuple(part.strip() for part in value.split(",") if part.strip())
     if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
-        raise ValueError(f"expected a list of as_strings, got {value!r}")
+        raise ValueError(f"expected a list of strings, got {_shown(value)}")
     return tuple(value)
 
 
 def as_labels(value: Any) -> Mapping[str, str]:
     if not isinstance(value, dict):
-        raise ValueError(f"expected a mapping of as_labels, got {value!r}")
+        raise ValueError(f"expected a mapping of labels, got {_shown(value)}")
     return MappingProxyType({str(k): str(v) for k, v in value.items()})
 
 

@@ -8,8 +8,6 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-import yaml
-
 from placement.domain import AdapterId, Catalog, Pipeline, Pipelines, PipelineStep, TenantId
 from placement.errors import Problem
 from placement.inputs.fields import (
@@ -18,8 +16,9 @@ from placement.inputs.fields import (
     as_number,
     as_strings,
     as_text,
-    load_yaml,
     raise_errors,
+    read_yaml,
+    reader_for,
 )
 
 
@@ -53,7 +52,8 @@ def _step(
 
 
 def parse_pipelines(path: Path, catalog: Catalog | None) -> tuple[Pipelines, list[Problem]]:
-    reader, pipelines_raw = load_yaml(path, "pipelines")
+    document = read_yaml(path)
+    reader, pipelines_raw = reader_for(path, document, "pipelines")
     known = catalog.names() if catalog is not None else None
     pipelines = []
     for i, raw in enumerate(pipelines_raw):
@@ -75,7 +75,6 @@ def parse_pipelines(path: Path, catalog: Catalog | None) -> tuple[Pipelines, lis
                 Pipeline(trigger=trigger, steps=tuple(s for s in steps if s is not None))
             )
     logins: dict[TenantId, tuple[AdapterId, ...]] = {}
-    document = yaml.safe_load(path.read_text())
     logins_raw = document.get("logins") or {}
     if not isinstance(logins_raw, dict):
         reader.add("expected a mapping of tenant to adapters", entry="logins")

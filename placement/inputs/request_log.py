@@ -11,13 +11,17 @@ out-of-order rows and drops exact duplicates, and says so in ``notes``);
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from placement.errors import InputError, Problem
+from placement.inputs.files import write_through
 
 PER_REQUEST_COLUMNS = (
     "ts",
@@ -30,7 +34,11 @@ PER_REQUEST_COLUMNS = (
     "ttft_ms",
 )
 COUNT_COLUMNS = ("prompt_tokens", "output_tokens", "ttft_ms", "requests")
+#: Counts: whole numbers. ``requests`` (a bucket's count) is also never missing.
+INTEGER_COLUMNS = frozenset({"prompt_tokens", "output_tokens", "requests"})
 OUTCOMES = frozenset({"gpu_hit", "cpu_hit", "cold_load"})
+#: An adapter (or served model) name as the engines and the router take it.
+ADAPTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,252}$")
 _SHOW_ROWS = 5
 
 
@@ -42,6 +50,9 @@ class RequestLog:
     aggregated: bool
     source: str = "log"
     notes: tuple[str, ...] = field(default=())
+    #: Rows left out when read with ``skip_bad_rows``, each fault with its rows.
+    skipped: tuple[Problem, ...] = field(default=())
+    skipped_rows: int = 0
 
     def counts(self, bucket_s: int) -> pd.DataFrame:
         """Requests per adapter per bucket: columns ``ts``, ``adapter``, ``requests``."""
@@ -120,19 +131,16 @@ def _timestamp_faults(frame: pd.DataFrame) -> list[_Fault]:
 
 def _value_faults(frame: pd.DataFrame) -> list[_Fault]:
     adapters = frame["adapter"]
-    faults = _faulty_rows(
+    present = adapters.notna() & (adapters.astype(str) != "")
+    faults = _faulty_rows("adapter", frame.index[~present], "rows without an adapter")
+    named = adapters[present].astype(str)
+    faults += _faulty_rows(
         "adapter",
-        frame.index[adapters.isna() | (adapters.astype(str) == "")],
-        "rows without an adapter",
+        named.index[~named.map(lambda name: ADAPTER_NAME.match(name) is not None)],
+        "adapter names that are not valid names (letters, digits and ._:/@+-)",
     )
     for column in (c for c in COUNT_COLUMNS if c in frame.columns):
-        values = pd.to_numeric(frame[column], errors="coerce")
-        faults += _faulty_rows(
-            column,
-            frame.index[values.isna() & frame[column].notna()],
-            "values that are not numbers",
-        )
-        faults += _faulty_rows(column, frame.index[values < 0], "negative values")
+        faults += _count_faults(frame, column)
     if "outcome" in frame.columns:
         outcomes = frame["outcome"]
         expected = ", ".join(sorted(OUTCOMES))
@@ -141,6 +149,24 @@ def _value_faults(frame: pd.DataFrame) -> list[_Fault]:
             frame.index[outcomes.notna() & ~outcomes.isin(OUTCOMES)],
             f"unknown outcomes (expected {expected})",
         )
+    return faults
+
+
+def _count_faults(frame: pd.DataFrame, column: str) -> list[_Fault]:
+    raw = frame[column]
+    values = pd.to_numeric(raw, errors="coerce").astype(float)
+    text_nan = values.isna() & raw.notna()
+    faults = _faulty_rows(column, frame.index[text_nan], "values that are not numbers")
+    if column == "requests":
+        faults += _faulty_rows(column, frame.index[raw.isna()], "missing counts")
+    finite = np.isfinite(values)
+    faults += _faulty_rows(
+        column, frame.index[values.notna() & ~finite], "infinite values (inf is not a count)"
+    )
+    faults += _faulty_rows(column, frame.index[finite & (values < 0)], "negative values")
+    if column in INTEGER_COLUMNS:
+        fractional = finite & (values != np.floor(values.where(finite, 0.0)))
+        faults += _faulty_rows(column, frame.index[fractional], "values that are not whole numbers")
     return faults
 
 
@@ -156,21 +182,24 @@ def _unknown_adapters(frame: pd.DataFrame, known: frozenset[str], shown: int = 2
     return lines
 
 
+def _missing_columns(frame: pd.DataFrame, source: str) -> list[Problem]:
+    columns = ", ".join(map(str, frame.columns))
+    return [
+        Problem(
+            source=source, field=c, message=f"missing required column {c!r} (columns: {columns})"
+        )
+        for c in ("ts", "adapter")
+        if c not in frame.columns
+    ]
+
+
 def _problems(
     frame: pd.DataFrame, source: str, known_adapters: frozenset[str] | None
 ) -> list[Problem]:
     """Every fault of a raw log frame; unknown adapters are warnings, the rest errors."""
-    columns = ", ".join(map(str, frame.columns))
-    missing = [c for c in ("ts", "adapter") if c not in frame.columns]
+    missing = _missing_columns(frame, source)
     if missing:
-        return [
-            Problem(
-                source=source,
-                field=c,
-                message=f"missing required column {c!r} (columns: {columns})",
-            )
-            for c in missing
-        ]
+        return missing
     problems = [
         Problem(
             source=source,
@@ -197,17 +226,35 @@ def check_request_log(path: Path, *, known_adapters: frozenset[str] | None = Non
     return _problems(frame.reset_index(drop=True), str(path), known_adapters)
 
 
-def request_log_from_frame(frame: pd.DataFrame, *, source: str = "log") -> RequestLog:
-    """Normalise a raw frame into a RequestLog, sorting and de-duplicating with notes."""
+def request_log_from_frame(
+    frame: pd.DataFrame, *, source: str = "log", skip_bad_rows: bool = False
+) -> RequestLog:
+    """Normalise a raw frame into a RequestLog, sorting and de-duplicating with notes.
+
+    A faulty row (no adapter, a name no engine takes, a count that is not a whole
+    number) makes the log unusable, unless ``skip_bad_rows``: then those rows are left
+    out and listed in ``skipped`` (a live log the router is still writing)."""
     frame = frame.reset_index(drop=True)
     fatal = [
-        p
-        for p in _problems(frame, source, None)
+        (p, rows)
+        for p, rows in _fatal_faults(frame, source)
         if p.severity == "error" and "time order" not in p.message
     ]
+    skipped: tuple[Problem, ...] = ()
+    skipped_rows = 0
+    if fatal and not skip_bad_rows:
+        raise InputError([p for p, _ in fatal])
     if fatal:
-        raise InputError(fatal)
+        if any(rows is None for _, rows in fatal):  # a missing column: nothing to keep
+            raise InputError([p for p, _ in fatal])
+        bad = frame.index.isin(
+            np.concatenate([rows.to_numpy() for _, rows in fatal if rows is not None])
+        )
+        skipped, skipped_rows = tuple(p for p, _ in fatal), int(bad.sum())
+        frame = frame.loc[~bad].reset_index(drop=True)
     notes: list[str] = []
+    if skipped_rows:
+        notes.append(f"{skipped_rows} faulty rows skipped")
     frame = frame.assign(ts=_parse_ts(frame["ts"]), adapter=frame["adapter"].astype(str))
     if not frame["ts"].is_monotonic_increasing:
         notes.append("rows were not in time order; sorted by ts")
@@ -226,27 +273,109 @@ def request_log_from_frame(frame: pd.DataFrame, *, source: str = "log") -> Reque
         if duplicated.any():
             notes.append(f"{int(duplicated.sum())} duplicate rows dropped")
             frame = frame.loc[~duplicated].reset_index(drop=True)
-    return RequestLog(frame=frame, aggregated=aggregated, source=source, notes=tuple(notes))
+    return RequestLog(
+        frame=frame,
+        aggregated=aggregated,
+        source=source,
+        notes=tuple(notes),
+        skipped=skipped,
+        skipped_rows=skipped_rows,
+    )
 
 
-def load_request_log(path: str | Path) -> RequestLog:
-    """Read a log file; InputError lists what makes it unusable."""
+def _fatal_faults(frame: pd.DataFrame, source: str) -> list[tuple[Problem, pd.Index | None]]:
+    """Each fault as a Problem with its rows (None: the whole file, a missing column)."""
+    missing = _missing_columns(frame, source)
+    if missing:
+        return [(p, None) for p in missing]
+    return [
+        (Problem(source=source, field=name, message=message, entry=_rows(rows)), rows)
+        for name, message, rows in _timestamp_faults(frame) + _value_faults(frame)
+    ]
+
+
+def load_request_log(path: str | Path, *, skip_bad_rows: bool = False) -> RequestLog:
+    """Read a log file; InputError lists what makes it unusable. With ``skip_bad_rows``
+    faulty rows, and JSON lines that do not parse (one the router is half-way through
+    writing), are left out and reported in ``skipped`` instead."""
     source = Path(path)
-    return request_log_from_frame(_read_raw(source), source=str(source))
+    if skip_bad_rows and _is_json_lines(source):
+        frame, bad_lines = _read_json_lines(source)
+        log = request_log_from_frame(frame, source=str(source), skip_bad_rows=True)
+        if not bad_lines:
+            return log
+        problem = Problem(
+            source=str(source),
+            entry=_lines(bad_lines),
+            message=f"{len(bad_lines)} lines that are not JSON objects",
+        )
+        return replace(
+            log,
+            skipped=(problem, *log.skipped),
+            skipped_rows=log.skipped_rows + len(bad_lines),
+            notes=(*log.notes, f"{len(bad_lines)} unreadable lines skipped"),
+        )
+    return request_log_from_frame(
+        _read_raw(source), source=str(source), skip_bad_rows=skip_bad_rows
+    )
+
+
+def _is_json_lines(path: Path) -> bool:
+    return "".join(path.suffixes[-2:]).lower().endswith((".jsonl", ".ndjson", ".json"))
+
+
+def _read_json_lines(path: Path) -> tuple[pd.DataFrame, list[int]]:
+    """The objects of a JSON-lines file, one per line, and the numbers of the lines
+    that are not a JSON object (a half-written last line among them)."""
+    rows: list[dict[str, object]] = []
+    bad: list[int] = []
+    try:
+        with path.open("rb") as handle:
+            for number, line in enumerate(handle, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except (ValueError, RecursionError):
+                    row = None
+                if isinstance(row, dict):
+                    rows.append(row)
+                else:
+                    bad.append(number)
+    except FileNotFoundError:
+        raise InputError([Problem(source=str(path), message="no such file")]) from None
+    except OSError as exc:
+        raise InputError([Problem(source=str(path), message=f"cannot read: {exc}")]) from None
+    frame = pd.DataFrame.from_records(rows) if rows else pd.DataFrame(columns=["ts", "adapter"])
+    return frame, bad
+
+
+def _lines(numbers: list[int]) -> str:
+    shown = ", ".join(str(n) for n in numbers[:_SHOW_ROWS])
+    more = f" and {len(numbers) - _SHOW_ROWS} more" if len(numbers) > _SHOW_ROWS else ""
+    return f"{'line' if len(numbers) == 1 else 'lines'} {shown}{more}"
 
 
 def write_request_log(frame: pd.DataFrame, path: str | Path) -> None:
-    """Write a log compactly: Parquet with delta-encoded times and tokens, CSV or JSON lines."""
+    """Write a log compactly: Parquet with delta-encoded times and tokens, CSV or JSON
+    lines; atomically (``placement.inputs.files.write_through``), so a reader never
+    meets half a file."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     target = Path(path)
     suffix = target.suffix.lower()
     if suffix == ".csv":
-        frame.to_csv(target, index=False, date_format="%Y-%m-%dT%H:%M:%S.%fZ")
+        write_through(
+            target,
+            lambda out: frame.to_csv(out, index=False, date_format="%Y-%m-%dT%H:%M:%S.%fZ"),
+        )
         return
     if suffix in (".jsonl", ".ndjson"):
-        frame.to_json(target, orient="records", lines=True, date_format="iso")
+        write_through(
+            target,
+            lambda out: frame.to_json(out, orient="records", lines=True, date_format="iso"),
+        )
         return
     if suffix != ".parquet":
         raise InputError(
@@ -260,11 +389,14 @@ def write_request_log(frame: pd.DataFrame, path: str | Path) -> None:
         if name in frame.columns and pd.api.types.is_integer_dtype(frame[name])
     ]
     text_columns = [name for name in frame.columns if name not in integer_columns and name != "ts"]
-    pq.write_table(
-        table,
+    write_through(
         target,
-        compression="zstd",
-        compression_level=9,
-        use_dictionary=text_columns,
-        column_encoding={name: "DELTA_BINARY_PACKED" for name in ["ts", *integer_columns]},
+        lambda out: pq.write_table(
+            table,
+            out,
+            compression="zstd",
+            compression_level=9,
+            use_dictionary=text_columns,
+            column_encoding={name: "DELTA_BINARY_PACKED" for name in ["ts", *integer_columns]},
+        ),
     )
