@@ -11,6 +11,7 @@
     ├── EngineError                 a pod answered badly or not at all
     │   ├── RetryableEngineError    5xx, connection refused, timeout: try again later
     │   └── PermanentEngineError    bad path, rank too large, runtime updating off: do not retry
+    ├── LeadershipLostError         this controller no longer holds the lease: it must not write
     ├── KubeError                   the Kubernetes API refused or failed
     │   ├── KubeConflictError       409: someone else changed the object first
     │   └── RetryableKubeError      5xx and transport failures
@@ -92,6 +93,11 @@ class RetryableEngineError(EngineError):
 
 class PermanentEngineError(EngineError):
     """Not worth retrying: the request itself is wrong for this pod."""
+
+
+class LeadershipLostError(LorafleetError):
+    """The lease (or the state directory's lock) is no longer ours, or not with time to
+    spare for one more write: the write is not made, the job stops."""
 
 
 class KubeError(LorafleetError):
