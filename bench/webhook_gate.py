@@ -27,7 +27,7 @@ from placement.controller.webhook import (
 from placement.forecast.event_preloads import Event, EventDecision
 from placement.settings import ControllerSettings
 
-SECRET = b"bench-secret"
+SECRET = b"bench-secret-bench-secret-bench-secret"
 
 
 class _Sink:

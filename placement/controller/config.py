@@ -18,15 +18,27 @@ kubernetes:                       # optional: discover pods, ConfigMaps, Lease
 webhook:
   port: 8080
   secret_file: /var/run/secrets/lorafleet/webhook-secret
+  source_header: X-Forwarded-For  # optional: only behind a proxy that sets it
+  rate_per_s: 20                  # optional: each source's rate, and its burst
+  burst: 40
 intervals: {plan_s: 120}          # optional: ingest_s, forecast_s, plan_s, watchdog_s
+inputs: {adapter_roots: [/adapters], adapter_schemes: [s3, gs]}   # optional
 planner: {replicate_share: 1.0}   # optional: the PlannerSettings an operator tunes
 max_loads_per_event: 4            # optional
 forecast_model: level-profile     # a models/ forecaster, or same-hour
 ```
 
-The tuning fields (``intervals``, ``planner``, ``max_loads_per_event``,
-``lease_duration_s``) default to None, "not set": ``ControllerConfig.override`` lays
-the ones a file sets over the settings tree, which holds the only defaults.
+The tuning fields (``intervals``, ``planner``, ``inputs``, ``max_loads_per_event``,
+the lease timings, ``api_timeout_s``, the webhook's ``source_header``,
+``trusted_hops``, ``rate_per_s`` and ``burst``) default to None, "not set":
+``ControllerConfig.override`` lays the ones a file sets over the settings tree, which
+holds the only defaults. The lease
+timings are checked together, as client-go checks them: the API timeout is shorter
+than the renew deadline, which is shorter than the lease.
+
+The webhook secret (``read_secret``) must be at least 32 bytes and not the
+placeholder ``deploy/base/webhook-secret.yaml`` ships: the controller refuses to start
+on either, rather than accept events anyone could sign.
 """
 
 from __future__ import annotations
@@ -35,7 +47,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import (
     AwareDatetime,
     BaseModel,
@@ -47,7 +58,13 @@ from pydantic import (
 
 from models.registry import forecaster_named
 from placement.errors import InputError, Problem
-from placement.settings import Settings
+from placement.inputs.fields import parse_yaml
+from placement.inputs.files import read_text
+from placement.settings import ControllerSettings, Settings
+
+#: The value ``deploy/base/webhook-secret.yaml`` ships, to be replaced in an overlay.
+PLACEHOLDER_SECRET = b"replace-me-with-a-random-32-byte-value"
+MIN_SECRET_BYTES = 32
 
 #: The forecaster that needs no fitting (``placement.controller.live_ports.SeasonalForecaster``).
 SAME_HOUR_MODEL = "same-hour"
@@ -81,6 +98,7 @@ class KubernetesConfig(_Section):
     default_port: int = Field(default=8000, ge=1, le=65535)
     plan_configmap: str = "lorafleet-plan"
     state_configmap: str = "lorafleet-state"
+    hot_sets_configmap: str = "lorafleet-hot-sets"
     lease_name: str = "lorafleet-controller"
     #: An API server URL (a proxy, a test server); else in-cluster or kubeconfig.
     api_host: str | None = None
@@ -88,10 +106,18 @@ class KubernetesConfig(_Section):
 
 class WebhookConfig(_Section):
     host: str = "0.0.0.0"
-    port: int = Field(default=8080, ge=1, le=65535)
+    #: 0: any free port (tests); the log's "Uvicorn running on" line says which.
+    port: int = Field(default=8080, ge=0, le=65535)
     #: The mounted Secret's file; else the environment variable ``secret_env``.
     secret_file: Path | None = None
     secret_env: str = "LORAFLEET_WEBHOOK_SECRET"
+    #: The header a trusted proxy puts the sender's address in (X-Forwarded-For); set
+    #: it only when every request comes through such a proxy. None: the peer address.
+    source_header: str | None = Field(default=None, pattern=r"^[A-Za-z0-9-]{1,64}$")
+    trusted_hops: int | None = Field(default=None, ge=1, le=16)
+    #: Each source's token bucket: refill rate and size (None: the settings tree's).
+    rate_per_s: float | None = Field(default=None, gt=0)
+    burst: float | None = Field(default=None, ge=1)
 
 
 class ClockConfig(_Section):
@@ -125,6 +151,13 @@ class IntervalsConfig(_Section):
     watchdog_s: int | None = Field(default=None, ge=1)
 
 
+class InputsConfig(_Section):
+    """What catalog sources may be (``InputSettings``), None unless set."""
+
+    adapter_roots: tuple[str, ...] | None = None
+    adapter_schemes: tuple[str, ...] | None = None
+
+
 class ControllerConfig(_Section):
     catalog: Path
     fleet: Path
@@ -143,6 +176,10 @@ class ControllerConfig(_Section):
     #: Learn pipeline transitions and login habits from a per-request log at each ingest.
     learn_events: bool = True
     lease_duration_s: int | None = Field(default=None, ge=3)
+    lease_renew_deadline_s: float | None = Field(default=None, gt=0)
+    lease_retry_period_s: float | None = Field(default=None, gt=0)
+    api_timeout_s: float | None = Field(default=None, gt=0)
+    inputs: InputsConfig = Field(default_factory=InputsConfig)
     #: The lease holder's name; the entry point defaults it to the pod's name.
     identity: str | None = None
 
@@ -150,19 +187,27 @@ class ControllerConfig(_Section):
         """``settings`` with every field this file sets; the ones it leaves out keep
         their values there."""
         intervals = self.intervals
-        controller = {
+        controller: dict[str, Any] = {
             "ingest_interval_s": intervals.ingest_s,
             "forecast_interval_s": intervals.forecast_s,
             "plan_interval_s": intervals.plan_s,
             "watchdog_interval_s": intervals.watchdog_s,
             "max_loads_per_event": self.max_loads_per_event,
             "lease_duration_s": self.lease_duration_s,
+            "lease_renew_deadline_s": self.lease_renew_deadline_s,
+            "lease_retry_period_s": self.lease_retry_period_s,
+            "api_timeout_s": self.api_timeout_s,
+            "webhook_source_header": self.webhook.source_header,
+            "webhook_trusted_hops": self.webhook.trusted_hops,
+            "webhook_rate_per_s": self.webhook.rate_per_s,
+            "webhook_burst": self.webhook.burst,
         }
         set_fields = {name: value for name, value in controller.items() if value is not None}
         return replace(
             settings,
             controller=replace(settings.controller, **set_fields),
             planner=replace(settings.planner, **self.planner.model_dump(exclude_none=True)),
+            inputs=replace(settings.inputs, **self.inputs.model_dump(exclude_none=True)),
         )
 
     @model_validator(mode="after")
@@ -195,12 +240,7 @@ def _resolve(config: ControllerConfig, base: Path) -> ControllerConfig:
 def load_controller_config(path: str | Path) -> ControllerConfig:
     """Parse controller.yaml; InputError lists every problem with its field."""
     source = Path(path)
-    try:
-        raw = yaml.safe_load(source.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InputError([Problem(source=str(source), message="no such file")]) from None
-    except (OSError, yaml.YAMLError) as exc:
-        raise InputError([Problem(source=str(source), message=f"cannot read: {exc}")]) from None
+    raw = parse_yaml(read_text(source), source=str(source))
     if not isinstance(raw, dict):
         raise InputError([Problem(source=str(source), message="expected a mapping at the top")])
     try:
@@ -222,23 +262,63 @@ def load_controller_config(path: str | Path) -> ControllerConfig:
             raise InputError(
                 [Problem(source=str(source), field="forecast_model", message=str(exc.args[0]))]
             ) from None
+    problem = lease_timing_problem(config.override(Settings()).controller)
+    if problem is not None:
+        raise InputError([Problem(source=str(source), message=problem)])
     return _resolve(config, source.parent)
+
+
+def lease_timing_problem(settings: ControllerSettings) -> str | None:
+    """Why these lease timings cannot fence writes, or None when they can: a write must
+    end (API timeout) before the renew deadline, which must pass before the lease does,
+    with room for at least one renewal attempt in between."""
+    timeout_s, deadline_s = settings.api_timeout_s, settings.lease_renew_deadline_s
+    retry_s, lease_s = settings.lease_retry_period_s, settings.lease_duration_s
+    if not timeout_s < deadline_s < lease_s:
+        return (
+            f"api_timeout_s ({timeout_s}) < lease_renew_deadline_s ({deadline_s}) < "
+            f"lease_duration_s ({lease_s}) must hold"
+        )
+    if not retry_s < deadline_s:
+        return f"lease_retry_period_s ({retry_s}) must be shorter than lease_renew_deadline_s"
+    return None
+
+
+def secret_problem(secret: bytes) -> str | None:
+    """Why ``secret`` cannot sign webhook events, or None when it can."""
+    if secret == PLACEHOLDER_SECRET:
+        return "the webhook secret is the placeholder deploy/base ships: set a random one"
+    if len(secret) < MIN_SECRET_BYTES:
+        return (
+            f"the webhook secret has {len(secret)} bytes; use at least {MIN_SECRET_BYTES} "
+            "random bytes (openssl rand -hex 32)"
+        )
+    if len(set(secret)) == 1:
+        return "the webhook secret is one byte repeated: use random bytes"
+    return None
 
 
 def read_secret(config: WebhookConfig, environ: dict[str, str]) -> bytes | None:
     """The webhook secret from the mounted file, else from the environment; None when
-    neither is set (the webhook is then off). A named file that is unreadable or empty
-    is a mistake, not a way to turn it off."""
+    neither is set (the webhook is then off). Surrounding whitespace (a file's last
+    newline) is not part of it. A secret that is set but empty, short or the shipped
+    placeholder is an InputError: the controller refuses to start."""
     if config.secret_file is None:
-        return environ.get(config.secret_env, "").encode() or None
-    try:
-        secret = config.secret_file.read_bytes().strip()
-    except OSError as exc:
-        raise InputError(
-            [Problem(source=str(config.secret_file), message=f"cannot read the secret: {exc}")]
-        ) from None
+        where = f"${config.secret_env}"
+        secret = environ.get(config.secret_env, "").encode().strip()
+        if config.secret_env not in environ:
+            return None
+    else:
+        where = str(config.secret_file)
+        try:
+            secret = config.secret_file.read_bytes().strip()
+        except OSError as exc:
+            raise InputError(
+                [Problem(source=where, message=f"cannot read the secret: {exc}")]
+            ) from None
     if not secret:
-        raise InputError(
-            [Problem(source=str(config.secret_file), message="the webhook secret is empty")]
-        )
+        raise InputError([Problem(source=where, message="the webhook secret is empty")])
+    problem = secret_problem(secret)
+    if problem is not None:
+        raise InputError([Problem(source=where, message=problem)])
     return secret

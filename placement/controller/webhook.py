@@ -1,7 +1,7 @@
 """The webhook receiver: ``POST /v1/events`` turns pipeline and login events into preloads.
 
-Owns the edge of the events: rate limiting per source, the body limit, the HMAC
-signature and its timestamp window, the strict schema, idempotency by event id, and
+Owns the edge of the events: the body limit, the HMAC signature and its timestamp
+window, rate limiting per source, the strict schema, idempotency by event id, and
 the OpenAPI document. What an event is worth is
 ``placement.forecast.event_preloads``'s to decide and the controller's to run (the
 ``EventSink`` port); this module never names a pod or an adapter itself.
@@ -9,6 +9,14 @@ the OpenAPI document. What an event is worth is
 Signing (the sender's side): ``X-Lorafleet-Timestamp`` is the Unix time in seconds,
 ``X-Lorafleet-Signature`` is ``sha256=`` and the hex HMAC-SHA256, keyed with the
 shared secret, of the timestamp, a ``.``, and the raw body.
+
+The checks run in this order: the declared length (413 before reading), the body
+read up to the limit, the signature (401), then the rate limit (429). An unsigned
+sender is refused before it can spend a token, so no flood of forged requests starves
+a signed sender. The rate limit is per source: the client address, or, when
+``webhook_source_header`` names the header a trusted proxy sets (X-Forwarded-For),
+the address that proxy saw (``webhook_trusted_hops`` from the right: entries further
+left are the sender's to forge). Every header value is parsed strictly, as ASCII.
 
 Every structure here is bounded: the token buckets (``max_sources``), the remembered
 event ids (``max_ids``, and only for twice the timestamp window). A flood costs CPU,
@@ -21,7 +29,7 @@ import hashlib
 import hmac
 import re
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Protocol
 
@@ -30,6 +38,7 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CollectorRegistry, Counter
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from placement.controller.config import secret_problem
 from placement.domain import TenantId
 from placement.forecast.event_preloads import Event, EventDecision, EventKind
 from placement.settings import ControllerSettings
@@ -40,6 +49,9 @@ _SIGNATURE = re.compile(r"^sha256=([0-9a-f]{64})$")
 _ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 _TENANT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
 _TRIGGER_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
+_DIGITS = re.compile(r"[0-9]{1,12}", re.ASCII)
+#: A source key taken from a header: an address, or at worst an opaque short token.
+_SOURCE_KEY = re.compile(r"[0-9A-Za-z.:\[\]_-]{1,64}", re.ASCII)
 
 
 class _Strict(BaseModel):
@@ -184,8 +196,9 @@ class WebhookGate:
     def __init__(
         self, *, secret: bytes, settings: ControllerSettings, clock: Callable[[], float]
     ) -> None:
-        if not secret:
-            raise ValueError("the webhook secret is empty")
+        problem = secret_problem(secret)
+        if problem is not None:
+            raise ValueError(problem)
         self._secret = secret
         self._settings = settings
         self._clock = clock
@@ -201,16 +214,36 @@ class WebhookGate:
         )
         self.seen = SeenIds(max_ids=settings.webhook_max_ids, ttl_s=2 * settings.webhook_max_skew_s)
 
-    def admit(self, source: str, declared_length: str | None) -> _Refusal | None:
+    def source_of(self, peer: str | None, headers: Mapping[str, str]) -> str:
+        """The key of the sender's token bucket: the address the trusted proxy put in
+        ``webhook_source_header`` (``webhook_trusted_hops`` from the right), else the
+        client address. A header that is absent or malformed falls back to the peer."""
+        fallback = peer or "unknown"
+        name = self._settings.webhook_source_header
+        if name is None:
+            return fallback
+        entries = [part.strip() for part in headers.get(name, "").split(",")]
+        hops = self._settings.webhook_trusted_hops
+        if len(entries) < hops:
+            return fallback
+        candidate = entries[-hops]
+        return candidate if _SOURCE_KEY.fullmatch(candidate) else fallback
+
+    def too_large_declared(self, declared_length: str | None) -> _Refusal | None:
+        """413 before reading a byte, when Content-Length says so (or is not a number)."""
+        if declared_length is not None and (
+            not _DIGITS.fullmatch(declared_length) or int(declared_length) > self.max_body_bytes
+        ):
+            return self.too_large()
+        return None
+
+    def rate_limited(self, source: str) -> _Refusal | None:
+        """429 when this source, or every source together, is over its rate."""
         now_s = self._clock()
         if not self.per_source.take(source, now_s=now_s) or not self.overall.take("*", now_s=now_s):
             return _Refusal(
                 status=429, outcome="rate_limited", message="rate limit exceeded", retry_after_s=1
             )
-        if declared_length is not None and (
-            not declared_length.isdigit() or int(declared_length) > self.max_body_bytes
-        ):
-            return self.too_large()
         return None
 
     @property
@@ -232,8 +265,8 @@ class WebhookGate:
 
         if not timestamp or not signature:
             return refuse(f"missing {TIMESTAMP_HEADER} or {SIGNATURE_HEADER} header")
-        if not timestamp.isdigit() or len(timestamp) > 12:
-            return refuse(f"{TIMESTAMP_HEADER} must be Unix seconds")
+        if not _DIGITS.fullmatch(timestamp):
+            return refuse(f"{TIMESTAMP_HEADER} must be Unix seconds (ASCII digits)")
         skew_s = abs(self._clock() - int(timestamp))
         if skew_s > self._settings.webhook_max_skew_s:
             return refuse(
@@ -346,8 +379,7 @@ def create_webhook_app(
         },
     )
     async def receive_event(request: Request) -> JSONResponse:
-        source = request.client.host if request.client is not None else "unknown"
-        refusal = gate.admit(source, request.headers.get("content-length"))
+        refusal = gate.too_large_declared(request.headers.get("content-length"))
         if refusal is not None:
             return refused(refusal)
         body = await _read_capped(request, gate.max_body_bytes)
@@ -356,6 +388,10 @@ def create_webhook_app(
         refusal = gate.authenticate(
             request.headers.get(TIMESTAMP_HEADER), request.headers.get(SIGNATURE_HEADER), body
         )
+        if refusal is not None:
+            return refused(refusal)
+        peer = request.client.host if request.client is not None else None
+        refusal = gate.rate_limited(gate.source_of(peer, request.headers))
         if refusal is not None:
             return refused(refusal)
         try:

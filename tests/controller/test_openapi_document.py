@@ -29,7 +29,7 @@ class _Idle:
 def test_the_openapi_document_matches_the_published_copy() -> None:
     app = create_webhook_app(
         _Idle(),
-        secret=b"x",
+        secret=b"a-secret-of-at-least-thirty-two-bytes",
         settings=ControllerSettings(),
         clock=lambda: 0.0,
         registry=CollectorRegistry(),

@@ -33,7 +33,7 @@ from placement.settings import ControllerSettings
 from tests.controller.controller_support import doc_catalog, doc_pipelines, make_fleet
 from tests.factories import FakeClock
 
-SECRET = b"s3cret-for-tests"
+SECRET = b"s3cret-for-tests-of-at-least-32-bytes"
 
 
 class RecordingSink:
@@ -395,3 +395,85 @@ async def test_a_flood_from_many_sources_keeps_memory_bounded_and_the_limit_hold
         assert len(gate.per_source) <= 64 and len(gate.seen) <= 100
     # the single loud source got its burst of 5, every other source its first event
     assert statuses == {202: 300 + 5, 429: 300 - 5}
+
+
+# --- the order of the checks, and where a source comes from ------------------------
+
+
+@pytest.mark.anyio
+async def test_unsigned_requests_do_not_spend_the_senders_tokens(
+    http: httpx.AsyncClient, clock: FakeClock
+) -> None:
+    forged = [
+        (await http.post("/v1/events", content=raw(UPLOAD), headers=_no_headers(b"", clock)))
+        for _ in range(50)
+    ]
+    accepted = []
+    for i in range(5):  # the fixture's burst
+        body = raw({**UPLOAD, "id": f"after-forgeries-{i}"})
+        accepted.append(
+            (await http.post("/v1/events", content=body, headers=signed(body, clock))).status_code
+        )
+    assert {r.status_code for r in forged} == {401}
+    assert accepted == [202] * 5
+
+
+@pytest.mark.parametrize(
+    ("header", "hops", "forwarded", "expected"),
+    [
+        pytest.param(None, 1, "1.2.3.4", "10.0.0.9", id="not-configured-ignores-the-header"),
+        pytest.param("X-Forwarded-For", 1, "6.6.6.6, 1.2.3.4", "1.2.3.4", id="last-hop"),
+        pytest.param("X-Forwarded-For", 2, "6.6.6.6, 1.2.3.4, 10.1.1.1", "1.2.3.4", id="2-hops"),
+        pytest.param("X-Forwarded-For", 3, "1.2.3.4", "10.0.0.9", id="too-few-entries"),
+        pytest.param("X-Forwarded-For", 1, "", "10.0.0.9", id="absent"),
+        pytest.param("X-Forwarded-For", 1, "not an address!", "10.0.0.9", id="malformed"),
+        pytest.param("X-Real-IP", 1, "2001:db8::1", "2001:db8::1", id="ipv6"),
+    ],
+)
+def test_the_source_is_the_trusted_proxys_entry_else_the_peer(
+    header: str | None, hops: int, forwarded: str, expected: str, clock: FakeClock
+) -> None:
+    from placement.controller.webhook import WebhookGate
+
+    gate = WebhookGate(
+        secret=SECRET,
+        settings=ControllerSettings(webhook_source_header=header, webhook_trusted_hops=hops),
+        clock=clock,
+    )
+    headers = {"x-forwarded-for": forwarded, "x-real-ip": forwarded} if forwarded else {}
+    assert gate.source_of("10.0.0.9", httpx.Headers(headers)) == expected
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    "timestamp", ["²", "1700000000\n", " 1700000000", "17e8", "1" * 13], ids=repr
+)
+async def test_a_timestamp_is_parsed_as_ascii_digits_only(
+    app: FastAPI, clock: FakeClock, timestamp: str
+) -> None:
+    from starlette.testclient import TestClient
+
+    body = raw(UPLOAD)
+    headers = {**signed(body, clock), TIMESTAMP_HEADER: timestamp}
+    with TestClient(app) as client:
+        response = client.post(
+            "/v1/events",
+            content=body,
+            headers={k.encode(): v.encode() for k, v in headers.items()},
+        )
+    assert response.status_code == 401
+
+
+@pytest.mark.parametrize(
+    ("secret", "message"),
+    [
+        pytest.param(b"", "has 0 bytes", id="empty"),
+        pytest.param(b"x" * 31, "has 31 bytes", id="31-bytes"),
+        pytest.param(b"replace-me-with-a-random-32-byte-value", "placeholder", id="placeholder"),
+    ],
+)
+def test_the_gate_refuses_a_weak_secret(secret: bytes, message: str, clock: FakeClock) -> None:
+    from placement.controller.webhook import WebhookGate
+
+    with pytest.raises(ValueError, match=message):
+        WebhookGate(secret=secret, settings=ControllerSettings(), clock=clock)
