@@ -5,7 +5,7 @@ Pods: ``EngineClient`` has one real adapter per engine (``placement.adapters.vll
 and one in-memory twin (the emulated pod, ``placement.emulator``), and one contract
 suite (``tests/pods``) runs against both.
 
-The cluster: ``PodDiscovery``, ``PlanStore``, ``PodAnnotator``, ``LeaseStore`` and
+The cluster: ``PodDiscovery``, ``PlanStore``, ``HotSetBoard``, ``LeaseStore`` and
 ``StateStore`` have one real adapter each (``placement.adapters.kube`` on Kubernetes,
 ``placement.adapters.statedir`` on one machine) and an in-memory twin
 (``placement.adapters.kube_memory``). The controller and the webhook take these
@@ -115,15 +115,8 @@ class EngineClient(Protocol):
 
 #: The label that names a pod's pool when pods come from a label selector.
 POOL_LABEL = "lorafleet.io/pool"
-#: The full hot set, comma-joined: annotations hold up to 256 KiB, labels only 63 chars.
-HOT_SET_ANNOTATION = "lorafleet.io/hot-set"
-#: The plan the hot set came from.
+#: The plan the published hot sets came from.
 PLAN_ID_ANNOTATION = "lorafleet.io/plan-id"
-#: Short labels so that ``kubectl get pods -L lorafleet.io/hot-count,lorafleet.io/hot-hash``
-#: shows a pod's hot set at a glance: its size, and a digest that differs between pods
-#: holding different sets.
-HOT_COUNT_LABEL = "lorafleet.io/hot-count"
-HOT_HASH_LABEL = "lorafleet.io/hot-hash"
 
 _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
 
@@ -157,22 +150,16 @@ class PodEvent:
     pod: DiscoveredPod
 
 
-@dataclass(frozen=True, kw_only=True)
-class HotSetMarks:
-    """What a pod carries to show its hot set: labels (short, selectable), annotations."""
-
-    labels: Mapping[str, str]
-    annotations: Mapping[str, str]
-
-
-def hot_set_marks(adapters: tuple[AdapterId, ...], *, plan_id: str) -> HotSetMarks:
-    """The labels and annotations that describe a hot set; the same set gives the same marks."""
-    ordered = sorted(set(adapters))
-    joined = ",".join(ordered)
-    digest = hashlib.sha256(joined.encode()).hexdigest()[:12]
-    labels = {HOT_COUNT_LABEL: str(len(ordered)), HOT_HASH_LABEL: digest}
-    annotations = {HOT_SET_ANNOTATION: joined, PLAN_ID_ANNOTATION: plan_id}
-    return HotSetMarks(labels=MappingProxyType(labels), annotations=MappingProxyType(annotations))
+def hot_set_entries(hot_sets: Mapping[PodId, tuple[AdapterId, ...]]) -> dict[str, str]:
+    """Each pod's hot set as one line, ``<count> <digest> <adapters, comma-joined>``: the
+    same set gives the same line, and equal digests mean equal sets at a glance."""
+    entries = {}
+    for pod, adapters in sorted(hot_sets.items()):
+        ordered = sorted(set(adapters))
+        joined = ",".join(ordered)
+        digest = hashlib.sha256(joined.encode()).hexdigest()[:12]
+        entries[str(pod)] = f"{len(ordered)} {digest} {joined}".rstrip()
+    return entries
 
 
 def is_label_value(text: str) -> bool:
@@ -225,9 +212,12 @@ class PlanStore(Protocol):
         ...
 
 
-class PodAnnotator(Protocol):
-    def mark_hot_set(
-        self, pod: PodId, adapters: tuple[AdapterId, ...], *, plan_id: str
+class HotSetBoard(Protocol):
+    """Where each pod's hot set is published for people (``kubectl get configmap``),
+    written with the plan; no pod is patched (the controller may not patch pods)."""
+
+    def publish_hot_sets(
+        self, hot_sets: Mapping[PodId, tuple[AdapterId, ...]], *, plan_id: str
     ) -> None: ...
 
 

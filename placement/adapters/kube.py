@@ -1,25 +1,37 @@
 """The Kubernetes side of the cluster ports, over the official ``kubernetes`` client.
 
 Owns: discovering serving pods by label selector, the plan ConfigMap (current and
-previous, for ``lorafleet rollback``), the controller's state ConfigMap, the hot-set
-marks on each pod, and the coordination.k8s.io/v1 Lease used for leader election.
+previous, for ``lorafleet rollback``, in one object so that a publish and a rollback
+are each one conditional write), the controller's state ConfigMap, the hot-sets
+ConfigMap (each pod's hot set, for people: the controller patches no pod), and the
+coordination.k8s.io/v1 Lease used for leader election.
 It must not decide anything: what to publish, when to act and who leads are the
 caller's (``placement.controller.ticks``, ``placement.controller.leader``).
 
 Every client exception leaves this module as a ``KubeError`` subclass: 409 becomes
 ``KubeConflictError``; 429, 5xx and transport failures ``RetryableKubeError``.
 
+Every ConfigMap write replaces the object at the resourceVersion it was read at: a
+write racing another (a rollback, a new leader) fails with ``KubeConflictError``
+instead of overwriting it. Given a ``term`` (the leader's fencing token, see
+``placement.controller.leader``), a write also stamps it on the object
+(``lorafleet.io/leader-term``) and refuses, with ``LeadershipLostError``, an object a
+later term wrote: a deposed leader that wakes up from a pause cannot overwrite its
+successor. Each call gives up after ``KubeTarget.request_timeout_s``
+(the controller passes ``ControllerSettings.api_timeout_s``, shorter than the lease's
+renew deadline).
+
 The controller's Role in ``deploy/base/rbac.yaml`` grants exactly what it uses here
-(``tests/deploy`` checks it against a fake API server): pods list/patch, configmaps
-get/create/update, leases get/create/update. ``watch_pods`` needs pods/watch too; no
-deployed process calls it yet.
+(``tests/deploy`` checks it against a fake API server): pods list, configmaps
+get/create/update, leases get/create/update; no pod patch. ``watch_pods`` needs
+pods/watch too; no deployed process calls it yet.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -28,16 +40,23 @@ from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 
 from placement.domain import AdapterId, PodId, PoolId
-from placement.errors import KubeConflictError, KubeError, PlanError, RetryableKubeError
+from placement.errors import (
+    KubeConflictError,
+    KubeError,
+    LeadershipLostError,
+    PlanError,
+    RetryableKubeError,
+)
 from placement.plan import Plan, plan_from_json, plan_to_json
 from placement.ports import (
+    PLAN_ID_ANNOTATION,
     POOL_LABEL,
     DiscoveredPod,
     LeaseRecord,
     PodEvent,
     PodEventKind,
     StoredState,
-    hot_set_marks,
+    hot_set_entries,
 )
 
 logger = logging.getLogger(__name__)
@@ -63,8 +82,9 @@ class KubeTarget:
     default_port: int = 8000
     plan_configmap: str = "lorafleet-plan"
     state_configmap: str = "lorafleet-state"
+    hot_sets_configmap: str = "lorafleet-hot-sets"
     lease_name: str = "lorafleet-controller"
-    request_timeout_s: float = 10.0
+    request_timeout_s: float = 5.0
 
 
 def connect(*, host: str | None = None) -> client.ApiClient:
@@ -107,8 +127,8 @@ def _translated(what: str) -> Iterator[None]:
         raise KubeError(message, status=status) from None
     except (urllib3.exceptions.HTTPError, OSError) as exc:
         raise RetryableKubeError(f"{what}: {type(exc).__name__}: {exc}") from None
-    except ValueError as exc:  # the client could not parse the server's answer
-        raise KubeError(f"{what}: malformed answer: {exc}") from None
+    except (ValueError, RecursionError) as exc:  # the client could not parse the answer
+        raise KubeError(f"{what}: malformed answer: {type(exc).__name__}: {exc}") from None
 
 
 def _not_found(exc: KubeError) -> bool:
@@ -193,35 +213,64 @@ class KubePods:
                 yield PodEvent(kind=PodEventKind(kind), pod=found)
 
 
-class KubeAnnotator:
-    """Marks each pod with its hot set: a full annotation, and short labels for ``-L``."""
+class KubeHotSets:
+    """Each pod's hot set in one ConfigMap: ``kubectl get configmap lorafleet-hot-sets
+    -o yaml`` shows, per pod, ``<count> <digest> <adapters>``, and the plan id in the
+    ``lorafleet.io/plan-id`` annotation. One write per plan, no pod patched."""
 
-    def __init__(self, api: client.ApiClient, *, target: KubeTarget) -> None:
-        self._core = client.CoreV1Api(api)
-        self._target = target
+    def __init__(
+        self, api: client.ApiClient, *, target: KubeTarget, term: Term | None = None
+    ) -> None:
+        self._maps = _ConfigMaps(api, target=target, name=target.hot_sets_configmap, term=term)
 
-    def mark_hot_set(self, pod: PodId, adapters: tuple[AdapterId, ...], *, plan_id: str) -> None:
-        marks = hot_set_marks(adapters, plan_id=plan_id)
-        body = {"metadata": {"labels": dict(marks.labels), "annotations": dict(marks.annotations)}}
-        with _translated(f"mark hot set on pod {pod}"):
-            self._core.patch_namespaced_pod(
-                pod,
-                self._target.namespace,
-                body,
-                _request_timeout=self._target.request_timeout_s,
-            )
+    def publish_hot_sets(
+        self, hot_sets: Mapping[PodId, tuple[AdapterId, ...]], *, plan_id: str
+    ) -> None:
+        self._maps.write(
+            self._maps.read(), hot_set_entries(hot_sets), annotations={PLAN_ID_ANNOTATION: plan_id}
+        )
 
 
 # --- config maps ----------------------------------------------------------------
 
 
-class _ConfigMaps:
-    """Read-modify-write of one ConfigMap's data, guarded by its resourceVersion."""
+#: The fencing token of the leader that last wrote a ConfigMap.
+TERM_ANNOTATION = "lorafleet.io/leader-term"
+#: The leader's fencing token now; None when it does not lead.
+Term = Callable[[], float | None]
 
-    def __init__(self, api: client.ApiClient, *, target: KubeTarget, name: str) -> None:
+
+class _ConfigMaps:
+    """Read-modify-write of one ConfigMap's data, guarded by its resourceVersion and,
+    given a ``term``, by the writer's fencing token."""
+
+    def __init__(
+        self, api: client.ApiClient, *, target: KubeTarget, name: str, term: Term | None = None
+    ) -> None:
         self._core = client.CoreV1Api(api)
         self._target = target
         self.name = name
+        self._term = term
+
+    def _stamp(self, existing: client.V1ConfigMap | None) -> dict[str, str]:
+        """Our term's annotation; LeadershipLostError when a later term wrote last."""
+        if self._term is None:
+            return {}
+        ours = self._term()
+        if ours is None:
+            raise LeadershipLostError(f"configmap {self.name}: this replica does not lead")
+        meta = existing.metadata if existing is not None else None
+        written = ((meta.annotations if meta is not None else None) or {}).get(TERM_ANNOTATION)
+        try:
+            theirs = float(written) if written is not None else None
+        except ValueError:
+            theirs = None
+        if theirs is not None and theirs > ours:
+            raise LeadershipLostError(
+                f"configmap {self.name} was written by a later leader (term {theirs:.6f} > "
+                f"ours {ours:.6f}): not overwriting it"
+            )
+        return {TERM_ANNOTATION: f"{ours:.6f}"}
 
     def read(self) -> client.V1ConfigMap | None:
         try:
@@ -234,7 +283,14 @@ class _ConfigMaps:
                 return None
             raise
 
-    def write(self, existing: client.V1ConfigMap | None, data: dict[str, str]) -> None:
+    def write(
+        self,
+        existing: client.V1ConfigMap | None,
+        data: dict[str, str],
+        *,
+        annotations: dict[str, str] | None = None,
+    ) -> None:
+        annotations = {**(annotations or {}), **self._stamp(existing)}
         size = sum(len(key) + len(value.encode()) for key, value in data.items())
         if size > CONFIGMAP_DATA_LIMIT_BYTES:
             raise KubeError(
@@ -244,13 +300,17 @@ class _ConfigMaps:
         ns = self._target.namespace
         if existing is None:
             body = client.V1ConfigMap(
-                metadata=client.V1ObjectMeta(name=self.name, namespace=ns, labels=_OWNED),
+                metadata=client.V1ObjectMeta(
+                    name=self.name, namespace=ns, labels=_OWNED, annotations=annotations
+                ),
                 data=data,
             )
             with _translated(f"create configmap {self.name}"):
                 self._core.create_namespaced_config_map(ns, body, _request_timeout=self._timeout)
             return
         existing.data = data
+        if annotations and existing.metadata is not None:
+            existing.metadata.annotations = {**(existing.metadata.annotations or {}), **annotations}
         with _translated(f"replace configmap {self.name}"):
             self._core.replace_namespaced_config_map(
                 self.name, ns, existing, _request_timeout=self._timeout
@@ -271,8 +331,10 @@ def _data(configmap: client.V1ConfigMap | None) -> dict[str, str]:
 class KubePlanStore:
     """The plan ConfigMap: ``plan.json`` is current, ``previous.json`` the one before."""
 
-    def __init__(self, api: client.ApiClient, *, target: KubeTarget) -> None:
-        self._maps = _ConfigMaps(api, target=target, name=target.plan_configmap)
+    def __init__(
+        self, api: client.ApiClient, *, target: KubeTarget, term: Term | None = None
+    ) -> None:
+        self._maps = _ConfigMaps(api, target=target, name=target.plan_configmap, term=term)
 
     def publish(self, plan: Plan) -> None:
         existing = self._maps.read()
@@ -310,8 +372,10 @@ class KubePlanStore:
 class KubeStateStore:
     """The controller's state ConfigMap: the last good plan and the ledger of loads."""
 
-    def __init__(self, api: client.ApiClient, *, target: KubeTarget) -> None:
-        self._maps = _ConfigMaps(api, target=target, name=target.state_configmap)
+    def __init__(
+        self, api: client.ApiClient, *, target: KubeTarget, term: Term | None = None
+    ) -> None:
+        self._maps = _ConfigMaps(api, target=target, name=target.state_configmap, term=term)
 
     def load(self) -> StoredState:
         data = _data(self._maps.read())

@@ -9,7 +9,7 @@ errors that the next calls raise, to rehearse a Kubernetes API that answers 500/
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import replace
 
 from placement.domain import AdapterId, PodId
@@ -21,7 +21,7 @@ from placement.ports import (
     PodEvent,
     PodEventKind,
     StoredState,
-    hot_set_marks,
+    hot_set_entries,
 )
 
 
@@ -92,19 +92,24 @@ class MemoryPlanStore:
         return plan_from_json(self._current, source="memory")
 
 
-class MemoryAnnotator:
-    """Keeps the labels and annotations each pod would carry."""
+class MemoryHotSets:
+    """The hot-sets ConfigMap's twin: the last hot sets published, and their plan."""
 
     def __init__(self) -> None:
         self.faults = QueuedKubeErrors()
-        self.labels: dict[PodId, dict[str, str]] = {}
-        self.annotations: dict[PodId, dict[str, str]] = {}
+        self.hot_sets: dict[PodId, tuple[AdapterId, ...]] = {}
+        self.plan_id: str | None = None
 
-    def mark_hot_set(self, pod: PodId, adapters: tuple[AdapterId, ...], *, plan_id: str) -> None:
+    def publish_hot_sets(
+        self, hot_sets: Mapping[PodId, tuple[AdapterId, ...]], *, plan_id: str
+    ) -> None:
         self.faults.check()
-        marks = hot_set_marks(adapters, plan_id=plan_id)
-        self.labels.setdefault(pod, {}).update(marks.labels)
-        self.annotations.setdefault(pod, {}).update(marks.annotations)
+        self.hot_sets = {pod: tuple(sorted(set(adapters))) for pod, adapters in hot_sets.items()}
+        self.plan_id = plan_id
+
+    def entries(self) -> dict[str, str]:
+        """What the ConfigMap's data would be."""
+        return hot_set_entries(self.hot_sets)
 
 
 class MemoryLeaseStore:

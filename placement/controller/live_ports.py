@@ -19,6 +19,7 @@ import asyncio
 import math
 import random
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -180,7 +181,12 @@ class ReusingForecaster:
 
 
 class FileHistory:
-    """The request log file, plus the router's live log when given, read at every ingest."""
+    """The request log file, plus the router's live log when given, read at every ingest.
+
+    The request log is the operator's and read strictly (a fault in it fails the ingest,
+    naming the file). The live log is the router's, still being written: a faulty row
+    (an empty or invalid adapter name) or a half-written line is left out and reported
+    in the history's ``skipped``, never a reason to drop the whole live log."""
 
     def __init__(self, path: Path, *, bucket_s: int, live: Path | None = None) -> None:
         self.path = path
@@ -192,17 +198,18 @@ class FileHistory:
         if self.live is None or not self.live.exists():
             return history
         try:
-            live = load_request_log(self.live)
-        except InputError:  # not written yet, or a line half-written: next ingest
-            return history
+            live = load_request_log(self.live, skip_bad_rows=True)
+        except InputError as exc:  # unreadable as a whole (a missing column): next ingest
+            return replace(history, skipped=exc.problems)
         return combined(history, live, bucket_s=self.bucket_s)
 
 
 def combined(history: RequestLog, live: RequestLog, *, bucket_s: int) -> RequestLog:
     """Both logs as one: per request if both are, else as counts per bucket. Each was
-    validated when read, so the rows are kept as they are (no duplicate dropping)."""
+    validated when read, so the rows are kept as they are (no duplicate dropping); the
+    rows the live log left out stay reported."""
     if live.frame.empty:
-        return history
+        return replace(history, skipped=live.skipped, skipped_rows=live.skipped_rows)
     aggregated = history.aggregated or live.aggregated
     if aggregated:
         frames = [log.counts(bucket_s) for log in (history, live)]
@@ -214,6 +221,8 @@ def combined(history: RequestLog, live: RequestLog, *, bucket_s: int) -> Request
         frame=frame.reset_index(drop=True),
         aggregated=aggregated,
         source=f"{history.source} + {live.source}",
+        skipped=live.skipped,
+        skipped_rows=live.skipped_rows,
     )
 
 
@@ -268,6 +277,19 @@ class PrometheusObserver(ControllerObserver):
             "Pods the watchdog found empty (restarted) and refilled.",
             registry=registry,
         )
+        self.errors = Counter(
+            "lorafleet_controller_errors",
+            "Exceptions a controller task caught from one of its iterations, by task "
+            "(a job, event, hot_sets, learn_events, resume) and exception type; the task "
+            "went on.",
+            ["task", "error"],
+            registry=registry,
+        )
+        self.skipped_rows = Gauge(
+            "lorafleet_controller_history_skipped_rows",
+            "Rows of the live request log the last ingest left out (faulty or half-written).",
+            registry=registry,
+        )
 
     def tick(self, job: Job, outcome: TickOutcome, *, backoff: Backoff | None) -> None:
         self.ticks.labels(job=job.value, outcome=outcome.value).inc()
@@ -286,6 +308,12 @@ class PrometheusObserver(ControllerObserver):
 
     def restored(self, pods: int) -> None:
         self.restored_pods.inc(pods)
+
+    def error(self, task: str, exc: BaseException) -> None:
+        self.errors.labels(task=task, error=type(exc).__name__).inc()
+
+    def history_skipped(self, rows: int) -> None:
+        self.skipped_rows.set(rows)
 
     def ingested(
         self, history: RequestLog, *, catalog: Catalog, fleet: Fleet, now: datetime

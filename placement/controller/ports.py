@@ -16,7 +16,6 @@ from datetime import UTC, datetime
 from typing import Protocol
 
 from placement.actuation.executor import ApplyReport, Ledger
-from placement.controller.leader import LeaderElector
 from placement.domain import Action, AdapterId, Catalog, Fleet, PodId
 from placement.forecast.demand import DemandForecaster
 from placement.forecast.event_preloads import Predictor
@@ -24,8 +23,8 @@ from placement.inputs.request_log import RequestLog
 from placement.plan import Plan
 from placement.ports import (
     DiscoveredPod,
+    HotSetBoard,
     PlanStore,
-    PodAnnotator,
     PodDiscovery,
     StateStore,
 )
@@ -96,6 +95,31 @@ class Actuator(Protocol):
         ...
 
 
+class Leadership(Protocol):
+    """Who acts: a Lease (``placement.controller.leader.LeaderElector``) on Kubernetes,
+    the state directory's lock (``placement.adapters.statedir.DirLock``) on one machine."""
+
+    @property
+    def identity(self) -> str: ...
+
+    def is_leader(self) -> bool: ...
+
+    def tick(self) -> bool:
+        """Acquire or renew once; whether this replica leads now."""
+        ...
+
+    def fence(self, *, margin_s: float) -> None:
+        """Raise LeadershipLostError unless a write started now ends while we lead."""
+        ...
+
+    def term(self) -> float | None:
+        """The fencing token of this tenure (larger for a later leader); None when
+        not leading, or when the lock needs none."""
+        ...
+
+    def release(self) -> None: ...
+
+
 @dataclass(frozen=True, kw_only=True)
 class ControllerPorts:
     catalog: Catalog
@@ -110,8 +134,8 @@ class ControllerPorts:
     state: StateStore
     predictor: Predictor
     discovery: PodDiscovery | None = None
-    annotator: PodAnnotator | None = None
-    elector: LeaderElector | None = None
+    hot_sets: HotSetBoard | None = None
+    elector: Leadership | None = None
     #: Learns event models (transitions, login affinities) from each new history;
     #: until it has, and when it fails, ``predictor`` answers events alone.
     learn_predictor: Callable[[RequestLog], Predictor] | None = None
@@ -172,6 +196,12 @@ class ControllerObserver:
 
     def restored(self, pods: int) -> None:
         pass
+
+    def error(self, task: str, exc: BaseException) -> None:
+        """A task's iteration raised ``exc``; the task goes on."""
+
+    def history_skipped(self, rows: int) -> None:
+        """Rows the last ingest left out of the history (faulty, half-written)."""
 
     def ingested(
         self, history: RequestLog, *, catalog: Catalog, fleet: Fleet, now: datetime

@@ -7,9 +7,14 @@ scheduler wiring (``placement.controller.schedule``) only decides when ticks run
 Rules every tick keeps:
 
 - Only the lease holder acts; a standby's ticks return ``TickOutcome.STANDBY``.
+- Every write (loads sent to pods, the plan, the hot sets, the saved state) is fenced:
+  ``_fence`` raises ``LeadershipLostError`` unless the lease is held with time to spare
+  for the write, so a leader deposed mid-solve publishes nothing. A lease tick that
+  finds the lease lost cancels every job in flight.
 - A failed tick leaves the last good plan in force and backs off: ``Backoff`` per job
   doubles its wait up to a cap. A clock that jumps back never strands a job: a
-  retry time further ahead than the cap is treated as due.
+  retry time further ahead than the cap is treated as due. Whatever a tick raises is
+  logged, counted (``ControllerObserver.error``) and backed off from; the job goes on.
 - Pod actions never run concurrently (one lock for the plan, the preloads, the
   watchdog and the webhook), so the ledger always matches what was sent.
 - After every change on the pods, the last plan and the ledger are saved
@@ -42,7 +47,13 @@ from placement.controller.ports import (
     tiers_moved,
 )
 from placement.domain import Action, Fleet, Load, PodId, Pool, Warmup
-from placement.errors import ForecastError, KubeError, LorafleetError, PlanError
+from placement.errors import (
+    ForecastError,
+    KubeError,
+    LeadershipLostError,
+    LorafleetError,
+    PlanError,
+)
 from placement.forecast.event_preloads import Event, EventDecision, PodView, event_preloads
 from placement.plan import Plan, plan_from_json, plan_to_json
 from placement.ports import StoredState
@@ -69,6 +80,8 @@ class Controller:
         self.metrics = metrics or ControllerObserver()
         self._actuation = asyncio.Lock()
         self._background: set[asyncio.Task[None]] = set()
+        #: The ticks in flight, cancelled when the lease is lost.
+        self._running: set[asyncio.Task[TickOutcome]] = set()
         self._fleet = ports.fleet if ports.discovery is None else Fleet(pools=())
 
     # --- helpers ---------------------------------------------------------------
@@ -86,7 +99,11 @@ class Controller:
         return elector is None or elector.is_leader()
 
     async def guarded(self, job: Job, tick: Callable[[], Awaitable[TickOutcome]]) -> TickOutcome:
-        """Run one tick if this replica leads and the job is not backing off."""
+        """Run one tick if this replica leads and the job is not backing off.
+
+        Whatever the tick raises is caught here: a lost lease makes it STANDBY, any
+        other exception FAILED (logged, counted, backed off). Only the cancellation of
+        the caller itself (a shutdown) goes through."""
         if job is not Job.LEASE and not self.is_leader():
             return self._observed(job, TickOutcome.STANDBY)
         cfg = self.settings.controller
@@ -94,23 +111,53 @@ class Controller:
         backoff = self.state.backoff.get(job, Backoff())
         if not backoff.due(now_s, max_s=cfg.backoff_max_s):
             return self._observed(job, TickOutcome.BACKING_OFF)
+        task = asyncio.get_running_loop().create_task(_outcome_of(tick))
+        self._running.add(task)
         try:
-            outcome = await tick()
+            outcome = await task
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise  # we are being stopped, not the tick
+            logger.warning("%s tick stopped: this replica lost the lease", job)
+            return self._observed(job, TickOutcome.STANDBY)
+        except LeadershipLostError as exc:
+            logger.warning("%s tick stopped before writing: %s", job, exc)
+            return self._observed(job, TickOutcome.STANDBY)
         except Exception as exc:  # the loop never dies: every failure backs off
             self.state.backoff[job] = backoff.failed(
                 str(exc), now_s=now_s, base_s=cfg.backoff_base_s, max_s=cfg.backoff_max_s
             )
+            self.metrics.error(job.value, exc)
             expected = isinstance(exc, LorafleetError | OSError)
             logger.warning(
-                "%s tick failed (%d in a row): %s",
+                "%s tick failed (%d in a row): %s: %s",
                 job,
                 backoff.failures + 1,
+                type(exc).__name__,
                 exc,
                 exc_info=not expected,
             )
             return self._observed(job, TickOutcome.FAILED)
+        finally:
+            self._running.discard(task)
         self.state.backoff.pop(job, None)
         return self._observed(job, outcome)
+
+    def stop_jobs(self) -> int:
+        """Cancel every tick in flight and every event's preloads (the lease was lost),
+        but not the caller's own tick; how many were cancelled."""
+        current = asyncio.current_task()
+        doomed = [t for t in (*self._running, *self._background) if t is not current]
+        for task in doomed:
+            task.cancel()
+        return len(doomed)
+
+    def _fence(self) -> None:
+        """Before every write: LeadershipLostError unless we lead with time to spare."""
+        elector = self.ports.elector
+        if elector is not None:
+            elector.fence(margin_s=self.settings.controller.api_timeout_s)
 
     def _observed(self, job: Job, outcome: TickOutcome) -> TickOutcome:
         self.metrics.tick(job, outcome, backoff=self.state.backoff.get(job))
@@ -131,7 +178,7 @@ class Controller:
                 raw = json.loads(stored.ledger_json)
                 ledger = Ledger.from_dict(raw.get("ledger", {}))
                 done = [str(k) for k in raw.get("done_preloads", [])]
-            except (ValueError, TypeError, AttributeError) as exc:
+            except (ValueError, TypeError, AttributeError, RecursionError) as exc:
                 # Reconcile still sees what each pod registers: nothing is loaded twice,
                 # at worst some adapters are warmed again.
                 logger.warning("saved ledger unreadable, starting with an empty one: %s", exc)
@@ -145,6 +192,7 @@ class Controller:
             plan_json=plan_to_json(plan) if plan is not None else None,
             ledger_json=json.dumps(ledger, sort_keys=True),
         )
+        self._fence()
         await asyncio.to_thread(self.ports.state.save, stored)
 
     # --- ticks -------------------------------------------------------------------
@@ -155,6 +203,12 @@ class Controller:
             return TickOutcome.IDLE
         was_leader = elector.is_leader()
         leads = await asyncio.to_thread(elector.tick)
+        if not leads:
+            stopped = self.stop_jobs()
+            if was_leader or stopped:
+                logger.warning(
+                    "%s lost the lease: %d jobs in flight stopped", elector.identity, stopped
+                )
         if leads and not was_leader:
             await self.resume()  # the previous leader's last plan and ledger
         return TickOutcome.DONE if leads else TickOutcome.STANDBY
@@ -162,12 +216,21 @@ class Controller:
     async def ingest(self) -> TickOutcome:
         history = await asyncio.to_thread(self.ports.history)
         self.state.history = history
+        self.metrics.history_skipped(history.skipped_rows)
+        if history.skipped_rows:
+            logger.warning(
+                "history %s: %d faulty rows left out: %s",
+                history.source,
+                history.skipped_rows,
+                "; ".join(str(p) for p in history.skipped[:3]),
+            )
         self.metrics.ingested(history, catalog=self.ports.catalog, fleet=self.fleet, now=self.now())
         learn = self.ports.learn_predictor
         if learn is not None:
             try:
                 self.state.predictor = await asyncio.to_thread(learn, history)
             except Exception as exc:  # events keep the predictor they had; ingest stands
+                self.metrics.error("learn_events", exc)
                 logger.warning("event models not refreshed: %s", exc, exc_info=True)
         return TickOutcome.DONE
 
@@ -214,6 +277,7 @@ class Controller:
         )
         self.state.replan_now = False
         async with self._actuation:
+            self._fence()  # the solve may have outlived the lease
             report = await self.ports.actuator.apply(
                 plan, fleet=self.fleet, ledger=self.state.ledger
             )
@@ -221,9 +285,10 @@ class Controller:
         # The plan is in force once sent, even if some pods failed: reconcile retries them.
         self.state.plan = plan
         await self.persist()
+        self._fence()
         await asyncio.to_thread(self.ports.plans.publish, plan)
         self.metrics.published(plan, period_s=float(self.settings.controller.plan_interval_s))
-        await self.mark_pods(plan)
+        await self.publish_hot_sets(plan)
         return TickOutcome.DONE
 
     def due_preloads(self) -> tuple[datetime, ...]:
@@ -262,6 +327,7 @@ class Controller:
                 actions.append(Load(pod=p.pod, adapter=p.adapter, reason=reason))
             actions.append(Warmup(pod=p.pod, adapter=p.adapter, reason=reason))
         async with self._actuation:
+            self._fence()
             report = await self.ports.actuator.run(
                 tuple(actions), fleet=self.fleet, ledger=self.state.ledger
             )
@@ -292,14 +358,15 @@ class Controller:
         if not empty:
             return TickOutcome.IDLE
         sub_fleet = _only(self.fleet, set(empty))
+        logger.info("watchdog: %s came back empty; restoring the plan's hot set", ", ".join(empty))
         async with self._actuation:
+            self._fence()
             report = await self.ports.actuator.apply(
                 plan, fleet=sub_fleet, ledger=self.state.ledger
             )
         self.metrics.applied(report)
         self.metrics.restored(len(empty))
         await self.persist()
-        await self.mark_pods(plan, only=set(empty))
         return TickOutcome.DONE
 
     async def on_event(self, event: Event) -> EventDecision:
@@ -323,15 +390,29 @@ class Controller:
         return decision
 
     async def _run_event(self, actions: tuple[Action, ...]) -> None:
+        """An event's preloads, in the background: whatever fails is logged (with the
+        pods it concerns) and counted; nothing escapes the task."""
+        pods = ", ".join(sorted({str(a.pod) for a in actions}))
         try:
             async with self._actuation:
+                self._fence()
                 report = await self.ports.actuator.run(
                     actions, fleet=self.fleet, ledger=self.state.ledger
                 )
             self.metrics.applied(report)
             await self.persist()
-        except (LorafleetError, OSError) as exc:
-            logger.warning("event preloads failed: %s", exc)
+        except asyncio.CancelledError:
+            logger.warning("event preloads on %s stopped: this replica lost the lease", pods)
+        except Exception as exc:
+            self.metrics.error("event", exc)
+            expected = isinstance(exc, LorafleetError | OSError)
+            logger.warning(
+                "event preloads on %s failed: %s: %s",
+                pods,
+                type(exc).__name__,
+                exc,
+                exc_info=not expected,
+            )
 
     async def _views(self) -> dict[PodId, PodView]:
         pins = {a.name for a in self.ports.catalog.adapters if a.pinned}
@@ -362,19 +443,28 @@ class Controller:
             raise KubeError("the pod selector matched no ready pod of a known pool")
         self._fleet = fleet
 
-    async def mark_pods(self, plan: Plan, *, only: set[PodId] | None = None) -> None:
-        """Label each pod with its hot set; a pod that vanished meanwhile is skipped."""
-        annotator = self.ports.annotator
-        if annotator is None:
+    async def publish_hot_sets(self, plan: Plan) -> None:
+        """Publish each discovered pod's hot set (for people: ``kubectl get configmap``);
+        a failure is logged and counted, the plan stays published."""
+        board = self.ports.hot_sets
+        if board is None:
             return
-        for pod in self.fleet.pods:
-            if only is not None and pod.name not in only:
-                continue
-            hot = plan.pods[pod.name].hot if pod.name in plan.pods else ()
-            try:
-                await asyncio.to_thread(annotator.mark_hot_set, pod.name, hot, plan_id=plan.id)
-            except LorafleetError as exc:
-                logger.info("could not mark %s: %s", pod.name, exc)
+        hot_sets = {
+            pod.name: plan.pods[pod.name].hot if pod.name in plan.pods else ()
+            for pod in self.fleet.pods
+        }
+        try:
+            self._fence()
+            await asyncio.to_thread(board.publish_hot_sets, hot_sets, plan_id=plan.id)
+        except LeadershipLostError:
+            raise
+        except Exception as exc:
+            self.metrics.error("hot_sets", exc)
+            logger.warning("could not publish the hot sets of plan %s: %s", plan.id, exc)
+
+
+async def _outcome_of(tick: Callable[[], Awaitable[TickOutcome]]) -> TickOutcome:
+    return await tick()
 
 
 def _only(fleet: Fleet, names: set[PodId]) -> Fleet:

@@ -17,7 +17,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from pathlib import Path
 
 import httpx
 import pandas as pd
@@ -26,7 +25,7 @@ from kubernetes import client
 from prometheus_client import CollectorRegistry
 
 from placement.adapters.kube import (
-    KubeAnnotator,
+    KubeHotSets,
     KubeLeaseStore,
     KubePlanStore,
     KubePods,
@@ -35,7 +34,7 @@ from placement.adapters.kube import (
     connect,
 )
 from placement.adapters.prom import PromHistorySource
-from placement.adapters.statedir import DirPlanStore, DirStateStore, ensure_state_dir
+from placement.adapters.statedir import DirLock, DirPlanStore, DirStateStore, ensure_state_dir
 from placement.clock import Clock, warped_clock
 from placement.controller.config import (
     SAME_HOUR_MODEL,
@@ -53,15 +52,16 @@ from placement.controller.live_ports import (
     ReusingForecaster,
     SeasonalForecaster,
 )
-from placement.controller.ports import ControllerPorts, HistorySource
+from placement.controller.ports import ControllerPorts, HistorySource, Leadership
 from placement.controller.schedule import Schedule, add_process_routes
 from placement.controller.ticks import Controller
-from placement.controller.webhook import create_webhook_app
+from placement.controller.webhook import EventRejected, create_webhook_app
 from placement.domain import Catalog, Pipelines
 from placement.forecast.demand import DemandForecaster
 from placement.forecast.event_preloads import (
     Event,
     EventDecision,
+    EventKind,
     Predictor,
     learned_predictor,
     pipeline_predictor,
@@ -69,7 +69,7 @@ from placement.forecast.event_preloads import (
 from placement.forecast.forecaster import ModelForecaster, learn_events
 from placement.inputs import load_catalog, load_fleet, load_pipelines
 from placement.inputs.request_log import RequestLog
-from placement.ports import PlanStore
+from placement.ports import HotSetBoard, PlanStore, PodDiscovery, StateStore
 from placement.settings import Settings
 from placement.solver.planner import SolverPlanner
 
@@ -78,7 +78,7 @@ DAY_S = 86_400
 logger = logging.getLogger(__name__)
 
 
-def _target(section: KubernetesConfig) -> KubeTarget:
+def _target(section: KubernetesConfig, *, api_timeout_s: float) -> KubeTarget:
     return KubeTarget(
         namespace=section.namespace,
         selector=section.selector,
@@ -89,6 +89,8 @@ def _target(section: KubernetesConfig) -> KubeTarget:
         plan_configmap=section.plan_configmap,
         state_configmap=section.state_configmap,
         lease_name=section.lease_name,
+        hot_sets_configmap=section.hot_sets_configmap,
+        request_timeout_s=api_timeout_s,
     )
 
 
@@ -99,7 +101,8 @@ def settings_for(config: ControllerConfig) -> Settings:
 
 def plan_store_for(config: ControllerConfig, api: client.ApiClient | None) -> PlanStore:
     if config.kubernetes is not None and api is not None:
-        return KubePlanStore(api, target=_target(config.kubernetes))
+        timeout_s = settings_for(config).controller.api_timeout_s
+        return KubePlanStore(api, target=_target(config.kubernetes, api_timeout_s=timeout_s))
     assert config.state_dir is not None  # the config's validator requires one of the two
     return DirPlanStore(ensure_state_dir(config.state_dir))
 
@@ -158,32 +161,82 @@ def _event_learner(
 
 @dataclass
 class _Sink:
-    """The webhook's EventSink: the controller, acting only while it leads."""
+    """The webhook's EventSink: the controller, acting only while it leads, on the
+    triggers pipelines.yaml names (another is refused: 422)."""
 
     controller: Controller
+    triggers: frozenset[str]
 
     def accepting(self) -> bool:
         return self.controller.is_leader()
 
     async def submit(self, event: Event) -> EventDecision:
+        if event.kind is EventKind.PIPELINE and event.trigger not in self.triggers:
+            known = ", ".join(sorted(self.triggers)[:10]) or "none"
+            raise EventRejected(
+                f"unknown trigger {event.trigger!r} (pipelines.yaml defines: {known})"
+            )
         return await self.controller.on_event(event)
 
 
-def build(config: ControllerConfig, *, http: httpx.AsyncClient) -> tuple[Schedule, FastAPI]:
-    """Every port wired: the schedule and the ASGI app to serve."""
+@dataclass(frozen=True, kw_only=True)
+class _Cluster:
+    """The cluster-side ports: Kubernetes objects, or a state directory and its lock."""
+
+    plans: PlanStore
+    state: StateStore
+    elector: Leadership
+    discovery: PodDiscovery | None = None
+    hot_sets: HotSetBoard | None = None
+
+
+def _cluster(config: ControllerConfig, settings: Settings, *, identity: str) -> _Cluster:
+    kube = config.kubernetes
+    if kube is None:
+        assert config.state_dir is not None  # the config's validator requires one of the two
+        directory = ensure_state_dir(config.state_dir)
+        return _Cluster(
+            plans=DirPlanStore(directory),
+            state=DirStateStore(directory),
+            elector=DirLock(directory, identity=identity),
+        )
+    api = connect(host=kube.api_host)
+    cfg = settings.controller
+    target = _target(kube, api_timeout_s=cfg.api_timeout_s)
+    elector = LeaderElector(
+        KubeLeaseStore(api, target=target),
+        identity=identity,
+        duration_s=cfg.lease_duration_s,
+        renew_deadline_s=cfg.lease_renew_deadline_s,
+        clock=time.monotonic,
+        wall=lambda: datetime.now(UTC),
+    )
+    return _Cluster(
+        plans=KubePlanStore(api, target=target, term=elector.term),
+        state=KubeStateStore(api, target=target, term=elector.term),
+        discovery=KubePods(api, target=target),
+        hot_sets=KubeHotSets(api, target=target, term=elector.term),
+        elector=elector,
+    )
+
+
+def build(
+    config: ControllerConfig,
+    *,
+    http: httpx.AsyncClient,
+    monotonic: Callable[[], float] = time.monotonic,
+) -> tuple[Schedule, FastAPI]:
+    """Every port wired: the schedule and the ASGI app to serve. ``monotonic`` times
+    the jobs in flight (a hung one fails /healthz); tests pass a fake one."""
     settings = settings_for(config)
     fleet = load_fleet(config.fleet)
-    catalog = load_catalog(config.catalog, fleet=fleet)
+    catalog = load_catalog(config.catalog, fleet=fleet, rules=settings.inputs)
     pipelines = load_pipelines(config.pipelines, catalog=catalog) if config.pipelines else None
     clock, to_wall = _clocks(config.clock)
     declared = pipeline_predictor(pipelines or Pipelines(), catalog)
     secret = read_secret(config.webhook, dict(os.environ))
     identity = config.identity or os.environ.get("POD_NAME") or socket.gethostname()
-    api = None
-    if config.kubernetes is not None:
-        api = connect(host=config.kubernetes.api_host)
-    kube = config.kubernetes
-    target = _target(kube) if kube is not None else None
+    cluster = _cluster(config, settings, identity=identity)
     registry = CollectorRegistry()
     ports = ControllerPorts(
         catalog=catalog,
@@ -192,34 +245,23 @@ def build(config: ControllerConfig, *, http: httpx.AsyncClient) -> tuple[Schedul
         forecaster=_forecaster(config, settings, catalog),
         planner=SolverPlanner(catalog, settings=settings, clock=clock),
         actuator=EngineActuator(catalog=catalog, http=http, settings=settings, rng=random.Random()),
-        plans=plan_store_for(config, api),
-        state=(
-            KubeStateStore(api, target=target)
-            if api is not None and target is not None
-            else DirStateStore(ensure_state_dir(config.state_dir or Path("state")))
-        ),
+        plans=cluster.plans,
+        state=cluster.state,
         predictor=declared,
         learn_predictor=_event_learner(pipelines, catalog, declared)
         if config.learn_events
         else None,
-        discovery=KubePods(api, target=target) if api is not None and target else None,
-        annotator=KubeAnnotator(api, target=target) if api is not None and target else None,
-        elector=(
-            LeaderElector(
-                KubeLeaseStore(api, target=target),
-                identity=identity,
-                duration_s=settings.controller.lease_duration_s,
-                clock=time.monotonic,
-                wall=lambda: datetime.now(UTC),
-            )
-            if api is not None and target is not None
-            else None
-        ),
+        discovery=cluster.discovery,
+        hot_sets=cluster.hot_sets,
+        elector=cluster.elector,
     )
     observer = PrometheusObserver(registry, bucket_s=settings.forecast.bucket_s)
     # With the period known before any plan, LorafleetPlanStale fires until one is out.
     observer.shared.planning_period(settings.controller.plan_interval_s)
     controller = Controller(ports, settings=settings, clock=clock, metrics=observer)
+    schedule = Schedule(
+        controller, settings=settings.controller, to_wall=to_wall, monotonic=monotonic
+    )
     if secret is None:
         logger.warning(
             "no webhook secret (%s or webhook.secret_file): POST /v1/events is off",
@@ -227,12 +269,13 @@ def build(config: ControllerConfig, *, http: httpx.AsyncClient) -> tuple[Schedul
         )
         webhook = FastAPI(title="lorafleet controller", version="1")
     else:
+        triggers = frozenset(p.trigger for p in pipelines.pipelines) if pipelines else frozenset()
         webhook = create_webhook_app(
-            _Sink(controller),
+            _Sink(controller, triggers=triggers),
             secret=secret,
             settings=settings.controller,
             clock=time.time,
             registry=registry,
         )
-    add_process_routes(webhook, controller, registry)
-    return Schedule(controller, settings=settings.controller, to_wall=to_wall), webhook
+    add_process_routes(webhook, schedule, registry)
+    return schedule, webhook

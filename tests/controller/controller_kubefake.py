@@ -27,6 +27,9 @@ _LEASES = re.compile(
     r"^/apis/coordination\.k8s\.io/v1/namespaces/(?P<ns>[^/]+)/(?P<kind>leases)(?:/(?P<name>[^/]+))?$"
 )
 _KIND_NAMES = {"pods": "Pod", "configmaps": "ConfigMap", "leases": "Lease"}
+#: A client may put its name before the API path (``api_host: http://HOST:PORT/NAME``),
+#: so that a test can tell two controllers' requests apart.
+_CLIENT = re.compile(r"^/(?P<who>[A-Za-z0-9-]+)(?=/apis?/)")
 
 
 def make_pod(
@@ -100,6 +103,8 @@ class FakeApiServer:
     def __init__(self) -> None:
         self.objects: dict[tuple[str, str, str], Obj] = {}
         self.requests: list[tuple[str, str]] = []
+        #: (client name or "", method, path) of every request, in order.
+        self.calls: list[tuple[str, str, str]] = []
         self._versions = itertools.count(100)
         self._events: list[tuple[str, Obj]] = []
         self._changed = threading.Condition()
@@ -229,10 +234,14 @@ class _Handler(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(length)) if length else None
         parts = urlsplit(self.path)
         query = {k: v[0] for k, v in parse_qs(parts.query).items()}
-        match = _CORE.match(parts.path) or _LEASES.match(parts.path)
-        self.fake.requests.append((method, parts.path))
+        path, who = parts.path, ""
+        if (client := _CLIENT.match(path)) is not None:
+            path, who = path[client.end() :], client["who"]
+        match = _CORE.match(path) or _LEASES.match(path)
+        self.fake.requests.append((method, path))
+        self.fake.calls.append((who, method, path))
         if match is None:
-            self._send(404, _status(404, "NotFound", f"no route {parts.path}"))
+            self._send(404, _status(404, "NotFound", f"no route {path}"))
             return
         ns, kind, name = match["ns"], match["kind"], match["name"]
         fault = self.fake.take_fault(method, kind)

@@ -22,13 +22,14 @@ from tests.controller.controller_kubefake import FakeApiServer, make_pod
 from tests.factories import make_plan
 
 REPO = Path(__file__).resolve().parents[2]
+SECRET = "topsecret-topsecret-topsecret-42"
 SCENARIO = REPO / "data" / "legal-research"
 
 
 def write_config(tmp_path: Path, body: str) -> Path:
     for name in ("catalog.yaml", "fleet.yaml", "pipelines.yaml", "requests.parquet"):
         shutil.copy(SCENARIO / name, tmp_path / name)
-    (tmp_path / "secret").write_text("topsecret\n")
+    (tmp_path / "secret").write_text(SECRET + "\n")
     path = tmp_path / "controller.yaml"
     path.write_text(body)
     return path
@@ -49,7 +50,7 @@ def test_a_local_config_resolves_paths_against_its_directory(tmp_path: Path) -> 
     assert config.catalog == tmp_path / "catalog.yaml"
     assert config.history.log == tmp_path / "requests.parquet"
     assert config.state_dir == tmp_path / "state"
-    assert read_secret(config.webhook, {}) == b"topsecret"
+    assert read_secret(config.webhook, {}) == SECRET.encode()
 
 
 @pytest.mark.parametrize(
@@ -76,6 +77,26 @@ def test_a_local_config_resolves_paths_against_its_directory(tmp_path: Path) -> 
         pytest.param(
             LOCAL + "planner: {replicate_share: 0}\n", "planner.replicate_share", id="share"
         ),
+        pytest.param(
+            LOCAL + "lease_duration_s: 9\n",
+            "api_timeout_s (5.0) < lease_renew_deadline_s (10.0) < lease_duration_s (9)",
+            id="lease-shorter-than-renew-deadline",
+        ),
+        pytest.param(
+            LOCAL + "api_timeout_s: 10\n",
+            "api_timeout_s (10.0) < lease_renew_deadline_s (10.0)",
+            id="api-timeout-not-under-renew-deadline",
+        ),
+        pytest.param(
+            LOCAL + "catalog: catalog.yaml\n",
+            "key 'catalog' is given twice",
+            id="duplicate-key",
+        ),
+        pytest.param(
+            LOCAL + "webhook: {source_header: 'X Forwarded'}\n",
+            "key 'webhook' is given twice",
+            id="duplicate-section",
+        ),
     ],
 )
 def test_config_mistakes_are_reported_with_their_field(
@@ -97,14 +118,14 @@ def test_what_the_file_sets_overrides_the_settings_and_nothing_else(tmp_path: Pa
     assert settings_for(load_controller_config(write_config(tmp_path, LOCAL))) == defaults
     body = LOCAL + (
         "planner: {replicate_share: 1.0, time_limit_s: 2}\n"
-        "intervals: {plan_s: 60}\nmax_loads_per_event: 5\nlease_duration_s: 9\n"
+        "intervals: {plan_s: 60}\nmax_loads_per_event: 5\nlease_duration_s: 30\n"
     )
     settings = settings_for(load_controller_config(write_config(tmp_path, body)))
     assert settings == replace(
         defaults,
         planner=replace(defaults.planner, replicate_share=1.0, time_limit_s=2.0),
         controller=replace(
-            defaults.controller, plan_interval_s=60, max_loads_per_event=5, lease_duration_s=9
+            defaults.controller, plan_interval_s=60, max_loads_per_event=5, lease_duration_s=30
         ),
     )
 
@@ -116,7 +137,7 @@ def test_no_secret_turns_the_webhook_off_and_an_empty_secret_file_is_refused(
         write_config(tmp_path, LOCAL.replace("secret_file: secret, ", ""))
     )
     assert read_secret(without.webhook, {}) is None
-    assert read_secret(without.webhook, {"LORAFLEET_WEBHOOK_SECRET": "x"}) == b"x"
+    assert read_secret(without.webhook, {"LORAFLEET_WEBHOOK_SECRET": SECRET}) == SECRET.encode()
     with_file = load_controller_config(write_config(tmp_path, LOCAL))
     (tmp_path / "secret").write_text("\n")
     with pytest.raises(InputError, match="the webhook secret is empty"):
@@ -165,17 +186,25 @@ async def test_the_composed_app_serves_health_metrics_and_the_openapi_document(
 ) -> None:
     schedule, webhook = build(load_controller_config(write_config(tmp_path, LOCAL)), http=http)
     assert schedule.job_ids() == ["forecast", "ingest", "lease", "plan", "watchdog"]
-    assert (
-        await schedule.controller.guarded(Job.INGEST, schedule.controller.ingest)
-        is TickOutcome.DONE
-    )
+    controller = schedule.controller
+    # The state directory's lock is its lease: taken at the first lease tick.
+    assert await controller.guarded(Job.LEASE, controller.lease) is TickOutcome.DONE
+    assert await controller.guarded(Job.INGEST, controller.ingest) is TickOutcome.DONE
     transport = httpx.ASGITransport(app=webhook)
     async with httpx.AsyncClient(transport=transport, base_url="http://c") as client:
         assert (await client.get("/healthz")).status_code == 200
         ready = (await client.get("/readyz")).json()
         metrics = (await client.get("/metrics")).text
         document = (await client.get("/openapi.json")).json()
-    assert ready == {"leader": True, "plan": None, "backing_off": []}
+    # Not served yet (no scheduler running): alive, not ready.
+    assert ready == {
+        "leader": True,
+        "plan": None,
+        "backing_off": [],
+        "problems": [],
+        "ready": False,
+        "reason": "starting",
+    }
     assert 'lorafleet_controller_ticks_total{job="ingest",outcome="done"} 1.0' in metrics
     assert "lorafleet_plan_period_seconds 300.0" in metrics  # the stale-plan alert's period
     assert "lorafleet_slot_capacity{pool=" in metrics  # active adapters against slots
@@ -263,6 +292,7 @@ async def test_the_composed_controller_learns_event_models_and_forecasts_with_mo
     schedule, _ = build(load_controller_config(write_config(tmp_path, LOCAL)), http=http)
     controller = schedule.controller
     assert isinstance(controller.ports.forecaster, ReusingForecaster)
+    assert await controller.guarded(Job.LEASE, controller.lease) is TickOutcome.DONE
     assert await controller.guarded(Job.INGEST, controller.ingest) is TickOutcome.DONE
     assert controller.state.predictor is not None
     login = Event(kind=EventKind.LOGIN, id="e", tenant="firm-east")  # type: ignore[arg-type]

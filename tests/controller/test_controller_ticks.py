@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 from placement.adapters.kube_memory import (
-    MemoryAnnotator,
+    MemoryHotSets,
     MemoryLeaseStore,
     MemoryPlanStore,
     MemoryPods,
@@ -38,7 +38,7 @@ from placement.errors import KubeConflictError, RetryableKubeError, SolverError
 from placement.forecast.event_preloads import pipeline_predictor
 from placement.inputs.request_log import RequestLog, request_log_from_frame
 from placement.plan import AdapterPlan, Plan, PodPlan, Preload
-from placement.ports import HOT_COUNT_LABEL, DiscoveredPod
+from placement.ports import DiscoveredPod
 from placement.settings import ControllerSettings, ExecutorSettings, Settings
 from placement.solver.problem import Demand
 from tests import factories
@@ -136,7 +136,7 @@ class Rig:
     planner: RankPlanner
     plans: MemoryPlanStore
     state: MemoryStateStore
-    annotator: MemoryAnnotator
+    hot_sets: MemoryHotSets
     pods: MemoryPods | None
 
     def loads(self) -> int:
@@ -166,7 +166,7 @@ async def make_rig() -> AsyncIterator[object]:
         clients.append(http)
         planner = RankPlanner()
         rig_state = state or MemoryStateStore()
-        plans, annotator = MemoryPlanStore(), MemoryAnnotator()
+        plans, hot_sets = MemoryPlanStore(), MemoryHotSets()
         cat = catalog()
         log = history(clock.wall())
         ports = ControllerPorts(
@@ -182,11 +182,11 @@ async def make_rig() -> AsyncIterator[object]:
             state=rig_state,
             predictor=pipeline_predictor(Pipelines(), cat),
             discovery=pods,
-            annotator=annotator,
+            hot_sets=hot_sets,
             elector=elector,
         )
         controller = Controller(ports, settings=SETTINGS, clock=clock)
-        return Rig(controller, emulated, clock, planner, plans, rig_state, annotator, pods)
+        return Rig(controller, emulated, clock, planner, plans, rig_state, hot_sets, pods)
 
     yield build
     for http in clients:
@@ -205,14 +205,17 @@ async def cycle(controller: Controller) -> list[TickOutcome]:
     ]
 
 
-async def test_a_cycle_loads_the_plan_publishes_it_marks_pods_and_saves_state(make_rig) -> None:  # type: ignore[no-untyped-def]
+async def test_a_cycle_loads_the_plan_publishes_it_and_its_hot_sets_and_saves_state(
+    make_rig,
+) -> None:  # type: ignore[no-untyped-def]
     rig: Rig = make_rig()
     assert await cycle(rig.controller) == [TickOutcome.DONE] * 3
     plan = rig.plans.current()
     assert plan is not None and plan == rig.controller.state.plan
     for pod, pod_plan in plan.pods.items():
         assert set(pod_plan.hot) <= rig.registered(pod)
-        assert rig.annotator.labels[pod][HOT_COUNT_LABEL] == str(len(pod_plan.hot))
+        assert rig.hot_sets.hot_sets[pod] == tuple(sorted(pod_plan.hot))
+    assert rig.hot_sets.plan_id == plan.id
     assert {a for p in plan.pods.values() for a in p.hot} == {"a0", "a1", "a2", "a3"}
     assert rig.state.load().plan_json is not None
 
@@ -372,7 +375,9 @@ async def test_a_standby_does_nothing_and_takes_over_when_the_leader_stops(make_
     )
 
     def elector(name: str) -> LeaderElector:
-        return LeaderElector(lease, identity=name, duration_s=15, clock=clock, wall=clock.wall)
+        return LeaderElector(
+            lease, identity=name, duration_s=15, renew_deadline_s=10, clock=clock, wall=clock.wall
+        )
 
     leader: Rig = make_rig(emulated=emulated, state=shared_state, elector=elector("a"), clock=clock)
     standby: Rig = make_rig(
@@ -506,7 +511,14 @@ async def test_two_controllers_against_one_fake_api_server_only_the_holder_acts(
 
         def elector(name: str, api: object) -> LeaderElector:
             store = KubeLeaseStore(api, target=target)  # type: ignore[arg-type]
-            return LeaderElector(store, identity=name, duration_s=15, clock=clock, wall=clock.wall)
+            return LeaderElector(
+                store,
+                identity=name,
+                duration_s=15,
+                renew_deadline_s=10,
+                clock=clock,
+                wall=clock.wall,
+            )
 
         a: Rig = make_rig(
             emulated=emulated, state=shared_state, elector=elector("a", kube_api), clock=clock

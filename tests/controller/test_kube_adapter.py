@@ -9,7 +9,7 @@ import pytest
 from kubernetes import client
 
 from placement.adapters.kube import (
-    KubeAnnotator,
+    KubeHotSets,
     KubeLeaseStore,
     KubePlanStore,
     KubePods,
@@ -20,14 +20,11 @@ from placement.adapters.kube import (
 from placement.domain import AdapterId, PodId
 from placement.errors import KubeConflictError, KubeError, PlanError, RetryableKubeError
 from placement.ports import (
-    HOT_COUNT_LABEL,
-    HOT_HASH_LABEL,
-    HOT_SET_ANNOTATION,
+    PLAN_ID_ANNOTATION,
     LeaseRecord,
     PodEvent,
     PodEventKind,
     StoredState,
-    is_label_value,
 )
 from tests.controller.controller_kubefake import FakeApiServer, make_pod
 from tests.factories import T0, make_plan
@@ -91,36 +88,31 @@ def test_watch_reports_current_pods_then_changes(
     ]
 
 
-# --- hot-set marks ----------------------------------------------------------------
+# --- hot sets ----------------------------------------------------------------------
 
 
-def test_mark_hot_set_patches_labels_and_annotation(
+def test_hot_sets_go_to_one_configmap_and_no_pod_is_patched(
     fake_api: FakeApiServer, kube_api: client.ApiClient, target: KubeTarget
 ) -> None:
     fake_api.put("pods", make_pod("pod-0"))
-    annotator = KubeAnnotator(kube_api, target=target)
+    board = KubeHotSets(kube_api, target=target)
     names = tuple(AdapterId(f"adapter-with-a-long-name-{i:02d}") for i in range(8))
 
-    annotator.mark_hot_set(PodId("pod-0"), names, plan_id="p1")
-    first = fake_api.get("pods", "pod-0")
-    annotator.mark_hot_set(PodId("pod-0"), names[:2], plan_id="p2")
-    second = fake_api.get("pods", "pod-0")
+    board.publish_hot_sets({PodId("pod-0"): names, PodId("pod-1"): ()}, plan_id="p1")
+    first = fake_api.get("configmaps", "lorafleet-hot-sets")
+    board.publish_hot_sets({PodId("pod-0"): names[:2]}, plan_id="p2")
+    second = fake_api.get("configmaps", "lorafleet-hot-sets")
 
     assert first is not None and second is not None
-    labels = first["metadata"]["labels"]
-    assert labels[HOT_COUNT_LABEL] == "8"
-    assert all(is_label_value(value) for value in labels.values())
-    assert first["metadata"]["annotations"][HOT_SET_ANNOTATION] == ",".join(names)
-    assert second["metadata"]["labels"][HOT_COUNT_LABEL] == "2"
-    assert second["metadata"]["labels"][HOT_HASH_LABEL] != labels[HOT_HASH_LABEL]
-    assert second["metadata"]["labels"]["lorafleet.io/pool"] == "llama"
-
-
-def test_mark_hot_set_on_a_vanished_pod_is_a_kube_error(
-    kube_api: client.ApiClient, target: KubeTarget
-) -> None:
-    with pytest.raises(KubeError, match="404"):
-        KubeAnnotator(kube_api, target=target).mark_hot_set(PodId("gone"), (), plan_id="p")
+    count, digest, listed = first["data"]["pod-0"].split(" ")
+    assert (count, listed) == ("8", ",".join(names))
+    assert first["data"]["pod-1"] == "0 e3b0c44298fc"  # the digest of the empty set
+    assert first["metadata"]["annotations"][PLAN_ID_ANNOTATION] == "p1"
+    assert set(second["data"]) == {"pod-0"}
+    assert second["data"]["pod-0"].split(" ")[1] != digest
+    assert second["metadata"]["annotations"][PLAN_ID_ANNOTATION] == "p2"
+    assert not [r for r in fake_api.requests if r[0] == "PATCH"]
+    assert fake_api.get("pods", "pod-0") == fake_api.objects[("pods", "lf", "pod-0")]
 
 
 # --- plan and state config maps ---------------------------------------------------

@@ -16,6 +16,7 @@ from tests.controller.controller_kubefake import FakeApiServer
 from tests.factories import FakeClock
 
 DURATION_S = 15
+RENEW_DEADLINE_S = 10.0
 TICK_S = 5.0
 
 
@@ -27,7 +28,14 @@ def second_api(fake_api: FakeApiServer) -> Iterator[client.ApiClient]:
 
 
 def elector(store: LeaseStore, name: str, clock: FakeClock) -> LeaderElector:
-    return LeaderElector(store, identity=name, duration_s=DURATION_S, clock=clock, wall=clock.wall)
+    return LeaderElector(
+        store,
+        identity=name,
+        duration_s=DURATION_S,
+        renew_deadline_s=RENEW_DEADLINE_S,
+        clock=clock,
+        wall=clock.wall,
+    )
 
 
 @pytest.fixture
