@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from placement.adapters.kube import (
-    KubeAnnotator,
+    KubeHotSets,
     KubeLeaseStore,
     KubePlanStore,
     KubePods,
@@ -162,6 +162,7 @@ def test_the_controller_role_grants_exactly_what_the_controller_uses() -> None:
             KubeLeaseStore(api, target=target),
             identity="c",
             duration_s=15,
+            renew_deadline_s=10,
             clock=clock,
             wall=clock.wall,
         )
@@ -169,9 +170,10 @@ def test_the_controller_role_grants_exactly_what_the_controller_uses() -> None:
         clock.advance(5)
         elector.tick()
         KubePods(api, target=target).list_pods()
-        KubeAnnotator(api, target=target).mark_hot_set(
-            PodId("pod-0"), (AdapterId("a"),), plan_id="p"
-        )
+        for plan_id in ("p1", "p2"):
+            KubeHotSets(api, target=target).publish_hot_sets(
+                {PodId("pod-0"): (AdapterId("a"),)}, plan_id=plan_id
+            )
         plans, state = KubePlanStore(api, target=target), KubeStateStore(api, target=target)
         for plan_id in ("p1", "p2"):
             plans.publish(make_plan(plan_id=plan_id))
@@ -201,6 +203,78 @@ def test_the_router_role_grants_exactly_what_the_router_uses() -> None:
     requests = used(fake.requests)
     assert all(allowed(r, rules) for r in requests), requests
     assert {(r, v) for r, v, _ in rules} == {(r, v) for r, v, _ in requests}
+
+
+def test_the_controller_patches_no_pod() -> None:
+    rules = granted("lorafleet-controller")
+    assert {(r, v) for r, v, _ in rules if r == "pods"} == {("pods", "list")}
+
+
+# --- the network, disruptions and readiness -------------------------------------------
+
+
+def _policy(name: str) -> dict[str, Any]:
+    return by_kind("NetworkPolicy")[name]["spec"]
+
+
+def _allowed_namespaces(name: str) -> list[dict[str, str]]:
+    (rule,) = _policy(name)["ingress"]
+    assert rule["ports"] == [{"port": "http", "protocol": "TCP"}]
+    return [peer["namespaceSelector"]["matchLabels"] for peer in rule["from"]]
+
+
+PROMETHEUS = {"kubernetes.io/metadata.name": "monitoring"}
+
+
+def test_network_policies_let_in_only_clients_senders_and_prometheus() -> None:
+    deny = _policy("lorafleet-default-deny")
+    assert deny["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "lorafleet"}
+    assert deny["policyTypes"] == ["Ingress"] and "ingress" not in deny
+    assert _allowed_namespaces("lorafleet-router") == [
+        {"lorafleet.io/router-client": "true"},
+        PROMETHEUS,
+    ]
+    assert _allowed_namespaces("lorafleet-controller") == [
+        {"lorafleet.io/webhook-sender": "true"},
+        PROMETHEUS,
+    ]
+    for name, component in (("lorafleet-router", "router"), ("lorafleet-controller", "controller")):
+        labels = by_kind("Deployment")[name]["spec"]["template"]["metadata"]["labels"]
+        selector = _policy(name)["podSelector"]["matchLabels"]
+        assert selector["app.kubernetes.io/component"] == component
+        assert selector.items() <= labels.items()
+
+
+def test_the_router_survives_a_drain_on_two_nodes() -> None:
+    router = by_kind("Deployment")["lorafleet-router"]["spec"]
+    labels = router["template"]["metadata"]["labels"]
+    budget = by_kind("PodDisruptionBudget")["lorafleet-router"]["spec"]
+    assert budget["minAvailable"] == 1 and budget["minAvailable"] < router["replicas"]
+    assert budget["selector"]["matchLabels"].items() <= labels.items()
+    (term,) = router["template"]["spec"]["affinity"]["podAntiAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"
+    ]
+    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    assert term["podAffinityTerm"]["labelSelector"]["matchLabels"].items() <= labels.items()
+
+
+def test_the_controller_is_ready_only_as_leader_and_recreated_on_updates() -> None:
+    deployment = by_kind("Deployment")["lorafleet-controller"]["spec"]
+    (container,) = deployment["template"]["spec"]["containers"]
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    # a standby is never ready: a rolling update would wait for it forever
+    assert deployment["strategy"] == {"type": "Recreate"}
+
+
+def test_the_shipped_placeholder_secret_is_refused(tmp_path: Path) -> None:
+    from placement.controller.config import WebhookConfig, read_secret
+    from placement.errors import InputError
+
+    shipped = by_kind("Secret")["lorafleet-webhook"]["stringData"]["webhook-secret"]
+    (tmp_path / "webhook-secret").write_text(shipped)
+    with pytest.raises(InputError, match="placeholder"):
+        read_secret(WebhookConfig(secret_file=tmp_path / "webhook-secret"), {})
 
 
 # --- the image ---------------------------------------------------------------------------
