@@ -20,13 +20,12 @@ from types import MappingProxyType
 import httpx
 
 from placement.actuation.executor import ActionResult, ApplyReport, Executor, Ledger, Sleep
-from placement.actuation.reconcile import ActionSchedule, PodState, schedule
+from placement.actuation.reconcile import ActionSchedule, PodState, engine_model, schedule
 from placement.adapters.engines import engine_client
-from placement.domain import Action, AdapterId, Catalog, Engine, Fleet, PodId
+from placement.domain import Action, AdapterId, Catalog, Fleet, PodId
 from placement.errors import EngineError, RetryableEngineError
 from placement.plan import Plan
 from placement.ports import EngineClient, Registered
-from placement.residency import EngineModel
 from placement.settings import ExecutorSettings
 
 #: Tries at listing a pod before calling it unreachable (a lone 5xx is not a dead pod).
@@ -58,11 +57,6 @@ def make_clients(
         for pool in fleet.pools
         for pod in pool.pods
     }
-
-
-def engine_model(engine: Engine) -> EngineModel:
-    """The engine model of a pool's engine: SGLang is taken as current (the soft cap)."""
-    return EngineModel.VLLM if engine is Engine.VLLM else EngineModel.SGLANG
 
 
 def lora_paths(catalog: Catalog) -> dict[AdapterId, str]:

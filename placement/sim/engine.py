@@ -1,8 +1,15 @@
 """The discrete-event fleet model: pods, their adapter caches, batches and loads.
 
-Per pod: GPU slots (an LRU of ``max_loras``, as vLLM activates adapters), a host
-cache (an LRU of ``max_cpu_loras``), a running batch of up to ``max_num_seqs``, a FIFO
-queue, and adapter loads in the five swap phases. A load drains the batch first (up to
+Per pod: what the engine holds (``SimPod.model``, the engine model of
+``placement.residency``: the names it lists, its host cache of ``max_cpu_loras``, its
+``max_loras`` GPU slots, and what each load and request does to them), a running
+batch of up to ``max_num_seqs``, a FIFO queue, and adapter loads in the five swap
+phases. A request for an adapter off the GPU is loaded where the pod does not list it
+(the router's load; on vLLM a load activates it) and requested otherwise; a planned
+preload does the same. The engine evicts the least recently used adapter with no
+request running or queued (the adapters a planned router protects last); another
+``EvictionPolicy`` stands for an engine that would evict otherwise, its victim
+passed to the model. A load drains the batch first (up to
 ``max_drain_ms``) and the pod admits nothing new until the weights are in: that is
 the convoy effect. The step cost rises with batch size and distinct adapters.
 
@@ -22,6 +29,7 @@ from dataclasses import dataclass, field
 from heapq import heappop, heappush
 from typing import Protocol
 
+from placement.residency import Effects
 from placement.settings import LoadCostSettings, SimSettings
 from placement.sim.pods import PodSpec, SimPod, lru_victim
 from placement.sim.workload import SimWorkload
@@ -259,8 +267,7 @@ class FleetReplay:
         end_s = now_s + (prefill_ms + self.workload.output_tokens[r] * step_ms) / 1000.0
         log.end_s[r] = end_s
         pod.busy_until = max(pod.busy_until, end_s)
-        slots = pod.gpu_adapters
-        slots[adapter] = slots.pop(adapter)
+        pod.touch(adapter)
         pod.last_used[adapter] = now_s
         pod.uses[adapter] = pod.uses.get(adapter, 0) + 1
         pod.served.add(adapter)
@@ -299,22 +306,20 @@ class FleetReplay:
         """A swap's five phases: drain the batch, then deallocate, transfer, init, warm up."""
         cost = self.load_cost
         size = self.workload.size_bytes.get(adapter, 0)
-        cold = adapter not in pod.registered
         # Into a free slot the weights move between steps (a swap's best case, no
         # drain); replacing an adapter drains the running batch first.
         drain_ms = 0.0
         if pod.free_slots <= 0:
             drain_ms = min(cost.max_drain_ms, max(0.0, pod.busy_until - now_s) * 1000.0)
+        effects = self._fetch(pod, adapter, now_s)
+        cold = effects.cold
         load_ms = (
             cost.cold_load_ms(size, drain_ms=drain_ms)
             if cold
             else cost.warm_load_ms(size, drain_ms=drain_ms)
         )
-        if len(pod.gpu_adapters) >= pod.max_loras:
-            self._evict(pod, now_s)
         pod.load_adapter = adapter
         pod.load_cold = cold
-        pod.loading.add(adapter)
         pod.gpu_util = 1.0
         if r >= 0 and self.log.outcome[r] == GPU_HIT:
             self.log.outcome[r] = COLD_LOAD if cold else CPU_HIT
@@ -322,18 +327,23 @@ class FleetReplay:
         self.log.loads.append((now_s, end_s, p, cold))
         heappush(self.heap, (end_s, LOAD_DONE, p, -1))
 
-    def _evict(self, pod: SimPod, now_s: float) -> None:
-        if self.router_eviction is EvictionPolicy.LRU:
-            victim = lru_victim(pod)
-        elif self.router_eviction is EvictionPolicy.BELADY:
-            victim = self._belady_victim(pod)[0]
+    def _fetch(self, pod: SimPod, adapter: str, now_s: float) -> Effects:
+        """The engine model's load or request for ``adapter``, with the victim it evicts
+        if the slots are full: under LRU the engine's own, skipping adapters in use (and
+        those the planner protects) while it has another choice; under another policy
+        that policy's, passed to the model as the only one it may take."""
+        busy: set[str]
+        if pod.free_slots > 0 or self.router_eviction is EvictionPolicy.LRU:
+            busy = {*pod.running_adapters, *pod.waiting_adapters, *pod.pinned}
         else:
-            victim = choose_victim(self._eviction_context(pod, now_s))
-        if victim is None:
-            # Every slot pinned: vLLM has no hard pin, so the least recently used goes.
-            victim = next(iter(pod.gpu_adapters))
-        loaded_at = pod.gpu_adapters.pop(victim)
-        self.log.residency_s.append(now_s - loaded_at)
+            victim = self._victim(pod, now_s)
+            busy = {name for name in pod.gpu_adapters if name != victim}
+        return pod.fetch(adapter, busy=busy, now_s=now_s)
+
+    def _victim(self, pod: SimPod, now_s: float) -> str | None:
+        if self.router_eviction is EvictionPolicy.BELADY:
+            return self._belady_victim(pod)[0]
+        return choose_victim(self._eviction_context(pod, now_s))
 
     def _victim_cost(self, pod: SimPod) -> float:
         """When Belady's victim on ``pod`` would have been last used, were it LRU's: now
@@ -411,21 +421,13 @@ class FleetReplay:
         adapter = pod.load_adapter
         assert adapter is not None
         pod.load_adapter = None
-        pod.loading.discard(adapter)
-        pod.gpu_adapters[adapter] = now_s
+        pod.land(adapter, now_s)
         pod.last_used[adapter] = now_s  # activation counts as a use (vLLM's LRU)
-        registered = pod.registered
-        registered.pop(adapter, None)
-        registered[adapter] = None
-        while len(registered) > pod.max_cpu_loras:
-            victim = next((name for name in registered if name not in pod.gpu_adapters), None)
-            if victim is None:
-                break
-            del registered[victim]
         pod.gpu_util = pod.running / self.sim.max_num_seqs
         self._pump(p, now_s)
 
     def _close_residency(self) -> None:
         for pod in self.pods:
+            self.log.residency_s.extend(pod.residencies_s)
             for loaded_at in pod.gpu_adapters.values():
                 self.log.residency_s.append(max(0.0, self.now_s - loaded_at))

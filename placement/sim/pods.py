@@ -1,31 +1,54 @@
-"""One simulated pod's state: the slots, caches, batch and queue the engine mutates.
+"""One simulated pod: what its engine holds, and the batch and queue the replay mutates.
 
-Owns ``PodSpec`` (a pod's limits), ``SimPod`` (its live state, which satisfies
-``policies.routing.PodLike`` so routers read it without a copy per request) and the
-LRU victim rule on it. Mutated only by ``placement.sim.engine``.
+What a pod holds (the names it lists, its host cache, its GPU slots and their LRU
+orders) is ``placement.residency.PodResidency``, the engine model the emulator and the
+router's ledger run too, so the replay and an emulated pod cannot disagree. ``SimPod``
+calls it for each load, unload and request and keeps, next to it, what the model does
+not: time (when an adapter landed on its slot, when it was used), the running batch
+and queue, and two mirrors of the model's state that the routers read per request
+without a copy (``gpu_adapters``, ``registered``). The mirrors are rebuilt from the
+model after every call that moves anything, and ``agrees()`` checks them.
+
+Speed: a hit (a request for an adapter on a GPU slot) changes only the LRU orders, so
+it is noted, not sent: before the model is next called or read (``model``), the hits
+since are sent in the order of their last use, which leaves it exactly as one call per
+hit would (a replay sends hundreds of thousands).
+
+``SimPod`` satisfies ``policies.routing.PodLike``. Mutated only by
+``placement.sim.engine`` (and by tests, through ``load``, ``unload`` and ``request``).
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
+
+from placement.residency import Effects, EngineModel, PodResidency
+
+_HIT = Effects()
 
 
 @dataclass(frozen=True, kw_only=True)
 class PodSpec:
     pod_id: str
     max_loras: int
+    #: vLLM: ``--max-cpu-loras`` (the host cache); SGLang: ``--max-loaded-loras``.
     max_cpu_loras: int
     capacity_rps: float = 1.0
+    engine: EngineModel = EngineModel.VLLM
 
 
 class SimPod:
     """One pod's live state; satisfies ``policies.routing.PodLike`` without copies."""
 
     __slots__ = (
+        "_hits",
+        "_model",
         "busy_until",
+        "free_slots",
+        "ghosts",
         "gpu_adapters",
         "gpu_util",
         "healthy",
@@ -43,6 +66,7 @@ class SimPod:
         "queue_depth",
         "recent",
         "registered",
+        "residencies_s",
         "running",
         "running_adapters",
         "served",
@@ -55,6 +79,11 @@ class SimPod:
         self.pod_id = spec.pod_id
         self.max_loras = spec.max_loras
         self.max_cpu_loras = spec.max_cpu_loras
+        self._model = PodResidency(
+            spec.engine, max_loras=spec.max_loras, max_cpu_loras=spec.max_cpu_loras
+        )
+        #: Adapters hit since the model was last called (see the module's docstring).
+        self._hits: set[str] = set()
         self.healthy = True
         self.queue: deque[int] = deque()
         self.queue_depth = 0
@@ -62,27 +91,33 @@ class SimPod:
         self.kv_tokens = 0
         self.kv_usage = 0.0
         self.gpu_util = 0.0
-        #: adapter -> the time it landed on the slot; dict order is LRU order.
+        #: The model's GPU slots, least recently used first, each with the time it
+        #: landed (an adapter still loading is in ``loading`` instead).
         self.gpu_adapters: dict[str, float] = {}
+        #: The model's host cache (on SGLang: the adapters it holds loaded).
         self.registered: dict[str, None] = {}
+        #: GPU slots held by entries no listed name points to (vLLM after an unload).
+        self.ghosts = 0
+        #: GPU slots neither landed, loading nor held by a ghost (kept, not computed:
+        #: the routers read it for every pod on every request).
+        self.free_slots = spec.max_loras
         self.running_adapters: dict[str, int] = {}
         self.waiting_adapters: dict[str, int] = {}
         self.loading: set[str] = set()
         self.load_adapter: str | None = None
         self.load_cold = False
+        #: Adapters the replay's planner protects from eviction (see the engine).
         self.pinned: frozenset[str] = frozenset()
         self.busy_until = 0.0
         self.last_used: dict[str, float] = {}
         self.uses: dict[str, int] = {}
         self.recent: dict[str, deque[float]] = {}
         self.served: set[str] = set()
+        #: How long each adapter that left a GPU slot stayed on it.
+        self.residencies_s: list[float] = []
         #: Set by the engine when eviction is not LRU: the victim's cost on the LRU
         #: scale (an equivalent last-use time), so routers compare pods alike.
         self.victim_cost: Callable[[SimPod], float] | None = None
-
-    @property
-    def free_slots(self) -> int:
-        return self.max_loras - len(self.gpu_adapters) - len(self.loading)
 
     @property
     def victim_last_used_s(self) -> float:
@@ -91,11 +126,107 @@ class SimPod:
         victim = lru_victim(self)
         return math.inf if victim is None else self.last_used.get(victim, 0.0)
 
+    @property
+    def model(self) -> PodResidency:
+        """The engine model, up to date."""
+        hits = self._hits
+        if hits:
+            for adapter in [name for name in self.gpu_adapters if name in hits]:
+                self._model.request(adapter)
+            hits.clear()
+        return self._model
+
+    # the engine's three calls --------------------------------------------------------
+    def load(self, adapter: str, *, busy: Collection[str] = (), now_s: float = 0.0) -> Effects:
+        """``load_lora_adapter`` (on vLLM it activates the adapter on a GPU slot)."""
+        return self._sync(self.model.load(adapter, adapter, busy=busy), now_s=now_s)
+
+    def unload(self, adapter: str, *, now_s: float = 0.0) -> Effects:
+        """``unload_lora_adapter`` (on vLLM the entry keeps its GPU slot: a ghost)."""
+        return self._sync(self.model.unload(adapter), now_s=now_s, moved=True)
+
+    def request(self, adapter: str, *, busy: Collection[str] = (), now_s: float = 0.0) -> Effects:
+        """A request naming ``adapter``: it activates it (reading it again if needed)."""
+        if adapter in self.gpu_adapters:
+            self.touch(adapter)
+            return _HIT
+        return self._sync(self.model.request(adapter, busy=busy), now_s=now_s)
+
+    def fetch(self, adapter: str, *, busy: Collection[str], now_s: float) -> Effects:
+        """Start putting ``adapter`` on a GPU slot for a request or a preload: loaded
+        first where the pod does not serve it (the router's or controller's load), then
+        requested unless the load activated it. It stays in ``loading`` until it lands."""
+        model = self.model
+        if model.serves(adapter):
+            return self._sync(model.request(adapter, busy=busy), now_s=now_s, pending=adapter)
+        loaded = model.load(adapter, adapter, busy=busy)
+        if loaded.activated:
+            return self._sync(loaded, now_s=now_s, pending=adapter)
+        then = model.request(adapter, busy=busy)
+        effects = Effects(
+            cold=True,
+            activated=then.activated,
+            gpu_evicted=loaded.gpu_evicted + then.gpu_evicted,
+            host_evicted=loaded.host_evicted + then.host_evicted,
+            unlisted=loaded.unlisted + then.unlisted,
+        )
+        return self._sync(effects, now_s=now_s, pending=adapter)
+
+    def touch(self, adapter: str) -> None:
+        """A request for an adapter on a GPU slot: a hit, which refreshes both LRUs."""
+        self._hits.add(adapter)
+        slots = self.gpu_adapters
+        slots[adapter] = slots.pop(adapter)
+
+    def land(self, adapter: str, now_s: float) -> None:
+        """The adapter fetched last is on its slot now."""
+        self.loading.discard(adapter)
+        self.gpu_adapters[adapter] = now_s
+
+    # the mirrors -------------------------------------------------------------------
+    def _sync(
+        self, effects: Effects, *, now_s: float, pending: str | None = None, moved: bool = False
+    ) -> Effects:
+        """Bring the mirrors to the model after a call; ``pending`` goes to ``loading``."""
+        host_moved = moved or effects.cold or effects.host_evicted or effects.unlisted
+        if not (host_moved or effects.activated or effects.gpu_evicted):
+            return effects  # a hit: only the LRU orders moved
+        model = self._model
+        on_gpu = model.on_gpu()
+        kept = set(on_gpu)
+        for name in [n for n in self.gpu_adapters if n not in kept]:
+            self.residencies_s.append(max(0.0, now_s - self.gpu_adapters.pop(name)))
+        for name in on_gpu:
+            if name == pending:
+                if name not in self.gpu_adapters:
+                    self.loading.add(name)
+            elif name not in self.gpu_adapters and name not in self.loading:
+                self.gpu_adapters[name] = now_s
+        self.loading.intersection_update(kept)
+        if host_moved:  # a request off the GPU but in the host cache leaves it as it was
+            self.registered = dict.fromkeys(model.in_host())
+        if moved or self.ghosts:  # only an unload makes a ghost; evictions end them
+            self.ghosts = model.ghosts_on_gpu()
+        self.free_slots = self.max_loras - len(self.gpu_adapters) - len(self.loading) - self.ghosts
+        return effects
+
+    def agrees(self) -> bool:
+        """Whether the mirrors say what the model holds, in the model's LRU order."""
+        model = self.model
+        landed = [name for name in model.on_gpu() if name not in self.loading]
+        return (
+            list(self.gpu_adapters) == landed
+            and set(self.registered) == set(model.in_host())
+            and self.ghosts == model.ghosts_on_gpu()
+            and self.free_slots == self.max_loras - len(model.on_gpu()) - self.ghosts
+        )
+
 
 def lru_victim(pod: SimPod) -> str | None:
-    """``choose_victim`` for LRU without building entries: the slot dict is in LRU
-    order, so the first idle unpinned adapter, else the first unpinned one. An adapter
-    with requests running or queued counts as in use (Chameleon's reference counts)."""
+    """The adapter the engine would evict next for LRU, from the mirror: the least
+    recently used idle one not protected, else the least recently used not protected.
+    An adapter with requests running or queued counts as in use (the scheduler does
+    not evict it while it has another choice)."""
     fallback: str | None = None
     for adapter in pod.gpu_adapters:
         if adapter in pod.pinned:

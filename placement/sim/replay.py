@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from placement.actuation.reconcile import engine_model
 from placement.domain import Fleet
 from placement.errors import InputError, Problem
 from placement.settings import Settings
@@ -44,6 +45,7 @@ def pod_specs(fleet: Fleet) -> list[PodSpec]:
             max_loras=pod.max_loras,
             max_cpu_loras=max(pod.max_cpu_loras, pod.max_loras),
             capacity_rps=pod.capacity_rps,
+            engine=engine_model(pod.engine),
         )
         for pod in fleet.pods
     ]

@@ -170,6 +170,7 @@ class CheckedReplay(FleetReplay):
     """Checks the pod invariants after every load completes and every request ends."""
 
     def _check(self, pod: SimPod) -> None:
+        assert pod.agrees(), "the routers' views are not the engine model's"
         assert len(pod.gpu_adapters) + len(pod.loading) <= pod.max_loras
         assert len(pod.registered) <= pod.max_cpu_loras
         assert pod.running <= self.sim.max_num_seqs
