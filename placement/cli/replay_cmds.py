@@ -122,8 +122,9 @@ def replay(
     eviction: Annotated[
         str,
         typer.Option(
-            help="GPU-slot eviction: lru (lorafleet then evicts by forecast), lfu, tw-lru,"
-            " chameleon, forecast, belady (the oracle always uses belady)"
+            help="GPU-slot eviction: lru (the engine's, for every policy), or an engine"
+            " that would evict otherwise: lfu, tw-lru, chameleon, forecast, belady (the"
+            " oracle always uses belady)"
         ),
     ] = "lru",
     as_json: Annotated[bool, typer.Option("--json", help="print JSON instead of a table")] = False,

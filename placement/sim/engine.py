@@ -7,9 +7,10 @@ batch of up to ``max_num_seqs``, a FIFO queue, and adapter loads in the five swa
 phases. A request for an adapter off the GPU is loaded where the pod does not list it
 (the router's load; on vLLM a load activates it) and requested otherwise; a planned
 preload does the same. The engine evicts the least recently used adapter with no
-request running or queued (the adapters a planned router protects last); another
-``EvictionPolicy`` stands for an engine that would evict otherwise, its victim
-passed to the model. A load drains the batch first (up to
+request running or queued, as vLLM's LRU does: a plan's hot set has no protection
+from it (vLLM has no pin over HTTP). Another ``EvictionPolicy`` stands for an engine
+that would evict otherwise (counterfactual: it protects the plan's hot set), its
+victim passed to the model. A load drains the batch first (up to
 ``max_drain_ms``) and the pod admits nothing new until the weights are in: that is
 the convoy effect. The step cost rises with batch size and distinct adapters.
 
@@ -168,7 +169,7 @@ class FleetReplay:
         self.log.plans += 1
         for p, pod in enumerate(self.pods):
             wanted = hot.get(pod.pod_id, frozenset())
-            pod.pinned = wanted
+            pod.planned = wanted
             for adapter in sorted(wanted):
                 if adapter not in pod.gpu_adapters and adapter not in pod.loading:
                     pod.queue.append(-1 - self._code(adapter))
@@ -216,7 +217,7 @@ class FleetReplay:
         while queue and pod.load_adapter is None:
             r = queue[0]
             adapter = adapters[r] if r >= 0 else self.preload_names[-1 - r]
-            if r < 0 and (adapter not in pod.pinned or not self._worth_preloading(pod, now_s)):
+            if r < 0 and (adapter not in pod.planned or not self._worth_preloading(pod, now_s)):
                 queue.popleft()  # the latest plan no longer wants it, or it would evict
                 continue  # an adapter in use a moment ago
             if adapter not in pod.gpu_adapters:
@@ -329,12 +330,12 @@ class FleetReplay:
 
     def _fetch(self, pod: SimPod, adapter: str, now_s: float) -> Effects:
         """The engine model's load or request for ``adapter``, with the victim it evicts
-        if the slots are full: under LRU the engine's own, skipping adapters in use (and
-        those the planner protects) while it has another choice; under another policy
-        that policy's, passed to the model as the only one it may take."""
+        if the slots are full: under LRU the engine's own, skipping adapters in use
+        while it has another choice; under another policy that policy's, passed to the
+        model as the only one it may take."""
         busy: set[str]
         if pod.free_slots > 0 or self.router_eviction is EvictionPolicy.LRU:
-            busy = {*pod.running_adapters, *pod.waiting_adapters, *pod.pinned}
+            busy = {*pod.running_adapters, *pod.waiting_adapters}
         else:
             victim = self._victim(pod, now_s)
             busy = {name for name in pod.gpu_adapters if name != victim}
@@ -363,7 +364,7 @@ class FleetReplay:
         busy: tuple[str | None, float] = (None, -math.inf)
         now_s = self.now_s
         for adapter in pod.gpu_adapters:
-            if adapter in pod.pinned:
+            if adapter in pod.planned:
                 continue
             times = self._next_use.get(adapter, ())
             k = bisect_right(times, now_s)
@@ -386,7 +387,7 @@ class FleetReplay:
                 uses=pod.uses.get(adapter, 0),
                 recent_uses_s=pod.recent.get(adapter, ()),
                 size_bytes=size.get(adapter, 0),
-                pinned=adapter in pod.pinned,
+                pinned=adapter in pod.planned,
                 in_use=adapter in pod.running_adapters or adapter in pod.waiting_adapters,
                 forecast_rps=self.forecast_rps.get(adapter, 0.0),
             )

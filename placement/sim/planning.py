@@ -48,7 +48,7 @@ class ReplayPlanning:
     forecaster: DemandForecaster
     planner: Planner
     #: Of a plan's hot adapters only those forecast (q90) at or above this rate are
-    #: protected and routed by weight; the rest stay with the routers' LRU.
+    #: preloaded and routed by weight; the rest stay with the routers' LRU.
     hot_min_rps: float = 0.0
     description: str = ""
 

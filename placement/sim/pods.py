@@ -60,7 +60,7 @@ class SimPod:
         "loading",
         "max_cpu_loras",
         "max_loras",
-        "pinned",
+        "planned",
         "pod_id",
         "queue",
         "queue_depth",
@@ -106,8 +106,9 @@ class SimPod:
         self.loading: set[str] = set()
         self.load_adapter: str | None = None
         self.load_cold = False
-        #: Adapters the replay's planner protects from eviction (see the engine).
-        self.pinned: frozenset[str] = frozenset()
+        #: The hot set the latest plan wants here: preloads follow it; only a
+        #: counterfactual eviction policy protects it (vLLM's LRU does not).
+        self.planned: frozenset[str] = frozenset()
         self.busy_until = 0.0
         self.last_used: dict[str, float] = {}
         self.uses: dict[str, int] = {}
@@ -223,14 +224,11 @@ class SimPod:
 
 
 def lru_victim(pod: SimPod) -> str | None:
-    """The adapter the engine would evict next for LRU, from the mirror: the least
-    recently used idle one not protected, else the least recently used not protected.
-    An adapter with requests running or queued counts as in use (the scheduler does
-    not evict it while it has another choice)."""
+    """The adapter the engine evicts next under LRU, read from the mirror: the least
+    recently used one with no request running or queued, else the least recently used
+    (as the engine model's ``busy``)."""
     fallback: str | None = None
     for adapter in pod.gpu_adapters:
-        if adapter in pod.pinned:
-            continue
         if adapter not in pod.running_adapters and adapter not in pod.waiting_adapters:
             return adapter
         if fallback is None:

@@ -1,7 +1,8 @@
 """Replay one workload under several policies: the entry point of ``lorafleet replay``.
 
-Owns the choice of router per policy name, the eviction each uses (LRU unless
-swapped; Belady for the oracle) and the per-policy result: the metrics and, when
+Owns the choice of router per policy name, the eviction each uses (the engine's LRU,
+for lorafleet too, unless a counterfactual one is asked for; Belady for the oracle, a
+bound no engine reaches) and the per-policy result: the metrics and, when
 asked, the per-request log. Each policy runs on a fresh fleet with the same requests.
 """
 
@@ -87,10 +88,9 @@ def _router(
         return PlannedRouter(
             name, replay, settings, EvictionPolicy.BELADY, planning=oracle, history=history
         )
-    # lorafleet evicts by its forecast (rate plus a fading session term) unless another
-    # eviction is asked for: on ServeGen it lifts the hit rate and cuts TTFT p95.
-    chosen = EvictionPolicy.FORECAST if eviction is EvictionPolicy.LRU else eviction
-    return PlannedRouter(name, replay, settings, chosen, planning=planning, history=history)
+    # lorafleet cannot change how vLLM evicts: it runs on the engine's LRU unless a
+    # counterfactual eviction is asked for (--eviction forecast: the engine it would want).
+    return PlannedRouter(name, replay, settings, eviction, planning=planning, history=history)
 
 
 def run_policy(

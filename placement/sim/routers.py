@@ -3,9 +3,10 @@
 Reactive baselines (``round-robin``, ``least-loaded``, ``epp``, ``llm-d``, ``hash``,
 ``bounded``) call the pure scorers of ``policies.routing`` on the engine's live pods.
 ``lorafleet`` replans every ``plan_interval_s`` (and early when unplanned demand
-appears) from the history seen so far, preloads the plan's hot sets, protects them
-from eviction and routes by the plan's weights with bounded affinity; ``oracle`` does
-the same from the true future demand with Belady eviction.
+appears) from the history seen so far, preloads the plan's hot sets and routes by the
+plan's weights with bounded affinity (the engine's LRU may still evict a planned
+adapter: vLLM has no pin over HTTP); ``oracle`` does the same from the true future
+demand on an engine that evicts by Belady and keeps the plan's hot set, a bound.
 
 Coalescing: the EPP baseline does not know a pod is loading (the stampede), nor do the
 least-loaded and llm-d baselines; hash, bounded, lorafleet and oracle coalesce.
@@ -168,7 +169,7 @@ class PlannedRouter(_Base):
 
     Each replan asks the forecaster for the demand of the coming ``plan_horizon_s`` and
     the planner for a ``Plan``; of its hot adapters those forecast at or above
-    ``hot_min_rps`` are protected on their pods and routed by the plan's weights. A
+    ``hot_min_rps`` are preloaded on their pods and routed by the plan's weights. A
     plan that fails keeps the last one, as the controller does.
     """
 
@@ -190,7 +191,7 @@ class PlannedRouter(_Base):
         self.hot: dict[str, frozenset[str]] = {}
         pod_ids = [pod.pod_id for pod in self.pods]
         # Unplanned adapters: bounded affinity over every pod (the general pool is the
-        # whole fleet; the plan's protected slots keep the hot set safe from them).
+        # whole fleet), which weighs each pod's next LRU victim before loading there.
         self.fallback = HashFallback(
             ring=build_ring(pod_ids),
             replicas=settings.router.hash_replicas,

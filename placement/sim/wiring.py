@@ -6,8 +6,8 @@ policies from the same parts the controller wires: ``ModelForecaster``
 and ``SolverPlanner`` (CP-SAT, with the solver's greedy as its hint and fallback) or,
 for speed, ``GreedyPlanner`` (the greedy alone) from ``placement.solver.planner``.
 Only a plan's hot adapters forecast at or above ``SimSettings.plan_hot_min_rps`` are
-protected; the rest stay with the routers' LRU, which the replays show serves a long
-tail better than a guess.
+preloaded and routed by weight; the rest stay with the routers' LRU, which the replays
+show serves a long tail better than a guess.
 """
 
 from __future__ import annotations
