@@ -15,20 +15,23 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import random
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from datetime import UTC, datetime
+from pathlib import Path
 
 import httpx
 
 from placement.actuation.apply import apply_plan, make_clients
 from placement.actuation.executor import Ledger
 from placement.domain import ActionKind, Catalog, PodId
-from placement.emulator import EmulatedFleet, Latency, PodConfig, free_base_port
+from placement.emulator import EmulatedFleet, Latency, PodConfig
 from placement.plan import Plan
 from placement.settings import ExecutorSettings
 from tests import factories
@@ -73,14 +76,28 @@ def _critical_path_s(actions: tuple[object, ...]) -> float:
     return max(per_pod.values(), default=0.0) / 1000.0
 
 
-def _start_subprocess(n: int, base: int) -> subprocess.Popen[bytes]:
+def _start_subprocess(n: int, ports_file: Path) -> subprocess.Popen[bytes]:
+    """``lorafleet emulate`` on ports of the kernel's choosing, written to ``ports_file``."""
     command = [
         sys.executable, "-c", "from placement.cli import main; main()",
-        "emulate", "--pods", str(n), "--port", str(base),
+        "emulate", "--pods", str(n), "--port", "0", "--ports-file", str(ports_file),
         "--max-loras", "4", "--max-cpu-loras", "16", "--max-lora-rank", "64",
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+
+
+async def _pod_ports(ports_file: Path, process: subprocess.Popen[bytes]) -> list[int]:
+    """The pods' ports, once the emulate process has written them (every pod listening)."""
+    deadline = time.monotonic() + 60
+    while not ports_file.exists():
+        if process.poll() is not None:
+            raise RuntimeError(f"lorafleet emulate exited with {process.returncode}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"lorafleet emulate did not write {ports_file}")
+        await asyncio.sleep(0.1)
+    urls = json.loads(ports_file.read_text())
+    return [httpx.URL(urls[f"pod-{i}"]).port or 0 for i in range(len(urls))]
 
 
 async def _wait_up(http: httpx.AsyncClient, urls: list[str]) -> None:
@@ -98,11 +115,22 @@ async def _wait_up(http: httpx.AsyncClient, urls: list[str]) -> None:
 
 
 async def _bench(n: int, *, in_process: bool) -> None:
-    base = free_base_port(n)
     config = PodConfig(max_loras=4, max_cpu_loras=16, max_lora_rank=64, latency=LATENCY)
-    fleet = EmulatedFleet.start(n, base_port=base, config=config)
+    process: subprocess.Popen[bytes] | None = None
+    if in_process:  # no sockets: the URLs only key the in-process transport
+        fleet = EmulatedFleet.start(n, config=config)
+    else:
+        with tempfile.TemporaryDirectory() as scratch:
+            process = _start_subprocess(n, Path(scratch) / "pods.json")
+            try:
+                ports = await _pod_ports(Path(scratch) / "pods.json", process)
+            except BaseException:
+                process.terminate()
+                process.wait(timeout=10)
+                raise
+        # The same pods, in this process too: their URLs and limits for the planner.
+        fleet = EmulatedFleet.start(n, ports=ports, config=config)
     domain = fleet.domain()
-    process = None if in_process else _start_subprocess(n, base)
     limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
     http = fleet.http() if in_process else httpx.AsyncClient(limits=limits)
     try:

@@ -2,7 +2,8 @@
 
 Runs emulated vLLM pods with zero simulated latency in one child process and the
 router in another, and drives both from this process with aiohttp, so every figure
-comes with its baseline from the same run (calling the emulated pod directly).
+comes with its baseline from the same run (calling the emulated pod directly). Both
+children bind port 0 and write the ports they were given to a file this process reads.
 
     .venv/bin/python -m bench.router_overhead [--seconds 4] [--rate 500]
 
@@ -29,7 +30,6 @@ from types import MappingProxyType
 import aiohttp
 
 from placement.domain import AdapterId, Engine, PodId, PoolId, Tier
-from placement.emulator import free_base_port
 from placement.plan import AdapterPlan, Plan, plan_to_json
 from placement.ports import PodMetrics
 from placement.router.picking import Picker
@@ -37,29 +37,40 @@ from placement.router.state import Upstream, build_topology
 from placement.settings import LoadCostSettings, RouterSettings
 from tests import factories
 
+# argv: the number of pods, the file to write their ports to (one per line).
 PODS_SCRIPT = """
 import asyncio, sys
 from dataclasses import replace
-from placement.emulator import EmulatedFleet, PodConfig, ZERO_LATENCY, serve_fleet
+from pathlib import Path
+from placement.emulator import (EmulatedFleet, PodConfig, ZERO_LATENCY, listening_sockets,
+    ports_of, serve_fleet)
+from placement.inputs.files import write_atomically
 config = replace(PodConfig(), max_loras=4, max_cpu_loras=16, latency=ZERO_LATENCY)
-fleet = EmulatedFleet.start(int(sys.argv[2]), base_port=int(sys.argv[1]), config=config)
-asyncio.run(serve_fleet(fleet.handles))
+sockets = listening_sockets(int(sys.argv[1]))
+fleet = EmulatedFleet.start(len(sockets), ports=ports_of(sockets), config=config)
+text = "".join(f"{port}\\n" for port in ports_of(sockets))
+asyncio.run(serve_fleet(fleet.handles, sockets=sockets,
+    on_listening=lambda: write_atomically(Path(sys.argv[2]), text)))
 """
 
+# argv: the pods' ports (comma-separated), the router's port file, the plan, the adapters.
 ROUTER_SCRIPT = """
 import sys
+from functools import partial
+from pathlib import Path
 from placement.domain import Adapter, AdapterId, Catalog
 from placement.emulator import EmulatedFleet, PodConfig
-from placement.router.wiring import build_router, run_router
+from placement.router.wiring import build_router, run_router, write_port_file
 from dataclasses import replace
 config = replace(PodConfig(), max_loras=4, max_cpu_loras=16)
-fleet = EmulatedFleet.start(int(sys.argv[2]), base_port=int(sys.argv[1]), config=config).domain()
-names = sys.argv[5].split(",")
+ports = [int(port) for port in sys.argv[1].split(",")]
+fleet = EmulatedFleet.start(len(ports), ports=ports, config=config).domain()
+names = sys.argv[4].split(",")
 catalog = Catalog(adapters=tuple(Adapter(name=AdapterId(n), base_model="base-model", rank=8,
     alpha=8.0, target_modules=("q_proj",), dtype="float16", source=f"s3://a/{n}",
     size_bytes=50_000_000) for n in names))
-run_router(build_router(fleet=fleet, plan=sys.argv[4], catalog=catalog), host="127.0.0.1",
-    port=int(sys.argv[3]))
+run_router(build_router(fleet=fleet, plan=sys.argv[3], catalog=catalog), host="127.0.0.1",
+    port=0, on_listening=partial(write_port_file, Path(sys.argv[2])))
 """
 
 BODY = {"prompt": "hello", "max_tokens": 1}
@@ -69,6 +80,18 @@ def _plan(pods: int, adapters: list[str]) -> Plan:
     """Each adapter hot on one pod, dealt round-robin."""
     hot = {f"pod-{k}": adapters[k::pods] for k in range(min(pods, len(adapters)))}
     return factories.make_plan(hot, plan_id="bench", created=datetime.now(UTC))
+
+
+def _ports_in(path: Path, process: subprocess.Popen[bytes]) -> list[int]:
+    """The ports a child wrote to ``path`` once listening, one per line."""
+    deadline = time.monotonic() + 60
+    while not path.exists():
+        if process.poll() is not None:
+            raise RuntimeError(f"{process.args!r} exited with {process.returncode}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"nothing was written to {path}")
+        time.sleep(0.05)
+    return [int(line) for line in path.read_text().split()]
 
 
 async def _wait_up(url: str) -> None:
@@ -214,49 +237,51 @@ def main() -> None:
         "routing decision, 64 pods (us):", json.dumps({k: round(v, 1) for k, v in decision.items()})
     )
 
-    base = free_base_port(args.pods + 1)
-    router_port = base + args.pods
     models = [f"lora-{i}" for i in range(2 * args.pods)]
     with tempfile.TemporaryDirectory() as tmp:
         plan_path = Path(tmp) / "plan.json"
         plan_path.write_text(plan_to_json(_plan(args.pods, models)))
-        pods = subprocess.Popen([sys.executable, "-c", PODS_SCRIPT, str(base), str(args.pods)])
-        router = subprocess.Popen(
-            [
-                sys.executable,
-                "-c",
-                ROUTER_SCRIPT,
-                str(base),
-                str(args.pods),
-                str(router_port),
-                str(plan_path),
-                ",".join(models),
-            ],
-            stderr=subprocess.DEVNULL,
-        )
-        args.pods_pid, args.router_pid = pods.pid, router.pid
+        pods_file, router_file = Path(tmp) / "pods.ports", Path(tmp) / "router.port"
+        pods = subprocess.Popen([sys.executable, "-c", PODS_SCRIPT, str(args.pods), str(pods_file)])
+        router = None
         try:
-            asyncio.run(_run(args, base, router_port, models))
+            pod_ports = _ports_in(pods_file, pods)
+            router = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-c",
+                    ROUTER_SCRIPT,
+                    ",".join(map(str, pod_ports)),
+                    str(router_file),
+                    str(plan_path),
+                    ",".join(models),
+                ],
+                stderr=subprocess.DEVNULL,
+            )
+            (router_port,) = _ports_in(router_file, router)
+            args.pods_pid, args.router_pid = pods.pid, router.pid
+            asyncio.run(_run(args, pod_ports, router_port, models))
         finally:
-            router.terminate()
-            pods.terminate()
-            router.wait()
-            pods.wait()
+            for child in (router, pods):
+                if child is not None:
+                    child.terminate()
+                    child.wait()
 
 
-async def _run(args: argparse.Namespace, base: int, router_port: int, models: list[str]) -> None:
-    direct = [f"http://127.0.0.1:{base + i}/v1/completions" for i in range(args.pods)]
+async def _run(
+    args: argparse.Namespace, pod_ports: list[int], router_port: int, models: list[str]
+) -> None:
+    pod_urls = [f"http://127.0.0.1:{port}" for port in pod_ports]
+    direct = [f"{url}/v1/completions" for url in pod_urls]
     routed = [f"http://127.0.0.1:{router_port}/v1/completions"]
-    for i in range(args.pods):
-        await _wait_up(f"http://127.0.0.1:{base + i}/health")
+    for url in pod_urls:
+        await _wait_up(f"{url}/health")
     await _wait_up(f"http://127.0.0.1:{router_port}/healthz")
     # Direct calls need the adapters registered; the router loads them itself.
     async with aiohttp.ClientSession() as session:
         for i, name in enumerate(models):
             body = {"lora_name": name, "lora_path": f"s3://a/{name}"}
-            async with session.post(
-                f"http://127.0.0.1:{base + i % args.pods}/v1/load_lora_adapter", json=body
-            ):
+            async with session.post(f"{pod_urls[i % args.pods]}/v1/load_lora_adapter", json=body):
                 pass
     pod_models = [[m for j, m in enumerate(models) if j % args.pods == i] for i in range(args.pods)]
     direct_models = [pod_models[i % args.pods][(i // args.pods) % 2] for i in range(2 * args.pods)]

@@ -6,19 +6,23 @@ can be given. This launcher imports only ``placement.emulator``, ``placement.inp
 and ``placement.router`` and builds both the way ``placement/cli/emulate_cmds.py``
 and ``placement/cli/router_cmds.py`` do.
 
-    python bench/gpu/launch.py pods --ports 41001,41002 --fleet-out /tmp/x/fleet.yaml
-    python bench/gpu/launch.py router --fleet F --plan P --catalog C --port 41003
+    python bench/gpu/launch.py pods --ports 0,0 --ports-file /tmp/x/pods.json
+    python bench/gpu/launch.py router --fleet F --plan P --catalog C --port 0 \
+        --port-file /tmp/x/router.port
 
 ``pods`` serves one emulated pod per port in this process (start one process per pod
 to give each pod its own event loop), and writes a fleet.yaml naming them, the same
 text ``lorafleet emulate`` prints. ``router`` runs uvicorn with httptools and uvloop
-(``run_router``) until SIGTERM/SIGINT.
+(``run_router``) until SIGTERM/SIGINT. Port 0 lets the kernel choose: the pods write
+{name: URL} to ``--ports-file`` and the router its port to ``--port-file`` once they
+listen, as ``lorafleet emulate`` and ``lorafleet router`` do.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import signal
@@ -49,7 +53,15 @@ def _fleet_yaml(handles: list, *, engine: str, base_model: str) -> str:
 
 def _pods(args: argparse.Namespace) -> None:
     from placement.domain import Engine
-    from placement.emulator import ZERO_LATENCY, Latency, PodConfig, build_pod, serve_fleet
+    from placement.emulator import (
+        ZERO_LATENCY,
+        Latency,
+        PodConfig,
+        build_pod,
+        listening_sockets,
+        serve_fleet,
+    )
+    from placement.inputs.files import write_atomically
 
     engine = Engine(args.engine)
     if args.ttft_ms == 0 and args.tpot_ms == 0:
@@ -68,7 +80,9 @@ def _pods(args: argparse.Namespace) -> None:
     problems = template.problems()
     if problems:
         sys.exit("pod config: " + "; ".join(problems))
-    ports = [int(p) for p in args.ports.split(",") if p]
+    # Each socket is bound here, port 0 to a port the kernel chooses, before any pod is built.
+    sockets = [listening_sockets(1, base_port=int(p))[0] for p in args.ports.split(",") if p]
+    ports = [sock.getsockname()[1] for sock in sockets]
     first = args.first_index
     handles = [
         build_pod(
@@ -81,12 +95,17 @@ def _pods(args: argparse.Namespace) -> None:
         text = _fleet_yaml(handles, engine=engine.value, base_model=args.base_model)
         Path(args.fleet_out).write_text(text)
 
+    def listening() -> None:
+        if args.ports_file:
+            urls = {str(handle.name): handle.url for handle in handles}
+            write_atomically(Path(args.ports_file), json.dumps(urls) + "\n")
+
     async def serve() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        await serve_fleet(handles, stop=stop)
+        await serve_fleet(handles, stop=stop, sockets=sockets, on_listening=listening)
 
     if args.uvloop:
         import uvloop
@@ -100,7 +119,7 @@ def _router(args: argparse.Namespace) -> None:
     # The same steps as placement/cli/router_cmds.py:router, minus typer and Kubernetes.
     from placement.inputs import load_catalog, load_fleet
     from placement.router.sources import FilePlanSource
-    from placement.router.wiring import build_router, run_router
+    from placement.router.wiring import build_router, run_router, write_port_file
     from placement.settings import RouterSettings, Settings
 
     fleet = load_fleet(args.fleet)
@@ -115,15 +134,23 @@ def _router(args: argparse.Namespace) -> None:
         # The CLI's clock options at their defaults give the wall clock, which is
         # build_router's default too (the keyword's name has changed over time).
     )
-    print(f"lorafleet router on http://{args.host}:{args.port}", file=sys.stderr, flush=True)
-    run_router(app, host=args.host, port=args.port)
+
+    def listening(port: int) -> None:
+        if args.port_file:
+            write_port_file(Path(args.port_file), port)
+        print(f"lorafleet router on http://{args.host}:{port}", file=sys.stderr, flush=True)
+
+    run_router(app, host=args.host, port=args.port, on_listening=listening)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     pods = sub.add_parser("pods", help="emulated vLLM/SGLang pods, one per port")
-    pods.add_argument("--ports", required=True, help="comma-separated ports on 127.0.0.1")
+    pods.add_argument(
+        "--ports", required=True, help="comma-separated ports on 127.0.0.1 (0: any free one)"
+    )
+    pods.add_argument("--ports-file", help="write {name: URL} here as JSON once listening")
     pods.add_argument("--first-index", type=int, default=0, help="name of the first: pod-N")
     pods.add_argument("--engine", default="vllm")
     pods.add_argument("--served-model-name", default="base-model")
@@ -141,7 +168,8 @@ def main() -> None:
     router.add_argument("--catalog")
     router.add_argument("--policy", default="plan")
     router.add_argument("--host", default=HOST)
-    router.add_argument("--port", type=int, required=True)
+    router.add_argument("--port", type=int, required=True, help="0: any free one")
+    router.add_argument("--port-file", help="write the port here once listening")
     args = parser.parse_args()
     started = time.perf_counter()
     if args.command == "pods":

@@ -12,8 +12,9 @@ once directly to the pod that holds the adapter and once through the router.
 
 Reports p50/p90/p95/p99/p99.9 of each, the router's added latency, the achieved rate,
 errors, how late the generator sent (to show that it kept up), the router's CPU per
-request, and a short closed-loop maximum throughput of each path. Every port is
-chosen at run time by binding port 0.
+request, and a short closed-loop maximum throughput of each path. Every child binds
+port 0 and writes the port the kernel gave it to a file this process waits for, so
+no port is ever chosen here and taken by another process before the child binds it.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -49,19 +49,6 @@ PROMPT = "Summarise the following support ticket in one sentence: the printer is
 
 def log(*parts: Any) -> None:
     print("[router]", *parts, flush=True)
-
-
-def free_ports(count: int) -> list[int]:
-    """``count`` distinct ports the kernel hands out for port 0, released just before use."""
-    sockets, ports = [], []
-    for _ in range(count):
-        probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        probe.bind((HOST, 0))
-        sockets.append(probe)
-        ports.append(int(probe.getsockname()[1]))
-    for probe in sockets:
-        probe.close()
-    return ports
 
 
 def core_layout(router_cores: int, pod_cores: int, gen_cores: int) -> dict[str, Any]:
@@ -158,6 +145,17 @@ def cpu_s(pid: int) -> float:
     """User plus system CPU seconds of a process (all its threads), from /proc."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def wait_file(path: Path, deadline: float, proc: subprocess.Popen[bytes]) -> str:
+    """The text of ``path`` once ``proc`` has written it (by rename: whole)."""
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"a child exited with {proc.returncode} before writing {path}")
+        with contextlib.suppress(FileNotFoundError):
+            return path.read_text()
+        await asyncio.sleep(0.05)
+    raise RuntimeError(f"nothing was written to {path}")
 
 
 async def wait_up(session: aiohttp.ClientSession, url: str, deadline: float, procs: list) -> None:
@@ -318,26 +316,31 @@ async def run(args: argparse.Namespace, result: Result, procs: dict[str, Any]) -
     adapters = [f"lora-{i}" for i in range(args.pods * args.adapters_per_pod)]
     tmp = Path(tempfile.mkdtemp(prefix="lorafleet-router-bench-"))
     procs["tmp"] = tmp
-    ports = free_ports(args.pods + 1)
-    pod_ports, router_port = ports[:-1], ports[-1]
-    write_inputs(tmp, pod_ports, adapters, rank=16)
-    data["ports"] = {"pods": pod_ports, "router": router_port}
     launch = [sys.executable, str(LAUNCH)]
     started = time.monotonic()
+    up_by = started + args.start_timeout
     children: list[subprocess.Popen[bytes]] = []
-    for i, port in enumerate(pod_ports):
-        cmd = [*launch, "pods", "--ports", str(port), "--first-index", str(i)]
+    for i in range(args.pods):
+        cmd = [*launch, "pods", "--ports", "0", "--first-index", str(i)]
+        cmd += ["--ports-file", str(tmp / f"pod-{i}.json")]
         cmd += ["--ttft-ms", str(args.pod_ttft_ms), "--tpot-ms", str(args.pod_tpot_ms)]
         if args.pod_uvloop:
             cmd.append("--uvloop")
         core = [layout["pods"][i % len(layout["pods"])]] if layout["pinned"] else layout["pods"]
         children.append(spawn(cmd, core, tmp / f"pod-{i}.log"))
     procs["pods"] = children
+    pod_ports = []
+    for i, child in enumerate(children):
+        urls = json.loads(await wait_file(tmp / f"pod-{i}.json", up_by, child))
+        pod_ports.append(int(urls[f"pod-{i}"].rsplit(":", 1)[1]))
+    write_inputs(tmp, pod_ports, adapters, rank=16)
     router_cmd = [*launch, "router", "--fleet", str(tmp / "fleet.yaml")]
     router_cmd += ["--plan", str(tmp / "plan.json"), "--catalog", str(tmp / "catalog.yaml")]
-    router_cmd += ["--port", str(router_port)]
+    router_cmd += ["--port", "0", "--port-file", str(tmp / "router.port")]
     router = spawn(router_cmd, layout["router"], tmp / "router.log")
     procs["router"] = router
+    router_port = int(await wait_file(tmp / "router.port", up_by, router))
+    data["ports"] = {"pods": pod_ports, "router": router_port}
     os.sched_setaffinity(0, set(layout["gen"]))
 
     direct_url = {
@@ -347,7 +350,6 @@ async def run(args: argparse.Namespace, result: Result, procs: dict[str, Any]) -
     routed_url = {name: f"http://{HOST}:{router_port}/v1/completions" for name in adapters}
     connector = aiohttp.TCPConnector(limit=args.connections, limit_per_host=0, force_close=False)
     async with aiohttp.ClientSession(connector=connector) as session:
-        up_by = time.monotonic() + args.start_timeout
         for port in pod_ports:
             await wait_up(session, f"http://{HOST}:{port}/health", up_by, [*children, router])
         await wait_up(session, f"http://{HOST}:{router_port}/healthz", up_by, [*children, router])

@@ -2,13 +2,20 @@
 
 The pods follow an engine model (``--engine-model``: vllm, sglang with the soft cap, or
 sglang-hard-cap, SGLang before it) and the version knobs real engines differ by.
+``--port 0`` gives each pod a port of its own from the kernel, and ``--ports-file``
+says which once every pod listens: what a program that starts the pods (the demo,
+tests) reads, instead of choosing ports that another process may take first.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import signal
+import socket
+from functools import partial
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -16,8 +23,15 @@ import typer
 from placement.cli.app import app, err, out, report_errors
 from placement.domain import Engine
 from placement.emulator.config import Faults, Latency, PodConfig
-from placement.emulator.fleet import HOST, EmulatedFleet, serve_fleet
+from placement.emulator.fleet import (
+    HOST,
+    EmulatedFleet,
+    listening_sockets,
+    ports_of,
+    serve_fleet,
+)
 from placement.errors import InputError, Problem
+from placement.inputs.files import write_atomically
 from placement.residency import EngineModel
 
 
@@ -47,7 +61,20 @@ async def _crash_now_and_then(fleet: EmulatedFleet, *, every_s: float, down_s: f
         err().print(f"{victim.name} died; back empty in {down_s:g} s")
 
 
-async def _serve(fleet: EmulatedFleet, *, crash_every_s: float, down_s: float) -> None:
+def _write_ports_file(path: Path, fleet: EmulatedFleet) -> None:
+    """Pod name -> URL as one JSON object, whole or not at all (readers poll for it)."""
+    urls = {str(handle.name): handle.url for handle in fleet.handles}
+    write_atomically(path, json.dumps(urls, indent=2) + "\n")
+
+
+async def _serve(
+    fleet: EmulatedFleet,
+    sockets: list[socket.socket],
+    *,
+    crash_every_s: float,
+    down_s: float,
+    ports_file: Path | None,
+) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -57,7 +84,8 @@ async def _serve(fleet: EmulatedFleet, *, crash_every_s: float, down_s: float) -
         crasher = asyncio.create_task(
             _crash_now_and_then(fleet, every_s=crash_every_s, down_s=down_s)
         )
-    await serve_fleet(fleet.handles, stop=stop)
+    on_listening = partial(_write_ports_file, ports_file, fleet) if ports_file else None
+    await serve_fleet(fleet.handles, stop=stop, sockets=sockets, on_listening=on_listening)
     if crasher is not None:
         crasher.cancel()
 
@@ -65,7 +93,7 @@ async def _serve(fleet: EmulatedFleet, *, crash_every_s: float, down_s: float) -
 @app.command()
 @report_errors
 def emulate(
-    pods: Annotated[int, typer.Option(min=1, help="How many pods, on consecutive ports.")] = 4,
+    pods: Annotated[int, typer.Option(min=1, help="How many pods.")] = 4,
     engine: Annotated[Engine, typer.Option(help="The dialect the pods speak.")] = Engine.VLLM,
     engine_model: Annotated[
         EngineModel | None,
@@ -74,7 +102,21 @@ def emulate(
             "sglang-hard-cap is SGLang before its soft --max-loaded-loras)."
         ),
     ] = None,
-    port: Annotated[int, typer.Option(help="The first pod's port on 127.0.0.1.")] = 18000,
+    port: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            max=65535,
+            help="The first pod's port on 127.0.0.1, the others following; 0: each pod a "
+            "free port of its own (see --ports-file).",
+        ),
+    ] = 18000,
+    ports_file: Annotated[
+        Path | None,
+        typer.Option(
+            help="Write {pod name: URL} here as JSON (atomically) once every pod listens."
+        ),
+    ] = None,
     served_model_name: Annotated[str, typer.Option(help="The name requests use.")] = "base-model",
     base_model: Annotated[
         str, typer.Option(help="The built-in base model the printed fleet.yaml names.")
@@ -154,10 +196,29 @@ def emulate(
     problems = template.problems()
     if problems:
         raise InputError([Problem(source="emulate", message=p) for p in problems])
-    fleet = EmulatedFleet.start(pods, engine=engine, base_port=port, config=template)
+    if port and port + pods - 1 > 65535:
+        raise InputError(
+            [Problem(source="--port", message=f"{pods} pods from port {port} pass 65535")]
+        )
+    try:
+        sockets = listening_sockets(pods, base_port=port)
+    except OSError as exc:
+        raise InputError(
+            [
+                Problem(
+                    source="--port",
+                    message=f"cannot listen on {HOST}:{port}..{port + pods - 1}: "
+                    f"{exc.strerror or exc}",
+                )
+            ]
+        ) from None
+    ports = ports_of(sockets)
+    fleet = EmulatedFleet.start(pods, engine=engine, ports=ports, config=template)
     err().print(
-        f"{pods} emulated {engine.value} pods ({template.model.value}) on "
-        f"{HOST}:{port}..{port + pods - 1}"
+        f"{pods} emulated {engine.value} pods ({template.model.value}) on {HOST}, ports "
+        + ", ".join(map(str, ports))
     )
     out().print(_fleet_yaml(fleet, base_model=base_model), highlight=False, markup=False)
-    asyncio.run(_serve(fleet, crash_every_s=crash_every_s, down_s=down_s))
+    asyncio.run(
+        _serve(fleet, sockets, crash_every_s=crash_every_s, down_s=down_s, ports_file=ports_file)
+    )

@@ -17,7 +17,7 @@ from placement.errors import InputError, Problem
 from placement.inputs import load_catalog, load_fleet
 from placement.router.picking import POLICIES
 from placement.router.sources import FilePlanSource, PlanSource, PodSource
-from placement.router.wiring import build_router, run_router
+from placement.router.wiring import build_router, run_router, write_port_file
 from placement.settings import Settings
 
 CONFIGMAP_PREFIX = "configmap:"
@@ -83,7 +83,13 @@ def router(
         typer.Option(help="directory of hourly Parquet files, or a .jsonl file"),
     ] = None,
     host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="port to listen on")] = 8080,
+    port: Annotated[
+        int, typer.Option(min=0, max=65535, help="port to listen on; 0: a free one")
+    ] = 8080,
+    port_file: Annotated[
+        Path | None,
+        typer.Option(help="write the port here (one line, atomically) once listening"),
+    ] = None,
     policy: Annotated[
         str | None,
         typer.Option(
@@ -142,5 +148,10 @@ def router(
     )
     if plan is None and policy == "plan":
         err().print("no --plan: routing every adapter by consistent hashing")
-    err().print(f"lorafleet router on http://{host}:{port}")
-    run_router(app_, host=host, port=port)
+
+    def listening(bound: int) -> None:
+        if port_file is not None:
+            write_port_file(port_file, bound)
+        err().print(f"lorafleet router on http://{host}:{bound}")
+
+    run_router(app_, host=host, port=port, on_listening=listening)

@@ -74,16 +74,26 @@ class LocalProcesses:
     def wait_ready(self, child: Child, url: str, *, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if child.process.poll() is not None:
-                raise ProcessError(
-                    f"{child.name} exited with {child.process.returncode}:\n{child.tail()}"
-                )
+            _raise_if_exited(child)
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(url, timeout=1.0).status_code < 500:
                     return
             time.sleep(0.1)
         raise ProcessError(
             f"{child.name} was not ready at {url} within {timeout_s:.0f} s:\n{child.tail()}"
+        )
+
+    def wait_for_file(self, child: Child, path: Path, *, timeout_s: float) -> str:
+        """The text of ``path`` once ``child`` has written it (whole: children write by
+        rename); a ProcessError if the child exits first or ``timeout_s`` passes."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            _raise_if_exited(child)
+            with contextlib.suppress(FileNotFoundError):
+                return path.read_text()
+            time.sleep(0.1)
+        raise ProcessError(
+            f"{child.name} did not write {path} within {timeout_s:.0f} s:\n{child.tail()}"
         )
 
     def stop(self, child: Child, *, grace_s: float = 5.0) -> None:
@@ -102,6 +112,11 @@ class LocalProcesses:
     def stop_all(self) -> None:
         for child in reversed(list(self.children)):
             self.stop(child)
+
+
+def _raise_if_exited(child: Child) -> None:
+    if child.process.poll() is not None:
+        raise ProcessError(f"{child.name} exited with {child.process.returncode}:\n{child.tail()}")
 
 
 @contextlib.contextmanager

@@ -6,14 +6,21 @@ the traffic and keeps replanning from what the router logs), replays the same sl
 of a scenario's day through the router with the ``openai`` client on a warped clock,
 and measures the outcome from the pods' own counters and the router's request log,
 not from the simulator. Every child process is stopped when the demo ends.
+
+No child is told a port chosen in advance: the pods and the router bind port 0 and
+write the ports the kernel gave them to a file the demo waits for (``--ports-file``,
+``--port-file``), and the controller's webhook, which the demo never calls, takes
+port 0 too. A port found free by a scan can be taken by another process before the
+child binds it, and the child then dies at startup.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from zoneinfo import ZoneInfo
@@ -23,9 +30,9 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from placement.demo.processes import LocalProcesses, ProcessError
+from placement.demo.processes import LocalProcesses
 from placement.demo.traffic import Shot, ShotResult, drive, select
-from placement.emulator import free_base_port
+from placement.domain import Pod
 from placement.inputs import load_catalog, load_fleet, load_request_log
 from placement.inputs.request_log import write_request_log
 from placement.synth.scenario import load_scenario
@@ -95,15 +102,19 @@ class Prepared:
 
     workdir: Path
     catalog: Path
+    #: The scenario's fleet.yaml, and its copy naming the emulated pods' URLs (written
+    #: by ``start_pods`` once the pods listen).
+    fleet_source: Path
     fleet: Path
     pipelines: Path | None
     history: Path
-    pod_urls: tuple[str, ...]
-    base_port: int
+    pods: int
     served_model: str
     start: datetime
     speed: float
     shots: tuple[Shot, ...]
+    #: The emulated pods' URLs, in the order of fleet.yaml; known once they listen.
+    pod_urls: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -125,17 +136,18 @@ def _window(
     return start.to_pydatetime(), end.to_pydatetime()
 
 
-def _fleet_on_ports(source: Path, target: Path, base_port: int) -> tuple[tuple[str, ...], str]:
-    """Copy fleet.yaml with its pods moved onto the emulated pods' ports."""
+def _served_model(fleet: Path) -> str:
+    raw = yaml.safe_load(fleet.read_text())
+    return str(raw["pools"][0].get("served_model_name") or raw["pools"][0]["base_model"])
+
+
+def _fleet_on_urls(source: Path, target: Path, urls: Sequence[str]) -> None:
+    """Copy fleet.yaml with its pods, in order, moved onto the emulated pods' URLs."""
     raw = yaml.safe_load(source.read_text())
-    urls: list[str] = []
-    for pool in raw["pools"]:
-        for pod in pool["pods"]:
-            pod["url"] = f"http://127.0.0.1:{base_port + len(urls)}"
-            urls.append(pod["url"])
+    pods = [pod for pool in raw["pools"] for pod in pool["pods"]]
+    for pod, url in zip(pods, urls, strict=True):
+        pod["url"] = url
     target.write_text(yaml.safe_dump(raw, sort_keys=False))
-    served = str(raw["pools"][0].get("served_model_name") or raw["pools"][0]["base_model"])
-    return tuple(urls), served
 
 
 def prepare(options: DemoOptions, workdir: Path) -> Prepared:
@@ -156,18 +168,15 @@ def prepare(options: DemoOptions, workdir: Path) -> Prepared:
     shots = select(
         frame, start=start, end=end, max_requests=options.requests_per_policy, speed=speed, rng=rng
     )
-    pods = len(load_fleet(files.fleet).pods)
-    base_port = free_base_port(pods + 4)
-    urls, served = _fleet_on_ports(files.fleet, workdir / "fleet.yaml", base_port)
     return Prepared(
         workdir=workdir,
         catalog=files.catalog.resolve(),
+        fleet_source=files.fleet,
         fleet=workdir / "fleet.yaml",
         pipelines=files.pipelines.resolve() if files.pipelines else None,
         history=history,
-        pod_urls=urls,
-        base_port=base_port,
-        served_model=served,
+        pods=len(load_fleet(files.fleet).pods),
+        served_model=_served_model(files.fleet),
         start=start,
         speed=speed,
         shots=tuple(shots),
@@ -175,26 +184,29 @@ def prepare(options: DemoOptions, workdir: Path) -> Prepared:
 
 
 def _emulate_args(
-    options: DemoOptions, prepared: Prepared, max_loras: int, max_cpu: int, rank: int
+    options: DemoOptions, prepared: Prepared, ports_file: Path, limits: Pod
 ) -> list[str]:
     return [
-        "emulate", "--pods", str(len(prepared.pod_urls)), "--port", str(prepared.base_port),
+        "emulate", "--pods", str(prepared.pods), "--port", "0", "--ports-file", str(ports_file),
         "--served-model-name", prepared.served_model,
-        "--max-loras", str(max_loras), "--max-cpu-loras", str(max_cpu),
-        "--max-lora-rank", str(rank),
+        "--max-loras", str(limits.max_loras), "--max-cpu-loras", str(limits.max_cpu_loras),
+        "--max-lora-rank", str(limits.max_lora_rank),
         "--load-ms", str(options.load_ms), "--load-ms-per-mb", str(options.load_ms_per_mb),
         "--activate-ms", str(options.activate_ms), "--ttft-ms", str(options.ttft_ms),
         "--tpot-ms", str(options.tpot_ms),
     ]  # fmt: skip
 
 
-def start_pods(options: DemoOptions, prepared: Prepared, processes: LocalProcesses) -> None:
-    fleet = load_fleet(prepared.fleet)
-    first = fleet.pods[0]
-    args = _emulate_args(
-        options, prepared, first.max_loras, first.max_cpu_loras, first.max_lora_rank
-    )
-    processes.start("pods", args, ready_url=f"{prepared.pod_urls[-1]}/health")
+def start_pods(options: DemoOptions, prepared: Prepared, processes: LocalProcesses) -> Prepared:
+    """Start the emulated pods on ports of their own, then write fleet.yaml naming them."""
+    first = load_fleet(prepared.fleet_source).pods[0]
+    ports_file = prepared.workdir / "pods.json"
+    ports_file.unlink(missing_ok=True)  # a kept work directory has the last run's
+    child = processes.start("pods", _emulate_args(options, prepared, ports_file, first))
+    by_name = json.loads(processes.wait_for_file(child, ports_file, timeout_s=60.0))
+    urls = tuple(str(by_name[f"pod-{i}"]) for i in range(prepared.pods))
+    _fleet_on_urls(prepared.fleet_source, prepared.fleet, urls)
+    return replace(prepared, pod_urls=urls)
 
 
 def _pod_counts(urls: Sequence[str]) -> list[PodCounts]:
@@ -228,7 +240,7 @@ def _controller_config(
         "fleet": str(prepared.fleet),
         "history": {"log": str(prepared.history), "live_log": str(live_log)},
         "state_dir": str(prepared.workdir / "controller-state"),
-        "webhook": {"host": "127.0.0.1", "port": prepared.base_port + len(prepared.pod_urls) + 1},
+        "webhook": {"host": "127.0.0.1", "port": 0},  # the demo never calls it
         "intervals": {
             "ingest_s": options.plan_every_s, "forecast_s": options.plan_every_s,
             "plan_s": options.plan_every_s, "watchdog_s": 2,
@@ -243,19 +255,6 @@ def _controller_config(
     path = prepared.workdir / "controller.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
-
-
-def _wait_for(path: Path, *, timeout_s: float, processes: LocalProcesses) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not path.exists():
-        for child in processes.children:
-            if child.process.poll() is not None:
-                raise ProcessError(
-                    f"{child.name} exited with {child.process.returncode}:\n{child.tail()}"
-                )
-        if time.monotonic() > deadline:
-            raise ProcessError(f"no plan at {path} after {timeout_s:.0f} s")
-        time.sleep(0.2)
 
 
 def _percentile(values: Sequence[float], q: float) -> float:
@@ -304,13 +303,14 @@ def run_policy(
     """One policy on freshly restarted pods; the router (and controller) stop afterwards."""
     _restart_pods(prepared.pod_urls)
     before = _pod_counts(prepared.pod_urls)
-    router_port = prepared.base_port + len(prepared.pod_urls)
+    port_file = prepared.workdir / f"router-{policy}.port"
+    port_file.unlink(missing_ok=True)
     log_path = prepared.workdir / f"requests-{policy}.jsonl"
     log_path.unlink(missing_ok=True)
     origin_s = time.time() + (options.lead_s if policy == "lorafleet" else 3.0)
     router_args = [
         "router", "--fleet", str(prepared.fleet), "--catalog", str(prepared.catalog),
-        "--port", str(router_port), "--request-log", str(log_path),
+        "--port", "0", "--port-file", str(port_file), "--request-log", str(log_path),
         "--clock-start", prepared.start.isoformat(), "--clock-speed", str(prepared.speed),
         "--clock-origin", str(origin_s),
     ]  # fmt: skip
@@ -318,14 +318,18 @@ def run_policy(
     if policy == "lorafleet":
         progress(Stage(policy=policy, message="controller: forecast, plan and preload"))
         config = _controller_config(options, prepared, log_path, origin_s)
-        children.append(processes.start("controller", ["controller", "--config", str(config)]))
+        controller = processes.start("controller", ["controller", "--config", str(config)])
+        children.append(controller)
         plan_path = prepared.workdir / "controller-state" / "plan.json"
-        _wait_for(plan_path, timeout_s=120.0, processes=processes)
+        processes.wait_for_file(controller, plan_path, timeout_s=120.0)
         router_args += ["--plan", str(plan_path)]
     else:
         router_args += ["--policy", policy]
-    url = f"http://127.0.0.1:{router_port}"
-    children.append(processes.start(f"router-{policy}", router_args, ready_url=f"{url}/healthz"))
+    router = processes.start(f"router-{policy}", router_args)
+    children.append(router)
+    # The port file is written once the router accepts connections (its lifespan done).
+    port = int(processes.wait_for_file(router, port_file, timeout_s=60.0))
+    url = f"http://127.0.0.1:{port}"
     delay = origin_s - time.time()
     if delay > 0:
         progress(Stage(policy=policy, message=f"preloading for {delay:.0f} s before the traffic"))
@@ -351,8 +355,8 @@ def run_demo(
     options: DemoOptions, workdir: Path, processes: LocalProcesses, progress: Progress
 ) -> list[PolicyResult]:
     prepared = prepare(options, workdir)
-    progress(Stage(policy="", message=f"starting {len(prepared.pod_urls)} emulated pods"))
-    start_pods(options, prepared, processes)
+    progress(Stage(policy="", message=f"starting {prepared.pods} emulated pods"))
+    prepared = start_pods(options, prepared, processes)
     return [
         run_policy(policy, options, prepared, processes, progress) for policy in options.policies
     ]

@@ -1,7 +1,8 @@
 """Emulated vLLM and SGLang pods: the test double for every part, and the demo's fleet.
 
 Public API: ``PodConfig``, ``Latency``, ``Faults``, ``ZERO_LATENCY``, ``build_pod``
-(the app factory), ``free_base_port``, ``EmulatedFleet`` (many pods in-process), ``serve_fleet`` and
+(the app factory), ``EmulatedFleet`` (many pods in-process), ``listening_sockets`` and
+``ports_of`` (sockets bound on port 0, and their ports), ``serve_fleet`` and
 ``serving_in_thread`` (real sockets on 127.0.0.1).
 """
 
@@ -11,7 +12,8 @@ from placement.emulator.fleet import (
     FleetTransport,
     PodHandle,
     build_pod,
-    free_base_port,
+    listening_sockets,
+    ports_of,
     serve_fleet,
     serving_in_thread,
 )
@@ -27,7 +29,8 @@ __all__ = [
     "PodConfig",
     "PodHandle",
     "build_pod",
-    "free_base_port",
+    "listening_sockets",
+    "ports_of",
     "serve_fleet",
     "serving_in_thread",
 ]

@@ -2,14 +2,16 @@
 
 - ``build_pod(config)`` is the app factory: one ``EmulatedPod`` and its FastAPI app.
 - ``EmulatedFleet.start(n, engine=..., base_port=...)`` builds ``n`` pods named
-  ``pod-0..`` at ``http://127.0.0.1:<base_port + i>``; ``fleet.http()`` is an
+  ``pod-0..`` at ``http://127.0.0.1:<base_port + i>`` (or at ``ports=``, those of
+  sockets ``listening_sockets`` bound); ``fleet.http()`` is an
   ``httpx.AsyncClient`` whose transport dispatches by host and port to the apps
   in-process (no socket), answering a dead pod with a refused connection;
   ``fleet.domain()`` is the matching ``placement.domain.Fleet`` for planners and
   executors.
 - ``serve_fleet`` runs the apps on real sockets with uvicorn (``lorafleet emulate``),
   and ``serving_in_thread`` does so from a background thread for tests and benches
-  that need real HTTP.
+  that need real HTTP. Both take the sockets ``listening_sockets(n)`` bound on port 0,
+  so no pod ever binds a port that a scan found free and another process took since.
 
 Only 127.0.0.1 is ever bound.
 """
@@ -63,21 +65,29 @@ class PodHandle:
         return PodId(self.pod.config.name)
 
 
-def free_base_port(count: int, *, start: int = 20000, end: int = 60000) -> int:
-    """The first of ``count`` consecutive free ports on 127.0.0.1, for emulated pods."""
-    for base in range(start, end, count + 7):
-        if all(_is_free(base + i) for i in range(count)):
-            return base
-    raise OSError(f"no {count} consecutive free ports between {start} and {end}")
+def listening_sockets(count: int, *, base_port: int = 0) -> list[socket.socket]:
+    """``count`` listening sockets on 127.0.0.1, bound here so that the ports are ours
+    before any pod is built: base port 0 lets the kernel give each its own free port;
+    another base binds ``base_port + i`` (an OSError if one is taken). On any failure
+    the sockets bound so far are closed."""
+    sockets: list[socket.socket] = []
+    try:
+        for i in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((HOST, base_port + i if base_port else 0))
+            sock.listen(2048)
+    except OSError:
+        for sock in sockets:
+            sock.close()
+        raise
+    return sockets
 
 
-def _is_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        try:
-            probe.bind((HOST, port))
-        except OSError:
-            return False
-    return True
+def ports_of(sockets: Sequence[socket.socket]) -> list[int]:
+    """The port each socket is bound to, for ``EmulatedFleet.start(ports=...)``."""
+    return [int(sock.getsockname()[1]) for sock in sockets]
 
 
 def build_pod(
@@ -126,17 +136,23 @@ class EmulatedFleet:
         *,
         engine: Engine = Engine.VLLM,
         base_port: int = DEFAULT_BASE_PORT,
+        ports: Sequence[int] | None = None,
         config: PodConfig | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> EmulatedFleet:
+        """``n`` pods at ``base_port + i``, or at ``ports[i]`` when given (the ports of
+        sockets bound beforehand, to serve them on)."""
+        if ports is not None and len(ports) != n:
+            raise ValueError(f"{n} pods need {n} ports, got {len(ports)}")
+        chosen = list(ports) if ports is not None else [base_port + i for i in range(n)]
         template = replace(config or PodConfig(), engine=engine)
         handles = tuple(
             build_pod(
                 replace(template, name=f"pod-{i}", seed=template.seed + i),
-                url=f"http://{HOST}:{base_port + i}",
+                url=f"http://{HOST}:{port}",
                 clock=clock,
             )
-            for i in range(n)
+            for i, port in enumerate(chosen)
         )
         return cls(handles=handles, engine=engine, served_model_name=template.served_model_name)
 
@@ -209,16 +225,47 @@ def _servers(handles: Sequence[PodHandle]) -> list[_Server]:
 _WATCH_S = 0.05
 
 
-async def serve_fleet(handles: Sequence[PodHandle], *, stop: asyncio.Event | None = None) -> None:
+def _checked_sockets(
+    handles: Sequence[PodHandle], sockets: Sequence[socket.socket] | None
+) -> list[socket.socket | None]:
+    if sockets is None:
+        return [None] * len(handles)
+    ports = ports_of(sockets)
+    wanted = [httpx.URL(handle.url).port for handle in handles]
+    if ports != wanted:
+        raise ValueError(f"the pods' ports {wanted} are not the sockets' {ports}")
+    return list(sockets)
+
+
+def _serving(server: _Server, sock: socket.socket | None) -> asyncio.Task[None]:
+    return asyncio.create_task(server.serve(sockets=[sock] if sock is not None else None))
+
+
+async def serve_fleet(
+    handles: Sequence[PodHandle],
+    *,
+    stop: asyncio.Event | None = None,
+    sockets: Sequence[socket.socket] | None = None,
+    on_listening: Callable[[], None] | None = None,
+) -> None:
     """Serve every pod on its own port until ``stop`` is set (or forever).
 
-    A pod killed through ``/admin/fault`` (``down_s``) closes its port until it comes
-    back empty, so callers see refused connections as with a dead process.
+    ``sockets`` (from ``listening_sockets``, in the order of ``handles``) are served
+    as they are; without them each pod binds the port of its URL. ``on_listening``
+    runs once, when every pod accepts connections. A pod killed through
+    ``/admin/fault`` (``down_s``) closes its port until it comes back empty, on the
+    same port, so callers see refused connections as with a dead process.
     """
     stop = stop or asyncio.Event()
+    given = _checked_sockets(handles, sockets)
     servers = _servers(handles)
-    tasks: list[asyncio.Task[None] | None] = [asyncio.create_task(s.serve()) for s in servers]
+    tasks: list[asyncio.Task[None] | None] = [
+        _serving(server, sock) for server, sock in zip(servers, given, strict=True)
+    ]
     while not stop.is_set():
+        if on_listening is not None and all(server.started for server in servers):
+            on_listening()
+            on_listening = None
         for i, handle in enumerate(handles):
             task, down = tasks[i], handle.pod.is_down()
             if down and task is not None:
@@ -226,8 +273,9 @@ async def serve_fleet(handles: Sequence[PodHandle], *, stop: asyncio.Event | Non
                 await task
                 tasks[i] = None
             elif not down and task is None:
+                # The socket closed with the server; the pod comes back on its own port.
                 servers[i] = _servers([handle])[0]
-                tasks[i] = asyncio.create_task(servers[i].serve())
+                tasks[i] = _serving(servers[i], None)
         await asyncio.sleep(_WATCH_S)
     for server in servers:
         server.should_exit = True
@@ -236,26 +284,39 @@ async def serve_fleet(handles: Sequence[PodHandle], *, stop: asyncio.Event | Non
 
 @contextlib.contextmanager
 def serving_in_thread(
-    handles: Sequence[PodHandle], *, start_timeout_s: float = 10.0
+    handles: Sequence[PodHandle],
+    *,
+    sockets: Sequence[socket.socket] | None = None,
+    start_timeout_s: float = 10.0,
 ) -> Iterator[None]:
-    """Serve the pods on real sockets from a background thread while the block runs."""
+    """Serve the pods on real sockets from a background thread while the block runs;
+    ``sockets`` as for ``serve_fleet`` (they are closed when the block ends)."""
+    given = _checked_sockets(handles, sockets)
     servers = _servers(handles)
     loop = asyncio.new_event_loop()
 
     async def main() -> None:
-        await asyncio.gather(*(server.serve() for server in servers))
+        await asyncio.gather(
+            *(
+                server.serve(sockets=[sock] if sock is not None else None)
+                for server, sock in zip(servers, given, strict=True)
+            )
+        )
 
     thread = threading.Thread(target=loop.run_until_complete, args=(main(),), daemon=True)
     thread.start()
-    deadline = time.monotonic() + start_timeout_s
-    while not all(server.started for server in servers):
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("emulated pods did not start (is a port in use?)")
-        time.sleep(0.01)
     try:
+        deadline = time.monotonic() + start_timeout_s
+        while not all(server.started for server in servers):
+            if time.monotonic() > deadline or not thread.is_alive():
+                raise RuntimeError("emulated pods did not start (is a port in use?)")
+            time.sleep(0.01)
         yield
     finally:
         for server in servers:
             server.should_exit = True
         thread.join(timeout=start_timeout_s)
-        loop.close()
+        if not thread.is_alive():
+            loop.close()
+        for sock in sockets or ():
+            sock.close()

@@ -5,6 +5,8 @@ settings into a ``RouterApp``; the CLI, the demo and the tests call it.
 ``ServedApp`` runs any ASGI app under uvicorn in a thread on 127.0.0.1 (port 0 picks a
 free port), for tests, benchmarks and the demo; ``ServedApp.call`` runs a coroutine on
 its event loop, so a test can drive the router's rounds (``scrape_all``) itself.
+``run_router`` serves in the foreground (``lorafleet router``); on port 0 the kernel
+picks the port and ``on_listening`` hears which (``write_port_file`` puts it in a file).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Coroutine, Iterator, MutableMapping
+from collections.abc import Callable, Coroutine, Iterator, MutableMapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
@@ -26,6 +28,7 @@ from prometheus_client import CollectorRegistry
 
 from placement.clock import Clock
 from placement.domain import AdapterId, Catalog, Fleet, PoolId
+from placement.inputs.files import write_atomically
 from placement.plan import Plan
 from placement.router.asgi import RouterApp
 from placement.router.core import AdapterInfo, Router
@@ -211,9 +214,37 @@ def served(app: Any, *, port: int = 0) -> Iterator[ServedApp]:
         yield running
 
 
-def run_router(app: RouterApp, *, host: str, port: int) -> None:
-    """Serve in the foreground until interrupted (the CLI's ``lorafleet router``)."""
+class _ListeningServer(uvicorn.Server):
+    """A uvicorn server that reports the port it listens on once it accepts connections."""
+
+    def __init__(self, config: uvicorn.Config, *, on_listening: Callable[[int], None]) -> None:
+        super().__init__(config)
+        self._on_listening = on_listening
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        if self.started:
+            self._on_listening(int(self.servers[0].sockets[0].getsockname()[1]))
+
+
+def run_router(
+    app: RouterApp, *, host: str, port: int, on_listening: Callable[[int], None] | None = None
+) -> None:
+    """Serve in the foreground until interrupted (the CLI's ``lorafleet router``).
+
+    ``on_listening`` gets the port once the router accepts connections: the one the
+    kernel chose when ``port`` is 0."""
     config = uvicorn.Config(
         app, host=host, port=port, access_log=False, http="httptools", loop="uvloop"
     )
-    uvicorn.Server(config).run()  # run(), not serve(): it installs the uvloop event loop
+    server = (
+        uvicorn.Server(config)
+        if on_listening is None
+        else _ListeningServer(config, on_listening=on_listening)
+    )
+    server.run()  # run(), not serve(): it installs the uvloop event loop
+
+
+def write_port_file(path: Path, port: int) -> None:
+    """``port`` as one decimal line, whole or not at all (a reader polls for the file)."""
+    write_atomically(path, f"{port}\n")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import socket
 import subprocess
 import threading
 import time
@@ -29,7 +30,13 @@ from models.series import panel_from_counts
 from placement.adapters.prom import PromHistorySource
 from placement.controller.live_ports import PrometheusHistory
 from placement.domain import Catalog
-from placement.emulator import EmulatedFleet, PodConfig, free_base_port, serving_in_thread
+from placement.emulator import (
+    EmulatedFleet,
+    PodConfig,
+    listening_sockets,
+    ports_of,
+    serving_in_thread,
+)
 from placement.plan import Plan
 from placement.router import build_router
 from placement.router.wiring import ServedApp, free_port
@@ -47,6 +54,10 @@ QUIET = Settings(
     router=RouterSettings(scrape_interval_s=3600.0, plan_poll_s=3600.0, log_flush_s=3600.0)
 )
 SENT = {"alpha": 7, "beta": 3}
+#: Prometheus must be told its port, so a scan picks one (``free_port``) and another
+#: process may take it before Prometheus binds it; such a start is tried again on a
+#: new port, this many times in all. Our own servers bind port 0 and never race.
+PROMETHEUS_STARTS = 3
 
 
 class Scrapes:
@@ -107,8 +118,9 @@ def plan() -> Plan:
 @contextlib.contextmanager
 def router_with_pods() -> Iterator[tuple[str, Scrapes]]:
     config = replace(PodConfig(), max_loras=2, max_cpu_loras=4)
-    fleet = EmulatedFleet.start(2, base_port=free_base_port(2), config=config)
-    with serving_in_thread(fleet.handles):
+    sockets = listening_sockets(2)
+    fleet = EmulatedFleet.start(2, ports=ports_of(sockets), config=config)
+    with serving_in_thread(fleet.handles, sockets=sockets):
         app = build_router(
             fleet=fleet.domain(),
             plan=plan(),
@@ -121,9 +133,53 @@ def router_with_pods() -> Iterator[tuple[str, Scrapes]]:
             yield served.url, scrapes
 
 
+def _answers_as_prometheus(process: subprocess.Popen[bytes], port: int) -> bool:
+    """Whether Prometheus serves on ``port``; False once it has exited (a lost bind)."""
+    deadline = time.monotonic() + 20
+    while process.poll() is None and time.monotonic() < deadline:
+        with contextlib.suppress(httpx.HTTPError):
+            answer = httpx.get(f"http://127.0.0.1:{port}/-/healthy", timeout=1)
+            # Another process that took the port would not answer as Prometheus.
+            if answer.status_code == 200 and "Prometheus" in answer.text:
+                return process.poll() is None
+        time.sleep(0.1)
+    return False
+
+
+def _start_prometheus(
+    command: list[str], log_path: Path, *, pick_port: Callable[[], int] = free_port
+) -> tuple[subprocess.Popen[bytes], int]:
+    """Prometheus running ``command`` on a port found free, retried on a new port when
+    another process took the one found (see ``PROMETHEUS_STARTS``)."""
+    for _ in range(PROMETHEUS_STARTS):
+        port = pick_port()
+        with log_path.open("w") as log:
+            process = subprocess.Popen(
+                [*command, f"--web.listen-address=127.0.0.1:{port}"],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        if _answers_as_prometheus(process, port):
+            return process, port
+        _stop(process)
+        if "address already in use" not in log_path.read_text():
+            break
+    raise AssertionError(
+        f"prometheus did not start (exit status {process.poll()}): " + log_path.read_text()[-2000:]
+    )
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=5)
+
+
 @contextlib.contextmanager
 def prometheus(binary: str, tmp_path: Path, *, target: str, scrapes: Scrapes) -> Iterator[str]:
-    port = free_port()
     config = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
         "rule_files": [str(RULES)],
@@ -134,19 +190,14 @@ def prometheus(binary: str, tmp_path: Path, *, target: str, scrapes: Scrapes) ->
     config_path = tmp_path / "prometheus.yml"
     config_path.write_text(yaml.safe_dump(config))
     log_path = tmp_path / "prometheus.log"
-    with log_path.open("w") as log:
-        process = subprocess.Popen(
-            [
-                binary,
-                f"--config.file={config_path}",
-                f"--storage.tsdb.path={tmp_path / 'data'}",
-                f"--web.listen-address=127.0.0.1:{port}",
-                "--storage.tsdb.retention.time=1h",
-                "--log.level=warn",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+    command = [
+        binary,
+        f"--config.file={config_path}",
+        f"--storage.tsdb.path={tmp_path / 'data'}",
+        "--storage.tsdb.retention.time=1h",
+        "--log.level=warn",
+    ]
+    process, port = _start_prometheus(command, log_path)
     url = f"http://127.0.0.1:{port}"
     try:
         # Prometheus scrapes only once its storage and configuration are loaded, and
@@ -160,12 +211,7 @@ def prometheus(binary: str, tmp_path: Path, *, target: str, scrapes: Scrapes) ->
             ) from None
         yield url
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=5)
+        _stop(process)
 
 
 def instant(url: str, query: str) -> list[dict[str, object]]:
@@ -236,3 +282,30 @@ def test_counts_scraped_from_the_router_come_back_for_the_forecast(
     if one_bucket:
         forecast = Persistence().fit(panel).predict(panel, horizon=1)
         assert dict(zip(panel.adapters, forecast.mean[0], strict=True)) == SENT
+
+
+def test_a_port_taken_before_prometheus_binds_it_is_tried_again(
+    prometheus_binary: str, tmp_path: Path
+) -> None:
+    (tmp_path / "prometheus.yml").write_text("global: {scrape_interval: 1s}\n")
+    command = [
+        prometheus_binary,
+        f"--config.file={tmp_path / 'prometheus.yml'}",
+        f"--storage.tsdb.path={tmp_path / 'data'}",
+        "--log.level=warn",
+    ]
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        lost = int(taken.getsockname()[1])
+        picks = iter([lost, free_port()])
+        process, port = _start_prometheus(
+            command, tmp_path / "prometheus.log", pick_port=lambda: next(picks)
+        )
+    try:
+        assert port != lost
+        assert process.poll() is None
+        answer = httpx.get(f"http://127.0.0.1:{port}/-/healthy", timeout=5)
+        assert "Prometheus" in answer.text
+    finally:
+        _stop(process)

@@ -22,7 +22,8 @@ from placement.emulator import (
     ZERO_LATENCY,
     EmulatedFleet,
     PodConfig,
-    free_base_port,
+    listening_sockets,
+    ports_of,
     serving_in_thread,
 )
 from placement.plan import Plan, plan_to_json
@@ -34,8 +35,9 @@ PLAN = make_plan({"pod-0": ["a0"], "pod-1": ["a0"]}, {"pod-0": ["a1"], "pod-1": 
 @pytest.fixture
 def pods() -> Iterator[EmulatedFleet]:
     config = PodConfig(latency=ZERO_LATENCY, max_loras=2, max_cpu_loras=3, max_lora_rank=64)
-    fleet = EmulatedFleet.start(2, base_port=free_base_port(2), config=config)
-    with serving_in_thread(fleet.handles):
+    sockets = listening_sockets(2)
+    fleet = EmulatedFleet.start(2, ports=ports_of(sockets), config=config)
+    with serving_in_thread(fleet.handles, sockets=sockets):
         yield fleet
 
 

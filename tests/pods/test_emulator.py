@@ -16,7 +16,15 @@ from placement.adapters.metrics_text import parse_vllm_metrics
 from placement.cli import app
 from placement.clock import ManualClock
 from placement.domain import Engine
-from placement.emulator import ZERO_LATENCY, EmulatedFleet, PodConfig, build_pod
+from placement.emulator import (
+    ZERO_LATENCY,
+    EmulatedFleet,
+    PodConfig,
+    build_pod,
+    listening_sockets,
+    ports_of,
+    serve_fleet,
+)
 from placement.residency import EngineModel
 
 from .conftest import EmulatedFactory
@@ -426,3 +434,42 @@ def test_emulate_refuses_an_engine_model_its_dialect_cannot_speak() -> None:
     result = CliRunner().invoke(app, ["emulate", "--engine", "vllm", "--engine-model", "sglang"])
     assert result.exit_code != 0
     assert "engine model sglang does not speak vllm" in result.output
+
+
+async def _answers(http: httpx.AsyncClient, url: str) -> bool:
+    try:
+        return (await http.get(f"{url}/health")).status_code == 200
+    except httpx.ConnectError:
+        return False
+
+
+async def _until_answers(http: httpx.AsyncClient, url: str, *, expected: bool) -> None:
+    async with asyncio.timeout(10):
+        while await _answers(http, url) != expected:
+            await asyncio.sleep(0.02)
+
+
+async def test_pods_serve_sockets_bound_on_port_0_and_come_back_on_their_port() -> None:
+    clock = ManualClock()
+    sockets = listening_sockets(2)
+    ports = ports_of(sockets)
+    assert len(set(ports)) == 2
+    assert 0 not in ports
+    config = PodConfig(latency=ZERO_LATENCY)
+    fleet = EmulatedFleet.start(2, ports=ports, config=config, clock=clock)
+    stop, listening = asyncio.Event(), asyncio.Event()
+    serving = asyncio.create_task(
+        serve_fleet(fleet.handles, stop=stop, sockets=sockets, on_listening=listening.set)
+    )
+    try:
+        await asyncio.wait_for(listening.wait(), timeout=10)
+        first = fleet.handles[0]
+        async with httpx.AsyncClient(timeout=5) as http:
+            assert [await _answers(http, h.url) for h in fleet.handles] == [True, True]
+            first.pod.kill(5.0)  # its port closes: connections are refused
+            await _until_answers(http, first.url, expected=False)
+            clock.advance(5.0)
+            await _until_answers(http, first.url, expected=True)
+    finally:
+        stop.set()
+        await asyncio.wait_for(serving, timeout=10)

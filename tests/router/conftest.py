@@ -25,7 +25,13 @@ from prometheus_client import CollectorRegistry
 
 from placement.clock import Clock
 from placement.domain import Adapter, AdapterId, Catalog, Engine, Fleet, PodId, Tier
-from placement.emulator import EmulatedFleet, PodConfig, free_base_port, serving_in_thread
+from placement.emulator import (
+    EmulatedFleet,
+    PodConfig,
+    listening_sockets,
+    ports_of,
+    serving_in_thread,
+)
 from placement.plan import AdapterPlan, Plan, PodPlan
 from placement.router import MemoryRequestLog, Router, RouterApp, build_router
 from placement.router.sources import PlanSource
@@ -171,12 +177,14 @@ def emulated(
     config = replace(
         PodConfig(), engine=engine, max_loras=max_loras, max_cpu_loras=max_cpu_loras, **extra
     )
-    base_port = free_base_port(n)
-    fleet = EmulatedFleet.start(n, engine=engine, base_port=base_port, config=config, clock=clock)
+    sockets = listening_sockets(n)  # port 0: each pod's port is the kernel's pick, bound here
+    fleet = EmulatedFleet.start(
+        n, engine=engine, ports=ports_of(sockets), config=config, clock=clock
+    )
     answers = Answers()
     for handle in fleet.handles:
         handle.app.add_middleware(_NoteAnswers, pod=handle.name, answers=answers)
-    with serving_in_thread(fleet.handles):
+    with serving_in_thread(fleet.handles, sockets=sockets):
         yield Pods(fleet=fleet, domain=fleet.domain(), answers=answers)
 
 
