@@ -97,21 +97,34 @@ class LocalProcesses:
         )
 
     def stop(self, child: Child, *, grace_s: float = 5.0) -> None:
-        if child.process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(child.process.pid, signal.SIGTERM)
-            try:
-                child.process.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(child.process.pid, signal.SIGKILL)
-                child.process.wait(timeout=grace_s)
-        if child in self.children:
-            self.children.remove(child)
+        self._stop([child], grace_s=grace_s)
 
-    def stop_all(self) -> None:
-        for child in reversed(list(self.children)):
-            self.stop(child)
+    def stop_all(self, *, grace_s: float = 5.0) -> None:
+        """Stop every child within one grace period, however many there are."""
+        self._stop(list(reversed(self.children)), grace_s=grace_s)
+
+    def _stop(self, children: Sequence[Child], *, grace_s: float) -> None:
+        # SIGTERM to every group first, then one shared deadline: stopping N children
+        # one after the other could take N grace periods on a loaded machine.
+        for child in children:
+            _signal_group(child, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for child in children:
+            try:
+                child.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _signal_group(child, signal.SIGKILL)
+        for child in children:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.process.wait(timeout=grace_s)  # SIGKILL cannot be refused
+            if child in self.children:
+                self.children.remove(child)
+
+
+def _signal_group(child: Child, signum: signal.Signals) -> None:
+    if child.process.poll() is None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(child.process.pid, signum)
 
 
 def _raise_if_exited(child: Child) -> None:

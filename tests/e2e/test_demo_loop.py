@@ -7,6 +7,7 @@ figures come from the pods' counters and the router's request log.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -73,12 +74,20 @@ def test_ctrl_c_leaves_no_process_behind(tmp_path: Path) -> None:
     command = [sys.executable, "-m", "placement", "demo", "--requests", "300", "--seconds", "60",
                "--workdir", str(tmp_path)]  # fmt: skip
     demo = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 120
-    while not (tmp_path / "router-round-robin.log").exists():
-        assert demo.poll() is None, "the demo ended before its router started"
-        assert time.monotonic() < deadline, "the demo never started its router"
-        time.sleep(0.2)
-    assert _processes_in(tmp_path)
-    demo.send_signal(signal.SIGINT)
-    assert demo.wait(timeout=60) != 0
-    assert _processes_in(tmp_path) == []
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "router-round-robin.log").exists():
+            assert demo.poll() is None, "the demo ended before its router started"
+            assert time.monotonic() < deadline, "the demo never started its router"
+            time.sleep(0.2)
+        assert _processes_in(tmp_path)
+        demo.send_signal(signal.SIGINT)
+        assert demo.wait(timeout=60) != 0
+        assert _processes_in(tmp_path) == []
+    finally:  # a failure here must not leave the demo running into the next test
+        if demo.poll() is None:
+            demo.kill()
+            demo.wait()
+        for pid in _processes_in(tmp_path):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
