@@ -259,6 +259,7 @@ def _plan_generation(state: Path) -> str | None:
     return os.readlink(link) if link.is_symlink() else None
 
 
+@pytest.mark.slow
 def test_two_processes_on_one_state_directory_one_acts_until_it_is_killed(
     tmp_path: Path, controllers: list[ControllerProcess]
 ) -> None:
@@ -307,6 +308,7 @@ def _holder(fake: FakeApiServer) -> str | None:
     return lease["spec"].get("holderIdentity") if lease is not None else None
 
 
+@pytest.mark.slow
 def test_a_leader_paused_past_its_lease_never_writes_after_the_takeover(
     tmp_path: Path, fake: FakeApiServer, controllers: list[ControllerProcess]
 ) -> None:
