@@ -37,6 +37,7 @@ from placement.forecast.forecaster import (
     timezones_of,
 )
 from placement.inputs import load_catalog
+from placement.inputs.files import write_through
 from placement.inputs.request_log import RequestLog, load_request_log
 from placement.settings import Settings
 
@@ -112,7 +113,7 @@ def forecast(
     for note in request_log.notes:
         err().print(f"[yellow]note[/]: {log}: {note}", highlight=False)
     output.parent.mkdir(parents=True, exist_ok=True)
-    result.frame.to_parquet(output, index=False)
+    write_through(output, lambda temporary: result.frame.to_parquet(temporary, index=False))
     leads = (
         lead_times_s(
             parsed_catalog,
@@ -240,7 +241,8 @@ def plot_forecast(result: Forecast, path: Path, *, top: int) -> None:
     axes[0, 0].legend(fontsize=7, loc="upper left")
     figure.tight_layout()
     try:
-        figure.savefig(path, dpi=90)
+        kind = path.suffix.lstrip(".").lower() or "png"
+        write_through(path, lambda temporary: figure.savefig(temporary, dpi=90, format=kind))
     except OSError as exc:
         raise InputError(
             [Problem(source=str(path), message=f"cannot write the plot: {exc}")]
