@@ -58,6 +58,8 @@ from collections import OrderedDict
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
+from placement.domain import Engine
+
 __all__ = [
     "AlreadyLoadedError",
     "CapReachedError",
@@ -67,6 +69,7 @@ __all__ = [
     "PinLimitError",
     "PodResidency",
     "ResidencyError",
+    "engine_model",
 ]
 
 
@@ -78,6 +81,11 @@ class EngineModel(enum.StrEnum):
     @property
     def is_sglang(self) -> bool:
         return self is not EngineModel.VLLM
+
+
+def engine_model(engine: Engine) -> EngineModel:
+    """The model of a pool's engine: SGLang is taken as current SGLang (the soft cap)."""
+    return EngineModel.VLLM if engine is Engine.VLLM else EngineModel.SGLANG
 
 
 class ResidencyError(Exception):

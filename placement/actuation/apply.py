@@ -20,12 +20,13 @@ from types import MappingProxyType
 import httpx
 
 from placement.actuation.executor import ActionResult, ApplyReport, Executor, Ledger, Sleep
-from placement.actuation.reconcile import ActionSchedule, PodState, engine_model, schedule
+from placement.actuation.reconcile import ActionSchedule, PodState, schedule
 from placement.adapters.engines import engine_client
 from placement.domain import Action, AdapterId, Catalog, Fleet, PodId
 from placement.errors import EngineError, RetryableEngineError
 from placement.plan import Plan
 from placement.ports import EngineClient, Registered
+from placement.residency import engine_model
 from placement.settings import ExecutorSettings
 
 #: Tries at listing a pod before calling it unreachable (a lone 5xx is not a dead pod).

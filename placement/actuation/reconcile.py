@@ -44,17 +44,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from placement.domain import Action, ActionKind, AdapterId, Engine, Load, PodId, Unload, Warmup
+from placement.domain import Action, ActionKind, AdapterId, Load, PodId, Unload, Warmup
 from placement.plan import Plan
 from placement.residency import EngineModel
 
 #: No limit on the names a vLLM pod lists: its API server keeps them in a dict.
 _UNBOUNDED = 1 << 30
-
-
-def engine_model(engine: Engine) -> EngineModel:
-    """The engine model of a pool's engine: SGLang is taken as current (the soft cap)."""
-    return EngineModel.VLLM if engine is Engine.VLLM else EngineModel.SGLANG
 
 
 @dataclass(frozen=True, kw_only=True)

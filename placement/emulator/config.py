@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from placement.domain import VLLM_MAX_LORA_RANKS, Engine
-from placement.residency import EngineModel
+from placement.residency import EngineModel, engine_model
 
 MB = 1_000_000
 
@@ -68,8 +68,6 @@ class Faults:
 VLLM_KV_METRIC = "vllm:kv_cache_usage_perc"
 #: The KV gauge's name before vllm-project/vllm#18354.
 VLLM_OLD_KV_METRIC = "vllm:gpu_cache_usage_perc"
-
-_DEFAULT_MODEL = {Engine.VLLM: EngineModel.VLLM, Engine.SGLANG: EngineModel.SGLANG}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -117,7 +115,7 @@ class PodConfig:
     @property
     def model(self) -> EngineModel:
         """The engine model in force: ``engine_model``, else ``engine``'s current one."""
-        return self.engine_model or _DEFAULT_MODEL[self.engine]
+        return self.engine_model or engine_model(self.engine)
 
     @property
     def residency_cap(self) -> int | None:

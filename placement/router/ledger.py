@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Collection, Iterable, Mapping
 
-from placement.domain import AdapterId, Engine, Outcome
+from placement.domain import AdapterId, Outcome
 from placement.residency import (
     Effects,
     EngineModel,
@@ -36,11 +36,6 @@ from placement.residency import (
 )
 
 _NOTHING = Effects()
-
-
-def engine_model(engine: Engine) -> EngineModel:
-    """The engine model of a pool's engine (SGLang with its soft cap, as current SGLang)."""
-    return EngineModel.SGLANG if engine is Engine.SGLANG else EngineModel.VLLM
 
 
 class PodLedger:

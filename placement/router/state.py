@@ -19,7 +19,8 @@ from types import MappingProxyType
 from placement.domain import AdapterId, Engine, Fleet, PodId, PoolId, Tier
 from placement.plan import Plan
 from placement.ports import PodMetrics
-from placement.router.ledger import PodLedger, engine_model
+from placement.residency import engine_model
+from placement.router.ledger import PodLedger
 from policies.hashing import HashRing, build_ring
 
 

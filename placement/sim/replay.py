@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from placement.actuation.reconcile import engine_model
 from placement.domain import Fleet
 from placement.errors import InputError, Problem
+from placement.residency import engine_model
 from placement.settings import Settings
 from placement.sim.engine import FleetReplay, SimLog, SimRouter
 from placement.sim.figures import Metrics, compute_metrics
