@@ -34,7 +34,9 @@ saying what moved. Three engine models, from the engines' source:
     unload path, which waits for that adapter's requests in flight).
   - the GPU pool has ``--max-loras-per-batch`` slots (python/sglang/srt/lora/mem_pool.py,
     ``LoRAMemoryPool.prepare_lora_batch``): a request moves its adapter in, evicting
-    the least recently used one not pinned; pinned adapters (at most slots - 1) stay.
+    the least recently used one not pinned; a pinned adapter (at most slots - 1) is
+    loaded into host memory like the others (``LoRAManager.load_lora_adapter``) and,
+    once its first batch brings it onto the GPU, stays there.
   - an unload removes the adapter everywhere; a request for a name never loaded, or
     unloaded, is refused (400: "Got LoRA adapter that has never been loaded", from
     python/sglang/srt/managers/tokenizer_manager.py ``TokenizerManager._resolve_lora_path``,
@@ -292,17 +294,12 @@ class PodResidency:
         self.listed[name] = path
         self._current[name] = entry
         self._host[entry] = None
+        if pinned:
+            # A pinned load stays in host memory like any other: it enters the GPU pool
+            # at its first batch, and from then on is never evicted.
+            self.pinned.add(name)
         unlisted, left_gpu = ((), ()) if hard else self._park_over_cap(keep=name, busy=busy)
-        if not pinned:
-            return Effects(cold=True, gpu_evicted=left_gpu, unlisted=unlisted)
-        self.pinned.add(name)
-        activated, gpu_evicted = self._activate(entry, busy=busy)
-        return Effects(
-            cold=True,
-            activated=activated,
-            gpu_evicted=left_gpu + gpu_evicted,
-            unlisted=unlisted,
-        )
+        return Effects(cold=True, gpu_evicted=left_gpu, unlisted=unlisted)
 
     def _park_over_cap(
         self, *, keep: str, busy: Collection[str]

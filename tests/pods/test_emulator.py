@@ -389,12 +389,13 @@ async def test_sglang_pins_at_most_one_less_than_the_batch(emulated: EmulatedFac
         second = await _post(
             http, "/load_lora_adapter", {"lora_name": "b", "lora_path": "b", "pinned": True}
         )
+        await _post(http, "/v1/chat/completions", {"model": "base-model:a", "messages": []})
         for model in ("base-model:c", "base-model:d"):
             await _post(http, "/load_lora_adapter", {"lora_name": model[-1], "lora_path": "x"})
             await _post(http, "/v1/chat/completions", {"model": model, "messages": []})
     assert first.status_code == 200 and second.status_code == 400
     assert "It is not allowed to pin all slots" in second.json()["error_message"]
-    assert "a" in fleet.handles[0].pod.stats()["gpu"]  # pinned: never evicted
+    assert "a" in fleet.handles[0].pod.stats()["gpu"]  # pinned, once used: never evicted
 
 
 async def test_injected_errors_and_a_pod_that_dies_and_comes_back_empty(
