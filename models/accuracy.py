@@ -25,6 +25,10 @@ class Scores:
     mae_vs_persistence: float
     #: MAE divided by the MAE of the same bucket one day earlier on the same cells.
     mae_vs_yesterday: float
+    #: MAE divided by the MAE of the median of the same bucket over the last 7 days.
+    mae_vs_median_7d: float
+    #: MAE divided by the better of the two day-ahead naive forecasts (yesterday, median 7d).
+    mae_vs_best_naive: float
     #: MAE divided by the in-sample MAE of the one-day seasonal naive forecast.
     mase: float
     wmape: float
@@ -32,6 +36,7 @@ class Scores:
     pinball_90: float
     pinball_99: float
     coverage_90: float
+    coverage_99: float
 
 
 def mae(actual: FloatArray, predicted: FloatArray) -> float:
@@ -79,20 +84,26 @@ class Cells:
     q99: FloatArray
     persistence: FloatArray
     yesterday: FloatArray
+    median_7d: FloatArray
 
 
 def score(cells: Cells, *, scale_mae: float) -> Scores:
     """Every measure for one model on one set of cells."""
     model_mae = mae(cells.actual, cells.mean)
+    yesterday = mae(cells.actual, cells.yesterday)
+    median_7d = mae(cells.actual, cells.median_7d)
     return Scores(
         points=int(cells.actual.size),
         mae=model_mae,
         mae_vs_persistence=ratio(model_mae, mae(cells.actual, cells.persistence)),
-        mae_vs_yesterday=ratio(model_mae, mae(cells.actual, cells.yesterday)),
+        mae_vs_yesterday=ratio(model_mae, yesterday),
+        mae_vs_median_7d=ratio(model_mae, median_7d),
+        mae_vs_best_naive=ratio(model_mae, min(yesterday, median_7d)),
         mase=ratio(model_mae, scale_mae),
         wmape=wmape(cells.actual, cells.mean),
         pinball_50=pinball(cells.actual, cells.q50, 0.5),
         pinball_90=pinball(cells.actual, cells.q90, 0.9),
         pinball_99=pinball(cells.actual, cells.q99, 0.99),
         coverage_90=coverage(cells.actual, cells.q90),
+        coverage_99=coverage(cells.actual, cells.q99),
     )

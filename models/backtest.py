@@ -4,8 +4,8 @@ At each origin a model sees only the history before it, forecasts the horizon an
 is scored against what happened. Models are refitted every ``refit_every`` buckets
 (the controller refits daily and predicts often), and predict at every origin.
 Scores are pooled over all adapters and over the "major" ones (at least 1% of the
-traffic before the first origin), each against persistence and same-bucket-yesterday
-on the very same cells.
+traffic before the first origin), each against persistence, same-bucket-yesterday and
+the same bucket's median over the last 7 days on the very same cells.
 
 Pure: no IO, no clock, no logging.
 """
@@ -19,7 +19,7 @@ import numpy as np
 
 from models.accuracy import Cells, Scores, score, seasonal_mae
 from models.base import FittedForecaster, Forecaster, PanelForecast, sanitize
-from models.baselines import same_bucket
+from models.baselines import SameBucketMedian, same_bucket
 from models.series import CountPanel, FloatArray
 
 
@@ -82,7 +82,7 @@ def _forecasts(
 
 
 def _cells(panel: CountPanel, runs: list[tuple[int, PanelForecast]], columns: list[int]) -> Cells:
-    keys = ("actual", "mean", "q50", "q90", "q99", "persistence", "yesterday")
+    keys = ("actual", "mean", "q50", "q90", "q99", "persistence", "yesterday", "median_7d")
     stacks: dict[str, list[FloatArray]] = {key: [] for key in keys}
     for origin, forecast in runs:
         steps = forecast.horizon
@@ -94,6 +94,8 @@ def _cells(panel: CountPanel, runs: list[tuple[int, PanelForecast]], columns: li
         stacks["persistence"].append(np.repeat(last[None, :], steps, axis=0))
         yesterday = same_bucket(history, horizon=steps, period=panel.per_day(), draws=1)[0]
         stacks["yesterday"].append(np.nan_to_num(yesterday, nan=0.0)[:, columns])
+        median = SameBucketMedian().predict(history, horizon=steps).mean
+        stacks["median_7d"].append(median[:, columns])
     flat = {
         key: np.concatenate([a.ravel() for a in arrays]) if arrays else np.zeros(0)
         for key, arrays in stacks.items()
