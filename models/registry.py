@@ -43,19 +43,7 @@ def forecaster_named(
         "global-gbm": GlobalBoosting(timezones=zones, seed=seed),
         "holt-winters": HoltWinters(),
     }
-    table["auto"] = Selecting(
-        candidates=tuple(
-            table[key]
-            for key in (
-                "global-gbm",
-                "level-profile",
-                "persistence",
-                "ewma",
-                "median-7d",
-                "profile-7d",
-            )
-        )
-    )
+    table["auto"] = Selecting()
     if name not in table:
         raise KeyError(f"unknown forecaster {name!r}; known: {', '.join(sorted(table))}")
     return table[name]

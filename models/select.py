@@ -1,236 +1,566 @@
-"""Horizon-aware selection per adapter, by a backtest on the end of the history.
+"""Selection per adapter and horizon by a rolling-origin backtest, shrunk toward naive.
 
-The best model at one hour ahead is rarely the best at a day ahead, and the best
-model for a busy, smooth adapter is rarely the best for a bursty one. ``Selecting``
-fits every candidate on the history less its last ``holdout_days``, forecasts from
-several origins inside that holdout, and for each adapter and each band of steps
-(by default 1-6 buckets and beyond) blends the candidates with weights that fall
-with their error there. The candidates are then refitted on the whole history.
-With too little history for a holdout it uses its fallback chain and says so.
+``Selecting`` (the ``auto`` model) replays cheap experts (``models.experts``) from many
+origins over the last ``days`` days of the history: every bucket for the first hour,
+every ``long_every`` buckets for the day. For each adapter it then
+
+1. stacks a few experts: the convex weights, on a grid, with the lowest absolute error
+   per step of the first hour (persistence, the last half hour's mean, the last hour's
+   median) and per band beyond (yesterday, the 7-day median, yesterday smoothed over
+   neighbouring buckets, the recent days weighted toward yesterday);
+2. shrinks those weights toward its naive target (persistence within the hour; beyond,
+   yesterday and the 7-day median mixed by 1/error**2, which is the better of the two
+   when one is clearly better) in proportion to the evidence against the naive target:
+   the t statistic, over blocks of origins (2 h, or days), of its excess error over the
+   stack's out-of-fold error (weights fitted on the other half of the blocks). The stack
+   has all the weight at ``z_short`` (first hour) or ``z_full``, none at 0. Without a
+   backtest (short history), or for an adapter younger than the backtest needs, the
+   naive forecast is used alone;
+3. forecasts an adapter that just changed level (``models.shifts``: stopped, surged,
+   dropped, appeared) from its new level, as far as the backtest's changes say that
+   pays (``follow``; all the way after a stop and half otherwise when it saw too few);
+4. sets the q90 and q99 band from the backtest's out-of-fold errors, wider after a
+   change (``models.bands``).
 
 Pure: no IO, no clock, no logging.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 
 import numpy as np
+import numpy.typing as npt
 
-from models.base import FittedForecaster, Forecaster, PanelForecast, sanitize
-from models.series import CountPanel, FloatArray
+from models.bands import Cells, band_factors, default_factors, widened
+from models.base import PanelForecast, poisson_quantiles
+from models.experts import EXPERTS, Lags, expert_means
+from models.series import CountPanel, FloatArray, IntArray
+from models.shifts import Change, ShiftRule, Shifts, detect_shifts, level_forecast
+
+BoolArray = npt.NDArray[np.bool_]
+#: How far a changed adapter's forecast follows its new level ([stopped, other changes])
+#: when the backtest saw too few changes to learn it.
+FOLLOW = np.array([1.0, 0.5])
 
 
 @dataclass(frozen=True, kw_only=True)
 class Selecting:
-    candidates: tuple[Forecaster, ...]
     name: str = "auto"
     #: Upper edges (in steps) of the horizon bands; the last band runs to the horizon.
-    band_edges: tuple[int, ...] = (6,)
-    holdout_days: int = 2
-    origins_every: int = 24
-    short_every: int = 6
-    #: Only the best ``keep`` candidates of a cell get weight, in proportion to 1/MAE**power
-    #: (4 of 7 beat 2, 3 and 7 on ServeGen m-mid at both horizons; docs/benchmarks.md).
-    keep: int = 4
-    power: float = 2.0
+    #: The first band is stacked step by step, the others band by band.
+    band_edges: tuple[int, ...] = (6, 36)
+    #: Stacked experts of the first band (the first is its naive forecast) and beyond
+    #: (the first two are the naive ones).
+    short_experts: tuple[str, ...] = ("persistence", "mean-3", "median-6")
+    day_experts: tuple[str, ...] = ("yesterday", "median-7d", "yesterday-near", "recent-days")
+    #: Stacking weights move in steps of 1/grid.
+    short_grid: int = 10
+    day_grid: int = 5
+    days: int = 7
+    short_every: int = 1
+    long_every: int = 12
+    #: The t statistic at which the stack gets all the weight (none at 0 or below), past
+    #: the first band and in it.
+    z_full: float = 2.0
+    z_short: float = 0.5
+    #: The naive target mixes the naive forecasts by 1/error**naive_power (None: the best).
+    naive_power: float | None = 2.0
+    #: Days of history before the bands past the first are selected at all.
     min_days: int = 3
-    #: Used alone when the history is too short to select: a day or more, else under a day.
-    fallback_day: str = "profile-7d"
-    fallback_short: str = "ewma"
+    #: Buckets of history (and of an adapter's life) before the first band is selected.
+    min_short: int = 24
+    #: The band follows the forecast through the day: its scale goes as the forecast over
+    #: the adapter's typical level, to this power.
+    band_power: float = 0.5
+    #: Share of traffic that makes an adapter's cells count for the band's factors.
+    busy_share: float = 0.01
+    #: Changed (origin, step, adapter) cells below which the changed factor is a default.
+    min_changes: int = 60
+    shift_rule: ShiftRule = field(default_factory=ShiftRule)
 
     def fit(self, history: CountPanel) -> FittedSelection:
-        per_day = history.per_day()
-        cut = history.n_buckets - self.holdout_days * per_day
-        notes: list[str] = []
-        errors: FloatArray | None = None
-        factors: FloatArray | None = None
-        names = tuple(c.name for c in self.candidates)
-        fallback = self.fallback_day if history.n_buckets >= per_day else self.fallback_short
-        if history.n_buckets >= self.min_days * per_day and cut > 0:
-            errors, factors = self._holdout_errors(history, cut, notes)
-        else:
-            notes.append(
-                f"{self.name}: {history.n_buckets / per_day:.1f} day(s) of history is too short "
-                f"to select by backtest; fell back to {fallback}"
-            )
-        fitted, failed = _fit_all(self.candidates, history)
-        notes.extend(failed)
+        n, per_day = history.n_buckets, history.per_day()
+        n_bands, n_adapters = len(self.band_edges) + 1, len(history.adapters)
+        weights = np.zeros((self.band_edges[0] + n_bands - 1, len(EXPERTS), n_adapters))
+        weights[: self.band_edges[0], EXPERTS.index(self.short_experts[0])] = 1.0
+        fallback = self.day_experts[1] if n >= 2 * per_day else self.day_experts[0]
+        weights[self.band_edges[0] :, EXPERTS.index(fallback if n >= per_day else "mean-3")] = 1.0
+        scale = np.zeros((n_bands, n_adapters))
+        factors = np.stack([default_factors()] * n_bands)
+        follow = np.stack([FOLLOW] * n_bands)
+        plans = self._plans(n, per_day)
+        notes = self._notes(plans, n, per_day)
+        lags = Lags.of(
+            history.counts, per_day=per_day, first=min((p.first for p in plans), default=n)
+        )
+        first_seen = _first_seen(history.counts)
+        busy = _busy(history.counts, self.busy_share)
+        for plan in plans:
+            fitted = _fit_plan(self, lags, plan, first_seen=first_seen, busy=busy)
+            for unit in range(len(plan.unit_band)):
+                weights[plan.first_unit + unit] = _expand(fitted.weights[unit], plan.experts)
+            for band, (band_scale, band_factor, band_follow) in fitted.bands.items():
+                scale[band], factors[band], follow[band] = band_scale, band_factor, band_follow
         return FittedSelection(
             settings=self,
-            fitted=fitted,
-            errors=errors,
-            band_factors=factors,
-            fallback=names.index(fallback) if fallback in names else len(names) - 1,
+            weights=weights,
+            scale=scale,
+            factors=factors,
+            follow=follow,
+            adapters=history.adapters,
             notes=tuple(notes),
         )
 
-    def _holdout_errors(
-        self, history: CountPanel, cut: int, notes: list[str]
-    ) -> tuple[FloatArray, FloatArray]:
-        """Mean absolute error per (candidate, band, adapter) over the holdout origins, and
-        per (candidate, band) the factors that would have given q90 and q99 their coverage.
-        """
-        fitted, failed = _fit_all(self.candidates, history.head(cut))
-        notes.extend(failed)
-        n_bands = len(self.band_edges) + 1
-        totals = np.zeros((len(self.candidates), n_bands, len(history.adapters)))
-        counts = np.zeros((n_bands, 1))
-        ratios: dict[tuple[int, int], list[FloatArray]] = {}
-        major = _major_columns(history.head(cut))
-        # Short-band origins every ``short_every`` (cheap: a few steps each); full horizons
-        # from every ``origins_every``-th bucket.
-        for origin in range(cut, history.n_buckets, self.short_every):
-            full = (origin - cut) % self.origins_every == 0
-            steps = history.n_buckets - origin
-            steps = steps if full else min(steps, self.band_edges[0] if self.band_edges else steps)
-            actual = history.counts[origin : origin + steps]
-            band = np.searchsorted(self.band_edges, np.arange(1, steps + 1), side="left")
-            for index, model in enumerate(fitted):
-                if model is None:
-                    totals[index] = np.inf
-                    continue
-                forecast = sanitize(model.predict(history.head(origin), horizon=steps))
-                np.add.at(totals[index], band, np.abs(forecast.mean - actual))
-                for b in range(n_bands):
-                    rows = band == b
-                    for k, upper in enumerate((forecast.q90, forecast.q99)):
-                        ratio = _ratio(actual[rows][:, major], upper[rows][:, major])
-                        ratios.setdefault((index, b * 2 + k), []).append(ratio)
-            np.add.at(counts, band, 1.0)
-        return totals / np.maximum(counts, 1.0)[None, :, :], _factors(ratios, totals.shape[:2])
+    def _plans(self, n: int, per_day: int) -> list[Plan]:
+        """The backtest origins: one plan for the first band, one for the rest."""
+        plans = []
+        short = self.band_edges[0]
+        if n >= self.min_short:
+            origins = np.arange(max(1, n - self.days * per_day), n, self.short_every)
+            plans.append(
+                Plan(
+                    origins=origins.astype(np.int64),
+                    experts=self.short_experts,
+                    naive=1,
+                    grid=self.short_grid,
+                    horizon=short,
+                    unit_band=(0,) * short,
+                    unit_steps=tuple((step, step + 1) for step in range(short)),
+                    first_unit=0,
+                    block=12,
+                    min_age=self.min_short,
+                )
+            )
+        if n >= self.min_days * per_day:
+            first = max(per_day, n - self.days * per_day)
+            origins = np.arange(first, n - short, self.long_every)
+            edges = (*self.band_edges, per_day)
+            plans.append(
+                Plan(
+                    origins=origins.astype(np.int64),
+                    experts=self.day_experts,
+                    naive=2,
+                    grid=self.day_grid,
+                    horizon=per_day,
+                    unit_band=tuple(range(1, len(edges))),
+                    unit_steps=tuple(itertools.pairwise(edges)),
+                    first_unit=short,
+                    block=per_day,
+                    min_age=self.min_days * per_day,
+                )
+            )
+        return [p for p in plans if len(p.origins)]
+
+    def _notes(self, plans: list[Plan], n: int, per_day: int) -> list[str]:
+        days = f"{self.name}: {n / per_day:.1f} day(s) of history is too short to select"
+        if not plans:
+            return [f"{days} by backtest; naive forecasts only"]
+        if plans[-1].first_unit == 0:
+            return [
+                f"{days} past {self.band_edges[0]} buckets (it takes {self.min_days}); "
+                "naive forecasts there"
+            ]
+        return []
 
 
-def _major_columns(history: CountPanel, share: float = 0.01) -> np.ndarray:
-    """Adapters with at least ``share`` of the traffic: where the band's coverage matters."""
-    totals = history.counts.sum(axis=0)
-    grand = totals.sum()
-    major = totals >= share * grand if grand > 0 else np.ones_like(totals, dtype=bool)
-    return np.flatnonzero(major)
+@dataclass(frozen=True, kw_only=True, eq=False)
+class Plan:
+    """One backtest: its origins, the experts it stacks, and the units it sets weights for.
+
+    A unit is a step (first band) or a band (beyond): ``unit_steps`` are its steps
+    ``[start, end)``, ``unit_band`` its horizon band.
+    """
+
+    origins: IntArray
+    experts: tuple[str, ...]
+    #: The first ``naive`` experts are the naive forecasts.
+    naive: int
+    grid: int
+    horizon: int
+    unit_band: tuple[int, ...]
+    unit_steps: tuple[tuple[int, int], ...]
+    first_unit: int
+    #: Origins per block of the evidence; blocks alternate between the two folds.
+    block: int
+    #: Buckets since an adapter's first request before its stack is trusted at all.
+    min_age: int
+
+    @property
+    def first(self) -> int:
+        return int(self.origins[0])
+
+    @property
+    def folds(self) -> IntArray:
+        return np.asarray((self.origins // self.block) % 2, dtype=np.int64)
+
+    def unit_mask(self) -> FloatArray:
+        """``(unit, step)``: 1 where the step belongs to the unit."""
+        mask = np.zeros((len(self.unit_steps), self.horizon))
+        for unit, (start, end) in enumerate(self.unit_steps):
+            mask[unit, start:end] = 1.0
+        return mask
 
 
-def _ratio(actual: FloatArray, upper: FloatArray) -> FloatArray:
-    """How far each actual went past its quantile: 0 for no request, inf past a zero."""
+@dataclass(frozen=True, kw_only=True, eq=False)
+class _PlanFit:
+    weights: FloatArray  # (unit, plan expert, adapter)
+    bands: dict[int, tuple[FloatArray, FloatArray, FloatArray]]  # band -> scale, factors, follow
+
+
+def simplex(n: int, grid: int) -> FloatArray:
+    """Convex weights of ``n`` experts in steps of ``1/grid``; row 0 is all on the first."""
+    points = [
+        (grid - sum(c), *c)
+        for c in itertools.product(range(grid + 1), repeat=n - 1)
+        if sum(c) <= grid
+    ]
+    return np.asarray(points, dtype=np.float64) / grid
+
+
+def _fit_plan(
+    settings: Selecting, lags: Lags, plan: Plan, *, first_seen: IntArray, busy: BoolArray
+) -> _PlanFit:
+    grid = simplex(len(plan.experts), plan.grid)
+    mask = plan.unit_mask()
+    folds = plan.folds
+    totals, naive_loss = _grid_losses(lags, plan, grid, mask, folds)
+    per_fold = grid[totals.argmin(axis=1)]  # (fold, unit, adapter, expert)
+    stacked = grid[totals.sum(axis=0).argmin(axis=0)]  # (unit, adapter, expert)
+    bands = sorted(set(plan.unit_band))
+    shares = np.stack(
+        [
+            _naive_share(naive_loss[:, i].mean(axis=1), settings.naive_power)
+            for i in range(len(bands))
+        ]
+    )  # (band, naive, adapter)
+    crossed, naive, cells = _crossfit(settings, lags, plan, per_fold, shares, busy)
+    blocks = plan.origins // plan.block
+    young = lags.n_buckets - first_seen < plan.min_age
+    weights = np.zeros((len(plan.unit_steps), len(plan.experts), lags.counts.shape[1]))
+    fitted: dict[int, tuple[FloatArray, FloatArray, FloatArray]] = {}
+    for index, band in enumerate(bands):
+        band_crossed, own = crossed[index], naive[index]
+        z_full = settings.z_short if plan.first_unit == 0 else settings.z_full
+        trust = np.where(young, 0.0, _trust(own - band_crossed, blocks, z_full))
+        target = np.zeros((len(plan.experts), len(trust)))
+        target[: plan.naive] = shares[index]
+        for unit in (u for u, b in enumerate(plan.unit_band) if b == band):
+            weights[unit] = trust * stacked[unit].T + (1.0 - trust) * target
+        scale = trust * np.nanmean(band_crossed, axis=0) + (1.0 - trust) * np.nanmean(own, axis=0)
+        band_cells = cells.get(band)
+        follow = FOLLOW.copy()
+        factors = default_factors()
+        if band_cells is not None:
+            selected = band_cells.selected(trust)
+            follow = _follow(band_cells, selected, settings.min_changes)
+            mean = _after_change(selected, band_cells.level, band_cells.kind, follow)
+            factors = band_factors(
+                band_cells,
+                mean=mean,
+                scale=scale,
+                typical=_typical(lags, settings.days),
+                power=settings.band_power,
+                min_changes=settings.min_changes,
+            )
+        fitted[band] = (scale, factors, follow)
+    return _PlanFit(weights=weights, bands=fitted)
+
+
+def _typical(lags: Lags, days: int) -> FloatArray:
+    """Each adapter's mean per bucket over the last ``days`` days."""
+    end = np.array([lags.n_buckets], dtype=np.int64)
+    return np.asarray(lags.level(end, days * lags.per_day)[0], dtype=np.float64)
+
+
+def _naive_share(mean_loss: FloatArray, power: float | None) -> FloatArray:
+    """Weights ``(naive, adapter)`` of the naive forecasts in the shrink target: by
+    1/error**power, or all on the best one without a power.
+    """
+    if power is None:
+        share = np.zeros_like(mean_loss)
+        share[mean_loss.argmin(axis=0), np.arange(mean_loss.shape[1])] = 1.0
+        return share
+    floor = np.maximum(mean_loss.min(axis=0, keepdims=True), 1e-9)
+    score = (floor / np.maximum(mean_loss, 1e-9)) ** power
+    return np.asarray(score / score.sum(axis=0, keepdims=True), dtype=np.float64)
+
+
+def _chunks(plan: Plan, width: int) -> Iterator[tuple[int, IntArray]]:
+    size = max(1, int(4e6 // max(1, plan.horizon * width)))
+    for start in range(0, len(plan.origins), size):
+        yield start, plan.origins[start : start + size]
+
+
+def _actuals(lags: Lags, origins: IntArray, horizon: int) -> tuple[FloatArray, FloatArray]:
+    """Actual counts ``(origin, step, adapter)`` and 1 where the step is inside the history."""
+    index = origins[:, None] + np.arange(horizon)[None, :]
+    valid = (index < lags.n_buckets).astype(np.float64)
+    return lags.counts[np.minimum(index, lags.n_buckets - 1)], valid
+
+
+def _per_origin(errors: FloatArray, valid: FloatArray, mask: FloatArray) -> FloatArray:
+    """Mean error per (unit, origin, adapter) of ``errors (origin, step, adapter)``."""
+    weight = valid[None] * mask[:, None, :]  # (unit, origin, step)
+    total = np.einsum("ush,sha->usa", weight, errors)
+    return np.asarray(total / np.maximum(weight.sum(axis=2), 1.0)[..., None], dtype=np.float64)
+
+
+def _grid_losses(
+    lags: Lags, plan: Plan, grid: FloatArray, mask: FloatArray, folds: IntArray
+) -> tuple[FloatArray, FloatArray]:
+    """Absolute error summed per (fold, grid point, unit, adapter), and the naive experts'
+    mean error per (naive, band, origin, adapter).
+    """
+    n_adapters = lags.counts.shape[1]
+    bands = sorted(set(plan.unit_band))
+    band_mask = np.stack(
+        [mask[[u for u, b in enumerate(plan.unit_band) if b == band]].sum(0) for band in bands]
+    )
+    totals = np.zeros((2, len(grid), len(plan.unit_steps), n_adapters))
+    naive = np.zeros((plan.naive, len(bands), len(plan.origins), n_adapters))
+    for start, origins in _chunks(plan, n_adapters * len(plan.experts)):
+        means = expert_means(lags, origins, horizon=plan.horizon, names=plan.experts)
+        actual, valid = _actuals(lags, origins, plan.horizon)
+        fold = folds[start : start + len(origins)]
+        for g, point in enumerate(grid):
+            errors = np.abs(np.tensordot(point, means, axes=1) - actual) * valid[..., None]
+            by_unit = np.einsum("uh,sha->usa", mask, errors)
+            for f in (0, 1):
+                totals[f, g] += by_unit[:, fold == f].sum(axis=1)
+        for k in range(plan.naive):
+            errors = np.abs(means[k] - actual)
+            naive[k, :, start : start + len(origins)] = _per_origin(errors, valid, band_mask)
+    return totals, naive
+
+
+def _crossfit(
+    settings: Selecting,
+    lags: Lags,
+    plan: Plan,
+    per_fold: FloatArray,
+    shares: FloatArray,
+    busy: BoolArray,
+) -> tuple[FloatArray, FloatArray, dict[int, Cells]]:
+    """The mean error per (band, origin, adapter) of the out-of-fold stack and of the
+    naive target (``shares`` of the naive forecasts), and each band's busy cells.
+    """
+    bands = sorted(set(plan.unit_band))
+    unit_of_step = np.zeros(plan.horizon, dtype=np.int64)
+    for unit, (start, end) in enumerate(plan.unit_steps):
+        unit_of_step[start:end] = unit
+    band_of_step = np.asarray(plan.unit_band)[unit_of_step]
+    crossed = np.zeros((len(bands), len(plan.origins), lags.counts.shape[1]))
+    naive_loss = np.zeros_like(crossed)
+    parts: dict[int, list[Cells]] = {band: [] for band in bands}
+    folds = plan.folds
+    every = detect_shifts(lags, plan.origins, settings.shift_rule)
+    for start, origins in _chunks(plan, lags.counts.shape[1] * len(plan.experts)):
+        means = expert_means(lags, origins, horizon=plan.horizon, names=plan.experts)
+        actual, valid = _actuals(lags, origins, plan.horizon)
+        other = 1 - folds[start : start + len(origins)]
+        # weights per (origin, step, adapter, expert): the other fold's, for the step's unit
+        chosen = per_fold[other][:, unit_of_step]
+        stacked = np.einsum("esha,shae->sha", means, chosen)
+        shifts = every.take(slice(start, start + len(origins)))
+        level = level_forecast(
+            lags, origins, shifts, horizon=plan.horizon, rule=settings.shift_rule
+        )
+        rows = slice(start, start + len(origins))
+        for index, band in enumerate(bands):
+            steps = (band_of_step == band).astype(np.float64)[None]
+            naive = np.einsum("esha,ea->sha", means[: plan.naive], shares[index])
+            # An origin too late for any step of the band scores nothing (NaN).
+            scored = np.where((valid * steps).sum(axis=1) > 0, 1.0, np.nan)[:, None]
+            crossed[index, rows] = _per_origin(np.abs(stacked - actual), valid, steps)[0] * scored
+            naive_loss[index, rows] = _per_origin(np.abs(naive - actual), valid, steps)[0] * scored
+            keep = ((valid * steps) > 0)[..., None] & busy[None, None, :]
+            parts[band].append(_cells(keep, actual, stacked, naive, level, shifts))
+    cells = {band: Cells.concat(chunks) for band, chunks in parts.items() if chunks}
+    return crossed, naive_loss, cells
+
+
+def _cells(
+    keep: BoolArray,
+    actual: FloatArray,
+    stacked: FloatArray,
+    naive: FloatArray,
+    level: FloatArray,
+    shifts: Shifts,
+) -> Cells:
+    shape = actual.shape
+
+    def spread(values: npt.NDArray[np.generic]) -> npt.NDArray[np.generic]:
+        return np.broadcast_to(values[:, None, :], shape)[keep]
+
+    return Cells(
+        actual=actual[keep],
+        stacked=stacked[keep],
+        naive=naive[keep],
+        level=level[keep],
+        kind=spread(shifts.kind).astype(np.int8),
+        ratio=spread(shifts.ratio).astype(np.float64),
+        recent=spread(shifts.level).astype(np.float64),
+        column=np.broadcast_to(np.arange(shape[-1])[None, None, :], shape)[keep],
+    )
+
+
+def _follow(cells: Cells, selected: FloatArray, min_changes: int) -> FloatArray:
+    """How far to follow the new level ([stopped, other changes]): the weight, in tenths,
+    with the lowest error over the backtest's cells after such a change.
+    """
+    follow = FOLLOW.copy()
+    steps = np.linspace(0.0, 1.0, 11)
+    for k, group in enumerate(
+        (cells.kind == Change.STOPPED, cells.changed & (cells.kind != Change.STOPPED))
+    ):
+        if group.sum() >= min_changes:
+            level, chosen, actual = cells.level[group], selected[group], cells.actual[group]
+            errors = [np.abs(a * level + (1 - a) * chosen - actual).sum() for a in steps]
+            follow[k] = steps[int(np.argmin(errors))]
+    return follow
+
+
+def _after_change(
+    selected: FloatArray, level: FloatArray, kind: npt.NDArray[np.int8], follow: FloatArray
+) -> FloatArray:
+    """The forecast with changed adapters moved toward their new level by ``follow``."""
+    weight = np.where(kind == Change.STOPPED, follow[0], np.where(kind != 0, follow[1], 0.0))
+    return np.asarray(weight * level + (1 - weight) * selected, dtype=np.float64)
+
+
+def _trust(excess: FloatArray, blocks: IntArray, z_full: float) -> FloatArray:
+    """Weight of the stack per adapter: the t statistic of ``excess`` (naive minus stack
+    error per origin) over blocks of origins, over ``z_full``, within [0, 1].
+    """
+    scored = ~np.isnan(excess).all(axis=1)
+    excess, blocks = excess[scored], blocks[scored]
+    labels = np.unique(blocks)
+    if len(labels) < 2:
+        return np.zeros(excess.shape[1])
+    means = np.stack([excess[blocks == label].mean(axis=0) for label in labels])
+    spread = means.std(axis=0, ddof=1) / np.sqrt(len(labels))
+    average = means.mean(axis=0)
     with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = np.where(upper > 0, actual / np.where(upper > 0, upper, 1.0), np.inf)
-    return np.where(actual <= 0, 0.0, ratio).ravel()
+        z = np.where(spread > 0, average / spread, np.where(average > 0, np.inf, 0.0))
+    return np.asarray(np.clip(np.nan_to_num(z / z_full, posinf=1.0), 0.0, 1.0), dtype=np.float64)
 
 
-def _factors(ratios: dict[tuple[int, int], list[FloatArray]], shape: tuple[int, ...]) -> FloatArray:
-    """Conformal scale factors ``(candidate, band, [q90, q99])``, within [0.7, 4]."""
-    factors = np.ones((*shape, 2))
-    for (index, slot), parts in ratios.items():
-        values = np.concatenate(parts)
-        if not len(values):
-            continue
-        target = 0.9 if slot % 2 == 0 else 0.99
-        factor = float(np.quantile(values, target, method="higher"))  # inf-safe: no interpolation
-        if np.isfinite(factor) and factor > 0:
-            # Half the correction (on a log scale): two days of holdout are a small sample,
-            # and the full factor overshot the coverage on the ServeGen benchmark.
-            factors[index, slot // 2, slot % 2] = min(max(np.sqrt(factor), 0.7), 4.0)
-    return factors
+def _expand(weights: FloatArray, names: tuple[str, ...]) -> FloatArray:
+    """Weights over a plan's experts ``(expert, adapter)`` as weights over all experts."""
+    out = np.zeros((len(EXPERTS), weights.shape[1]))
+    for row, name in enumerate(names):
+        out[EXPERTS.index(name)] = weights[row]
+    return out
 
 
-def _fit_all(
-    candidates: Sequence[Forecaster], history: CountPanel
-) -> tuple[list[FittedForecaster | None], list[str]]:
-    fitted: list[FittedForecaster | None] = []
-    failed: list[str] = []
-    for candidate in candidates:
-        try:
-            fitted.append(candidate.fit(history))
-        except ValueError as exc:
-            fitted.append(None)
-            failed.append(f"{candidate.name}: not used ({exc})")
-    return fitted, failed
+def _first_seen(counts: FloatArray) -> IntArray:
+    seen = counts > 0
+    first = np.where(seen.any(axis=0), seen.argmax(axis=0), counts.shape[0])
+    return np.asarray(first, dtype=np.int64)
+
+
+def _busy(counts: FloatArray, share: float) -> BoolArray:
+    totals = counts.sum(axis=0)
+    grand = totals.sum()
+    return np.asarray(totals >= share * grand if grand > 0 else np.zeros(len(totals), dtype=bool))
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
 class FittedSelection:
     settings: Selecting
-    fitted: list[FittedForecaster | None]
-    errors: FloatArray | None
-    #: Per (candidate, band): factors on q90 and q99 that gave them their coverage in the
-    #: holdout (split-conformal calibration); None without a holdout.
-    band_factors: FloatArray | None
-    fallback: int
+    #: ``(unit, expert, adapter)``: weights per step of the first band, then per band.
+    weights: FloatArray
+    #: ``(band, adapter)``: the mean absolute error of the selected forecast in the backtest.
+    scale: FloatArray
+    #: ``(band, level, [steady, changed])``: q90 and q99 are mean + factor x scale.
+    factors: FloatArray
+    #: ``(band, [stopped, other])``: how far a changed adapter follows its new level.
+    follow: FloatArray
+    adapters: tuple[str, ...]
     notes: tuple[str, ...] = field(default=())
 
     def predict(self, history: CountPanel, *, horizon: int) -> PanelForecast:
-        usable = [i for i, model in enumerate(self.fitted) if model is not None]
-        if not usable:
-            raise ValueError("no candidate forecaster could be fitted")
-        forecasts = {
-            i: self._calibrated(i, sanitize(model.predict(history, horizon=horizon)))
-            for i, model in enumerate(self.fitted)
-            if model is not None
-        }
-        weights = self._weights(usable, horizon, len(history.adapters))
-        return _blend(
-            forecasts, weights, [self.settings.candidates[i].name for i in usable], self.notes
+        if history.adapters != self.adapters:
+            raise ValueError(f"{self.settings.name}: fitted on other adapters than these")
+        rule = self.settings.shift_rule
+        lags = Lags.of(history.counts, per_day=history.per_day(), first=history.n_buckets)
+        origin = np.array([history.n_buckets], dtype=np.int64)
+        used = tuple(EXPERTS[e] for e in np.flatnonzero(self.weights.any(axis=(0, 2))))
+        means = expert_means(lags, origin, horizon=horizon, names=used)[:, 0]
+        steps = np.arange(1, horizon + 1)
+        band = np.searchsorted(self.settings.band_edges, steps, side="left")
+        first = self.settings.band_edges[0]
+        unit = np.where(steps <= first, steps - 1, first + band - 1)
+        chosen = self.weights[unit][:, [EXPERTS.index(name) for name in used]]  # (h, e, a)
+        mean = np.einsum("eha,hea->ha", means, chosen)
+        shifts = detect_shifts(lags, origin, rule)
+        changed = shifts.changed[0][None, :]
+        level = level_forecast(lags, origin, shifts, horizon=horizon, rule=rule)[0]
+        kind = np.broadcast_to(shifts.kind[0][None, :], mean.shape)
+        follow = self.follow[band]  # (step, [stopped, other])
+        weight = np.where(
+            kind == Change.STOPPED, follow[:, :1], np.where(kind != 0, follow[:, 1:], 0.0)
+        )
+        mean = weight * level + (1.0 - weight) * mean
+        sigma = widened(
+            self.scale[band],
+            changed,
+            shifts.ratio[0][None, :],
+            shifts.level[0][None, :],
+            mean=mean,
+            typical=_typical(lags, self.settings.days)[None, :],
+            power=self.settings.band_power,
+        )
+        which = changed.astype(np.int64)
+        factor = np.take_along_axis(self.factors[band], which[:, None, :].repeat(2, axis=1), axis=2)
+        _, pq90, pq99 = poisson_quantiles(mean)
+        q90 = np.maximum(mean + factor[:, 0] * sigma, pq90)
+        q99 = np.maximum(mean + factor[:, 1] * sigma, np.maximum(pq99, q90))
+        return PanelForecast(
+            origin_s=history.end_s,
+            bucket_s=history.bucket_s,
+            adapters=history.adapters,
+            mean=mean,
+            q50=mean,
+            q90=q90,
+            q99=q99,
+            p_nonzero=_p_nonzero(lags, origin, mean, changed),
+            model=self._model_names(unit, shifts),
+            notes=self.notes + _shift_notes(self.settings.name, history.adapters, shifts),
         )
 
-    def _calibrated(self, index: int, forecast: PanelForecast) -> PanelForecast:
-        if self.band_factors is None:
-            return forecast
-        band = np.searchsorted(
-            self.settings.band_edges, np.arange(1, forecast.horizon + 1), side="left"
-        )
-        factors = self.band_factors[index][band]  # (step, 2)
-        return replace(
-            forecast,
-            q90=forecast.q90 * factors[:, 0:1],
-            q99=np.maximum(forecast.q99 * factors[:, 1:2], forecast.q90 * factors[:, 0:1]),
-        )
-
-    def _weights(self, usable: list[int], horizon: int, n_adapters: int) -> FloatArray:
-        """Weights ``(candidate, step, adapter)`` summing to one over candidates."""
-        weights = np.zeros((len(usable), horizon, n_adapters))
-        if self.errors is None:
-            weights[usable.index(self.fallback) if self.fallback in usable else -1] = 1.0
-            return weights
-        band = np.searchsorted(self.settings.band_edges, np.arange(1, horizon + 1), side="left")
-        errors = self.errors[usable][:, band, :]
-        rank = np.argsort(np.argsort(errors, axis=0, kind="stable"), axis=0, kind="stable")
-        floor = np.maximum(errors.min(axis=0, keepdims=True), 1e-9)
-        score = np.where(
-            rank < self.settings.keep,
-            (floor / np.maximum(errors, 1e-9)) ** self.settings.power,
-            0.0,
-        )
-        score = np.where(np.isfinite(score), score, 0.0)
-        total = score.sum(axis=0, keepdims=True)
-        weights = np.where(total > 0, score / np.where(total > 0, total, 1.0), 0.0)
-        weights[-1] = np.where(total[0] > 0, weights[-1], 1.0)
-        return weights
+    def _model_names(self, unit: IntArray, shifts: Shifts) -> tuple[str, ...]:
+        """Each adapter's heaviest expert over the horizon, or the change it is following."""
+        heaviest = self.weights[unit].sum(axis=0).argmax(axis=0)
+        names = [f"{self.settings.name}:{EXPERTS[int(i)]}" for i in heaviest]
+        for column in np.flatnonzero(shifts.changed[0]):
+            kind = Change(int(shifts.kind[0, column])).name.lower()
+            names[column] = f"{self.settings.name}:{kind}"
+        return tuple(names)
 
 
-def _blend(
-    forecasts: dict[int, PanelForecast],
-    weights: FloatArray,
-    names: list[str],
-    notes: tuple[str, ...],
-) -> PanelForecast:
-    parts = list(forecasts.values())
-    first = parts[0]
+def _p_nonzero(lags: Lags, origin: IntArray, mean: FloatArray, changed: BoolArray) -> FloatArray:
+    """The share of the last 7 days with a request in the bucket, the Poisson value of the
+    mean counting as one more day; after a change of level, the Poisson value alone.
+    """
+    rows = lags.targets(origin, mean.shape[0])[0]
+    days = lags.days_known[rows]
+    poisson = 1.0 - np.exp(-mean)
+    past = (lags.nonzero_7d[rows] * days + poisson) / (days + 1.0)
+    return np.asarray(np.where(changed, poisson, past), dtype=np.float64)
 
-    def mix(key: str) -> FloatArray:
-        mixed = np.sum([w * getattr(p, key) for w, p in zip(weights, parts, strict=True)], axis=0)
-        return np.asarray(mixed, dtype=np.float64)
 
-    # The model name is each adapter's heaviest candidate over the horizon.
-    heaviest = weights.sum(axis=1).argmax(axis=0)
-    return PanelForecast(
-        origin_s=first.origin_s,
-        bucket_s=first.bucket_s,
-        adapters=first.adapters,
-        mean=mix("mean"),
-        q50=mix("q50"),
-        q90=mix("q90"),
-        q99=mix("q99"),
-        p_nonzero=mix("p_nonzero"),
-        model=tuple(f"auto:{names[int(i)]}" for i in heaviest),
-        notes=notes + tuple(n for p in parts for n in p.notes),
-    )
+def _shift_notes(name: str, adapters: tuple[str, ...], shifts: Shifts) -> tuple[str, ...]:
+    notes = []
+    for kind in (Change.STOPPED, Change.SURGED, Change.DROPPED, Change.APPEARED):
+        columns = np.flatnonzero(shifts.kind[0] == kind)
+        if len(columns):
+            listed = ", ".join(adapters[c] for c in columns[:5])
+            more = f" and {len(columns) - 5} more" if len(columns) > 5 else ""
+            notes.append(
+                f"{name}: {kind.name.lower()}: {listed}{more}; forecast from the new level"
+            )
+    return tuple(notes)

@@ -11,10 +11,9 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 from models.base import PanelForecast, poisson_ppf, sanitize
-from models.baselines import DailyProfile, Ewma, Persistence, SeasonalNaive
+from models.baselines import DailyProfile, Ewma, SeasonalNaive
 from models.boosting import GlobalBoosting, NotEnoughHistoryError
 from models.registry import forecaster_named
-from models.select import Selecting
 from models.series import CountPanel
 
 SMALL_GBM = GlobalBoosting(max_rows=6_000, max_iter=30, quantile_iter=20)
@@ -106,28 +105,6 @@ def test_short_history_gives_a_sane_forecast(name: str) -> None:
 def test_global_model_refuses_too_little_history() -> None:
     with pytest.raises(NotEnoughHistoryError, match="bucket"):
         SMALL_GBM.fit(one_request_panel())
-
-
-def test_selection_says_when_it_cannot_backtest() -> None:
-    panel = one_request_panel()
-    selection = Selecting(candidates=(Persistence(), Ewma()))
-    forecast = selection.fit(panel).predict(panel, horizon=6)
-    assert any("too short" in note for note in forecast.notes)
-    assert set(forecast.model) == {"auto:ewma"}
-
-
-def test_selection_is_horizon_aware(seasonal_panel: Callable[..., CountPanel]) -> None:
-    panel = seasonal_panel(days=6, peaks=(60.0,))
-    counts = panel.counts.copy()
-    counts[-144:, 0] *= 3.0  # the level trebles on the last day: recent buckets matter most
-    shifted = CountPanel(
-        start_s=panel.start_s, bucket_s=600, adapters=panel.adapters, counts=counts
-    )
-    selection = Selecting(candidates=(Persistence(), DailyProfile()), holdout_days=1, keep=1)
-    fitted = selection.fit(shifted)
-    weights = fitted._weights([0, 1], 144, 1)
-    assert weights[0, 0, 0] == 1.0  # persistence wins one step ahead after the jump
-    assert weights[:, 0, 0].sum() == pytest.approx(1.0)
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,130 @@
+"""The q90/q99 band of the selecting model, calibrated on its own backtest.
+
+Each adapter's band is its forecast plus a factor times its error scale (the mean
+absolute error of its selected forecast in that horizon band of the backtest). The
+factor is the quantile of the normalised out-of-fold errors over the busy adapters'
+cells (split-conformal calibration), computed apart for cells after a change of level
+(``models.shifts``), where the scale also grows with the new level: a changed adapter's
+band is wider, as its history says less about what comes next. With too few changes in
+the backtest the changed factor is the steady one times ``CHANGED_WIDENING``. The
+band never falls below the Poisson band of the mean.
+
+Pure: no IO, no clock, no logging.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from models.series import FloatArray, IntArray
+
+#: Quantile levels of the band.
+LEVELS = (0.9, 0.99)
+#: The changed factor over the steady one when the backtest saw too few changes.
+CHANGED_WIDENING = 1.5
+#: After a change, the error scale is at least this share of the new level.
+RECENT_SHARE = 0.5
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class Cells:
+    """The busy adapters' backtest cells of one horizon band, flattened."""
+
+    actual: FloatArray
+    #: The out-of-fold stacked forecast, and the naive target of the band.
+    stacked: FloatArray
+    naive: FloatArray
+    #: The forecast from the new level, the change (``models.shifts.Change``), how much.
+    level: FloatArray
+    kind: npt.NDArray[np.int8]
+    ratio: FloatArray
+    recent: FloatArray
+    column: IntArray
+
+    @classmethod
+    def concat(cls, parts: list[Cells]) -> Cells:
+        keys = ("actual", "stacked", "naive", "level", "kind", "ratio", "recent", "column")
+        return cls(
+            **{key: np.concatenate([getattr(p, key) for p in parts], axis=-1) for key in keys}
+        )
+
+    @property
+    def changed(self) -> npt.NDArray[np.bool_]:
+        return np.asarray(self.kind != 0)
+
+    def selected(self, trust: FloatArray) -> FloatArray:
+        """The fitted model's forecast before any change of level: stack and naive mixed."""
+        share = trust[self.column]
+        return np.asarray(share * self.stacked + (1 - share) * self.naive, dtype=np.float64)
+
+
+def default_factors() -> FloatArray:
+    """``(level, [steady, changed])`` factors when there is no backtest."""
+    factors = np.ones((len(LEVELS), 2))
+    factors[:, 1] = CHANGED_WIDENING
+    return factors
+
+
+def band_factors(
+    cells: Cells | None,
+    *,
+    mean: FloatArray,
+    scale: FloatArray,
+    typical: FloatArray,
+    power: float,
+    min_changes: int,
+) -> FloatArray:
+    """Factors ``(level, [steady, changed])`` on the error scale that give q90 and q99,
+    for the fitted model's forecast ``mean`` in each cell.
+    """
+    factors = default_factors()
+    if cells is None or not len(cells.actual):
+        return factors
+    column = cells.column
+    sigma = widened(
+        scale[column],
+        cells.changed,
+        cells.ratio,
+        cells.recent,
+        mean=mean,
+        typical=typical[column],
+        power=power,
+    )
+    ok = sigma > 0
+    residual = (cells.actual - mean)[ok] / sigma[ok]
+    changed = cells.changed[ok]
+    for k, level in enumerate(LEVELS):
+        steady = residual[~changed]
+        factors[k, 0] = max(float(np.quantile(steady, level)), 0.0) if len(steady) else 1.0
+        factors[k, 1] = (
+            max(float(np.quantile(residual[changed], level)), factors[k, 0])
+            if changed.sum() >= min_changes
+            else factors[k, 0] * CHANGED_WIDENING
+        )
+    return factors
+
+
+def widened(
+    scale: FloatArray,
+    changed: npt.NDArray[np.bool_],
+    ratio: FloatArray,
+    recent: FloatArray,
+    *,
+    mean: FloatArray,
+    typical: FloatArray,
+    power: float,
+) -> FloatArray:
+    """The error scale of each cell.
+
+    Steady: the adapter's scale, following its forecast through the day (times the
+    forecast over the adapter's typical level, to ``power``). After a change: grown with
+    the new level (never shrunk by it) and at least half the new level, since the past
+    says little about it.
+    """
+    shape = np.clip(((mean + 1.0) / (typical + 1.0)) ** power, 0.2, 5.0)
+    grow = np.where(np.isfinite(ratio), np.maximum(ratio, 1.0), 1.0)
+    after = np.maximum(scale * grow, RECENT_SHARE * recent)
+    return np.asarray(np.where(changed, after, scale * shape), dtype=np.float64)

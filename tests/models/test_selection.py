@@ -1,0 +1,195 @@
+"""The selecting model (``auto``): level shifts, shrinkage toward naive, fallbacks, bands."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+from models.base import sanitize
+from models.experts import EXPERTS, Lags, expert_means
+from models.select import FittedSelection, Selecting, _trust, simplex
+from models.series import CountPanel
+from models.shifts import Change, detect_shifts
+
+from .conftest import BUCKET_S, PER_DAY, START_S, daily_rate
+
+DAYS = 9
+
+
+def panel_of(*columns: np.ndarray) -> CountPanel:
+    counts = np.column_stack(columns).astype(np.float64)
+    names = tuple(f"adapter-{i}" for i in range(counts.shape[1]))
+    return CountPanel(start_s=START_S, bucket_s=BUCKET_S, adapters=names, counts=counts)
+
+
+def seasonal(peak: float = 40.0, *, days: int = DAYS, seed: int = 1) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return rng.poisson(np.tile(daily_rate(peak), days)).astype(np.float64)
+
+
+def stopped() -> np.ndarray:
+    series = seasonal()
+    series[-48:] = 0.0  # silent for the last 8 hours
+    return series
+
+
+def surged() -> np.ndarray:
+    series = seasonal()
+    series[-12:] *= 10.0
+    return series
+
+
+def appeared() -> np.ndarray:
+    series = np.zeros(DAYS * PER_DAY)
+    series[-12:] = np.random.default_rng(2).poisson(20.0, 12)
+    return series
+
+
+def dropped() -> np.ndarray:
+    series = np.random.default_rng(3).poisson(50.0, DAYS * PER_DAY).astype(np.float64)
+    series[-12:] = np.random.default_rng(4).poisson(5.0, 12)
+    return series
+
+
+def bursty() -> np.ndarray:
+    """Hours at 0 or 100 at random, all week: its pauses are its normal behaviour."""
+    rng = np.random.default_rng(5)
+    hours = rng.random(DAYS * 24) < 0.6
+    series = np.repeat(np.where(hours, 100.0, 0.0), 6)
+    series[-6:] = 0.0
+    series[-12:-6] = 100.0
+    return series
+
+
+def shift_at_end(series: np.ndarray) -> Change:
+    panel = panel_of(series)
+    lags = Lags.of(panel.counts, per_day=PER_DAY, first=panel.n_buckets)
+    shifts = detect_shifts(lags, np.array([panel.n_buckets]))
+    return Change(int(shifts.kind[0, 0]))
+
+
+@pytest.mark.parametrize(
+    ("make", "expected"),
+    [
+        (stopped, Change.STOPPED),
+        (surged, Change.SURGED),
+        (appeared, Change.APPEARED),
+        (dropped, Change.DROPPED),
+        (seasonal, Change.NONE),
+        (bursty, Change.NONE),
+    ],
+    ids=["stopped", "surged", "appeared", "dropped", "steady", "bursty-pauses-are-normal"],
+)
+def test_level_shift_detection(make: Callable[[], np.ndarray], expected: Change) -> None:
+    assert shift_at_end(make()) == expected
+
+
+def test_a_short_pause_is_not_a_stop() -> None:
+    series = seasonal()
+    series[-12:] = 0.0  # two quiet hours: not yet six
+    assert shift_at_end(series) == Change.NONE
+
+
+@pytest.mark.parametrize(
+    ("excess", "expected"),
+    [
+        (np.full(40, 5.0) + np.tile([0.5, -0.5], 20), 1.0),
+        (np.tile([3.0, -3.0], 20), 0.0),
+        (np.full(40, -2.0), 0.0),
+    ],
+    ids=["naive-always-worse", "no-evidence", "naive-better"],
+)
+def test_trust_follows_the_evidence_against_naive(excess: np.ndarray, expected: float) -> None:
+    blocks = np.arange(40) // 4  # ten blocks of four origins
+    trust = _trust(excess[:, None], blocks, 2.0)
+    assert trust[0] == pytest.approx(expected, abs=0.05)
+
+
+def test_trust_needs_two_blocks() -> None:
+    assert _trust(np.ones((10, 1)), np.zeros(10, dtype=np.int64), 2.0)[0] == 0.0
+
+
+def first_band_weight(fitted: FittedSelection, expert: str) -> float:
+    return float(fitted.weights[:6, EXPERTS.index(expert), 0].mean())
+
+
+def test_persistence_keeps_the_weight_on_a_random_walk() -> None:
+    rng = np.random.default_rng(6)
+    walk = np.abs(500.0 + np.cumsum(rng.normal(0.0, 20.0, 8 * PER_DAY)))
+    fitted = Selecting().fit(panel_of(walk))
+    assert first_band_weight(fitted, "persistence") >= 0.7
+
+
+def test_smoothing_wins_the_weight_on_noise_around_a_level() -> None:
+    noise = np.random.default_rng(7).poisson(50.0, 8 * PER_DAY)
+    fitted = Selecting().fit(panel_of(noise))
+    assert first_band_weight(fitted, "persistence") <= 0.3
+
+
+def test_day_bands_shrink_to_naive_when_nothing_beats_it() -> None:
+    # Every day the same shape exactly: yesterday is perfect, and nothing can beat it.
+    day = np.round(daily_rate(40.0))
+    fitted = Selecting().fit(panel_of(np.tile(day, 8)))
+    naive = [EXPERTS.index("yesterday"), EXPERTS.index("median-7d")]
+    assert fitted.weights[6:, naive, 0].sum(axis=1) == pytest.approx(1.0)
+
+
+def test_short_history_falls_back_to_naive_and_says_so() -> None:
+    series = seasonal(days=1)[: 20 * 6]  # 20 hours
+    panel = panel_of(series)
+    forecast = Selecting().fit(panel).predict(panel, horizon=PER_DAY)
+    assert any("too short" in note for note in forecast.notes)
+    assert forecast.mean[6:, 0] == pytest.approx(np.full(PER_DAY - 6, series[-3:].mean()))
+
+
+def test_a_young_adapter_gets_the_naive_forecast_past_the_hour() -> None:
+    young = seasonal(seed=8)
+    young[: -2 * PER_DAY] = 0.0  # first request two days ago
+    fitted = Selecting().fit(panel_of(seasonal(), young))
+    naive = [EXPERTS.index("yesterday"), EXPERTS.index("median-7d")]
+    assert fitted.weights[6:, naive, 1].sum(axis=1) == pytest.approx(1.0)
+
+
+def test_after_a_surge_the_forecast_follows_the_new_level_and_the_band_widens() -> None:
+    panel = panel_of(surged(), seasonal())
+    fitted = Selecting().fit(panel)
+    assert np.all(fitted.factors[:, :, 1] >= fitted.factors[:, :, 0])  # changed >= steady
+    forecast = sanitize(fitted.predict(panel, horizon=PER_DAY))
+    assert forecast.model[0] == "auto:surged"
+    first_hour = slice(0, 6)
+    assert forecast.mean[first_hour, 0].mean() >= 3.0 * forecast.mean[first_hour, 1].mean()
+    width = forecast.q90 - forecast.mean
+    assert width[first_hour, 0].mean() >= 2.0 * width[first_hour, 1].mean()
+    assert np.all(forecast.q99 >= forecast.q90)
+
+
+def test_after_a_stop_the_forecast_is_zero_but_the_band_is_not() -> None:
+    panel = panel_of(stopped())
+    forecast = sanitize(Selecting().fit(panel).predict(panel, horizon=PER_DAY))
+    assert forecast.model[0] == "auto:stopped"
+    assert np.all(forecast.mean[:, 0] == 0.0)
+    assert np.all(forecast.q90[:, 0] > 0.0)
+    assert any("stopped: adapter-0" in note for note in forecast.notes)
+
+
+@pytest.mark.parametrize("name", ["persistence", "yesterday", "median-7d"])
+def test_naive_experts_match_the_naive_models(name: str) -> None:
+    from models.baselines import Persistence, SameBucketMedian, SeasonalNaive
+
+    model = {"persistence": Persistence(), "yesterday": SeasonalNaive()}.get(
+        name, SameBucketMedian()
+    )
+    panel = panel_of(seasonal(), surged())
+    lags = Lags.of(panel.counts, per_day=PER_DAY, first=panel.n_buckets)
+    ours = expert_means(lags, np.array([panel.n_buckets]), horizon=PER_DAY, names=(name,))
+    theirs = model.predict(panel, horizon=PER_DAY).mean
+    np.testing.assert_allclose(ours[0, 0], theirs)
+
+
+def test_the_stacking_grid_is_convex_and_starts_on_the_first_expert() -> None:
+    grid = simplex(3, 10)
+    assert len(grid) == 66
+    np.testing.assert_allclose(grid.sum(axis=1), 1.0)
+    assert list(grid[0]) == [1.0, 0.0, 0.0]
