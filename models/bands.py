@@ -76,6 +76,7 @@ def band_factors(
     typical: FloatArray,
     power: float,
     min_changes: int,
+    margin: float = 0.0,
 ) -> FloatArray:
     """Factors ``(level, [steady, changed])`` on the error scale that give q90 and q99,
     for the fitted model's forecast ``mean`` in each cell.
@@ -96,7 +97,8 @@ def band_factors(
     ok = sigma > 0
     residual = (cells.actual - mean)[ok] / sigma[ok]
     changed = cells.changed[ok]
-    for k, level in enumerate(LEVELS):
+    for k, nominal in enumerate(LEVELS):
+        level = nominal + margin * (1.0 - nominal)
         steady = residual[~changed]
         factors[k, 0] = max(float(np.quantile(steady, level)), 0.0) if len(steady) else 1.0
         factors[k, 1] = (

@@ -75,6 +75,9 @@ class Selecting:
     #: The band follows the forecast through the day: its scale goes as the forecast over
     #: the adapter's typical level, to this power.
     band_power: float = 0.5
+    #: Past the first hour, the band is calibrated this share of the way from its level
+    #: (0.9, 0.99) to 1: a day's errors share one shock, so the backtest's days are few.
+    day_margin: float = 0.4
     #: Share of traffic that makes an adapter's cells count for the band's factors.
     busy_share: float = 0.01
     #: Changed (origin, step, adapter) cells below which the changed factor is a default.
@@ -264,6 +267,7 @@ def _fit_plan(
                 typical=_typical(lags, settings.days),
                 power=settings.band_power,
                 min_changes=settings.min_changes,
+                margin=settings.day_margin if plan.first_unit else 0.0,
             )
         fitted[band] = (scale, factors, follow)
     return _PlanFit(weights=weights, bands=fitted)
