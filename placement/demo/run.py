@@ -41,6 +41,10 @@ DEFAULT_SCENARIO = Path(__file__).resolve().parents[2] / "data" / "war-story"
 POLICIES = ("round-robin", "epp", "lorafleet")
 
 
+#: How long a router or controller gets to finish its log before it is killed.
+STOP_GRACE_S = 30.0
+
+
 @dataclass(frozen=True, kw_only=True)
 class DemoOptions:
     scenario: Path = DEFAULT_SCENARIO
@@ -347,7 +351,9 @@ def run_policy(
     asyncio.run(drive(prepared.shots, base_url=f"{url}/v1", on_done=on_done))
     after = _pod_counts(prepared.pod_urls)
     for child in reversed(children):
-        processes.stop(child)
+        # A router flushes its request log on the way out; on a loaded machine that can
+        # take more than the default grace, and a SIGKILL would drop its last rows.
+        processes.stop(child, grace_s=STOP_GRACE_S)
     return _measure(policy, prepared, log_path, before, after)
 
 

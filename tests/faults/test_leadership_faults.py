@@ -290,7 +290,12 @@ def test_two_processes_on_one_state_directory_one_acts_until_it_is_killed(
         timeout_s=90,
         what="a plan from the new leader",
     )
-    assert second.metric("lorafleet_controller_ticks_total", job="plan", outcome="done") >= 1
+    # The tick counts itself after it has written the plan: wait for the count too.
+    wait_for(
+        lambda: second.metric("lorafleet_controller_ticks_total", job="plan", outcome="done") >= 1,
+        timeout_s=60,
+        what="the new leader's plan tick counted",
+    )
 
 
 def _kube_config(fake: FakeApiServer, name: str) -> str:
