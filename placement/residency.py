@@ -180,6 +180,16 @@ class PodResidency:
         """GPU slots held by entries no listed name points to (vLLM after an unload)."""
         return sum(1 for e in self._gpu if self._current.get(e.name) != e)
 
+    def gpu_entries(self) -> tuple[tuple[str, bool], ...]:
+        """Every GPU slot's entry, least recently used first: its name, and whether a
+        listed name points to it (False: an unloaded name's entry, which keeps its slot
+        on vLLM). For a ledger that must save the model and build it again."""
+        return tuple((e.name, self._current.get(e.name) == e) for e in self._gpu)
+
+    def host_entries(self) -> tuple[tuple[str, bool], ...]:
+        """Every host-cache entry, oldest first, as ``gpu_entries`` gives them."""
+        return tuple((e.name, self._current.get(e.name) == e) for e in self._host)
+
     def is_on_gpu(self, name: str) -> bool:
         entry = self._current.get(name)
         return entry is not None and entry in self._gpu

@@ -2,9 +2,11 @@
 
 ``apply_plan`` is what ``lorafleet apply`` and the controller call: it lists each pod's
 registrations and their paths (``/v1/models``) through the ``EngineClient`` port, builds
-the observed state with the pod's engine (``engine_model``), the ledger and the
-catalog's pins, asks the pure ``reconcile`` for actions (with the catalog's sources,
-so a changed ``source`` is loaded in place) and runs them with the ``Executor``. A pod
+the observed state with the pod's engine (``engine_model``), the ledger (each pod's
+engine model, corrected from the listing first: its GPU order is what reconcile
+replays) and the catalog's pins, asks the pure ``reconcile`` for actions (with the
+catalog's sources, so a changed ``source`` is loaded in place) and runs them with the
+``Executor``, which applies each action that succeeds to the ledger. A pod
 that does not answer is reported as unreachable and left alone (reconcile then keeps
 its adapters' other replicas).
 """
@@ -106,9 +108,15 @@ async def observe(
         pinned = _catalog_pins(catalog, pod.name) & names
         warmed = None
         if ledger is not None:
-            ledger.observe(pod.name, registered=names, engine=engine)
-            pinned |= ledger.pinned.get(pod.name, set())
-            warmed = tuple(ledger.warmed.get(pod.name, []))
+            ledger.observe(
+                pod.name,
+                listed=answer.adapters,
+                engine=engine,
+                max_loras=pod.max_loras,
+                max_cpu_loras=pod.max_cpu_loras,
+            )
+            pinned |= ledger.pins(pod.name) & names
+            warmed = ledger.gpu_order(pod.name)
         states[pod.name] = PodState(
             registered=names,
             engine=engine,

@@ -7,8 +7,9 @@ with exponential backoff and full jitter (``rng`` and ``sleep`` are parameters) 
 ``max_attempts`` or the action's deadline; a permanent one is not. An action whose
 prerequisite failed is skipped, so a failed load never leaves its adapter without a
 replica. Actions of one pod run in the order given (each waits for the one before it,
-whatever ``after`` says), since what a pod's GPU holds depends on that order. The
-ledger records what was activated and pinned, for the next reconcile.
+whatever ``after`` says), since what a pod's GPU holds depends on that order. Each
+action that succeeds is applied to the ledger (``placement.actuation.ledger``: every
+pod's engine model) as it completes, so the ledger sees each pod's calls in order.
 """
 
 from __future__ import annotations
@@ -16,20 +17,28 @@ from __future__ import annotations
 import asyncio
 import enum
 import random
-from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 
+from placement.actuation.ledger import Ledger
 from placement.actuation.reconcile import depends_on
 from placement.domain import Action, ActionKind, AdapterId, PodId
 from placement.errors import EngineError, PermanentEngineError, RetryableEngineError
 from placement.ports import EngineClient
-from placement.residency import EngineModel
 from placement.settings import ExecutorSettings
 
-Sleep = Callable[[float], Awaitable[None]]
+__all__ = [
+    "ActionResult",
+    "ApplyReport",
+    "Executor",
+    "Ledger",
+    "PodReport",
+    "Sleep",
+    "Status",
+    "backoff_s",
+]
 
-#: Warm-ups remembered per pod; more than any pod's GPU slots.
-LEDGER_DEPTH = 64
+Sleep = Callable[[float], Awaitable[None]]
 
 
 class Status(enum.StrEnum):
@@ -86,66 +95,6 @@ class ApplyReport:
 
     def _of(self, pod: PodId, *statuses: Status) -> tuple[ActionResult, ...]:
         return tuple(r for r in self.results if r.action.pod == pod and r.status in statuses)
-
-
-@dataclass(kw_only=True)
-class Ledger:
-    """What lorafleet activated and pinned per pod; the caller keeps it between applies.
-
-    ``warmed`` lists the activations lorafleet caused, oldest first: the GPU LRU as far
-    as lorafleet knows it. A warm-up activates on every engine; a load activates on vLLM
-    (and a pinned load on SGLang). On vLLM an unloaded name stays in the list: its entry
-    keeps its GPU slot until LRU eviction. ``engines`` is learnt from the fleet at each
-    ``observe`` (a pod not seen yet counts as vLLM, the engine whose loads activate).
-    """
-
-    warmed: dict[PodId, list[AdapterId]] = field(default_factory=dict)
-    pinned: dict[PodId, set[AdapterId]] = field(default_factory=dict)
-    engines: dict[PodId, EngineModel] = field(default_factory=dict)
-
-    def record(self, action: Action) -> None:
-        engine = self.engines.get(action.pod, EngineModel.VLLM)
-        warmed = self.warmed.setdefault(action.pod, [])
-        pinned = self.pinned.setdefault(action.pod, set())
-        kind = action.kind
-        loads_activate = engine is EngineModel.VLLM or action.pinned
-        if kind is ActionKind.WARMUP or (kind is ActionKind.LOAD and loads_activate):
-            if action.adapter in warmed:
-                warmed.remove(action.adapter)
-            warmed.append(action.adapter)
-            del warmed[:-LEDGER_DEPTH]
-        elif engine.is_sglang and action.adapter in warmed:
-            warmed.remove(action.adapter)  # an SGLang unload (or unload and load) frees it
-        if kind is ActionKind.LOAD and action.pinned:
-            pinned.add(action.adapter)
-        elif kind is ActionKind.UNLOAD:
-            pinned.discard(action.adapter)
-
-    def observe(self, pod: PodId, *, registered: Iterable[AdapterId], engine: EngineModel) -> None:
-        """Note ``pod``'s engine and what it lists now; drop entries it lost (it
-        restarted, or someone unloaded). On vLLM an unlisted name's entry may still hold
-        a GPU slot, so it stays: an entry too many only costs a warm-up."""
-        self.engines[pod] = engine
-        present = set(registered)
-        if engine.is_sglang:
-            self.warmed[pod] = [a for a in self.warmed.get(pod, []) if a in present]
-        self.pinned[pod] = self.pinned.get(pod, set()) & present
-
-    def to_dict(self) -> dict[str, dict[str, list[str]]]:
-        return {
-            "warmed": {pod: list(names) for pod, names in sorted(self.warmed.items())},
-            "pinned": {pod: sorted(names) for pod, names in sorted(self.pinned.items())},
-        }
-
-    @classmethod
-    def from_dict(cls, raw: Mapping[str, Mapping[str, Iterable[str]]]) -> Ledger:
-        def read(key: str) -> dict[PodId, list[AdapterId]]:
-            return {
-                PodId(pod): [AdapterId(a) for a in names] for pod, names in raw.get(key, {}).items()
-            }
-
-        pinned = {pod: set(names) for pod, names in read("pinned").items()}
-        return cls(warmed=read("warmed"), pinned=pinned)
 
 
 def backoff_s(attempt: int, *, settings: ExecutorSettings, rng: random.Random) -> float:
@@ -234,7 +183,9 @@ class Executor:
         except EngineError as exc:
             permanent = isinstance(exc, PermanentEngineError)
             return self._failed(action, str(exc), attempts=attempts, permanent=permanent)
-        self.ledger.record(action)
+        self.ledger.record(
+            action, changed=changed, lora_path=self._lora_paths.get(action.adapter, "")
+        )
         status = Status.DONE if changed else Status.UNCHANGED
         return ActionResult(action=action, status=status, attempts=attempts)
 

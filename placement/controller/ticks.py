@@ -46,7 +46,7 @@ from placement.controller.ports import (
     preload_key,
     tiers_moved,
 )
-from placement.domain import Action, Fleet, Load, PodId, Pool, Warmup
+from placement.domain import Action, AdapterId, Fleet, Load, PodId, Pool, Warmup
 from placement.errors import (
     ForecastError,
     KubeError,
@@ -57,6 +57,7 @@ from placement.errors import (
 from placement.forecast.event_preloads import Event, EventDecision, PodView, event_preloads
 from placement.plan import Plan, plan_from_json, plan_to_json
 from placement.ports import StoredState
+from placement.residency import EngineModel, engine_model
 from placement.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -328,6 +329,7 @@ class Controller:
             actions.append(Warmup(pod=p.pod, adapter=p.adapter, reason=reason))
         async with self._actuation:
             self._fence()
+            self.state.ledger.track_pods(self.fleet.pods)  # each action reaches its model
             report = await self.ports.actuator.run(
                 tuple(actions), fleet=self.fleet, ledger=self.state.ledger
             )
@@ -396,6 +398,7 @@ class Controller:
         try:
             async with self._actuation:
                 self._fence()
+                self.state.ledger.track_pods(self.fleet.pods)  # each action reaches its model
                 report = await self.ports.actuator.run(
                     actions, fleet=self.fleet, ledger=self.state.ledger
                 )
@@ -415,19 +418,28 @@ class Controller:
             )
 
     async def _views(self) -> dict[PodId, PodView]:
-        pins = {a.name for a in self.ports.catalog.adapters if a.pinned}
+        """Each pod as the ledger's engine model has it, for the event preloads: the
+        names it lists, its GPU slots least recently used first (a slot an unloaded
+        name's entry holds on vLLM included, as ``?unloaded-N``: not free, and the
+        cheapest victim) and the pins the engine keeps on the GPU (SGLang's; vLLM has
+        none over HTTP, so its victim is always the least recently used slot). A pod the
+        ledger has not seen yet shows what the plan put there."""
+        catalog_pins = frozenset(a.name for a in self.ports.catalog.adapters if a.pinned)
         ledger = self.state.ledger
         views = {}
         for pod in self.fleet.pods:
-            warmed = tuple(ledger.warmed.get(pod.name, []))
-            planned = self.state.plan.pods.get(pod.name) if self.state.plan else None
-            registered = frozenset(warmed) | frozenset(planned.registered if planned else ())
-            views[pod.name] = PodView(
-                pod=pod,
-                registered=registered,
-                hot=warmed[-pod.max_loras :] if pod.max_loras else (),
-                pinned=frozenset(pins) | frozenset(ledger.pinned.get(pod.name, set())),
-            )
+            model = ledger.pods.get(pod.name)
+            slots = ledger.gpu_order(pod.name)
+            if model is not None and slots is not None:
+                registered = frozenset(AdapterId(a) for a in model.listed)
+                hot, pinned = slots, frozenset(AdapterId(a) for a in model.pinned)
+            else:
+                planned = self.state.plan.pods.get(pod.name) if self.state.plan else None
+                registered = frozenset(planned.registered) if planned else frozenset()
+                hot = tuple(planned.hot[-pod.max_loras :]) if planned and pod.max_loras else ()
+                vllm = engine_model(pod.engine) is EngineModel.VLLM
+                pinned = frozenset() if vllm else catalog_pins | ledger.pins(pod.name)
+            views[pod.name] = PodView(pod=pod, registered=registered, hot=hot, pinned=pinned)
         return views
 
     # --- cluster side effects ----------------------------------------------------

@@ -576,3 +576,58 @@ async def test_an_unreadable_saved_ledger_starts_empty_without_loading_twice(
     assert second.controller.state.plan == first.controller.state.plan
     assert await cycle(second.controller) == [TickOutcome.DONE] * 3
     assert first.loads() == loads
+
+
+async def _gpu_stats(rig: Rig) -> dict[str, dict[str, object]]:
+    async with rig.emulated.http() as http:
+        return {
+            h.name: (await http.get(f"{h.url}/admin/stats")).json() for h in rig.emulated.handles
+        }
+
+
+async def test_the_ledger_is_each_pods_engine_model_and_survives_a_restart(make_rig) -> None:  # type: ignore[no-untyped-def]
+    """After a cycle the ledger's model of each pod holds on its GPU what the pod reports;
+    a controller that resumes from the saved state holds the same, and goes on without
+    loading or warming anything again."""
+    first: Rig = make_rig()
+    await cycle(first.controller)
+    ledger = first.controller.state.ledger
+    for name, stats in (await _gpu_stats(first)).items():
+        model = ledger.pods[PodId(name)]
+        assert model.on_gpu() == tuple(stats["gpu"]) and len(model.on_gpu()) == 2  # type: ignore[arg-type]
+        assert set(model.listed) == set(stats["listed"])  # type: ignore[arg-type]
+    second: Rig = make_rig(emulated=first.emulated, state=first.state, clock=first.clock)
+    await second.controller.resume()
+    resumed = second.controller.state.ledger
+    assert resumed.to_dict() == ledger.to_dict()
+    for pod, model in ledger.pods.items():
+        assert resumed.pods[pod].on_gpu() == model.on_gpu()
+        assert resumed.pods[pod].in_host() == model.in_host()
+    calls = {h.name: dict(h.pod.counters) for h in first.emulated.handles}
+    first.clock.advance(300)
+    assert await cycle(second.controller) == [TickOutcome.DONE] * 3
+    assert {h.name: dict(h.pod.counters) for h in first.emulated.handles} == calls
+
+
+async def test_event_views_show_the_engine_and_its_next_victim_on_vllm(make_rig) -> None:  # type: ignore[no-untyped-def]
+    """vLLM: an unloaded adapter leaves the listing but keeps its GPU slot. The views the
+    event preloads decide from list it no more, count its slot as taken, and name as the
+    next victim the adapter the engine then evicts."""
+    from placement.domain import Load, Unload
+    from placement.forecast.event_preloads import victim
+
+    rig: Rig = make_rig()
+    await cycle(rig.controller)
+    c, pod = rig.controller, PodId("pod-0")
+    older, newer = c.state.ledger.pods[pod].on_gpu()
+    unload = Unload(pod=pod, adapter=AdapterId(newer), reason="test")
+    await c.ports.actuator.run((unload,), fleet=c.fleet, ledger=c.state.ledger)
+    view = (await c._views())[pod]
+    assert newer not in view.registered and older in view.registered
+    assert view.hot == (older, "?unloaded-1") and view.pinned == frozenset()
+    assert victim(view) == older
+    load = Load(pod=pod, adapter=AdapterId("a5"), reason="test")
+    await c.ports.actuator.run((load,), fleet=c.fleet, ledger=c.state.ledger)
+    stats = (await _gpu_stats(rig))["pod-0"]
+    assert (stats["gpu"], stats["ghosts"]) == (["a5"], 1)  # the engine evicted `older`
+    assert c.state.ledger.pods[pod].on_gpu() == ("a5",)

@@ -3,7 +3,8 @@
 Plans come from ``tests.factories.make_plan``. ``engines`` builds one ``PodResidency``
 per observed pod holding what the state says; ``run`` drives actions through them as
 the engine clients do (SGLang's client unloads and loads again for ``inplace``), and
-``observe`` reads them back as ``apply.observe`` does, with the executor's ``Ledger``.
+``observe`` reads them back as ``apply.observe`` does, with the executor's ``Ledger``
+(each pod's engine model).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from placement.actuation.executor import Ledger
+from placement.actuation.ledger import Ledger, SavedPod
 from placement.actuation.reconcile import PodState
 from placement.domain import Action, ActionKind, AdapterId, PodId
 from placement.residency import Effects, EngineModel, PodResidency
@@ -100,14 +101,16 @@ def run(
 
 
 def ledger_of(observed: Mapping[PodId, PodState]) -> Ledger | None:
-    """The executor's ledger as ``observed`` reads it; None when no pod has one."""
+    """The executor's ledger as ``observed`` reads it (each pod's engine model holding
+    what ``engines`` puts on the pod, built again from its saved form, and the pins);
+    None when no pod has one."""
     if all(s.warmed is None for s in observed.values()):
         return None
-    return Ledger(
-        warmed={pod: list(s.warmed or ()) for pod, s in observed.items()},
-        pinned={pod: set(s.pinned) for pod, s in observed.items()},
-        engines={pod: s.engine for pod, s in observed.items()},
-    )
+    ledger = Ledger()
+    for pod_id, model in engines(observed).items():
+        ledger.pods[pod_id] = SavedPod.of(model).build()
+        ledger.pinned[pod_id] = set(observed[pod_id].pinned)
+    return ledger
 
 
 def observe(
@@ -123,9 +126,15 @@ def observe(
         warmed = None
         pinned = before.pinned & names
         if ledger is not None:
-            ledger.observe(pod_id, registered=names, engine=pod.engine)
-            warmed = tuple(ledger.warmed.get(pod_id, []))
-            pinned |= ledger.pinned.get(pod_id, set())
+            ledger.observe(
+                pod_id,
+                listed={AdapterId(a): p for a, p in pod.listed.items()},
+                engine=pod.engine,
+                max_loras=before.max_loras,
+                max_cpu_loras=before.max_cpu_loras,
+            )
+            warmed = ledger.gpu_order(pod_id)
+            pinned |= ledger.pins(pod_id) & names
         states[pod_id] = PodState(
             registered=names,
             engine=pod.engine,

@@ -19,10 +19,9 @@ from placement.actuation.apply import (
 )
 from placement.actuation.executor import Executor, Ledger, Status, backoff_s
 from placement.clock import ManualClock
-from placement.domain import AdapterId, Catalog, Engine, Load, PodId, Unload, Warmup
+from placement.domain import AdapterId, Catalog, Engine, Load, PodId
 from placement.emulator import ZERO_LATENCY, EmulatedFleet, Faults, Latency, PodConfig
 from placement.plan import Plan
-from placement.residency import EngineModel
 from placement.settings import ExecutorSettings
 from tests.factories import adapter, catalog, make_plan
 
@@ -74,9 +73,15 @@ async def _no_sleep(_: float) -> None:
 Apply = Callable[..., Awaitable[ApplyOutcome]]
 
 
-def _applier(fleet: EmulatedFleet, http: object, *, settings: ExecutorSettings = FAST) -> Apply:
+def _applier(
+    fleet: EmulatedFleet,
+    http: object,
+    *,
+    settings: ExecutorSettings = FAST,
+    ledger: Ledger | None = None,
+) -> Apply:
     clients = make_clients(fleet.domain(), http=http, timeout_s=2.0)  # type: ignore[arg-type]
-    ledger = Ledger()
+    ledger = ledger if ledger is not None else Ledger()
 
     async def run(plan: Plan, catalog: Catalog | None = None, **kwargs: object) -> ApplyOutcome:
         return await apply_plan(
@@ -337,38 +342,55 @@ async def test_retries_back_off_exponentially_with_jitter_until_attempts_run_out
     assert len(delays) == 3 and all(0.0 <= d <= cap for d, cap in zip(delays, caps, strict=True))
 
 
-@pytest.mark.parametrize(
-    ("engine", "after_unload", "after_observe"),
-    [
-        # vLLM: the unloaded "b" keeps its GPU slot until LRU eviction, so it stays.
-        pytest.param(EngineModel.VLLM, ["p", "b", "a"], ["p", "b", "a"], id="vllm"),
-        pytest.param(EngineModel.SGLANG, ["p", "a"], ["a"], id="sglang"),
-    ],
-)
-def test_the_ledger_keeps_what_the_engine_keeps(
-    engine: EngineModel, after_unload: list[str], after_observe: list[str]
-) -> None:
-    pod = PodId("pod-0")
-    ledger = Ledger(engines={pod: engine})
-    for action in (
-        Load(pod=pod, adapter=AdapterId("p"), reason="", pinned=True),  # activates on both
-        Warmup(pod=pod, adapter=AdapterId("a"), reason=""),
-        Warmup(pod=pod, adapter=AdapterId("b"), reason=""),
-        Warmup(pod=pod, adapter=AdapterId("a"), reason=""),
-        Unload(pod=pod, adapter=AdapterId("b"), reason=""),
-    ):
-        ledger.record(action)
-    copy = Ledger.from_dict(ledger.to_dict())
-    assert copy.warmed == {pod: after_unload} and copy.pinned == {pod: {"p"}}
-    copy.observe(pod, registered=[AdapterId("a")], engine=engine)
-    assert copy.warmed == {pod: after_observe} and copy.pinned == {pod: set()}
+async def _stats(http: httpx.AsyncClient, fleet: EmulatedFleet) -> dict[str, dict[str, object]]:
+    return {h.name: (await http.get(f"{h.url}/admin/stats")).json() for h in fleet.handles}
 
 
-def test_a_load_activates_on_vllm_only() -> None:
-    ledger = Ledger(engines={PodId("v"): EngineModel.VLLM, PodId("s"): EngineModel.SGLANG})
-    for pod in ("v", "s"):
-        ledger.record(Load(pod=PodId(pod), adapter=AdapterId("w"), reason=""))
-    assert ledger.warmed == {"v": ["w"], "s": []}
+@pytest.mark.parametrize("engine", [Engine.VLLM, Engine.SGLANG])
+async def test_the_ledger_holds_what_each_emulated_pod_reports(engine: Engine) -> None:
+    """After a plan, a re-plan that moves adapters and the same plan again, the ledger's
+    engine model of each pod lists, caches and activates what the pod's ``/admin/stats``
+    says: "hot" in the ledger is on the GPU, unloaded names' slots (vLLM) included."""
+    fleet = _fleet(engine)
+    ledger = Ledger()
+    async with fleet.http() as http:
+        apply = _applier(fleet, http, ledger=ledger)
+        for plan in (PLAN_A, PLAN_B, PLAN_B):
+            outcome = await apply(plan)
+            assert outcome.report.ok, outcome.report.failed
+            for name, stats in (await _stats(http, fleet)).items():
+                model = ledger.pods[PodId(name)]
+                assert model.on_gpu() == tuple(stats["gpu"]), name  # type: ignore[arg-type]
+                assert model.ghosts_on_gpu() == stats["ghosts"], name
+                assert model.in_host() == tuple(stats["host"]), name  # type: ignore[arg-type]
+                assert set(model.listed) == set(stats["listed"]), name  # type: ignore[arg-type]
+    # The re-plan unloaded adapters: on vLLM their entries stay in the host cache.
+    unloaded = [n for m in ledger.pods.values() for n, listed in m.host_entries() if not listed]
+    assert bool(unloaded) is (engine is Engine.VLLM)
+
+
+async def test_the_ledger_learns_a_restart_and_loads_by_others_from_the_listing() -> None:
+    """A pod that comes back empty empties its model; a name someone else loaded is
+    taken as loaded before everything the ledger knows (the first the LRU drops)."""
+    fleet = _fleet()
+    ledger = Ledger()
+    async with fleet.http() as http:
+        apply = _applier(fleet, http, ledger=ledger)
+        await apply(PLAN_A)
+        fleet.pod("pod-2").restart()
+        url = fleet.handles[2].url  # someone else loads a9 there
+        body = {"lora_name": "a9", "lora_path": "s3://adapters/a9"}
+        assert (await http.post(f"{url}/v1/load_lora_adapter", json=body)).status_code == 200
+        observation = await plan_actions(
+            PLAN_A,
+            fleet=fleet.domain(),
+            clients=make_clients(fleet.domain(), http=http, timeout_s=2.0),
+            ledger=ledger,
+        )
+        stats = (await _stats(http, fleet))["pod-2"]
+    assert observation[0].states[PodId("pod-2")].warmed == ("a9",)
+    model = ledger.pods[PodId("pod-2")]
+    assert (model.on_gpu(), tuple(model.listed)) == (tuple(stats["gpu"]), ("a9",))  # type: ignore[arg-type]
 
 
 async def test_actions_of_one_pod_run_in_order_whatever_after_says() -> None:
