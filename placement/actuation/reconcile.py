@@ -26,8 +26,8 @@ the most valuable hot adapter activated last (the last the engine's LRU evicts):
   swapping adapters) is one unload forced, and its reason says so.
 - A kept adapter whose ``source`` changed (``sources`` against the pod's listed paths)
   is loaded again in place.
-- What the GPU holds is known from the pod's ledger (``PodState.warmed``: the
-  activations lorafleet caused, oldest first). Hot adapters are activated again only
+- What the GPU holds is known from the pod's ledger (``PodState.warmed``: the engine
+  model's GPU slots, least recently used first). Hot adapters are activated again only
   when that says one is missing, or when the pod's ledger is unknown and this apply
   loads onto it; so applying the same plan twice does nothing the second time.
 - Pinned adapters (the plan's, or the pod's ledger's) are never unloaded.
@@ -61,9 +61,9 @@ class PodState:
     #: vLLM: ``--max-cpu-loras`` (the host cache); SGLang: ``--max-loaded-loras``.
     max_cpu_loras: int
     max_loras: int
-    #: The activations lorafleet caused on this pod (warm-ups; loads on vLLM), oldest
-    #: first, names it unloaded on vLLM included (their entries keep their slot): the
-    #: GPU slots' LRU as far as lorafleet knows it. None when unknown.
+    #: The pod's GPU slots, least recently used first, from the controller's ledger (the
+    #: engine model fed every action lorafleet ran); on vLLM a slot still held by an
+    #: unloaded name appears as ``?unloaded-N``. None when unknown.
     warmed: tuple[AdapterId, ...] | None = None
     #: Adapters that must never be unloaded from this pod.
     pinned: frozenset[AdapterId] = frozenset()
