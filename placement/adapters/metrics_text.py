@@ -9,10 +9,15 @@ either is read, the current name first.
 SGLang has no per-adapter series. ``sglang:lora_pool_slots_used`` counts the distinct
 adapters in the running batch, not the adapters resident on the GPU: it is activity,
 never residency (residency comes from the router's ledger, ``placement.residency``).
+
+A sample valued ``NaN`` or infinite says nothing: it is left out, as if the pod had not
+exposed it (a pod once answered ``vllm:num_requests_running NaN``, and ``round(NaN)``
+raised). Counts below zero read as zero and the KV share is kept within 0..1.
 """
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -29,7 +34,9 @@ def _samples(text: str, *, pod: str | None) -> _Samples:
     try:
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
-                by_name[sample.name].append((dict(sample.labels), float(sample.value)))
+                value = float(sample.value)
+                if math.isfinite(value):  # NaN and infinities say nothing: left out
+                    by_name[sample.name].append((dict(sample.labels), value))
     except ValueError as exc:
         raise PermanentEngineError(f"unreadable /metrics text: {exc}", pod=pod) from None
     return by_name
@@ -37,6 +44,16 @@ def _samples(text: str, *, pod: str | None) -> _Samples:
 
 def _total(samples: _Samples, name: str) -> float:
     return sum(value for _, value in samples.get(name, []))
+
+
+def _count(samples: _Samples, name: str) -> int:
+    """A sum of gauges that count things (requests, slots): a whole number, never negative."""
+    total = _total(samples, name)
+    return max(0, round(total)) if math.isfinite(total) else 0
+
+
+def _share(value: float) -> float:
+    return min(1.0, max(0.0, value))
 
 
 def _mean(samples: _Samples, name: str) -> float:
@@ -52,6 +69,14 @@ def _first_mean(samples: _Samples, *names: str) -> float:
     return 0.0
 
 
+def _whole_number(text: str | None) -> int | None:
+    """``text`` as a whole number if it is ASCII digits (``isdigit`` alone takes "²",
+    which ``int`` refuses), else None."""
+    if text and text.isascii() and text.isdigit():
+        return int(text)
+    return None
+
+
 def _names(joined: str) -> frozenset[AdapterId]:
     return frozenset(AdapterId(name) for name in joined.split(",") if name)
 
@@ -61,14 +86,15 @@ def parse_vllm_metrics(text: str, *, pod: str | None = None) -> PodMetrics:
     samples = _samples(text, pod=pod)
     info = samples.get("vllm:lora_requests_info", [])
     latest = max(info, key=lambda series: series[1])[0] if info else {}
-    max_lora = latest.get("max_lora")
     return PodMetrics(
-        running=round(_total(samples, "vllm:num_requests_running")),
-        waiting=round(_total(samples, "vllm:num_requests_waiting")),
-        kv_usage=_first_mean(samples, "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+        running=_count(samples, "vllm:num_requests_running"),
+        waiting=_count(samples, "vllm:num_requests_waiting"),
+        kv_usage=_share(
+            _first_mean(samples, "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+        ),
         running_adapters=_names(latest.get("running_lora_adapters", "")),
         waiting_adapters=_names(latest.get("waiting_lora_adapters", "")),
-        max_loras=int(max_lora) if max_lora and max_lora.isdigit() else None,
+        max_loras=_whole_number(latest.get("max_lora")),
     )
 
 
@@ -76,12 +102,12 @@ def parse_sglang_metrics(text: str, *, pod: str | None = None) -> PodMetrics:
     """SGLang's gauges; the LoRA pool slots say how many adapters the running batch uses."""
     samples = _samples(text, pod=pod)
     slots = "sglang:lora_pool_slots_total" in samples
-    used = round(_total(samples, "sglang:lora_pool_slots_used"))
-    total = round(_total(samples, "sglang:lora_pool_slots_total"))
+    used = _count(samples, "sglang:lora_pool_slots_used")
+    total = _count(samples, "sglang:lora_pool_slots_total")
     return PodMetrics(
-        running=round(_total(samples, "sglang:num_running_reqs")),
-        waiting=round(_total(samples, "sglang:num_queue_reqs")),
-        kv_usage=_mean(samples, "sglang:token_usage"),
+        running=_count(samples, "sglang:num_running_reqs"),
+        waiting=_count(samples, "sglang:num_queue_reqs"),
+        kv_usage=_share(_mean(samples, "sglang:token_usage")),
         lora_slots_used=used if slots else None,
         lora_slots_total=total if slots else None,
     )

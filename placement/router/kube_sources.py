@@ -54,7 +54,7 @@ class StorePlanSource:
 
 def _label_int(pod: DiscoveredPod, label: str, default: int) -> int:
     value = pod.labels.get(label, "")
-    return int(value) if value.isdigit() else default
+    return int(value) if value.isascii() and value.isdigit() else default
 
 
 class DiscoveryPodSource:
