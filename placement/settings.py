@@ -109,12 +109,35 @@ class RouterSettings:
     listing_every_scrapes: int = 8
     load_timeout_s: float = 60.0
     max_connections: int = 1024
+    #: Rows reach the request log this often: a SIGKILL loses at most this much of it.
     log_flush_s: float = 1.0
+    #: The JSON-lines request log is renamed aside past this size and a new one begun.
+    log_rotate_bytes: int = 64 * 1024 * 1024
+    #: Rows waiting for the log writer (a slow or full disk); beyond, dropped and counted.
+    max_pending_log_rows: int = 100_000
     #: Seconds one queued request adds to the wait of those behind it (bounded affinity).
     per_request_s: float = 0.05
     #: Under soft pressure with no pod holding the adapter, wait this long for room
     #: before answering 503: under pressure, queue rather than force a load.
     pressure_wait_s: float = 0.5
+    #: The largest request body read: 413 beyond it, before reading it when the
+    #: Content-Length says so (a 128k-token prompt is about 0.5 MB of JSON).
+    max_body_bytes: int = 1024 * 1024
+    #: JSON nesting a request body may have (400 beyond): OpenAI bodies nest a few
+    #: levels, tool schemas a few dozen.
+    max_json_depth: int = 128
+    #: Adapter names with a label of their own in the request metrics and in
+    #: /v1/unplanned; names the router does not know, and any beyond this, share one.
+    max_adapter_labels: int = 10_000
+    #: A loop whose round failed waits its interval, doubled per failure in a row, up
+    #: to this long before the next round.
+    loop_backoff_max_s: float = 30.0
+    #: A loop round running longer than this fails /healthz (a scrape round takes at
+    #: most a scrape, a health probe and a listing: about 70 s).
+    loop_stall_s: float = 300.0
+    #: On SIGTERM, requests in flight get this long before the request log is closed
+    #: (under Kubernetes' default 30 s grace period, so the close happens).
+    shutdown_grace_s: float = 20.0
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -6,7 +6,7 @@ import logging
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -82,6 +82,16 @@ def router(
         Path | None,
         typer.Option(help="directory of hourly Parquet files, or a .jsonl file"),
     ] = None,
+    log_flush_s: Annotated[
+        float | None,
+        typer.Option(min=0.01, help="seconds between request-log writes (what a kill can lose)"),
+    ] = None,
+    log_rotate_bytes: Annotated[
+        int | None, typer.Option(min=1, help="rotate a .jsonl request log past this size")
+    ] = None,
+    max_body_bytes: Annotated[
+        int | None, typer.Option(min=1, help="largest request body accepted (413 beyond)")
+    ] = None,
     host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
     port: Annotated[
         int, typer.Option(min=0, max=65535, help="port to listen on; 0: a free one")
@@ -112,8 +122,17 @@ def router(
 ) -> None:
     """Route OpenAI requests to the pods that hold each adapter, following the plan."""
     settings = Settings()
-    if policy is not None:
-        settings = replace(settings, router=replace(settings.router, policy=policy))
+    given: dict[str, Any] = {
+        name: value
+        for name, value in (
+            ("policy", policy),
+            ("log_flush_s", log_flush_s),
+            ("log_rotate_bytes", log_rotate_bytes),
+            ("max_body_bytes", max_body_bytes),
+        )
+        if value is not None
+    }
+    settings = replace(settings, router=replace(settings.router, **given))
     policy = settings.router.policy
     if policy not in POLICIES:
         raise InputError(

@@ -1,12 +1,18 @@
 """The router's HTTP face: a raw ASGI app (no framework on the hot path).
 
 Routes: ``POST /v1/completions`` and ``/v1/chat/completions`` (proxied, streamed or
-not), ``GET /v1/models`` (the adapters the plan serves), ``GET /healthz``,
-``GET /metrics``, ``GET /v1/unplanned`` (adapters requested but not in the plan, for
-the controller). The ASGI lifespan starts and stops the ``Router``'s loops.
+not), ``GET /v1/models`` (the adapters the plan serves), ``GET /healthz`` (liveness:
+503 when a loop ended or is stuck), ``GET /readyz`` (503 also without a plan where
+one is expected, or without a healthy pod), ``GET /metrics``, ``GET /v1/unplanned``
+(adapters requested but not in the plan, for the controller). The ASGI lifespan
+starts and stops the ``Router``'s loops.
 
-Owns request parsing, the retry on another pod, the pass-through of bytes, the
-request-log row and the metrics of each request. Must not make routing decisions.
+Owns the request's way through: the front door (``router.front``: size, JSON, names),
+the retry on another pod, the pass-through of bytes, the request-log row and the
+metrics of each request. A name the router does not know shares the ``_unknown``
+label; with a catalog, such a name is answered 404 here (no pod could load it), else
+it goes to its hashed pod as it is, outside the ledger. Must not make routing
+decisions.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from placement.domain import AdapterId, Engine, PodId
 from placement.errors import PermanentEngineError, RetryableEngineError
 from placement.router.core import Router
 from placement.router.forward import Exchange, forward
+from placement.router.front import Refusal, parse_request, read_body
 from placement.router.metrics import CONTENT_TYPE
 from placement.router.picking import Choice, Reject
 from placement.router.reqlog import LogRow
@@ -50,17 +57,6 @@ async def _respond(
     head.append((b"content-length", str(len(body)).encode()))
     await send({"type": "http.response.start", "status": status, "headers": head})
     await send({"type": "http.response.body", "body": body})
-
-
-async def _read_body(receive: Receive) -> bytes:
-    chunks = []
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ConnectionResetError("client went away")
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body"):
-            return b"".join(chunks)
 
 
 class RouterApp:
@@ -103,7 +99,12 @@ class RouterApp:
         elif path == "/v1/models":
             await _respond(send, 200, json.dumps(self._models()).encode())
         elif path in ("/healthz", "/health"):
-            await _respond(send, 200, json.dumps(self._health()).encode())
+            health = self._health()
+            await _respond(send, 200 if health["status"] == "ok" else 503, _json(health))
+        elif path == "/readyz":
+            reasons = self.router.not_ready()
+            ready = {"ready": not reasons, "reasons": reasons}
+            await _respond(send, 503 if reasons else 200, _json(ready))
         elif path == "/v1/unplanned":
             counts = dict(self.router.unplanned.most_common())
             await _respond(send, 200, json.dumps({"adapters": counts}).encode())
@@ -127,8 +128,12 @@ class RouterApp:
     def _health(self) -> dict[str, Any]:
         topology = self.router.topology
         healthy = sorted(s.upstream.pod for s in topology.pods.values() if s.healthy)
+        problems = self.router.problems()
+        loops = self.router.supervisor.loops
         return {
-            "status": "ok",
+            "status": "failing" if problems else "ok",
+            "problems": problems,
+            "loops": {name: health.as_json() for name, health in loops.items()},
             "plan": topology.plan.id if topology.plan is not None else None,
             "routing": "plan" if topology.plan is not None else "hashing",
             "plan_problem": self.router.plan_error,
@@ -141,13 +146,31 @@ class RouterApp:
     async def _proxy(self, scope: Scope, receive: Receive, send: Send) -> None:
         router = self.router
         exchange = Exchange(started_s=router.timer(), arrived_s=router.clock(), path=scope["path"])
+        headers = scope.get("headers", ())
         try:
-            exchange.body = await _read_body(receive)
+            body = await read_body(receive, headers, max_bytes=router.settings.max_body_bytes)
         except ConnectionResetError:
             return
-        problem = exchange.parse(scope.get("headers", ()))
-        if problem is not None:
-            await _respond(send, 400, _error(problem, "BadRequestError", param="model", code=400))
+        refusal = body if isinstance(body, Refusal) else None
+        if refusal is None:
+            assert isinstance(body, bytes)
+            exchange.body = body
+            refusal = parse_request(
+                exchange,
+                headers,
+                max_depth=router.settings.max_json_depth,
+                base_models=router.topology.base_pool.keys(),
+            )
+        if refusal is not None:  # no label, no log row: the request never got a name
+            router.metrics.refused.labels(reason=refusal.reason).inc()
+            kind = "RequestTooLargeError" if refusal.status == 413 else "BadRequestError"
+            message = _error(refusal.message, kind, param=refusal.param, code=refusal.status)
+            await _respond(send, refusal.status, message)
+            return
+        exchange.known = router.knows(exchange.model)
+        if not exchange.known and router.adapters.sources:
+            await self._refuse(exchange, Choice(None, reject=Reject.UNKNOWN_MODEL), send)
+            self._record(exchange)
             return
         handler = asyncio.current_task()
         watcher = asyncio.create_task(_watch_disconnect(receive, handler, exchange))
@@ -176,13 +199,17 @@ class RouterApp:
                 await self._refuse(exchange, choice, send)
                 return
             state = choice.pod
-            exchange.pod, exchange.outcome = state.upstream.pod, choice.outcome
+            # A name the router does not know stays out of the ledger: the pod will
+            # most likely refuse it, and it must not push real adapters out of the model.
+            outcome = choice.outcome if exchange.known else None
+            exchange.pod, exchange.outcome = state.upstream.pod, outcome
             if choice.unplanned and attempt == 0:
-                router.unplanned[AdapterId(exchange.model)] += 1
-                router.metrics.unplanned.labels(adapter=exchange.model).inc()
+                label = self._label(exchange)
+                router.unplanned[AdapterId(label)] += 1
+                router.metrics.unplanned.labels(adapter=label).inc()
             adapter = AdapterId(exchange.model)
             try:
-                if choice.outcome is not None and router.needs_load(state, adapter):
+                if outcome is not None and router.needs_load(state, adapter):
                     await router.load(state, adapter)
             except PermanentEngineError as exc:
                 await self._load_failed(exchange, exc, send)
@@ -248,7 +275,7 @@ class RouterApp:
         outcome = exchange.outcome.value if exchange.outcome is not None else None
         label = outcome if exchange.status < 400 and outcome else _failure_label(exchange.status)
         ttft_s = exchange.ttft_s
-        router.metrics.request(exchange.model, label, ttft_s)
+        router.metrics.request(self._label(exchange), label, ttft_s)
         router.request_log.append(
             LogRow(
                 ts_s=exchange.arrived_s,
@@ -262,6 +289,14 @@ class RouterApp:
                 status=exchange.status,
             )
         )
+
+    def _label(self, exchange: Exchange) -> str:
+        """The bounded ``adapter`` label of the request's model."""
+        return self.router.metrics.adapter_label(exchange.model, known=exchange.known)
+
+
+def _json(body: object) -> bytes:
+    return json.dumps(body).encode()
 
 
 def _failure_label(status: int) -> str:

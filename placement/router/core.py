@@ -6,8 +6,15 @@ plan source and the pod source, and flushing the request log. The plan or the po
 change by building a new ``Topology`` and swapping one reference.
 
 Each loop only waits and calls one round: ``scrape_all``, ``refresh_plan``,
-``refresh_pods``. Tests call those rounds themselves, with the HTTP client to the pods
-(``engine_http``) and the ``clock`` injected, instead of sleeping through intervals.
+``refresh_pods``, the log's ``flush``. Tests call those rounds themselves, with the
+HTTP client to the pods (``engine_http``) and the ``clock`` injected, instead of
+sleeping through intervals. The loops run under ``router.loops.Supervisor``: a round
+that raises is logged, counted and backed off, never the end of its loop; within a
+scrape round, one pod's failure of any kind is that pod's alone (logged with its name,
+counted, the pod out of the rotation until a good scrape) and the other pods are
+scraped all the same. ``problems`` says what fails the health check (a loop that
+ended or is stuck) and ``not_ready`` what keeps the router out of a Service (no plan
+yet where one is expected, no healthy pod).
 
 An SGLang pod started without ``--enable-metrics`` answers 404 on ``/metrics``: it stays
 in the rotation, judged by ``/health``, with ``lorafleet_router_pod_metrics_missing``
@@ -19,7 +26,6 @@ Must not parse client requests or answer them: that is ``router.asgi``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import Counter
@@ -39,6 +45,7 @@ from placement.errors import EngineError, PlanError
 from placement.metrics import FleetMetrics
 from placement.plan import Plan
 from placement.ports import PodMetrics
+from placement.router.loops import Sleep, Supervisor
 from placement.router.metrics import RouterMetrics
 from placement.router.picking import Picker
 from placement.router.reqlog import RequestLogger, RequestLogSink
@@ -67,8 +74,11 @@ class Router:
     its own at ``start`` and closes it at ``stop``, and never closes one it was given.
     ``clock`` gives the epoch seconds the router decides and stamps by (a request's
     arrival in the log, when an adapter was last routed, residencies); ``timer`` only
-    measures latencies (time to first byte) and decides nothing. Client requests are
-    proxied through an aiohttp session of the router's own, opened by ``start``.
+    measures latencies (time to first byte) and times the loops' rounds (a round stuck
+    past ``loop_stall_s``). Client requests are proxied through an aiohttp session of
+    the router's own, opened by ``start``. ``plan_expected``: a plan source was given
+    and the policy follows it, so the router is not ready until it has read a plan.
+    ``sleep`` is what the loops wait with (tests pass their own).
     """
 
     def __init__(
@@ -84,13 +94,16 @@ class Router:
         registry: CollectorRegistry | None = None,
         request_log: RequestLogSink | None = None,
         adapters: AdapterInfo | None = None,
+        plan_expected: bool = False,
+        sleep: Sleep = asyncio.sleep,
     ) -> None:
         self.settings = settings or RouterSettings()
         self.adapters = adapters or AdapterInfo()
         self.plan_source = plan_source
         self.pod_source = pod_source
+        self.plan_expected = plan_expected
         registry = registry if registry is not None else CollectorRegistry()
-        self.metrics = RouterMetrics(registry)
+        self.metrics = RouterMetrics(registry, max_adapter_labels=self.settings.max_adapter_labels)
         #: The thrashing signals (residency, adapters on slots) from the ledger.
         self.fleet_metrics = FleetMetrics(registry)
         self.picker = Picker(
@@ -98,9 +111,21 @@ class Router:
             load_cost=load_cost or LoadCostSettings(),
             adapter_bytes=self.adapters.size_bytes,
         )
-        self.request_log = RequestLogger(request_log, flush_interval_s=self.settings.log_flush_s)
+        self.request_log = RequestLogger(
+            request_log,
+            flush_interval_s=self.settings.log_flush_s,
+            metrics=self.metrics,
+            max_pending_rows=self.settings.max_pending_log_rows,
+        )
         self.clock = clock
         self.timer = timer
+        self.supervisor = Supervisor(
+            metrics=self.metrics,
+            timer=timer,
+            backoff_max_s=self.settings.loop_backoff_max_s,
+            stall_s=self.settings.loop_stall_s,
+            sleep=sleep,
+        )
         self.topology: Topology = build_topology((), None)
         self.plan_error: str | None = "no plan read yet"
         self.unplanned: Counter[AdapterId] = Counter()
@@ -110,7 +135,6 @@ class Router:
         )
         self.engine_http = engine_http
         self._owns_engine_http = engine_http is None
-        self._tasks: list[asyncio.Task[None]] = []
         self._scrapes = 0
         self._loads: set[asyncio.Task[None]] = set()
 
@@ -128,26 +152,73 @@ class Router:
             most = self.settings.max_connections
             limits = httpx.Limits(max_connections=most, max_keepalive_connections=most)
             self.engine_http = httpx.AsyncClient(limits=limits)
-        await self.refresh_pods()
-        await self.refresh_plan()
-        await self.scrape_all()
-        loops = (self._plan_loop(), self._pods_loop(), self._scrape_loop(), self.request_log.run())
-        self._tasks = [asyncio.create_task(loop) for loop in loops]
+        settings, supervisor = self.settings, self.supervisor
+        loops = (
+            ("pods", settings.pods_poll_s, f"pod source {self.pod_source.description}",
+             self.refresh_pods),
+            ("plan", settings.plan_poll_s, f"plan source {self.plan_source.description}",
+             self.refresh_plan),
+            ("scrape", settings.scrape_interval_s, "the pods' /metrics", self.scrape_all),
+        )  # fmt: skip
+        # The first rounds run now, supervised as every later one: a pod source or a
+        # plan source failing at start is a loop's failure, not a router that will not
+        # start (it starts not ready, and the loop retries).
+        for name, every_s, concerning, round_ in loops:
+            health = supervisor.start_health(name, every_s=every_s, concerning=concerning)
+            await supervisor.run_round(health, round_)
+        for name, _, _, round_ in loops:
+            supervisor.start(supervisor.loops[name], round_)
+        flush = supervisor.start_health(
+            "log", every_s=settings.log_flush_s, concerning=self.request_log.description
+        )
+        supervisor.start(flush, self.request_log.flush)
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        self._tasks = []
-        await self.request_log.close()
-        if self.session is not None:
-            await self.session.close()
+        """End the loops, then close the request log and the clients, whatever any of
+        them raised: the log is closed in every case."""
+        try:
+            await self.supervisor.stop()
+        finally:
+            try:
+                await self.request_log.close()
+            finally:
+                await self._close_clients()
+
+    async def _close_clients(self) -> None:
+        try:
+            if self.session is not None:
+                await self.session.close()
+        finally:
             self.session = None
-        if self._owns_engine_http and self.engine_http is not None:
-            await self.engine_http.aclose()
-            self.engine_http = None
+            if self._owns_engine_http and self.engine_http is not None:
+                http, self.engine_http = self.engine_http, None
+                await http.aclose()
+
+    def problems(self) -> list[str]:
+        """What fails the health check: a loop that ended, or one stuck in a round."""
+        return self.supervisor.problems()
+
+    def not_ready(self) -> list[str]:
+        """Why the router should get no traffic yet (empty: ready)."""
+        reasons = self.problems()
+        if self.plan_expected and self.topology.plan is None:
+            reasons.append(f"no plan yet: {self.plan_error or 'none read'}")
+        if not any(state.healthy for state in self.topology.pods.values()):
+            reasons.append("no healthy pod")
+        return reasons
+
+    def knows(self, model: str) -> bool:
+        """Whether ``model`` names something the router knows: a served base model, an
+        adapter of the catalog or of the plan, or one a pod lists."""
+        topology, adapter = self.topology, AdapterId(model)
+        if model in topology.base_pool or adapter in topology.adapter_pool:
+            return True
+        if adapter in self.adapters.sources:
+            return True
+        plan = topology.plan
+        if plan is not None and adapter in plan.adapters:
+            return True
+        return any(state.ledger.is_listed(adapter) for state in topology.pods.values())
 
     # -- plan and pods ---------------------------------------------------------------
 
@@ -156,7 +227,11 @@ class Router:
         good one if it fails. The plan loop calls this every ``plan_poll_s``."""
         try:
             plan = await self.plan_source.poll()
-        except PlanError as exc:
+        except Exception as exc:
+            if not isinstance(exc, PlanError):  # a fault of ours or of the source's client
+                self.plan_error = f"{self.plan_source.description}: {type(exc).__name__}: {exc}"
+                self.metrics.plan_ok.set(1 if self.topology.plan is not None else 0)
+                raise
             if self.plan_error != str(exc):
                 kept = "keeping the last good plan" if self.topology.plan else "routing by hashing"
                 log.warning("plan unusable (%s): %s", kept, exc)
@@ -185,25 +260,7 @@ class Router:
         for state in self.topology.pods.values():
             self.fleet_metrics.pod_slots(state.upstream.pod, slots=state.max_loras)
 
-    async def _plan_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.settings.plan_poll_s)
-            await self.refresh_plan()
-
-    async def _pods_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.settings.pods_poll_s)
-            try:
-                await self.refresh_pods()
-            except Exception as exc:  # a pod source failure must never stop routing
-                log.warning("pod source %s failed: %s", self.pod_source.description, exc)
-
     # -- scraping --------------------------------------------------------------------
-
-    async def _scrape_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.settings.scrape_interval_s)
-            await self.scrape_all()
 
     async def scrape_all(self) -> None:
         """One scrape of every pod's ``/metrics`` (every ``listing_every_scrapes``-th
@@ -235,6 +292,17 @@ class Router:
             return
         except (httpx.HTTPError, httpx.InvalidURL, EngineError) as exc:
             self.mark_unhealthy(state, str(exc) or type(exc).__name__)
+            return
+        except Exception as exc:  # anything else is this pod's alone: the round goes on
+            log.warning(
+                "scraping pod %s raised %s: %s",
+                upstream.pod,
+                type(exc).__name__,
+                exc,
+                exc_info=True,
+            )
+            self.metrics.loop_errors.labels(loop="scrape", error=type(exc).__name__).inc()
+            self.mark_unhealthy(state, f"{type(exc).__name__}: {exc}")
             return
         if not state.healthy:
             log.info("pod %s is back", upstream.pod)

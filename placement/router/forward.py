@@ -14,6 +14,8 @@ adapters are not loaded" (or, since its soft cap, "Got LoRA adapter that has nev
 loaded"), or, streaming, 200 and that error as the first event, which is read before
 anything goes to the client.
 
+The request was read and checked at the front door (``router.front``) first.
+
 ``forward`` takes a ``Relay``: the few parts of the router it uses (the upstream
 session and its timeout, the clock, the timer, the metrics), not the router itself.
 
@@ -25,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -39,7 +41,6 @@ from placement.router.state import LivePod
 
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
-_PASSED_HEADERS = (b"authorization",)
 _JSON_HEADERS = {"content-type": "application/json"}
 _TAIL_BYTES = 4096
 #: SGLang's refusals of an adapter it does not serve: the registry's "The following
@@ -103,26 +104,9 @@ class Exchange:
     reloaded_on: set[str] = field(default_factory=set)
     client_gone: bool = False
     finished: bool = False
-
-    def parse(self, headers: Iterable[tuple[bytes, bytes]]) -> str | None:
-        """Read the JSON body; a message for the client when it is not a usable request."""
-        try:
-            payload = json.loads(self.body)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            return "the request body is not valid JSON"
-        if not isinstance(payload, dict) or not isinstance(payload.get("model"), str):
-            return "the request needs a string field 'model' (the adapter's name)"
-        self.payload = payload
-        self.model = payload["model"]
-        self.stream = bool(payload.get("stream"))
-        user = payload.get("user")
-        self.tenant = user if isinstance(user, str) else None
-        for name, value in headers:
-            if name == b"x-tenant":
-                self.tenant = value.decode("latin-1")
-            elif name in _PASSED_HEADERS:
-                self.auth = value
-        return None
+    #: The router knows ``model`` (``Router.knows``): only then is it an adapter the
+    #: ledger tracks and a label of its own in the metrics.
+    known: bool = True
 
     def body_for(self, state: LivePod) -> bytes:
         """The body as the pod's engine wants it: SGLang names ``<base>:<adapter>`` and

@@ -2,6 +2,11 @@
 
 Owns the metric names and labels; must not decide anything. Label children are cached
 so the hot path pays a dict lookup, not prometheus_client's label validation.
+
+The ``adapter`` label is bounded: the caller passes a name the router knows (the
+catalog's, the plan's, one a pod lists, a served base model) or ``UNKNOWN_ADAPTER``,
+and past ``max_adapter_labels`` names every new one is ``UNKNOWN_ADAPTER`` too, so that
+random names cannot grow ``/metrics`` or the router's memory.
 """
 
 from __future__ import annotations
@@ -9,15 +14,31 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
+from placement.settings import RouterSettings
+
 #: TTFT buckets in seconds: a GPU hit is tens of ms, a load 85-670 ms more.
 TTFT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 6.4, 12.8)
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
+#: The one ``adapter`` label of every name the router does not know. Not a name an
+#: adapter can have (catalog names are DNS labels), so it never mixes with one, and the
+#: controller's Prometheus history leaves it out.
+UNKNOWN_ADAPTER = "_unknown"
+
 
 class RouterMetrics:
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(
+        self, registry: CollectorRegistry, *, max_adapter_labels: int | None = None
+    ) -> None:
+        """``max_adapter_labels``: None takes ``RouterSettings``' (the router passes its own)."""
         self.registry = registry
+        self.max_adapter_labels = (
+            RouterSettings().max_adapter_labels
+            if max_adapter_labels is None
+            else max_adapter_labels
+        )
+        self._adapter_labels: set[str] = set()
         self.requests = Counter(
             "lorafleet_requests",
             "Requests routed, by adapter and by how they found it (or why they were refused).",
@@ -71,10 +92,51 @@ class RouterMetrics:
             "1 while the router routes by a plan, 0 while it falls back to hashing.",
             registry=registry,
         )
+        self.refused = Counter(
+            "lorafleet_router_refused_requests",
+            "Requests refused at the front door, before routing: body_too_large (413), "
+            "not_json, too_deep, bad_model, bad_user (400).",
+            ["reason"],
+            registry=registry,
+        )
+        self.loop_errors = Counter(
+            "lorafleet_router_loop_errors",
+            "Exceptions a background loop (scrape, plan, pods, log) caught from one of its "
+            "rounds, or a pod's scrape from one pod, by exception type; the loop went on.",
+            ["loop", "error"],
+            registry=registry,
+        )
+        self.loop_failures = Gauge(
+            "lorafleet_router_loop_consecutive_failures",
+            "Failed rounds in a row of each background loop (0 once one succeeds).",
+            ["loop"],
+            registry=registry,
+        )
+        self.log_rows_dropped = Counter(
+            "lorafleet_router_log_rows_dropped",
+            "Request-log rows not written: invalid (text that is not Unicode, a number "
+            "out of range), overflow (the writer fell max_pending_log_rows behind), "
+            "write_error (the file refused a batch).",
+            ["reason"],
+            registry=registry,
+        )
         self._requests: dict[tuple[str, str], Counter] = {}
         self._ttft: dict[str, Histogram] = {}
 
+    def adapter_label(self, adapter: str, *, known: bool) -> str:
+        """The label for ``adapter``: itself if known and there is room, else the shared one."""
+        if not known:
+            return UNKNOWN_ADAPTER
+        labels = self._adapter_labels
+        if adapter in labels:
+            return adapter
+        if len(labels) >= self.max_adapter_labels:
+            return UNKNOWN_ADAPTER
+        labels.add(adapter)
+        return adapter
+
     def request(self, adapter: str, outcome: str, ttft_s: float | None) -> None:
+        """Count a request; ``adapter`` is a label from ``adapter_label``."""
         key = (adapter, outcome)
         child = self._requests.get(key)
         if child is None:

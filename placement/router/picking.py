@@ -78,7 +78,7 @@ class Picker:
         self.settings = settings
         self.load_cost = load_cost
         self.adapter_bytes = dict(adapter_bytes or {})
-        self._costs: dict[AdapterId, tuple[float, float]] = {}
+        self._costs: dict[AdapterId | None, tuple[float, float]] = {}
         self._fallbacks: dict[tuple[int, PoolId], HashFallback] = {}
         self._cursor = 0
         if settings.policy not in POLICIES:
@@ -162,15 +162,17 @@ class Picker:
 
     def _load_costs(self, adapter: AdapterId) -> tuple[float, float]:
         """Seconds to load the adapter from host RAM and from storage, with a busy drain."""
-        costs = self._costs.get(adapter)
+        size = self.adapter_bytes.get(adapter)
+        # Sized adapters (the catalog's: a bounded set) are cached by name; every other
+        # name shares the default size's costs, so random names add no entries.
+        key = adapter if size is not None else None
+        costs = self._costs.get(key)
         if costs is None:
-            size = self.adapter_bytes.get(adapter, DEFAULT_ADAPTER_BYTES)
             drain_ms = self.load_cost.expected_drain_ms
+            size_bytes = DEFAULT_ADAPTER_BYTES if size is None else size
             costs = (
-                self.load_cost.warm_load_ms(size, drain_ms=drain_ms) / 1000.0,
-                self.load_cost.cold_load_ms(size, drain_ms=drain_ms) / 1000.0,
+                self.load_cost.warm_load_ms(size_bytes, drain_ms=drain_ms) / 1000.0,
+                self.load_cost.cold_load_ms(size_bytes, drain_ms=drain_ms) / 1000.0,
             )
-            if len(self._costs) > 100_000:
-                self._costs.clear()
-            self._costs[adapter] = costs
+            self._costs[key] = costs
         return costs

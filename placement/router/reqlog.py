@@ -5,58 +5,42 @@ The columns are ARCHITECTURE.md's request-log contract, which the forecaster rea
 ``pod``, ``outcome`` (gpu_hit, cpu_hit, cold_load; empty for a request that was
 refused), ``ttft_ms``, plus the optional ``status`` (the HTTP status returned).
 
-The hot path only appends a tuple to a list. A background task swaps the list every
-``flush_interval_s`` and hands the batch to a thread that writes it:
+The hot path only appends a row to a list (at most ``max_pending_rows``: beyond, new
+rows are dropped and counted, so a stuck disk cannot grow the router's memory). The log
+loop calls ``flush`` every ``flush_interval_s``; it hands the batch to a thread that
+drops the rows that cannot be written (``row_problem``: counted, never a reason to
+lose the batch) and writes the rest. A batch the file refused with an ``OSError`` (a
+full disk) is kept for the next flush; any other error drops the batch (counted) and
+is raised to the loop's supervisor. ``close`` flushes what is left and always closes
+the sink, whatever the flush raised.
 
-- ``ParquetRequestLog(directory)``: one file per UTC hour,
-  ``requests-YYYYMMDDTHH.parquet``, each batch a row group. A file is complete (has
-  its footer) once its hour has rotated or the router stopped.
-- ``JsonLinesRequestLog(path)``: appended and flushed per batch, readable at any time.
+The sinks, and the layout of their files, are in ``placement.adapters.request_log_files``:
+
+- ``ParquetRequestLog(directory)``: a part file per batch, compacted into one file
+  per UTC hour, ``requests-YYYYMMDDTHH.parquet``; every file readable at any moment.
+- ``JsonLinesRequestLog(path)``: appended per batch, rotated past a size.
 - ``MemoryRequestLog``: keeps rows in memory, for tests and the demo.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
+import logging
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
-from datetime import UTC, datetime
-from pathlib import Path
-from typing import IO, Protocol
+from typing import Protocol
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-
-
-@dataclass(frozen=True, slots=True)
-class LogRow:
-    ts_s: float
-    adapter: str
-    tenant: str | None
-    prompt_tokens: int | None
-    output_tokens: int | None
-    pod: str | None
-    outcome: str | None
-    ttft_ms: float | None
-    status: int
-
-
-SCHEMA = pa.schema(
-    [
-        ("ts", pa.timestamp("us", tz="UTC")),
-        ("adapter", pa.string()),
-        ("tenant", pa.string()),
-        ("prompt_tokens", pa.int64()),
-        ("output_tokens", pa.int64()),
-        ("pod", pa.string()),
-        ("outcome", pa.string()),
-        ("ttft_ms", pa.float64()),
-        ("status", pa.int32()),
-    ]
+from placement.adapters.request_log_files import (
+    SCHEMA,
+    JsonLinesRequestLog,
+    LogRow,
+    ParquetRequestLog,
+    open_request_log,
+    row_problem,
 )
+from placement.router.metrics import RouterMetrics
+
+log = logging.getLogger("lorafleet.router")
 
 
 class RequestLogSink(Protocol):
@@ -80,131 +64,98 @@ class MemoryRequestLog:
         return None
 
 
-def _iso(ts_s: float) -> str:
-    return datetime.fromtimestamp(ts_s, tz=UTC).isoformat().replace("+00:00", "Z")
-
-
-class JsonLinesRequestLog:
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file: IO[str] = self.path.open("a", encoding="utf-8")
-
-    def write(self, rows: Sequence[LogRow]) -> None:
-        lines = []
-        for row in rows:
-            record = {
-                "ts": _iso(row.ts_s),
-                "adapter": row.adapter,
-                "tenant": row.tenant,
-                "prompt_tokens": row.prompt_tokens,
-                "output_tokens": row.output_tokens,
-                "pod": row.pod,
-                "outcome": row.outcome,
-                "ttft_ms": None if row.ttft_ms is None else round(row.ttft_ms, 3),
-                "status": row.status,
-            }
-            lines.append(json.dumps(record, separators=(",", ":")))
-        self._file.write("\n".join(lines) + "\n")
-        self._file.flush()
-
-    def close(self) -> None:
-        self._file.close()
-
-
-class ParquetRequestLog:
-    """Hourly Parquet files in ``directory``; each written batch is one row group."""
-
-    def __init__(self, directory: str | Path) -> None:
-        self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
-        self._hour: str | None = None
-        self._writer: pq.ParquetWriter | None = None
-
-    def path_for(self, hour: str) -> Path:
-        path = self.directory / f"requests-{hour}.parquet"
-        index = 1
-        while self._hour != hour and path.exists():
-            # A file closed by an earlier run stays intact; this run writes beside it.
-            path = self.directory / f"requests-{hour}.{index}.parquet"
-            index += 1
-        return path
-
-    def write(self, rows: Sequence[LogRow]) -> None:
-        by_hour: dict[str, list[LogRow]] = {}
-        for row in rows:
-            hour = datetime.fromtimestamp(row.ts_s, tz=UTC).strftime("%Y%m%dT%H")
-            by_hour.setdefault(hour, []).append(row)
-        for hour, batch in sorted(by_hour.items()):
-            self._writer_for(hour).write_table(_table(batch))
-
-    def _writer_for(self, hour: str) -> pq.ParquetWriter:
-        if self._writer is None or self._hour != hour:
-            self.close()
-            self._writer = pq.ParquetWriter(str(self.path_for(hour)), SCHEMA)
-            self._hour = hour
-        return self._writer
-
-    def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
-
-
-def _table(rows: Sequence[LogRow]) -> pa.Table:
-    ordered = sorted(rows, key=lambda row: row.ts_s)
-    return pa.table(
-        {
-            "ts": pa.array([int(r.ts_s * 1_000_000) for r in ordered], pa.timestamp("us", "UTC")),
-            "adapter": [r.adapter for r in ordered],
-            "tenant": [r.tenant for r in ordered],
-            "prompt_tokens": pa.array([r.prompt_tokens for r in ordered], pa.int64()),
-            "output_tokens": pa.array([r.output_tokens for r in ordered], pa.int64()),
-            "pod": [r.pod for r in ordered],
-            "outcome": [r.outcome for r in ordered],
-            "ttft_ms": pa.array([r.ttft_ms for r in ordered], pa.float64()),
-            "status": pa.array([r.status for r in ordered], pa.int32()),
-        },
-        schema=SCHEMA,
-    )
-
-
-def open_request_log(target: str | Path) -> RequestLogSink:
-    """A ``.jsonl`` path appends JSON lines; anything else is a directory of Parquet files."""
-    path = Path(target)
-    if path.suffix in (".jsonl", ".ndjson"):
-        return JsonLinesRequestLog(path)
-    return ParquetRequestLog(path)
-
-
 class RequestLogger:
     """Collects rows on the event loop and flushes them in batches from a worker thread."""
 
-    def __init__(self, sink: RequestLogSink | None, *, flush_interval_s: float) -> None:
+    def __init__(
+        self,
+        sink: RequestLogSink | None,
+        *,
+        flush_interval_s: float,
+        metrics: RouterMetrics,
+        max_pending_rows: int,
+    ) -> None:
         self.sink = sink
         self.flush_interval_s = flush_interval_s
+        self.max_pending_rows = max_pending_rows
+        self.metrics = metrics
         self._rows: list[LogRow] = []
         self._lock = asyncio.Lock()
 
+    @property
+    def description(self) -> str:
+        sink = self.sink
+        where = getattr(sink, "path", None) or getattr(sink, "directory", None)
+        return f"request log {where}" if where is not None else "request log"
+
     def append(self, row: LogRow) -> None:
-        if self.sink is not None:
-            self._rows.append(row)
+        if self.sink is None:
+            return
+        if len(self._rows) >= self.max_pending_rows:
+            self.metrics.log_rows_dropped.labels(reason="overflow").inc()
+            return
+        self._rows.append(row)
 
     async def flush(self) -> None:
+        """Write the rows collected so far; see the module's docstring for failures."""
         if self.sink is None or not self._rows:
             return
         rows, self._rows = self._rows, []
         async with self._lock:  # batches reach the file in the order they were taken
-            await asyncio.to_thread(self.sink.write, rows)
+            try:
+                await asyncio.to_thread(self._write, rows)
+            except OSError:
+                self._keep(rows)
+                raise
+            except Exception:
+                self.metrics.log_rows_dropped.labels(reason="write_error").inc(len(rows))
+                raise
 
-    async def run(self) -> None:
-        """Flush forever; the caller cancels it and then calls ``close``."""
-        while True:
-            await asyncio.sleep(self.flush_interval_s)
-            with contextlib.suppress(OSError):
-                await self.flush()
+    def _write(self, rows: list[LogRow]) -> None:
+        assert self.sink is not None
+        good = []
+        for row in rows:
+            problem = row_problem(row)
+            if problem is None:
+                good.append(row)
+            else:
+                self.metrics.log_rows_dropped.labels(reason="invalid").inc()
+                log.warning("request-log row dropped (%s): %r", problem, row)
+        if good:
+            self.sink.write(good)
+
+    def _keep(self, rows: list[LogRow]) -> None:
+        """Put a refused batch back before the rows collected since; past the bound the
+        newest go, as ``append`` drops them."""
+        pending = rows + self._rows
+        over = len(pending) - self.max_pending_rows
+        if over > 0:
+            self.metrics.log_rows_dropped.labels(reason="overflow").inc(over)
+            pending = pending[: self.max_pending_rows]
+        self._rows = pending
 
     async def close(self) -> None:
-        await self.flush()
-        if self.sink is not None:
-            await asyncio.to_thread(self.sink.close)
+        """Flush what is left and close the sink, even if the flush fails."""
+        try:
+            await self.flush()
+        except Exception as exc:
+            lost, self._rows = len(self._rows), []
+            self.metrics.log_rows_dropped.labels(reason="write_error").inc(lost)
+            log.error(
+                "the last flush of the %s failed, %d rows lost: %s", self.description, lost, exc
+            )
+        finally:
+            if self.sink is not None:
+                await asyncio.to_thread(self.sink.close)
+
+
+__all__ = [
+    "SCHEMA",
+    "JsonLinesRequestLog",
+    "LogRow",
+    "MemoryRequestLog",
+    "ParquetRequestLog",
+    "RequestLogSink",
+    "RequestLogger",
+    "open_request_log",
+]

@@ -87,7 +87,8 @@ def build_router(
         settings=settings.router,
         load_cost=settings.load_cost,
         registry=registry,
-        request_log=_sink(request_log),
+        request_log=_sink(request_log, rotate_bytes=settings.router.log_rotate_bytes),
+        plan_expected=plan is not None and settings.router.policy == "plan",
         adapters=adapter_info_from_catalog(catalog, fleet) if catalog is not None else None,
         engine_http=engine_http,
         clock=clock,
@@ -103,11 +104,13 @@ def _plan_source(plan: str | os.PathLike[str] | Plan | PlanSource | None) -> Pla
     return plan
 
 
-def _sink(target: str | os.PathLike[str] | RequestLogSink | None) -> RequestLogSink | None:
+def _sink(
+    target: str | os.PathLike[str] | RequestLogSink | None, *, rotate_bytes: int
+) -> RequestLogSink | None:
     if target is None:
         return None
     if isinstance(target, str | os.PathLike):
-        return open_request_log(Path(target))
+        return open_request_log(Path(target), rotate_bytes=rotate_bytes)
     return target
 
 
@@ -233,9 +236,16 @@ def run_router(
     """Serve in the foreground until interrupted (the CLI's ``lorafleet router``).
 
     ``on_listening`` gets the port once the router accepts connections: the one the
-    kernel chose when ``port`` is 0."""
+    kernel chose when ``port`` is 0. On SIGTERM, requests in flight get
+    ``shutdown_grace_s``; then the lifespan's shutdown closes the request log."""
     config = uvicorn.Config(
-        app, host=host, port=port, access_log=False, http="httptools", loop="uvloop"
+        app,
+        host=host,
+        port=port,
+        access_log=False,
+        http="httptools",
+        loop="uvloop",
+        timeout_graceful_shutdown=max(1, round(app.router.settings.shutdown_grace_s)),
     )
     server = (
         uvicorn.Server(config)

@@ -7,6 +7,7 @@ and waits on events (``Answers.wait``), never on the wall clock.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import threading
@@ -112,12 +113,42 @@ class Answers:
             self._answers.append(answer)
             self._changed.notify_all()
 
+    def __len__(self) -> int:
+        with self._changed:
+            return len(self._answers)
+
     def wait(self, count: int, *, timeout_s: float = 10.0) -> list[Answer]:
         """The first ``count`` answers, once the pods have finished that many."""
         with self._changed:
             if not self._changed.wait_for(lambda: len(self._answers) >= count, timeout_s):
                 raise AssertionError(f"the pods finished {len(self._answers)} of {count}")
             return self._answers[:count]
+
+
+class MetricsOverride:
+    """What some pods answer on ``/metrics`` instead of their own text: a test sets
+    ``texts[pod]`` (a pod that says ``NaN``), and deletes it to give the pod back."""
+
+    def __init__(self) -> None:
+        self.texts: dict[str, str] = {}
+
+
+class _OverrideMetrics:
+    """ASGI middleware on an emulated pod: ``/metrics`` answers ``MetricsOverride``'s text."""
+
+    def __init__(self, app: Any, *, pod: str, override: MetricsOverride) -> None:
+        self.app, self.pod, self.override = app, pod, override
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        text = self.override.texts.get(self.pod)
+        if scope["type"] != "http" or scope["path"] != "/metrics" or text is None:
+            await self.app(scope, receive, send)
+            return
+        body = text.encode()
+        headers = [(b"content-type", b"text/plain; version=0.0.4"),
+                   (b"content-length", str(len(body)).encode())]  # fmt: skip
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
 
 
 class _NoteAnswers:
@@ -162,6 +193,11 @@ class Pods:
     def url(self, pod: str) -> str:
         return next(h.url for h in self.fleet.handles if h.name == pod)
 
+    @property
+    def urls(self) -> dict[str, str]:
+        """Each pod's URL, by name (a fleet file's pods)."""
+        return {h.name: h.url for h in self.fleet.handles}
+
 
 @contextlib.contextmanager
 def emulated(
@@ -171,9 +207,11 @@ def emulated(
     max_loras: int = 2,
     max_cpu_loras: int = 8,
     clock: Clock = time.monotonic,
+    metrics_override: MetricsOverride | None = None,
     **extra: Any,
 ) -> Iterator[Pods]:
-    """``n`` pods on real sockets; ``clock`` is the pods' own (their down windows)."""
+    """``n`` pods on real sockets; ``clock`` is the pods' own (their down windows);
+    ``metrics_override`` lets a test replace what a pod answers on ``/metrics``."""
     config = replace(
         PodConfig(), engine=engine, max_loras=max_loras, max_cpu_loras=max_cpu_loras, **extra
     )
@@ -184,6 +222,8 @@ def emulated(
     answers = Answers()
     for handle in fleet.handles:
         handle.app.add_middleware(_NoteAnswers, pod=handle.name, answers=answers)
+        if metrics_override is not None:
+            handle.app.add_middleware(_OverrideMetrics, pod=handle.name, override=metrics_override)
     with serving_in_thread(fleet.handles, sockets=sockets):
         yield Pods(fleet=fleet, domain=fleet.domain(), answers=answers)
 
@@ -252,6 +292,44 @@ def router_for(
             yield running
         finally:
             running.close()
+
+
+class Ticker:
+    """The router's loops' ``sleep`` in a test: each loop waits for the next ``tick``.
+
+    ``tick`` lets every sleeping loop run one round and returns once ``loops`` of them
+    sleep again (a loop that ended never does). ``delays`` has each loop's waits, by
+    the loop's name, so backoff shows as it would have been slept.
+    """
+
+    def __init__(self) -> None:
+        self.delays: dict[str, list[float]] = {}
+        self._generation = 0
+        self._wake: dict[int, asyncio.Event] = {}
+        self._sleeping: dict[int, int] = {}
+
+    async def sleep(self, delay_s: float) -> None:
+        task = asyncio.current_task()
+        name = task.get_name() if task is not None else "?"
+        self.delays.setdefault(name, []).append(delay_s)
+        generation = self._generation
+        self._sleeping[generation] = self._sleeping.get(generation, 0) + 1
+        await self._wake.setdefault(generation, asyncio.Event()).wait()
+
+    async def settle(self, loops: int) -> None:
+        """Until ``loops`` loops sleep in this generation (event-loop turns, no clock)."""
+        for _ in range(100_000):
+            if self._sleeping.get(self._generation, 0) >= loops:
+                return
+            await asyncio.sleep(0)
+        raise AssertionError(f"{self._sleeping.get(self._generation, 0)} of {loops} loops sleep")
+
+    async def tick(self, loops: int) -> None:
+        await self.settle(loops)
+        woken = self._generation
+        self._generation += 1
+        self._wake.setdefault(woken, asyncio.Event()).set()
+        await self.settle(loops)
 
 
 @pytest.fixture
