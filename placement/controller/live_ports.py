@@ -31,6 +31,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from placement.actuation.apply import apply_plan, lora_paths, make_clients
 from placement.actuation.executor import ApplyReport, Executor, Ledger, Sleep
 from placement.actuation.reconcile import depends_on
+from placement.adapters.live_request_log import LiveRequestLog
 from placement.adapters.prom import PromHistorySource
 from placement.controller.ports import Backoff, ControllerObserver, Job, TickOutcome
 from placement.domain import Action, AdapterId, Catalog, Fleet, PodId
@@ -192,13 +193,16 @@ class FileHistory:
         self.path = path
         self.live = live
         self.bucket_s = bucket_s
+        # The router's layout (a JSON-lines file and its rotations, or a directory of
+        # Parquet parts and hours), read incrementally: only new files and new lines.
+        self._live_log = LiveRequestLog(live) if live is not None else None
 
     def __call__(self) -> RequestLog:
         history = load_request_log(self.path)
-        if self.live is None or not self.live.exists():
+        if self._live_log is None or not self._live_log.path.exists():
             return history
         try:
-            live = load_request_log(self.live, skip_bad_rows=True)
+            live = self._live_log.read()
         except InputError as exc:  # unreadable as a whole (a missing column): next ingest
             return replace(history, skipped=exc.problems)
         return combined(history, live, bucket_s=self.bucket_s)
