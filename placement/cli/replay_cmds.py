@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
@@ -75,6 +76,49 @@ def _check_planning(planner: str, forecast_model: str) -> None:
         raise InputError(problems)
 
 
+def _moment(text: str, option: str) -> pd.Timestamp:
+    try:
+        moment: pd.Timestamp | None = pd.Timestamp(text)
+    except ValueError:
+        moment = None
+    if moment is None or pd.isna(moment) or moment.tzinfo is None:
+        raise InputError(
+            [
+                Problem(
+                    source=option,
+                    message=f"{text!r} is not an ISO time with an offset"
+                    " (for instance 2026-03-12T08:00:00-04:00)",
+                )
+            ]
+        )
+    return moment
+
+
+def figures_window(
+    workload: SimWorkload, start: str | None, end: str | None
+) -> tuple[float, float] | None:
+    """``--from``/``--to`` as replay seconds; None: the whole replay."""
+    if start is None and end is None:
+        return None
+    origin = pd.Timestamp(workload.start)
+    lo = (_moment(start, "--from") - origin).total_seconds() if start is not None else 0.0
+    hi = (_moment(end, "--to") - origin).total_seconds() if end is not None else math.inf
+    if hi <= lo:
+        raise InputError([Problem(source="--to", message="--to must be after --from")])
+    if hi < 0.0 or lo > workload.duration_s:
+        last = origin + pd.Timedelta(seconds=workload.duration_s)
+        raise InputError(
+            [
+                Problem(
+                    source="--from/--to",
+                    message=f"the window holds no request: the log runs from"
+                    f" {origin.isoformat()} to {last.isoformat()}",
+                )
+            ]
+        )
+    return (lo, hi)
+
+
 def _table(results: list[ReplayResult]) -> Table:
     table = Table(title="replay")
     table.add_column("policy", no_wrap=True)
@@ -141,6 +185,18 @@ def replay(
     forecast_model: Annotated[
         str, typer.Option(help="lorafleet's forecaster (a models/ name, as the controller's)")
     ] = "level-profile",
+    window_from: Annotated[
+        str | None,
+        typer.Option(
+            "--from",
+            help="figures only for requests arriving at or after this ISO time with an"
+            " offset (the replay still runs the whole log)",
+        ),
+    ] = None,
+    window_to: Annotated[
+        str | None,
+        typer.Option("--to", help="figures only for requests arriving until this ISO time"),
+    ] = None,
 ) -> None:
     """Replay a request log on a simulated fleet under every named policy."""
     check_policies(policy)
@@ -154,6 +210,7 @@ def replay(
     workload = workload_from_log(
         load_request_log(log), parsed_catalog, bucket_s=settings.forecast.bucket_s
     )
+    window_s = figures_window(workload, window_from, window_to)
     planning = replay_planning(
         parsed_catalog,
         parsed_fleet,
@@ -171,6 +228,7 @@ def replay(
         settings=settings,
         eviction=chosen_eviction,
         planning=planning,
+        window_s=window_s,
     )
     if out_log is not None:
         replayed_frame(workload, results).to_parquet(out_log, index=False)

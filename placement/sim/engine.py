@@ -76,6 +76,8 @@ class SimLog:
     #: (start_s, end_s, pod index, from storage) per load.
     loads: list[tuple[float, float, int, bool]] = field(default_factory=list)
     residency_s: list[float] = field(default_factory=list)
+    #: When each stay of ``residency_s`` ended (eviction, or the end of the replay).
+    residency_end_s: list[float] = field(default_factory=list)
     plans: int = 0
 
 
@@ -430,5 +432,7 @@ class FleetReplay:
     def _close_residency(self) -> None:
         for pod in self.pods:
             self.log.residency_s.extend(pod.residencies_s)
+            self.log.residency_end_s.extend(pod.residency_ends_s)
             for loaded_at in pod.gpu_adapters.values():
                 self.log.residency_s.append(max(0.0, self.now_s - loaded_at))
+                self.log.residency_end_s.append(self.now_s)

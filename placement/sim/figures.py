@@ -16,6 +16,11 @@ Owns the metric names (the ``--json`` keys) and their definitions:
 - ``distinct_adapters_per_pod``: mean distinct adapters each pod served.
 - ``convoy``: a cascade happened: some window had at least ``convoy_loads_per_pod_s``
   loads per pod per second while half or more of the pods were loading at once.
+
+With a ``window`` (replay seconds, ``lorafleet replay --from/--to``) every figure is of
+that window alone, the replay having run the whole log: requests arriving in it, loads
+starting in it, stays on a GPU slot ending in it (evicted, or still there when the
+replay ended), rates over its length.
 """
 
 from __future__ import annotations
@@ -47,8 +52,11 @@ def _max_concurrent(starts: np.ndarray, ends: np.ndarray) -> int:
     return int(np.cumsum(steps[order]).max())
 
 
-def _load_metrics(log: SimLog, pods: int, span_s: float, sim: SimSettings) -> Metrics:
+def _load_metrics(
+    log: SimLog, pods: int, span_s: float, sim: SimSettings, bounds: tuple[float, float]
+) -> Metrics:
     loads = np.array(log.loads, dtype=float).reshape(-1, 4)
+    loads = loads[(loads[:, 0] >= bounds[0]) & (loads[:, 0] <= bounds[1])]
     starts, ends = loads[:, 0], loads[:, 1]
     window = sim.metrics_window_s
     peak = 0.0
@@ -74,17 +82,26 @@ def _load_metrics(log: SimLog, pods: int, span_s: float, sim: SimSettings) -> Me
 
 
 def compute_metrics(
-    log: SimLog, pods: list[SimPod], arrival_s: list[float], *, sim: SimSettings
+    log: SimLog,
+    pods: list[SimPod],
+    arrival_s: list[float],
+    *,
+    sim: SimSettings,
+    window: tuple[float, float] | None = None,
 ) -> Metrics:
-    outcome = np.asarray(log.outcome, dtype=np.int8)
-    ttft = np.asarray(log.ttft_ms, dtype=float)
+    arrivals = np.asarray(arrival_s, dtype=float)
+    first = float(arrivals[0]) if arrivals.size else 0.0
+    last_end = max(log.end_s, default=0.0)
+    lo, hi = window if window is not None else (-np.inf, np.inf)
+    inside = (arrivals >= lo) & (arrivals <= hi)
+    outcome = np.asarray(log.outcome, dtype=np.int8)[inside]
+    ttft = np.asarray(log.ttft_ms, dtype=float)[inside]
     served = outcome != REJECTED
     count = int(served.sum())
     hits = outcome == GPU_HIT
-    first = arrival_s[0] if arrival_s else 0.0
-    last_end = max(log.end_s, default=0.0)
-    span_s = max(last_end - first, 1e-9)
-    residency = np.asarray(log.residency_s, dtype=float)
+    span_s = max(min(hi, last_end) - max(lo, first), 1e-9)
+    ends = np.asarray(log.residency_end_s, dtype=float)
+    residency = np.asarray(log.residency_s, dtype=float)[(ends >= lo) & (ends <= hi)]
     metrics: Metrics = {
         "requests": len(outcome),
         "served": count,
@@ -93,7 +110,7 @@ def compute_metrics(
         "cpu_hit_rate": round(float((outcome == CPU_HIT).sum()) / max(count, 1), 6),
         "cold_load_rate": round(float((outcome == COLD_LOAD).sum()) / max(count, 1), 6),
     }
-    metrics.update(_load_metrics(log, len(pods), span_s, sim))
+    metrics.update(_load_metrics(log, len(pods), span_s, sim, (lo, hi)))
     metrics["residency_p50_s"] = round(_pct(residency, 50), 3)
     metrics["residency_p95_s"] = round(_pct(residency, 95), 3)
     metrics.update(_ttft(ttft, served, "ttft"))

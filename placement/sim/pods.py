@@ -67,6 +67,7 @@ class SimPod:
         "recent",
         "registered",
         "residencies_s",
+        "residency_ends_s",
         "running",
         "running_adapters",
         "served",
@@ -116,6 +117,8 @@ class SimPod:
         self.served: set[str] = set()
         #: How long each adapter that left a GPU slot stayed on it.
         self.residencies_s: list[float] = []
+        #: When each of those stays ended (replay seconds), in the same order.
+        self.residency_ends_s: list[float] = []
         #: Set by the engine when eviction is not LRU: the victim's cost on the LRU
         #: scale (an equivalent last-use time), so routers compare pods alike.
         self.victim_cost: Callable[[SimPod], float] | None = None
@@ -197,6 +200,7 @@ class SimPod:
         kept = set(on_gpu)
         for name in [n for n in self.gpu_adapters if n not in kept]:
             self.residencies_s.append(max(0.0, now_s - self.gpu_adapters.pop(name)))
+            self.residency_ends_s.append(now_s)
         for name in on_gpu:
             if name == pending:
                 if name not in self.gpu_adapters:

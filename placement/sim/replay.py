@@ -102,9 +102,11 @@ def run_policy(
     eviction: EvictionPolicy = EvictionPolicy.LRU,
     planning: ReplayPlanning | None = None,
     replay_type: type[FleetReplay] = FleetReplay,
+    window_s: tuple[float, float] | None = None,
 ) -> ReplayResult:
     """Replay ``workload`` on a fresh ``fleet`` under policy ``name``; ``lorafleet`` and
-    ``oracle`` plan with ``planning``."""
+    ``oracle`` plan with ``planning``. The figures are of ``window_s`` (replay seconds)
+    when given, of the whole replay otherwise."""
     check_policies([name])
     if name in PLANNED and planning is None:
         raise InputError([Problem(source="--policy", message=f"{name!r} needs a planner")])
@@ -118,7 +120,9 @@ def run_policy(
     )
     router = _router(name, replay, settings, eviction, planning)
     log = replay.run(router)
-    metrics = compute_metrics(log, replay.pods, workload.arrival_s, sim=settings.sim)
+    metrics = compute_metrics(
+        log, replay.pods, workload.arrival_s, sim=settings.sim, window=window_s
+    )
     sources = router.plan_sources if isinstance(router, PlannedRouter) else {}
     return ReplayResult(
         policy=name,
@@ -138,10 +142,19 @@ def run_replay(
     settings: Settings,
     eviction: EvictionPolicy = EvictionPolicy.LRU,
     planning: ReplayPlanning | None = None,
+    window_s: tuple[float, float] | None = None,
 ) -> list[ReplayResult]:
     """Every named policy on the same requests, in the order given."""
     check_policies(policies)
     return [
-        run_policy(name, workload, fleet, settings=settings, eviction=eviction, planning=planning)
+        run_policy(
+            name,
+            workload,
+            fleet,
+            settings=settings,
+            eviction=eviction,
+            planning=planning,
+            window_s=window_s,
+        )
         for name in policies
     ]

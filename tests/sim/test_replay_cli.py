@@ -125,3 +125,47 @@ def test_solver_planner_replays(inputs: dict[str, Path]) -> None:
     assert result.exit_code == 0, result.output
     metrics = json.loads(result.stdout)["policies"]["lorafleet"]
     assert metrics["plans"] >= 1
+
+
+def _policies(inputs: dict[str, Path], *extra: str) -> dict[str, dict[str, float]]:
+    result = CliRunner().invoke(app, args(inputs, "--policy", "epp", "--json", *extra))
+    assert result.exit_code == 0, result.output
+    policies: dict[str, dict[str, float]] = json.loads(result.stdout)["policies"]
+    return policies
+
+
+class TestWindow:
+    """--from/--to: figures of the requests arriving in the window, the whole log replayed."""
+
+    def test_window_counts_only_its_requests_and_keeps_the_keys(
+        self, inputs: dict[str, Path]
+    ) -> None:
+        # 300 s to 599 s after the first request, given in two offsets: requests 150..299.
+        window = ["--from", "2026-03-10T10:05:00+01:00", "--to", "2026-03-10T09:09:59Z"]
+        whole = _policies(inputs)["epp"]
+        part = _policies(inputs, *window)["epp"]
+        assert set(part) == set(whole)
+        assert part["requests"] == 150
+        assert part["loads"] < whole["loads"]
+
+    def test_a_window_around_the_log_changes_nothing(self, inputs: dict[str, Path]) -> None:
+        window = ["--from", "2026-03-10T09:00:00Z", "--to", "2026-03-11T00:00:00Z"]
+        assert _policies(inputs, *window) == _policies(inputs)
+
+    @pytest.mark.parametrize(
+        ("window", "message"),
+        [
+            (["--from", "2026-03-10T09:05:00"], "not an ISO time with an offset"),
+            (["--to", "soon"], "not an ISO time with an offset"),
+            (["--from", "2026-03-10T09:05:00Z", "--to", "2026-03-10T09:00:00Z"], "after --from"),
+            (["--from", "2026-03-11T09:00:00Z"], "the window holds no request"),
+        ],
+        ids=["no-offset", "not-a-time", "reversed", "outside"],
+    )
+    def test_bad_windows_are_one_line_errors(
+        self, inputs: dict[str, Path], window: list[str], message: str
+    ) -> None:
+        result = CliRunner().invoke(app, args(inputs, "--policy", "epp", *window))
+        assert result.exit_code == 2, result.output
+        assert message in result.output
+        assert "Traceback" not in result.output
