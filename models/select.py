@@ -15,7 +15,8 @@ every ``long_every`` buckets for the day. For each adapter it then
    stack's out-of-fold error (weights fitted on the other half of the blocks). The stack
    has all the weight at ``z_short`` (first hour) or ``z_full``, none at 0. Without a
    backtest (short history), or for an adapter younger than the backtest needs, the
-   naive forecast is used alone;
+   naive forecast is used alone; with one to ``min_days`` days, yesterday is a naive
+   forecast of the first hour too;
 3. forecasts an adapter that just changed level (``models.shifts``: stopped, surged,
    dropped, appeared) from its new level, as far as the backtest's changes say that
    pays (``follow``; all the way after a stop and half otherwise when it saw too few);
@@ -123,11 +124,17 @@ class Selecting:
         short = self.band_edges[0]
         if n >= self.min_short:
             origins = np.arange(max(1, n - self.days * per_day), n, self.short_every)
+            # With a day or two, the backtest cannot tell yet whether an adapter repeats
+            # daily (a login at 09:00) or runs on: yesterday joins persistence as naive.
+            hedge = per_day <= n < self.min_days * per_day
+            experts = self.short_experts
+            if hedge:
+                experts = (experts[0], "yesterday", *experts[1:])
             plans.append(
                 Plan(
                     origins=origins.astype(np.int64),
-                    experts=self.short_experts,
-                    naive=1,
+                    experts=experts,
+                    naive=2 if hedge else 1,
                     grid=self.short_grid,
                     horizon=short,
                     unit_band=(0,) * short,

@@ -100,8 +100,9 @@ def _same_hour(hourly: FloatArray, origins: IntArray, per_day: int, days: int) -
 
 
 def _stopped(lags: Lags, origins: IntArray, rule: ShiftRule) -> npt.NDArray[np.bool_]:
-    """Silent for at least ``quiet`` buckets, longer than any silence in the week before this
-    one began, after at least ``min_requests`` in the ``quiet`` buckets before it.
+    """Silent for at least ``quiet`` buckets, longer than any silence in the week (and at
+    least a day) before this one began, after ``min_requests`` in the ``quiet`` buckets
+    before it.
     """
     rows = np.arange(lags.n_buckets + 1)[:, None]
     busy_end = np.where(np.vstack([np.zeros((1, lags.counts.shape[1])), lags.counts]) > 0, rows, 0)
@@ -111,8 +112,12 @@ def _stopped(lags: Lags, origins: IntArray, rule: ShiftRule) -> npt.NDArray[np.b
     began = origins[:, None] - now
     columns = np.arange(lags.counts.shape[1])[None, :]
     before = lags.cumsum[began, columns] - lags.cumsum[np.maximum(began - rule.quiet, 0), columns]
+    seen_day = began >= lags.per_day  # a silence is only judged against a day or more
     return np.asarray(
-        (now >= rule.quiet) & (now > longest[began, columns]) & (before >= rule.min_requests)
+        (now >= rule.quiet)
+        & (now > longest[began, columns])
+        & (before >= rule.min_requests)
+        & seen_day
     )
 
 

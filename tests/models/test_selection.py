@@ -144,6 +144,16 @@ def test_short_history_falls_back_to_naive_and_says_so() -> None:
     assert forecast.mean[6:, 0] == pytest.approx(np.full(PER_DAY - 6, series[-3:].mean()))
 
 
+def test_with_a_day_of_history_yesterday_still_counts_in_the_first_hour() -> None:
+    # Busy for an hour a day ago, silent since: a daily job or a stop, too early to tell.
+    series = np.zeros(PER_DAY)
+    series[:6] = 200.0
+    panel = panel_of(series)
+    forecast = Selecting().fit(panel).predict(panel, horizon=6)
+    assert forecast.mean[:, 0].mean() > 0.0
+    assert forecast.model[0] != "auto:stopped"
+
+
 def test_a_young_adapter_gets_the_naive_forecast_past_the_hour() -> None:
     young = seasonal(seed=8)
     young[: -2 * PER_DAY] = 0.0  # first request two days ago
