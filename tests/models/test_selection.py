@@ -9,7 +9,8 @@ import pytest
 
 from models.base import sanitize
 from models.experts import EXPERTS, Lags, expert_means
-from models.select import FittedSelection, Selecting, _trust, simplex
+from models.rolling import simplex
+from models.select import FittedSelection, Selecting, trust_from_evidence
 from models.series import CountPanel
 from models.shifts import Change, detect_shifts
 
@@ -103,12 +104,12 @@ def test_a_short_pause_is_not_a_stop() -> None:
 )
 def test_trust_follows_the_evidence_against_naive(excess: np.ndarray, expected: float) -> None:
     blocks = np.arange(40) // 4  # ten blocks of four origins
-    trust = _trust(excess[:, None], blocks, 2.0)
+    trust = trust_from_evidence(excess[:, None], blocks, 2.0)
     assert trust[0] == pytest.approx(expected, abs=0.05)
 
 
 def test_trust_needs_two_blocks() -> None:
-    assert _trust(np.ones((10, 1)), np.zeros(10, dtype=np.int64), 2.0)[0] == 0.0
+    assert trust_from_evidence(np.ones((10, 1)), np.zeros(10, dtype=np.int64), 2.0)[0] == 0.0
 
 
 def first_band_weight(fitted: FittedSelection, expert: str) -> float:
