@@ -15,11 +15,14 @@ from rich.table import Table
 
 from models.registry import forecaster_named
 from placement.cli.app import app, err, out, report_errors
+from placement.domain import Catalog, Fleet, Pipelines
 from placement.errors import InputError, Problem
 from placement.inputs import load_catalog, load_fleet
+from placement.inputs.pipelines import load_pipelines
 from placement.inputs.request_log import load_request_log
 from placement.settings import Settings
 from placement.sim.engine import COLD_LOAD, CPU_HIT, GPU_HIT
+from placement.sim.events import EventController, SimEvent, read_event_frame, sim_events
 from placement.sim.replay import ReplayResult, check_policies, run_replay
 from placement.sim.routers import PLANNED, POLICIES
 from placement.sim.wiring import PLANNERS, replay_planning
@@ -119,6 +122,38 @@ def figures_window(
     return (lo, hi)
 
 
+def replay_events(
+    path: Path,
+    workload: SimWorkload,
+    *,
+    catalog: Catalog,
+    fleet: Fleet,
+    pipelines: Pipelines,
+    settings: Settings,
+) -> tuple[list[SimEvent], EventController]:
+    """The events to deliver and lorafleet's controller for them; an event out of time
+    order stops the replay, one outside the log's span is one warning line."""
+    events, problems = sim_events(
+        read_event_frame(path), workload, source=str(path), catalog=catalog, pipelines=pipelines
+    )
+    errors = [problem for problem in problems if problem.severity == "error"]
+    if errors:
+        raise InputError(errors)
+    for problem in problems:
+        err().print(f"[bold yellow]warning[/]: {problem}", highlight=False, markup=True)
+    controller = EventController.build(
+        catalog, fleet, pipelines, max_loads=settings.controller.max_loads_per_event
+    )
+    return events, controller
+
+
+def _json(result: ReplayResult) -> dict[str, object]:
+    payload: dict[str, object] = dict(result.metrics)
+    if result.event_figures is not None:
+        payload["events"] = result.event_figures
+    return payload
+
+
 def _table(results: list[ReplayResult]) -> Table:
     table = Table(title="replay")
     table.add_column("policy", no_wrap=True)
@@ -193,6 +228,17 @@ def replay(
             " offset (the replay still runs the whole log)",
         ),
     ] = None,
+    events_path: Annotated[
+        Path | None,
+        typer.Option(
+            "--events",
+            help="event log (ts, kind pipeline|login, trigger, tenant, event_id), delivered"
+            " at its times: lorafleet preloads as its controller's webhook does",
+        ),
+    ] = None,
+    pipelines: Annotated[
+        Path | None, typer.Option(help="pipelines.yaml: what each trigger and login leads to")
+    ] = None,
     window_to: Annotated[
         str | None,
         typer.Option("--to", help="figures only for requests arriving until this ISO time"),
@@ -211,6 +257,20 @@ def replay(
         load_request_log(log), parsed_catalog, bucket_s=settings.forecast.bucket_s
     )
     window_s = figures_window(workload, window_from, window_to)
+    events: list[SimEvent] = []
+    controller = None
+    if events_path is not None:
+        parsed_pipelines = (
+            load_pipelines(pipelines, catalog=parsed_catalog) if pipelines else Pipelines()
+        )
+        events, controller = replay_events(
+            events_path,
+            workload,
+            catalog=parsed_catalog,
+            fleet=parsed_fleet,
+            pipelines=parsed_pipelines,
+            settings=settings,
+        )
     planning = replay_planning(
         parsed_catalog,
         parsed_fleet,
@@ -229,11 +289,13 @@ def replay(
         eviction=chosen_eviction,
         planning=planning,
         window_s=window_s,
+        events=events,
+        controller=controller,
     )
     if out_log is not None:
         replayed_frame(workload, results).to_parquet(out_log, index=False)
     if as_json:
-        payload = {"policies": {result.policy: result.metrics for result in results}}
+        payload = {"policies": {result.policy: _json(result) for result in results}}
         typer.echo(json.dumps(payload, indent=2))
         return
     console = out()

@@ -30,8 +30,11 @@ from dataclasses import dataclass, field
 from heapq import heappop, heappush
 from typing import Protocol
 
+from placement.domain import Action, ActionKind
+from placement.forecast.event_preloads import Event
 from placement.residency import Effects
 from placement.settings import LoadCostSettings, SimSettings
+from placement.sim.events import SimEvent
 from placement.sim.pods import PodSpec, SimPod, lru_victim
 from placement.sim.workload import SimWorkload
 from policies.eviction import (
@@ -43,7 +46,7 @@ from policies.eviction import (
 )
 from policies.routing import RouteDecision, RouteReason
 
-DONE, LOAD_DONE, RETRY, PLAN = 0, 1, 2, 3
+DONE, LOAD_DONE, RETRY, PLAN, EVENT = 0, 1, 2, 3, 4
 GPU_HIT, CPU_HIT, COLD_LOAD, REJECTED = 0, 1, 2, -1
 #: A request waiting on memory pressure is rejected after this many retries.
 MAX_RETRIES = 200
@@ -64,6 +67,10 @@ class SimRouter(Protocol):
         """Replan; returns the adapters each pod should hold hot (None: no planning)."""
         ...
 
+    def on_event(self, event: Event, now_s: float, replay: FleetReplay) -> tuple[Action, ...]:
+        """A pipeline or login event: the Load/Warmup actions it sends (reactive: none)."""
+        ...
+
 
 @dataclass
 class SimLog:
@@ -79,6 +86,13 @@ class SimLog:
     #: When each stay of ``residency_s`` ended (eviction, or the end of the replay).
     residency_end_s: list[float] = field(default_factory=list)
     plans: int = 0
+    #: The ids of the events delivered, in order.
+    events: list[str] = field(default_factory=list)
+    #: Per load an event's Warmup started: whether a request for it reached its pod
+    #: before it left the GPU (or the replay ended).
+    preload_used: list[bool] = field(default_factory=list)
+    #: When each of those loads started.
+    preload_at_s: list[float] = field(default_factory=list)
 
 
 class FleetReplay:
@@ -92,8 +106,10 @@ class FleetReplay:
         sim: SimSettings,
         load_cost: LoadCostSettings,
         eviction_settings: EvictionSettings | None = None,
+        events: list[SimEvent] | None = None,
     ) -> None:
         self.workload = workload
+        self.events = events or []
         self.pods = [SimPod(spec) for spec in specs]
         self.specs = specs
         self.index = {spec.pod_id: i for i, spec in enumerate(specs)}
@@ -134,6 +150,8 @@ class FleetReplay:
         self.router_eviction = router.eviction
         if count:
             heappush(heap, (0.0, PLAN, -1, -1))
+        for k, sim_event in enumerate(self.events):
+            heappush(heap, (sim_event.at_s, EVENT, -1, k))
         i = 0
         while i < count or heap:
             if heap and (i >= count or heap[0][0] <= arrivals[i]):
@@ -145,6 +163,8 @@ class FleetReplay:
                     self._load_done(p, now_s)
                 elif kind == RETRY:
                     self._route(router, r, now_s)
+                elif kind == EVENT:
+                    self._event(router, r, now_s)
                 else:
                     self._plan(router, now_s, scheduled=True)
                 continue
@@ -177,6 +197,21 @@ class FleetReplay:
                     pod.queue.append(-1 - self._code(adapter))
             self._pump(p, now_s)
 
+    def _event(self, router: SimRouter, k: int, now_s: float) -> None:
+        """An event, delivered: each Warmup it sends queues a preload on its pod (its
+        Load is the same fetch: the engine model loads where the pod does not list it)."""
+        event = self.events[k].event
+        self.log.events.append(event.id)
+        for action in router.on_event(event, now_s, self):
+            p = self.index.get(str(action.pod))
+            if action.kind is not ActionKind.WARMUP or p is None:
+                continue
+            pod = self.pods[p]
+            adapter = str(action.adapter)
+            pod.event_wanted.add(adapter)
+            pod.queue.append(-1 - self._code(adapter))
+            self._pump(p, now_s)
+
     def _code(self, adapter: str) -> int:
         code = self.preload_code.get(adapter)
         if code is None:
@@ -205,6 +240,10 @@ class FleetReplay:
             outcome = CPU_HIT if adapter in pod.registered else COLD_LOAD
         self.log.outcome[r] = outcome
         self.log.pod[r] = p
+        if pod.preloaded:
+            used = pod.preloaded.pop(adapter, None)
+            if used is not None:
+                self.log.preload_used[used] = True
         pod.queue.append(r)
         pod.queue_depth += 1
         waiting = pod.waiting_adapters
@@ -219,11 +258,18 @@ class FleetReplay:
         while queue and pod.load_adapter is None:
             r = queue[0]
             adapter = adapters[r] if r >= 0 else self.preload_names[-1 - r]
-            if r < 0 and (adapter not in pod.planned or not self._worth_preloading(pod, now_s)):
+            wanted = r < 0 and adapter in pod.event_wanted
+            if wanted:
+                pod.event_wanted.discard(adapter)  # event_preloads chose what it displaces
+            elif r < 0 and (adapter not in pod.planned or not self._worth_preloading(pod, now_s)):
                 queue.popleft()  # the latest plan no longer wants it, or it would evict
                 continue  # an adapter in use a moment ago
             if adapter not in pod.gpu_adapters:
                 self._start_load(pod, p, adapter, now_s, r)
+                if wanted:
+                    pod.preloaded[adapter] = len(self.log.preload_used)
+                    self.log.preload_used.append(False)
+                    self.log.preload_at_s.append(now_s)
                 return
             if r < 0:
                 queue.popleft()

@@ -14,6 +14,11 @@ Owns the metric names (the ``--json`` keys) and their definitions:
 - ``load_wait_share``: share of pod time spent draining and loading adapters.
 - ``throughput_rps``: served requests over the replay's span.
 - ``distinct_adapters_per_pod``: mean distinct adapters each pod served.
+- with events delivered, ``events``: ``count`` (delivered), ``first_request_gpu_share``
+  and ``first_request_ttft_p95_ms`` (the first request carrying each delivered event's
+  id: found its adapter on the GPU; its TTFT), ``preloads`` (loads an event's Warmup
+  started) and ``preloads_unused_share`` (of those, the ones no request for that
+  adapter reached on that pod before it left the GPU or the replay ended).
 - ``convoy``: a cascade happened: some window had at least ``convoy_loads_per_pod_s``
   loads per pod per second while half or more of the pods were loading at once.
 
@@ -25,11 +30,14 @@ replay ended), rates over its length.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 
 from placement.settings import SimSettings
 from placement.sim.engine import COLD_LOAD, CPU_HIT, GPU_HIT, REJECTED, SimLog
 from placement.sim.pods import SimPod
+from placement.sim.workload import SimWorkload
 
 Metrics = dict[str, float | int | bool]
 
@@ -122,3 +130,32 @@ def compute_metrics(
     )
     metrics["plans"] = log.plans
     return metrics
+
+
+def event_metrics(
+    log: SimLog,
+    workload: SimWorkload,
+    event_at_s: Mapping[str, float],
+    *,
+    window: tuple[float, float] | None = None,
+) -> Metrics:
+    """The per-event figures of one replay (see the module's docstring)."""
+    lo, hi = window if window is not None else (-np.inf, np.inf)
+    delivered = {k for k in log.events if lo <= event_at_s.get(k, lo) <= hi}
+    first: dict[str, int] = {}
+    for r, event_id in enumerate(workload.event_ids):
+        if event_id is not None and event_id in delivered and event_id not in first:
+            first[event_id] = r
+    chosen = [r for r in first.values() if log.outcome[r] != REJECTED]
+    outcome = np.asarray([log.outcome[r] for r in chosen], dtype=np.int8)
+    ttft = np.asarray([log.ttft_ms[r] for r in chosen], dtype=float)
+    used = [u for u, at in zip(log.preload_used, log.preload_at_s, strict=True) if lo <= at <= hi]
+    return {
+        "count": len(delivered),
+        "first_request_gpu_share": round(
+            float((outcome == GPU_HIT).sum()) / max(len(chosen), 1), 6
+        ),
+        "first_request_ttft_p95_ms": round(_pct(ttft, 95), 3),
+        "preloads": len(used),
+        "preloads_unused_share": round(sum(1 for u in used if not u) / max(len(used), 1), 6),
+    }

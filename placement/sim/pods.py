@@ -47,6 +47,7 @@ class SimPod:
         "_hits",
         "_model",
         "busy_until",
+        "event_wanted",
         "free_slots",
         "ghosts",
         "gpu_adapters",
@@ -62,6 +63,7 @@ class SimPod:
         "max_loras",
         "planned",
         "pod_id",
+        "preloaded",
         "queue",
         "queue_depth",
         "recent",
@@ -110,6 +112,11 @@ class SimPod:
         #: The hot set the latest plan wants here: preloads follow it; only a
         #: counterfactual eviction policy protects it (vLLM's LRU does not).
         self.planned: frozenset[str] = frozenset()
+        #: Adapters an event's Warmup queued here and not yet started.
+        self.event_wanted: set[str] = set()
+        #: Adapters an event preloaded here, no request having reached them yet (each
+        #: with its index in the log's ``preload_used``); an eviction drops them.
+        self.preloaded: dict[str, int] = {}
         self.busy_until = 0.0
         self.last_used: dict[str, float] = {}
         self.uses: dict[str, int] = {}
@@ -201,12 +208,15 @@ class SimPod:
         for name in [n for n in self.gpu_adapters if n not in kept]:
             self.residencies_s.append(max(0.0, now_s - self.gpu_adapters.pop(name)))
             self.residency_ends_s.append(now_s)
+            self.preloaded.pop(name, None)
         for name in on_gpu:
             if name == pending:
                 if name not in self.gpu_adapters:
                     self.loading.add(name)
             elif name not in self.gpu_adapters and name not in self.loading:
                 self.gpu_adapters[name] = now_s
+        for name in [n for n in self.loading if n not in kept]:
+            self.preloaded.pop(name, None)
         self.loading.intersection_update(kept)
         if host_moved:  # a request off the GPU but in the host cache leaves it as it was
             self.registered = dict.fromkeys(model.in_host())

@@ -16,7 +16,8 @@ from placement.errors import InputError, Problem
 from placement.residency import engine_model
 from placement.settings import Settings
 from placement.sim.engine import FleetReplay, SimLog, SimRouter
-from placement.sim.figures import Metrics, compute_metrics
+from placement.sim.events import EventController, SimEvent
+from placement.sim.figures import Metrics, compute_metrics, event_metrics
 from placement.sim.planning import ReplayHistory, ReplayPlanning, TrueDemand
 from placement.sim.pods import PodSpec
 from placement.sim.routers import PLANNED, POLICIES, PlannedRouter, ReactiveRouter
@@ -32,6 +33,8 @@ class ReplayResult:
     log: SimLog
     pod_ids: tuple[str, ...]
     plan_sources: dict[str, int]
+    #: With events delivered (``--events``): ``event_metrics``; None otherwise.
+    event_figures: Metrics | None = None
 
 
 def pod_specs(fleet: Fleet) -> list[PodSpec]:
@@ -72,6 +75,7 @@ def _router(
     settings: Settings,
     eviction: EvictionPolicy,
     planning: ReplayPlanning | None,
+    events: EventController | None,
 ) -> SimRouter:
     if name not in PLANNED:
         return ReactiveRouter(name, replay, settings, eviction)
@@ -90,7 +94,10 @@ def _router(
         )
     # lorafleet cannot change how vLLM evicts: it runs on the engine's LRU unless a
     # counterfactual eviction is asked for (--eviction forecast: the engine it would want).
-    return PlannedRouter(name, replay, settings, eviction, planning=planning, history=history)
+    # Only lorafleet's controller hears events; the oracle's plan knows the future anyway.
+    return PlannedRouter(
+        name, replay, settings, eviction, planning=planning, history=history, events=events
+    )
 
 
 def run_policy(
@@ -103,6 +110,8 @@ def run_policy(
     planning: ReplayPlanning | None = None,
     replay_type: type[FleetReplay] = FleetReplay,
     window_s: tuple[float, float] | None = None,
+    events: Sequence[SimEvent] = (),
+    controller: EventController | None = None,
 ) -> ReplayResult:
     """Replay ``workload`` on a fresh ``fleet`` under policy ``name``; ``lorafleet`` and
     ``oracle`` plan with ``planning``. The figures are of ``window_s`` (replay seconds)
@@ -117,12 +126,17 @@ def run_policy(
         sim=settings.sim,
         load_cost=settings.load_cost,
         eviction_settings=EvictionSettings(),
+        events=list(events),
     )
-    router = _router(name, replay, settings, eviction, planning)
+    router = _router(name, replay, settings, eviction, planning, controller)
     log = replay.run(router)
     metrics = compute_metrics(
         log, replay.pods, workload.arrival_s, sim=settings.sim, window=window_s
     )
+    figures = None
+    if controller is not None:
+        at_s = {sim_event.event.id: sim_event.at_s for sim_event in events}
+        figures = event_metrics(log, workload, at_s, window=window_s)
     sources = router.plan_sources if isinstance(router, PlannedRouter) else {}
     return ReplayResult(
         policy=name,
@@ -131,6 +145,7 @@ def run_policy(
         log=log,
         pod_ids=tuple(spec.pod_id for spec in specs),
         plan_sources=sources,
+        event_figures=figures,
     )
 
 
@@ -143,6 +158,8 @@ def run_replay(
     eviction: EvictionPolicy = EvictionPolicy.LRU,
     planning: ReplayPlanning | None = None,
     window_s: tuple[float, float] | None = None,
+    events: Sequence[SimEvent] = (),
+    controller: EventController | None = None,
 ) -> list[ReplayResult]:
     """Every named policy on the same requests, in the order given."""
     check_policies(policies)
@@ -155,6 +172,8 @@ def run_replay(
             eviction=eviction,
             planning=planning,
             window_s=window_s,
+            events=events,
+            controller=controller,
         )
         for name in policies
     ]

@@ -18,11 +18,13 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from placement.domain import AdapterId, PodId, Tier
+from placement.domain import Action, AdapterId, PodId, Tier
 from placement.errors import LorafleetError
+from placement.forecast.event_preloads import Event
 from placement.plan import Plan
 from placement.settings import Settings
 from placement.sim.engine import FleetReplay
+from placement.sim.events import EventController
 from placement.sim.planning import ReplayHistory, ReplayPlanning, observed_plan
 from placement.sim.pods import SimPod
 from placement.solver.problem import Demand
@@ -163,6 +165,9 @@ class ReactiveRouter(_Base):
     def plan(self, now_s: float, replay: FleetReplay) -> dict[str, frozenset[str]] | None:
         return None
 
+    def on_event(self, event: Event, now_s: float, replay: FleetReplay) -> tuple[Action, ...]:
+        return ()  # a reactive router learns of demand from requests alone
+
 
 class PlannedRouter(_Base):
     """``lorafleet`` (forecast from history) or ``oracle`` (the true future).
@@ -182,8 +187,12 @@ class PlannedRouter(_Base):
         *,
         planning: ReplayPlanning,
         history: ReplayHistory,
+        events: EventController | None = None,
     ) -> None:
         super().__init__(name, replay, settings, eviction)
+        #: The webhook path (None: events are not delivered to this policy).
+        self.events = events
+        self.last_plan: Plan | None = None
         self.settings = settings
         self.planning = planning
         self.history = history
@@ -239,8 +248,18 @@ class PlannedRouter(_Base):
             self._count("failed (kept the last plan)")
             return dict(self.hot)
         self._count(plan.solver.status)
+        self.last_plan = plan
         self._follow(plan, demand)
         return dict(self.hot)
+
+    def on_event(self, event: Event, now_s: float, replay: FleetReplay) -> tuple[Action, ...]:
+        """The controller's webhook path: ``event_preloads`` on the engine models' views,
+        the latest plan and forecast, as ``Controller.on_event`` runs it."""
+        if self.events is None:
+            return ()
+        return self.events.decide(
+            event, self.pods, plan=self.last_plan, busy_rps=replay.forecast_rps
+        )
 
     def _count(self, source: str) -> None:
         self.plan_sources[source] = self.plan_sources.get(source, 0) + 1

@@ -8,7 +8,7 @@ default lengths. Pandas is used here once; the engine itself never touches it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 import numpy as np
@@ -32,6 +32,9 @@ class SimWorkload:
     prompt_tokens: list[int]
     output_tokens: list[int]
     size_bytes: dict[str, int]
+    #: The event each request was caused by (the log's optional ``event_id``); empty
+    #: when the log has no such column.
+    event_ids: list[str | None] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.arrival_s)
@@ -80,4 +83,16 @@ def workload_from_log(log: RequestLog, catalog: Catalog, *, bucket_s: float) -> 
         prompt_tokens=_column(frame, "prompt_tokens", DEFAULT_PROMPT_TOKENS),
         output_tokens=_column(frame, "output_tokens", DEFAULT_OUTPUT_TOKENS),
         size_bytes=sizes,
+        event_ids=_event_ids(frame),
     )
+
+
+def _event_ids(frame: pd.DataFrame) -> list[str | None]:
+    if "event_id" not in frame.columns:
+        return []
+    column = frame["event_id"].astype(object)
+    present = column.notna().to_numpy()
+    return [
+        str(value) if keep and str(value) else None
+        for value, keep in zip(column.to_numpy(), present, strict=True)
+    ]

@@ -63,3 +63,23 @@ def test_adapters_missing_from_the_catalog_are_named() -> None:
     frame = pd.DataFrame({"ts": [START], "adapter": ["ghost"]})
     with pytest.raises(InputError, match="not in the catalog: ghost"):
         workload_from_log(request_log_from_frame(frame), CATALOG, bucket_s=600)
+
+
+@pytest.mark.parametrize(
+    ("ids", "expected"),
+    [
+        (None, []),
+        (["e1", None, ""], [None, None, "e1"]),  # sorted: 0 s, 2 s, 5 s
+    ],
+    ids=["no-column", "some-requests-carry-one"],
+)
+def test_event_ids_follow_their_requests(
+    ids: list[str | None] | None, expected: list[str | None]
+) -> None:
+    frame = pd.DataFrame(
+        {"ts": [START + pd.Timedelta(seconds=s) for s in (5, 0, 2)], "adapter": ["b", "a", "a"]}
+    )
+    if ids is not None:
+        frame["event_id"] = ids
+    load = workload_from_log(request_log_from_frame(frame), CATALOG, bucket_s=600)
+    assert load.event_ids == expected

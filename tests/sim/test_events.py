@@ -1,0 +1,265 @@
+"""Events in a replay: delivered in time order, met by lorafleet's webhook path alone,
+their figures, and one line per event out of order or outside the log."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pandas as pd
+import pytest
+
+from placement.domain import (
+    Action,
+    Adapter,
+    AdapterId,
+    Catalog,
+    Engine,
+    Fleet,
+    Pipelines,
+    Pod,
+    PodId,
+    Pool,
+    PoolId,
+    TenantId,
+)
+from placement.errors import Problem
+from placement.forecast.event_preloads import Event, EventKind
+from placement.settings import Settings
+from placement.sim.engine import FleetReplay
+from placement.sim.events import EventController, SimEvent, sim_events
+from placement.sim.replay import ReplayResult, pod_specs, run_policy
+from placement.sim.routers import ReactiveRouter
+from placement.sim.wiring import replay_planning
+from placement.sim.workload import SimWorkload
+from placement.sizing import BUILTIN_MODELS
+from policies.eviction import EvictionPolicy
+from policies.routing import RouteDecision
+
+MB = 1_000_000
+GiB = 1 << 30
+START = datetime(2026, 3, 10, 9, tzinfo=UTC)
+MODEL = "llama-3.1-8b"
+TENANT = TenantId("acme")
+
+
+def workload(arrivals: list[tuple[float, str, str | None]]) -> SimWorkload:
+    arrivals = sorted(arrivals, key=lambda row: row[0])
+    return SimWorkload(
+        start=START,
+        arrival_s=[at for at, _, _ in arrivals],
+        adapters=[name for _, name, _ in arrivals],
+        prompt_tokens=[100] * len(arrivals),
+        output_tokens=[10] * len(arrivals),
+        size_bytes=dict.fromkeys({name for _, name, _ in arrivals}, 50 * MB),
+        event_ids=[event_id for _, _, event_id in arrivals],
+    )
+
+
+def fleet_of(count: int = 1) -> Fleet:
+    pods = tuple(
+        Pod(
+            name=PodId(f"pod-{i}"),
+            pool=PoolId("p"),
+            url=f"http://127.0.0.1:{18000 + i}",
+            engine=Engine.VLLM,
+            max_loras=4,
+            max_cpu_loras=8,
+            max_lora_rank=64,
+            hbm_adapter_bytes=GiB,
+            host_adapter_bytes=4 * GiB,
+            capacity_rps=10,
+        )
+        for i in range(count)
+    )
+    pool = Pool(
+        name=PoolId("p"),
+        base_model=MODEL,
+        served_model_name=MODEL,
+        engine=Engine.VLLM,
+        max_lora_rank=64,
+        dims=BUILTIN_MODELS[MODEL],
+        pods=pods,
+    )
+    return Fleet(pools=(pool,))
+
+
+def catalog_of(load: SimWorkload) -> Catalog:
+    return Catalog(
+        adapters=tuple(
+            Adapter(
+                name=AdapterId(name),
+                base_model=MODEL,
+                rank=16,
+                alpha=16.0,
+                target_modules=("q_proj", "v_proj"),
+                dtype="float16",
+                source=f"/adapters/{name}",
+                size_bytes=size,
+                tenant=TENANT if name.startswith("acme") else None,
+            )
+            for name, size in sorted(load.size_bytes.items())
+        )
+    )
+
+
+def login(event_id: str, at_s: float) -> SimEvent:
+    return SimEvent(at_s=at_s, event=Event(kind=EventKind.LOGIN, id=event_id, tenant=TENANT))
+
+
+#: Two busy adapters all along; acme logs in at 60 s and asks for its adapter at 100 s.
+LOGIN_LOAD = workload(
+    [(float(t), f"busy-{t % 2}", None) for t in range(0, 200)] + [(100.5, "acme-x", "e1")]
+)
+
+
+def replay_with_events(name: str, events: list[SimEvent]) -> ReplayResult:
+    settings = Settings()
+    fleet, catalog = fleet_of(), catalog_of(LOGIN_LOAD)
+    planning = replay_planning(catalog, fleet, settings=settings, planner="greedy")
+    controller = EventController.build(catalog, fleet, Pipelines(), max_loads=2)
+    return run_policy(
+        name,
+        LOGIN_LOAD,
+        fleet,
+        settings=settings,
+        planning=planning,
+        events=events,
+        controller=controller,
+    )
+
+
+class _Recording(ReactiveRouter):
+    """Round-robin that notes what reaches it, in the order it does."""
+
+    seen: list[str]
+
+    def route(self, adapter: str, now_s: float) -> RouteDecision:
+        self.seen.append(f"request {adapter} at {now_s:g}")
+        return super().route(adapter, now_s)
+
+    def on_event(self, event: Event, now_s: float, replay: FleetReplay) -> tuple[Action, ...]:
+        self.seen.append(f"event {event.id} at {now_s:g}")
+        return ()
+
+
+class TestDelivery:
+    def test_events_arrive_in_time_order_and_before_a_request_of_their_moment(self) -> None:
+        load = workload([(0.0, "a", None), (5.0, "a", "e2"), (9.0, "a", None)])
+        events = [login("e2", 5.0), login("e0", 0.0), login("e1", 2.5)]
+        settings = Settings()
+        replay = FleetReplay(
+            load,
+            pod_specs(fleet_of()),
+            sim=settings.sim,
+            load_cost=settings.load_cost,
+            events=events,
+        )
+        router = _Recording("round-robin", replay, settings, EvictionPolicy.LRU)
+        router.seen = []
+        replay.run(router)
+        assert router.seen == [
+            "event e0 at 0",
+            "request a at 0",
+            "event e1 at 2.5",
+            "event e2 at 5",
+            "request a at 5",
+            "request a at 9",
+        ]
+        assert replay.log.events == ["e0", "e1", "e2"]
+
+
+class TestLorafleetPreloads:
+    def test_lorafleet_preloads_on_a_login_and_reactive_policies_do_not(self) -> None:
+        lorafleet = replay_with_events("lorafleet", [login("e1", 60.0)])
+        epp = replay_with_events("epp", [login("e1", 60.0)])
+        assert lorafleet.event_figures is not None
+        assert epp.event_figures is not None
+        figures = {
+            key: lorafleet.event_figures[key]
+            for key in ("count", "first_request_gpu_share", "preloads", "preloads_unused_share")
+        }
+        assert figures == {
+            "count": 1,
+            "first_request_gpu_share": 1.0,
+            "preloads": 1,
+            "preloads_unused_share": 0.0,
+        }
+        assert epp.event_figures["count"] == 1
+        assert epp.event_figures["first_request_gpu_share"] == 0.0
+        assert epp.event_figures["preloads"] == 0
+        # The preloaded request skips the cold load EPP's first request waits for.
+        assert (
+            lorafleet.event_figures["first_request_ttft_p95_ms"]
+            < epp.event_figures["first_request_ttft_p95_ms"]
+        )
+
+    def test_a_preload_no_request_reaches_is_unused(self) -> None:
+        figures = replay_with_events("lorafleet", [login("e1", 60.0), login("e9", 150.0)])
+        assert figures.event_figures is not None
+        assert figures.event_figures["count"] == 2
+        # e9's login finds acme-x on the GPU already: nothing to preload.
+        assert figures.event_figures["preloads"] == 1
+
+    def test_the_same_events_leave_the_replay_deterministic(self) -> None:
+        first = replay_with_events("lorafleet", [login("e1", 60.0)])
+        again = replay_with_events("lorafleet", [login("e1", 60.0)])
+        assert first.metrics == again.metrics
+        assert first.event_figures == again.event_figures
+
+
+def _frame(*rows: tuple[str, str]) -> pd.DataFrame:
+    return pd.DataFrame(
+        [{"ts": ts, "kind": "login", "tenant": "acme", "event_id": eid} for ts, eid in rows]
+    )
+
+
+class TestProblems:
+    def parse(self, frame: pd.DataFrame) -> tuple[list[SimEvent], list[Problem]]:
+        return sim_events(
+            frame,
+            LOGIN_LOAD,
+            source="events.parquet",
+            catalog=catalog_of(LOGIN_LOAD),
+            pipelines=Pipelines(),
+        )
+
+    def test_in_order_events_inside_the_log_are_all_delivered(self) -> None:
+        events, problems = self.parse(
+            _frame(("2026-03-10T09:01:00Z", "e1"), ("2026-03-10T10:02:00+01:00", "e2"))
+        )
+        assert problems == []
+        assert [(e.at_s, e.event.id, e.event.tenant) for e in events] == [
+            (60.0, "e1", "acme"),
+            (120.0, "e2", "acme"),
+        ]
+
+    @pytest.mark.parametrize(
+        ("rows", "severity", "message"),
+        [
+            (
+                (("2026-03-10T09:02:00Z", "e1"), ("2026-03-10T09:01:00Z", "e2")),
+                "error",
+                "earlier than the event before it",
+            ),
+            ((("2026-03-10T08:00:00Z", "e1"),), "warning", "outside the request log"),
+            ((("2026-03-10T11:00:00Z", "e1"),), "warning", "outside the request log"),
+        ],
+        ids=["out-of-order", "before", "after"],
+    )
+    def test_one_line_per_bad_event(
+        self, rows: tuple[tuple[str, str], ...], severity: str, message: str
+    ) -> None:
+        events, problems = self.parse(_frame(*rows))
+        assert len(problems) == 1
+        assert problems[0].severity == severity
+        assert message in str(problems[0])
+        assert len(events) == len(rows) - 1
+
+
+def test_reactive_router_ignores_events() -> None:
+    settings = Settings()
+    replay = FleetReplay(
+        LOGIN_LOAD, pod_specs(fleet_of()), sim=settings.sim, load_cost=settings.load_cost
+    )
+    router = ReactiveRouter("epp", replay, settings, EvictionPolicy.LRU)
+    assert router.on_event(login("e1", 1.0).event, 1.0, replay) == ()
