@@ -11,6 +11,7 @@ from typing import Annotated
 import numpy as np
 import pandas as pd
 import typer
+import yaml
 from rich.table import Table
 
 from models.registry import forecaster_named
@@ -23,6 +24,7 @@ from placement.inputs.request_log import load_request_log
 from placement.settings import Settings
 from placement.sim.engine import COLD_LOAD, CPU_HIT, GPU_HIT
 from placement.sim.events import EventController, SimEvent, read_event_frame, sim_events
+from placement.sim.faults import FaultSchedule, parse_inline, parse_yaml, schedule
 from placement.sim.replay import ReplayResult, check_policies, run_replay
 from placement.sim.routers import PLANNED, POLICIES
 from placement.sim.wiring import PLANNERS, replay_planning
@@ -147,6 +149,20 @@ def replay_events(
     return events, controller
 
 
+def fault_schedule(spec: str, workload: SimWorkload, fleet: Fleet) -> FaultSchedule:
+    """``--faults``: a YAML file, or an inline spec; the same schedule for every policy."""
+    path = Path(spec)
+    if path.suffix.lower() in (".yaml", ".yml"):
+        try:
+            raw = yaml.safe_load(path.read_text())
+        except (OSError, yaml.YAMLError) as exc:
+            raise InputError([Problem(source=spec, message=f"cannot read: {exc}")]) from None
+        parsed = parse_yaml(raw, source=spec)
+    else:
+        parsed = parse_inline(spec)
+    return schedule(parsed, [str(pod.name) for pod in fleet.pods], workload.duration_s)
+
+
 def _json(result: ReplayResult) -> dict[str, object]:
     payload: dict[str, object] = dict(result.metrics)
     if result.event_figures is not None:
@@ -239,6 +255,13 @@ def replay(
     pipelines: Annotated[
         Path | None, typer.Option(help="pipelines.yaml: what each trigger and login leads to")
     ] = None,
+    faults: Annotated[
+        str | None,
+        typer.Option(
+            help="fault schedule every policy meets: a YAML file, or inline items such as"
+            " restart=pod-1@30m,outage=pod-2@1h+15,slow=3@2h+20,seed=7,restarts=2"
+        ),
+    ] = None,
     window_to: Annotated[
         str | None,
         typer.Option("--to", help="figures only for requests arriving until this ISO time"),
@@ -257,6 +280,7 @@ def replay(
         load_request_log(log), parsed_catalog, bucket_s=settings.forecast.bucket_s
     )
     window_s = figures_window(workload, window_from, window_to)
+    fault_plan = fault_schedule(faults, workload, parsed_fleet) if faults else None
     events: list[SimEvent] = []
     controller = None
     if events_path is not None:
@@ -281,6 +305,8 @@ def replay(
     if not as_json:
         described = planning.description if set(policy) & set(PLANNED) else "none"
         err().print(f"replaying {len(workload):,} requests; planning: {described}")
+        if fault_plan is not None:
+            err().print(f"faults: {fault_plan.describe()}")
     results = run_replay(
         workload,
         parsed_fleet,
@@ -291,6 +317,7 @@ def replay(
         window_s=window_s,
         events=events,
         controller=controller,
+        faults=fault_plan,
     )
     if out_log is not None:
         replayed_frame(workload, results).to_parquet(out_log, index=False)

@@ -35,6 +35,7 @@ from placement.forecast.event_preloads import Event
 from placement.residency import Effects
 from placement.settings import LoadCostSettings, SimSettings
 from placement.sim.events import SimEvent
+from placement.sim.faults import DOWN, RESTART, FaultSchedule
 from placement.sim.pods import PodSpec, SimPod, lru_victim
 from placement.sim.workload import SimWorkload
 from policies.eviction import (
@@ -46,7 +47,7 @@ from policies.eviction import (
 )
 from policies.routing import RouteDecision, RouteReason
 
-DONE, LOAD_DONE, RETRY, PLAN, EVENT = 0, 1, 2, 3, 4
+DONE, LOAD_DONE, RETRY, PLAN, EVENT, FAULT = 0, 1, 2, 3, 4, 5
 GPU_HIT, CPU_HIT, COLD_LOAD, REJECTED = 0, 1, 2, -1
 #: A request waiting on memory pressure is rejected after this many retries.
 MAX_RETRIES = 200
@@ -107,9 +108,13 @@ class FleetReplay:
         load_cost: LoadCostSettings,
         eviction_settings: EvictionSettings | None = None,
         events: list[SimEvent] | None = None,
+        faults: FaultSchedule | None = None,
     ) -> None:
         self.workload = workload
         self.events = events or []
+        self.faults = faults or FaultSchedule()
+        #: When each pod's load in flight lands (a restart waits for it).
+        self.load_end_s: dict[int, float] = {}
         self.pods = [SimPod(spec) for spec in specs]
         self.specs = specs
         self.index = {spec.pod_id: i for i, spec in enumerate(specs)}
@@ -152,6 +157,9 @@ class FleetReplay:
             heappush(heap, (0.0, PLAN, -1, -1))
         for k, sim_event in enumerate(self.events):
             heappush(heap, (sim_event.at_s, EVENT, -1, k))
+        for k, step in enumerate(self.faults.steps):
+            if step.pod_id in self.index:
+                heappush(heap, (step.at_s, FAULT, self.index[step.pod_id], k))
         i = 0
         while i < count or heap:
             if heap and (i >= count or heap[0][0] <= arrivals[i]):
@@ -165,6 +173,8 @@ class FleetReplay:
                     self._route(router, r, now_s)
                 elif kind == EVENT:
                     self._event(router, r, now_s)
+                elif kind == FAULT:
+                    self._fault(router, p, r, now_s)
                 else:
                     self._plan(router, now_s, scheduled=True)
                 continue
@@ -212,6 +222,32 @@ class FleetReplay:
             pod.queue.append(-1 - self._code(adapter))
             self._pump(p, now_s)
 
+    def _fault(self, router: SimRouter, p: int, k: int, now_s: float) -> None:
+        """A restart (or an outage's end) wipes the pod once its load in flight lands;
+        an outage's start takes it out of routing and sends its queue elsewhere. The
+        requests it runs finish either way."""
+        pod = self.pods[p]
+        kind = self.faults.steps[k].kind
+        if kind != DOWN and pod.load_adapter is not None:
+            heappush(self.heap, (self.load_end_s[p], FAULT, p, k))
+            return
+        if kind == DOWN:
+            pod.healthy = False
+            queued = [r for r in pod.queue if r >= 0]
+            pod.queue.clear()
+            pod.queue_depth = 0
+            pod.waiting_adapters.clear()
+            pod.event_wanted.clear()
+            for r in queued:
+                self.log.outcome[r] = REJECTED
+                self.log.pod[r] = -1
+                self._route(router, r, now_s)
+            return
+        pod.restart(now_s)
+        if kind != RESTART:
+            pod.healthy = True
+        self._pump(p, now_s)
+
     def _code(self, adapter: str) -> int:
         code = self.preload_code.get(adapter)
         if code is None:
@@ -255,7 +291,7 @@ class FleetReplay:
         queue = pod.queue
         adapters = self.workload.adapters
         max_seqs = self.sim.max_num_seqs
-        while queue and pod.load_adapter is None:
+        while queue and pod.load_adapter is None and pod.healthy:
             r = queue[0]
             adapter = adapters[r] if r >= 0 else self.preload_names[-1 - r]
             wanted = r < 0 and adapter in pod.event_wanted
@@ -367,12 +403,14 @@ class FleetReplay:
             if cold
             else cost.warm_load_ms(size, drain_ms=drain_ms)
         )
+        load_ms *= self.faults.load_factor(pod.pod_id, now_s)
         pod.load_adapter = adapter
         pod.load_cold = cold
         pod.gpu_util = 1.0
         if r >= 0 and self.log.outcome[r] == GPU_HIT:
             self.log.outcome[r] = COLD_LOAD if cold else CPU_HIT
         end_s = now_s + load_ms / 1000.0
+        self.load_end_s[p] = end_s
         self.log.loads.append((now_s, end_s, p, cold))
         heappush(self.heap, (end_s, LOAD_DONE, p, -1))
 

@@ -183,6 +183,21 @@ class SimPod:
         )
         return self._sync(effects, now_s=now_s, pending=adapter)
 
+    def restart(self, now_s: float) -> None:
+        """The engine restarted: it holds nothing (no load may be in flight)."""
+        for landed_s in self.gpu_adapters.values():
+            self.residencies_s.append(max(0.0, now_s - landed_s))
+            self.residency_ends_s.append(now_s)
+        self._hits.clear()
+        self._model.restart()
+        self.gpu_adapters = {}
+        self.registered = {}
+        self.ghosts = 0
+        self.loading.clear()
+        self.preloaded.clear()
+        self.event_wanted.clear()
+        self.free_slots = self.max_loras
+
     def touch(self, adapter: str) -> None:
         """A request for an adapter on a GPU slot: a hit, which refreshes both LRUs."""
         self._hits.add(adapter)

@@ -17,6 +17,7 @@ from placement.residency import engine_model
 from placement.settings import Settings
 from placement.sim.engine import FleetReplay, SimLog, SimRouter
 from placement.sim.events import EventController, SimEvent
+from placement.sim.faults import FaultSchedule
 from placement.sim.figures import Metrics, compute_metrics, event_metrics
 from placement.sim.planning import ReplayHistory, ReplayPlanning, TrueDemand
 from placement.sim.pods import PodSpec
@@ -112,6 +113,7 @@ def run_policy(
     window_s: tuple[float, float] | None = None,
     events: Sequence[SimEvent] = (),
     controller: EventController | None = None,
+    faults: FaultSchedule | None = None,
 ) -> ReplayResult:
     """Replay ``workload`` on a fresh ``fleet`` under policy ``name``; ``lorafleet`` and
     ``oracle`` plan with ``planning``. The figures are of ``window_s`` (replay seconds)
@@ -127,6 +129,7 @@ def run_policy(
         load_cost=settings.load_cost,
         eviction_settings=EvictionSettings(),
         events=list(events),
+        faults=faults,
     )
     router = _router(name, replay, settings, eviction, planning, controller)
     log = replay.run(router)
@@ -160,8 +163,10 @@ def run_replay(
     window_s: tuple[float, float] | None = None,
     events: Sequence[SimEvent] = (),
     controller: EventController | None = None,
+    faults: FaultSchedule | None = None,
 ) -> list[ReplayResult]:
-    """Every named policy on the same requests, in the order given."""
+    """Every named policy on the same requests (and events and faults), in the order
+    given."""
     check_policies(policies)
     return [
         run_policy(
@@ -174,6 +179,7 @@ def run_replay(
             window_s=window_s,
             events=events,
             controller=controller,
+            faults=faults,
         )
         for name in policies
     ]
