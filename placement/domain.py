@@ -121,6 +121,17 @@ class Pod:
 
 
 @dataclass(frozen=True, kw_only=True)
+class AdapterStorage:
+    """Where a pool's pods read adapters from on a cold load (fleet.yaml ``storage:``):
+    local NVMe, a network volume or object storage, at this bandwidth after this wait
+    for the first byte."""
+
+    kind: str
+    bytes_per_s: float
+    first_byte_ms: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
 class Pool:
     """Pods serving one base model with one engine."""
 
@@ -131,6 +142,8 @@ class Pool:
     max_lora_rank: int
     dims: ModelDims
     pods: tuple[Pod, ...]
+    #: None: the load-cost settings' storage bandwidth (local NVMe).
+    storage: AdapterStorage | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

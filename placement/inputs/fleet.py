@@ -15,7 +15,17 @@ from types import MappingProxyType
 from typing import Any
 
 from placement import sizing
-from placement.domain import VLLM_MAX_LORA_RANKS, Engine, Fleet, ModelDims, Pod, PodId, Pool, PoolId
+from placement.domain import (
+    VLLM_MAX_LORA_RANKS,
+    AdapterStorage,
+    Engine,
+    Fleet,
+    ModelDims,
+    Pod,
+    PodId,
+    Pool,
+    PoolId,
+)
 from placement.errors import Problem
 from placement.inputs.fields import (
     Reader,
@@ -112,6 +122,30 @@ def _pod(
     )
 
 
+STORAGE_KINDS = ("nvme", "volume", "object")
+
+
+def _storage(reader: Reader, raw: Any, *, entry: str) -> AdapterStorage | None:
+    """Optional ``storage: {kind, bandwidth_per_s: 200MB, first_byte_ms: 80}``."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        reader.add("expected a mapping", entry=entry, field_="storage")
+        return None
+    kind = reader.get(raw, "kind", as_text, entry=f"{entry}: storage", required=True)
+    if kind is not None and kind not in STORAGE_KINDS:
+        reader.add(f"expected one of {', '.join(STORAGE_KINDS)}", entry=entry, field_="storage")
+        kind = None
+    rate = reader.get(raw, "bandwidth_per_s", parse_bytes, entry=f"{entry}: storage", required=True)
+    if rate is not None and rate <= 0:
+        reader.add("must be above 0", entry=f"{entry}: storage", field_="bandwidth_per_s")
+        rate = None
+    first = reader.get(raw, "first_byte_ms", as_number, entry=f"{entry}: storage", default=0.0)
+    if kind is None or rate is None or first is None:
+        return None
+    return AdapterStorage(kind=kind, bytes_per_s=float(rate), first_byte_ms=first)
+
+
 def _pool(reader: Reader, raw: Any, *, index: int, base: Path) -> Pool | None:
     entry = f"pools[{index}]"
     if not isinstance(raw, dict):
@@ -157,6 +191,7 @@ def _pool(reader: Reader, raw: Any, *, index: int, base: Path) -> Pool | None:
             entry=entry,
             field_="served_model_name" if raw.get("served_model_name") else "base_model",
         )
+    storage = _storage(reader, raw.get("storage"), entry=entry)
     if name is None or base_model is None or engine is None or rank is None or dims is None:
         return None
     return Pool(
@@ -167,6 +202,7 @@ def _pool(reader: Reader, raw: Any, *, index: int, base: Path) -> Pool | None:
         max_lora_rank=rank,
         dims=dims,
         pods=tuple(pod for pod in pods if pod is not None),
+        storage=storage,
     )
 
 

@@ -398,11 +398,9 @@ class FleetReplay:
             drain_ms = min(cost.max_drain_ms, max(0.0, pod.busy_until - now_s) * 1000.0)
         effects = self._fetch(pod, adapter, now_s)
         cold = effects.cold
-        load_ms = (
-            cost.cold_load_ms(size, drain_ms=drain_ms)
-            if cold
-            else cost.warm_load_ms(size, drain_ms=drain_ms)
-        )
+        load_ms = cost.warm_load_ms(size, drain_ms=drain_ms)
+        if cold:
+            load_ms += self.fetch_ms(p, size)
         load_ms *= self.faults.load_factor(pod.pod_id, now_s)
         pod.load_adapter = adapter
         pod.load_cold = cold
@@ -413,6 +411,14 @@ class FleetReplay:
         self.load_end_s[p] = end_s
         self.log.loads.append((now_s, end_s, p, cold))
         heappush(self.heap, (end_s, LOAD_DONE, p, -1))
+
+    def fetch_ms(self, p: int, size_bytes: int) -> float:
+        """Reading an adapter from storage into host memory: the pool's storage (its
+        first byte, then its bandwidth) or, without one, the load-cost settings'."""
+        spec = self.specs[p]
+        if spec.storage_bytes_per_s is None:
+            return 1000.0 * size_bytes / self.load_cost.storage_to_host_bytes_per_s
+        return spec.first_byte_ms + 1000.0 * size_bytes / spec.storage_bytes_per_s
 
     def _fetch(self, pod: SimPod, adapter: str, now_s: float) -> Effects:
         """The engine model's load or request for ``adapter``, with the victim it evicts

@@ -38,6 +38,10 @@ class PodSpec:
     max_cpu_loras: int
     capacity_rps: float = 1.0
     engine: EngineModel = EngineModel.VLLM
+    #: The pool's adapter storage (fleet.yaml ``storage:``); None: the load-cost
+    #: settings' storage bandwidth.
+    storage_bytes_per_s: float | None = None
+    first_byte_ms: float = 0.0
 
 
 class SimPod:

@@ -44,6 +44,7 @@ def pod_specs(fleet: Fleet) -> list[PodSpec]:
         raise InputError(
             [Problem(source="fleet", message=f"replay models one pool; this fleet has: {names}")]
         )
+    storage = fleet.pools[0].storage
     return [
         PodSpec(
             pod_id=str(pod.name),
@@ -51,6 +52,8 @@ def pod_specs(fleet: Fleet) -> list[PodSpec]:
             max_cpu_loras=max(pod.max_cpu_loras, pod.max_loras),
             capacity_rps=pod.capacity_rps,
             engine=engine_model(pod.engine),
+            storage_bytes_per_s=storage.bytes_per_s if storage is not None else None,
+            first_byte_ms=storage.first_byte_ms if storage is not None else 0.0,
         )
         for pod in fleet.pods
     ]

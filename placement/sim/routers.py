@@ -70,10 +70,14 @@ def costs_for(replay: FleetReplay, settings: Settings) -> Costs:
     ) / 1e3
     sizes = sorted(workload.size_bytes.values()) or [0]
     size = sizes[len(sizes) // 2]
+    cold_s = cost.cold_load_ms(size, drain_ms=cost.expected_drain_ms) / 1e3
+    if replay.specs and replay.specs[0].storage_bytes_per_s is not None:  # the pool's storage
+        warm_ms = cost.warm_load_ms(size, drain_ms=cost.expected_drain_ms)
+        cold_s = (warm_ms + replay.fetch_ms(0, size)) / 1e3
     return Costs(
         per_request_s=service_s / sim.max_num_seqs,
         warm_load_s=cost.warm_load_ms(size, drain_ms=cost.expected_drain_ms) / 1e3,
-        cold_load_s=cost.cold_load_ms(size, drain_ms=cost.expected_drain_ms) / 1e3,
+        cold_load_s=cold_s,
         no_load_kv_usage=settings.router.no_load_kv_usage,
         reject_kv_usage=settings.router.reject_kv_usage,
     )
