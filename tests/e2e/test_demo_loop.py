@@ -74,7 +74,15 @@ def test_ctrl_c_leaves_no_process_behind(tmp_path: Path) -> None:
     command = [sys.executable, "-m", "placement", "demo", "--requests", "300", "--seconds", "60",
                "--workdir", str(tmp_path)]  # fmt: skip
     log = (tmp_path / "demo-stderr.txt").open("wb")
-    demo = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log)
+    # A shell that starts a job in the background (CI runners, nohup) ignores SIGINT in
+    # it, and a child inherits that: Python would then never raise KeyboardInterrupt.
+    # Ctrl-C reaches a demo in a terminal with the default disposition, so give it that.
+    demo = subprocess.Popen(
+        command,
+        stdout=subprocess.DEVNULL,
+        stderr=log,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # noqa: PLW1509
+    )
     try:
         deadline = time.monotonic() + 120
         while not (tmp_path / "router-round-robin.log").exists():
