@@ -60,6 +60,8 @@ class LoopHealth:
             if task.cancelled():
                 return f"the {self.name} loop stopped (cancelled)"
             error = task.exception()
+            if error is None:
+                return f"the {self.name} loop stopped"
             return f"the {self.name} loop stopped: {type(error).__name__}: {error}"
         started_s = self.round_started_s
         if started_s is not None and now_s - started_s > stall_s:
