@@ -29,7 +29,8 @@ from placement.inputs.files import read_text
 
 T = TypeVar("T")
 
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+#: Matched whole (``fullmatch``): ``$`` alone would accept a trailing newline.
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _BYTES = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
 _UNITS = {
     "b": 1,
@@ -67,7 +68,7 @@ def parse_bytes(value: object) -> int:
 
 
 def is_dns_label(name: str) -> bool:
-    return len(name) <= 63 and _DNS_LABEL.match(name) is not None
+    return len(name) <= 63 and _DNS_LABEL.fullmatch(name) is not None
 
 
 @dataclass
