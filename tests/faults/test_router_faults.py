@@ -362,5 +362,7 @@ def test_sigkill_loses_at_most_the_last_flush_interval_and_leaves_readable_files
         assert rotated, "the log rotated"
         JsonLinesRequestLog(target).close()  # cuts a half-written last line
         for path in [*rotated, target]:
+            if path.stat().st_size == 0:
+                continue  # killed just after a rotation: the new file holds no line yet
             load_request_log(path)  # strict: raises on a bad line
     assert LiveRequestLog(target).read().frame["tenant"].is_unique
