@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from placement.domain import AdapterId, TenantId
 from placement.errors import InputError, Problem
-from placement.synth.generate import Experiment, Login, Scenario
+from placement.synth.model import Experiment, Login, Scenario
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -31,6 +31,8 @@ class ScenarioFiles:
     fleet: Path
     pipelines: Path | None
     log: Path
+    #: Where ``lorafleet synth`` writes the event log beside ``log``.
+    events: Path
 
 
 class _Section(BaseModel):
@@ -58,6 +60,7 @@ class ExperimentSpec(_Section):
     of_top: int = Field(default=20, ge=1)
     suffix: str = "-experiment"
     split: float = Field(default=0.5, ge=0, le=1)
+    traffic_increase: float = Field(default=0.0, ge=0)
 
 
 class LoginSpec(_Section):
@@ -65,6 +68,7 @@ class LoginSpec(_Section):
     at_local: str = Field(pattern=r"^\d{1,2}:\d{2}$")
     requests: int = Field(default=30, ge=1)
     duration_s: float = Field(default=1800, gt=0)
+    per_login: int = Field(default=3, ge=1)
 
 
 class SessionSpec(_Section):
@@ -87,6 +91,7 @@ class ScenarioFile(_Section):
     fleet: str = "fleet.yaml"
     pipelines: str = "pipelines.yaml"
     log: str = "requests.parquet"
+    events: str = "events.parquet"
     start: datetime
     days: float = Field(default=1.0, gt=0)
     timezone: str = "UTC"
@@ -96,6 +101,7 @@ class ScenarioFile(_Section):
     business_hours: Hours = (9.0, 18.0)
     night_level: float = Field(default=0.15, ge=0, le=1)
     weekend_level: float = Field(default=0.3, ge=0)
+    profile: list[tuple[float, float]] = Field(default_factory=list)
     adapters: dict[str, AdapterOverride] = Field(default_factory=dict)
     sessions: SessionSpec = Field(default_factory=SessionSpec)
     pipelines_per_hour: dict[str, float] = Field(default_factory=dict)
@@ -104,6 +110,16 @@ class ScenarioFile(_Section):
     tokens: TokenSpec = Field(default_factory=TokenSpec)
 
     _hours = field_validator("business_hours")(_check_hours)
+
+    @field_validator("profile")
+    @classmethod
+    def _daily_curve(cls, value: list[tuple[float, float]]) -> list[tuple[float, float]]:
+        hours = [hour for hour, _ in value]
+        if any(not 0 <= hour < 24 for hour in hours) or len(set(hours)) != len(hours):
+            raise ValueError("expected [hour, level] points with distinct hours in [0, 24)")
+        if any(level < 0 for _, level in value) or (value and max(v for _, v in value) <= 0):
+            raise ValueError("expected levels of at least 0, and one above 0")
+        return value
 
     @field_validator("timezone")
     @classmethod
@@ -131,6 +147,7 @@ class ScenarioFile(_Section):
             business_hours=self.business_hours,
             night_level=self.night_level,
             weekend_level=self.weekend_level,
+            profile=tuple((float(hour), float(level)) for hour, level in self.profile),
             weights=MappingProxyType(
                 {AdapterId(k): v.weight for k, v in self.adapters.items() if v.weight}
             ),
@@ -150,12 +167,17 @@ class ScenarioFile(_Section):
                     at_local=x.at_local,
                     requests=x.requests,
                     duration_s=x.duration_s,
+                    per_login=x.per_login,
                 )
                 for x in self.logins
             ),
             experiments=tuple(
                 Experiment(
-                    start=self.moment(x.start), of_top=x.of_top, suffix=x.suffix, split=x.split
+                    start=self.moment(x.start),
+                    of_top=x.of_top,
+                    suffix=x.suffix,
+                    split=x.split,
+                    traffic_increase=x.traffic_increase,
                 )
                 for x in self.experiments
             ),
@@ -210,4 +232,5 @@ def load_scenario(path: str | os.PathLike[str]) -> ScenarioFiles:
         fleet=files["fleet"],
         pipelines=pipelines if pipelines.is_file() else None,
         log=folder / spec.log,
+        events=folder / spec.events,
     )

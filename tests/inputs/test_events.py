@@ -1,0 +1,222 @@
+"""Event logs: what synth writes beside a request log, and what validate says of a bad one."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from placement.cli import app
+from placement.errors import InputError
+from placement.inputs import load_catalog, load_fleet, load_pipelines
+from placement.inputs.events import (
+    EVENT_COLUMNS,
+    KnownNames,
+    check_events,
+    load_events,
+    problems_in,
+    write_events,
+)
+from placement.synth.generate import SyntheticLog, generate
+from placement.synth.scenario import load_scenario
+
+runner = CliRunner()
+DATA = Path(__file__).resolve().parents[2] / "data"
+
+
+def _synth(scenario: str, **changes: object) -> SyntheticLog:
+    files = load_scenario(DATA / scenario / "scenario.yaml")
+    catalog = load_catalog(files.catalog, fleet=load_fleet(files.fleet))
+    pipelines = load_pipelines(files.pipelines, catalog=catalog) if files.pipelines else None
+    spec = replace(files.scenario, **changes)
+    return generate(spec, catalog, rng=np.random.default_rng(5), pipelines=pipelines)
+
+
+@pytest.fixture(scope="module")
+def war_story() -> SyntheticLog:
+    """A day of the war story at a tenth of its load: pipelines and logins."""
+    return _synth("war-story", requests_per_minute=140, days=1.0)
+
+
+class TestTheEventLogSynthWrites:
+    def test_columns_kinds_and_order(self, war_story: SyntheticLog) -> None:
+        events = war_story.events
+        assert tuple(events.columns) == EVENT_COLUMNS
+        assert set(events["kind"]) == {"pipeline", "login"}
+        assert events["ts"].is_monotonic_increasing
+        assert events["event_id"].is_unique
+        pipeline = events[events["kind"] == "pipeline"]
+        assert set(pipeline["trigger"]) == {"document.uploaded"}
+        assert set(pipeline["tenant"]) == {"tenant-05"}  # doc-classifier-v2's tenant
+        logins = events[events["kind"] == "login"]
+        assert logins["trigger"].isna().all()
+        assert set(logins["tenant"]) == {"tenant-03"}
+
+    def test_every_caused_request_names_an_earlier_event(self, war_story: SyntheticLog) -> None:
+        requests, events = war_story.requests, war_story.events
+        caused = requests[requests["event_id"].notna()]
+        assert len(caused) > 0
+        when = events.set_index("event_id")["ts"]
+        assert set(caused["event_id"]) <= set(when.index)
+        assert (caused["ts"].to_numpy() >= when.loc[caused["event_id"]].to_numpy()).all()
+
+    def test_events_lead_to_their_adapters(self, war_story: SyntheticLog) -> None:
+        requests, events = war_story.requests, war_story.events
+        kind = events.set_index("event_id")["kind"]
+        caused = requests[requests["event_id"].notna()]
+        by_kind = caused.groupby(caused["event_id"].map(kind))["adapter"].agg(
+            lambda names: set(map(str, names))
+        )
+        assert by_kind["pipeline"] <= {
+            "doc-classifier-v2",
+            "legal-extract-v3",
+            "medical-extract-v1",
+        }
+        assert by_kind["login"] == {"code-reviewer-xl"}
+        # A login brings a user's few requests; a pipeline event its steps.
+        assert caused.groupby("event_id").size().max() <= 3
+
+    def test_events_lie_within_the_requests_span(self, war_story: SyntheticLog) -> None:
+        known = KnownNames(
+            triggers=frozenset({"document.uploaded"}),
+            tenants=frozenset({"tenant-03", "tenant-05"}),
+            span=(war_story.requests["ts"].min(), war_story.requests["ts"].max()),
+        )
+        assert problems_in(war_story.events, "events", known) == []
+
+    def test_a_scenario_without_events_has_no_event_column(self) -> None:
+        synthetic = _synth("saas-50", days=0.05)
+        assert "event_id" not in synthetic.requests.columns
+        assert synthetic.events.empty
+
+    def test_synth_writes_the_events_beside_the_log(self, tmp_path: Path) -> None:
+        out = tmp_path / "requests.parquet"
+        scenario = str(DATA / "legal-research" / "scenario.yaml")
+        result = runner.invoke(app, ["synth", scenario, "--days", "1", "-o", str(out)])
+        assert result.exit_code == 0, result.output
+        events = load_events(tmp_path / "requests.events.parquet")
+        requests = pd.read_parquet(out)
+        assert set(requests["event_id"].dropna()) <= set(events.frame["event_id"])
+        assert "events" in result.output
+
+    @pytest.mark.parametrize("suffix", [".parquet", ".csv", ".jsonl"])
+    def test_each_format_reads_back(
+        self, war_story: SyntheticLog, tmp_path: Path, suffix: str
+    ) -> None:
+        path = tmp_path / f"events{suffix}"
+        write_events(war_story.events, path)
+        read = load_events(path).frame
+        assert read["event_id"].tolist() == war_story.events["event_id"].tolist()
+        assert (read["ts"] == war_story.events["ts"]).all()
+        assert read["trigger"].isna().sum() == war_story.events["trigger"].isna().sum()
+
+
+HEADER = "ts,kind,trigger,tenant,event_id\n"
+GOOD = "2026-03-09T13:00:00Z,login,,firm-east,login-1\n"
+
+
+def _inputs(tmp_path: Path, events: str) -> list[str]:
+    folder = DATA / "legal-research"
+    path = tmp_path / "events.csv"
+    path.write_text(events)
+    return [
+        "validate",
+        *("--catalog", str(folder / "catalog.yaml"), "--fleet", str(folder / "fleet.yaml")),
+        *("--pipelines", str(folder / "pipelines.yaml")),
+        *("--log", str(folder / "requests.parquet"), "--events", str(path)),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("rows", "expected"),
+    [
+        pytest.param(
+            "2026-03-09T13:00:00Z,pipeline,invoice.scanned,firm-east,p-1\n",
+            "trigger 'invoice.scanned' is not in pipelines.yaml (1 event, row 3)",
+            id="unknown-trigger",
+        ),
+        pytest.param(
+            "2026-03-09T13:01:00Z,login,,firm-north,l-2\n2026-03-09T13:02:00Z,login,,firm-north,l-3\n",
+            "tenant 'firm-north' is neither in the catalog nor in pipelines.yaml's logins"
+            " (2 events, rows 3, 4)",
+            id="unknown-tenant",
+        ),
+        pytest.param(
+            "2026-03-09T12:00:00Z,login,,firm-west,l-2\n",
+            "row 3: ts: 1 events earlier than the row before (not in time order)",
+            id="out-of-order",
+        ),
+        pytest.param(
+            "2026-03-09T13:05:00Z,login,,firm-west,login-1\n",
+            "1 ids used more than once ('login-1') in rows 2, 3",
+            id="repeated-id",
+        ),
+        pytest.param(
+            "2026-03-09T13:05:00Z,logout,,firm-west,l-2\n",
+            "row 3: kind: 1 unknown kinds (expected pipeline or login)",
+            id="unknown-kind",
+        ),
+        pytest.param(
+            "2026-03-09T13:05:00Z,pipeline,,firm-west,l-2\n",
+            "row 3: trigger: 1 pipeline events without a trigger",
+            id="pipeline-without-trigger",
+        ),
+        pytest.param(
+            "yesterday,login,,firm-west,l-2\n",
+            "row 3: ts: 1 unparsable timestamps",
+            id="bad-time",
+        ),
+    ],
+)
+def test_validate_says_each_problem_in_one_line(tmp_path: Path, rows: str, expected: str) -> None:
+    result = runner.invoke(app, _inputs(tmp_path, HEADER + GOOD + rows))
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, result.output
+    assert expected in lines[0]
+    assert "Traceback" not in result.output
+
+
+def test_events_outside_the_log_are_a_warning(tmp_path: Path) -> None:
+    late = "2026-04-01T13:00:00Z,login,,firm-west,l-2\n"
+    result = runner.invoke(app, _inputs(tmp_path, HEADER + GOOD + late))
+    assert result.exit_code == 0, result.output
+    assert "1 events after the request log's last request" in result.output
+    assert "a replay never delivers them" in result.output
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        pytest.param(
+            "ts,kind\n2026-03-09T13:00:00Z,login\n",
+            "missing required column 'event_id'",
+            id="column",
+        ),
+        pytest.param("", "cannot read", id="empty-file"),
+    ],
+)
+def test_an_unreadable_event_log_is_one_line(tmp_path: Path, text: str, expected: str) -> None:
+    result = runner.invoke(app, _inputs(tmp_path, text))
+    assert result.exit_code == 2
+    assert expected in result.output
+    assert "Traceback" not in result.output
+
+
+def test_load_events_raises_every_error_and_keeps_warnings_quiet(tmp_path: Path) -> None:
+    path = tmp_path / "events.csv"
+    path.write_text(HEADER + GOOD + "2026-03-09T12:00:00Z,party,,x,login-1\n")
+    with pytest.raises(InputError) as raised:
+        load_events(path)
+    messages = [problem.message for problem in raised.value.problems]
+    assert len(messages) == 3  # out of order, unknown kind, repeated id
+    late = KnownNames(
+        span=(pd.Timestamp("2026-03-01", tz="UTC"), pd.Timestamp("2026-03-02", tz="UTC"))
+    )
+    path.write_text(HEADER + GOOD)
+    assert len(load_events(path, late)) == 1
+    assert [p.severity for p in check_events(path, late)] == ["warning"]
