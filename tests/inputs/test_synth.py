@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -10,8 +12,9 @@ import pytest
 from typer.testing import CliRunner
 
 from placement.cli import app
+from placement.domain import Adapter, AdapterId, Catalog, TenantId
 from placement.inputs import load_catalog, load_fleet, load_pipelines
-from placement.synth.generate import generate
+from placement.synth.generate import Experiment, Scenario, generate
 from placement.synth.scenario import load_scenario
 
 runner = CliRunner()
@@ -23,23 +26,46 @@ def war_story(tmp_path_factory: pytest.TempPathFactory) -> pd.DataFrame:
     files = load_scenario(folder / "scenario.yaml")
     catalog = load_catalog(files.catalog, fleet=load_fleet(files.fleet))
     pipelines = load_pipelines(folder / "pipelines.yaml", catalog=catalog)
-    from dataclasses import replace
-
     scenario = replace(files.scenario, requests_per_minute=40)
-    return generate(scenario, catalog, rng=np.random.default_rng(3), pipelines=pipelines)
+    return generate(scenario, catalog, rng=np.random.default_rng(3), pipelines=pipelines).requests
 
 
-def test_same_seed_writes_the_same_log(tmp_path: Path, repo_root: Path) -> None:
+def test_same_seed_writes_the_same_log_and_events(tmp_path: Path, repo_root: Path) -> None:
     scenario = str(repo_root / "data" / "legal-research" / "scenario.yaml")
-    for name in ("a.parquet", "b.parquet"):
+    for name in ("a", "b", "c"):
+        seed = "8" if name == "c" else "7"
         result = runner.invoke(
-            app, ["synth", scenario, "--days", "0.5", "--seed", "7", "-o", str(tmp_path / name)]
+            app,
+            [
+                "synth",
+                scenario,
+                "--days",
+                "1",
+                "--seed",
+                seed,
+                "-o",
+                str(tmp_path / f"{name}.parquet"),
+            ],
         )
         assert result.exit_code == 0, result.output
-    assert (tmp_path / "a.parquet").read_bytes() == (tmp_path / "b.parquet").read_bytes()
-    other = tmp_path / "c.parquet"
-    runner.invoke(app, ["synth", scenario, "--days", "0.5", "--seed", "8", "-o", str(other)])
-    assert other.read_bytes() != (tmp_path / "a.parquet").read_bytes()
+    for suffix in (".parquet", ".events.parquet"):
+        same = (tmp_path / f"a{suffix}").read_bytes()
+        assert same == (tmp_path / f"b{suffix}").read_bytes(), suffix
+        assert same != (tmp_path / f"c{suffix}").read_bytes(), suffix
+
+
+@pytest.mark.parametrize("scenario", ["code-assistant", "legal-research"])
+def test_the_shipped_logs_are_what_seed_1_writes(repo_root: Path, scenario: str) -> None:
+    """data/ is generated with ``--seed 1`` (the two small scenarios are checked here;
+    the war story and saas-50 take seconds each to generate)."""
+    folder = repo_root / "data" / scenario
+    files = load_scenario(folder / "scenario.yaml")
+    catalog = load_catalog(files.catalog, fleet=load_fleet(files.fleet))
+    pipelines = load_pipelines(files.pipelines, catalog=catalog) if files.pipelines else None
+    synthetic = generate(files.scenario, catalog, rng=np.random.default_rng(1), pipelines=pipelines)
+    shipped = pd.read_parquet(folder / "requests.parquet")
+    assert len(synthetic.requests) == len(shipped)
+    assert (synthetic.requests["ts"].to_numpy() == shipped["ts"].to_numpy()).all()
 
 
 def test_popularity_is_a_power_law(war_story: pd.DataFrame) -> None:
@@ -106,3 +132,58 @@ def test_bad_scenario_is_reported(tmp_path: Path, body: str, expected: str) -> N
     assert result.exit_code == 2
     assert expected in result.output
     assert "Traceback" not in result.output
+
+
+def _small(**changes: object) -> tuple[Scenario, Catalog]:
+    catalog = Catalog(
+        adapters=tuple(
+            Adapter(
+                name=AdapterId(f"a{i}"),
+                base_model="llama-3.1-8b",
+                rank=8,
+                alpha=8,
+                target_modules=("q_proj", "v_proj"),
+                dtype="float16",
+                source=f"/adapters/a{i}",
+                size_bytes=10_000_000,
+                tenant=TenantId(f"t{i}"),
+            )
+            for i in range(4)
+        )
+    )
+    scenario = Scenario(
+        name="small",
+        start=datetime(2026, 3, 9, 5, tzinfo=UTC),  # Monday 00:00 in New York
+        days=7,
+        requests_per_minute=30,
+        timezone="America/New_York",
+        interarrival_cv=1.0,
+    )
+    return replace(scenario, **changes), catalog
+
+
+def test_a_week_has_weekends_at_the_weekend_level() -> None:
+    scenario, catalog = _small(weekend_level=0.2)
+    requests = generate(scenario, catalog, rng=np.random.default_rng(1)).requests
+    local = requests["ts"].dt.tz_convert("America/New_York")
+    per_day = local.dt.dayofweek.value_counts().sort_index()
+    weekend, weekday = per_day.loc[[5, 6]].mean(), per_day.loc[[0, 1, 2, 3, 4]].mean()
+    assert 0.17 < weekend / weekday < 0.23
+
+
+def test_a_daily_profile_shapes_the_hours() -> None:
+    profile = ((0.0, 0.1), (6.0, 0.1), (15.0, 1.0), (20.0, 0.1))
+    scenario, catalog = _small(days=1, profile=profile)
+    requests = generate(scenario, catalog, rng=np.random.default_rng(1)).requests
+    hours = requests["ts"].dt.tz_convert("America/New_York").dt.hour.value_counts()
+    assert hours.loc[15] > 6 * hours.loc[3]
+    assert hours.loc[15] > 1.5 * hours.loc[10]
+
+
+def test_an_experiment_adds_its_traffic_increase() -> None:
+    start = datetime(2026, 3, 9, 17, tzinfo=UTC)  # 12 hours in
+    experiment = Experiment(start=start, of_top=2, split=0.5, traffic_increase=0.5)
+    scenario, catalog = _small(days=1, profile=((0.0, 1.0),), experiments=(experiment,))
+    requests = generate(scenario, catalog, rng=np.random.default_rng(1)).requests
+    after = requests["ts"] >= pd.Timestamp(start)
+    assert 1.4 < after.sum() / (~after).sum() < 1.6
