@@ -5,6 +5,7 @@ from __future__ import annotations
 from placement.cli import (
     apply_cmds,  # noqa: F401  (registers apply)
     controller_cmds,  # noqa: F401  (registers controller, rollback)
+    convert_cmds,  # noqa: F401  (registers convert servegen)
     demo_cmds,  # noqa: F401  (registers demo)
     emulate_cmds,  # noqa: F401  (registers emulate)
     forecast_cmds,  # noqa: F401  (registers forecast, backtest)
