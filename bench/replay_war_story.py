@@ -1,12 +1,17 @@
 """Replay the war story (data/war-story) under every policy and print the table.
 
-Three days, 8 pods x 4 GPU slots, 40 adapters; on Thursday 10:15 an A/B test adds 20
-variants (60 active). Prints, per policy, the whole-run metrics, the same figures for
-the 4 hours after the experiment starts, and the replay speed (requests per minute
-of wall time). Baselines in the same run, as ratios: loads of round-robin and EPP
-over lorafleet's, lorafleet's hit-rate gap and TTFT p95 ratio to the oracle.
+Three days to Thursday 12 March 2026, 8 pods x 4 GPU slots, 40 adapters; on Thursday
+10:15 (EDT, -04:00) an A/B test adds 20 variants (60 active). Prints, per policy, the
+whole-run metrics, the same figures for the 4 hours after the experiment starts, and
+the replay speed (requests per minute of wall time). Baselines in the same run, as
+ratios: loads of round-robin and EPP over lorafleet's, lorafleet's hit-rate gap and
+TTFT p95 ratio to the oracle.
 
-    .venv/bin/python bench/replay_war_story.py [--planner solver|greedy] [--hours H]
+``--calibration`` replays EPP alone and prints the article's timeline beside the
+simulator's (``war_story_windows``): the figures the scenario was calibrated on.
+
+    .venv/bin/python bench/replay_war_story.py [--planner solver|greedy] [--policy P ...]
+    .venv/bin/python bench/replay_war_story.py --calibration [--data DIR]
 """
 
 from __future__ import annotations
@@ -18,7 +23,16 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from replay_targets import print_target_ratios
+from war_story_windows import (
+    ARTICLE,
+    TimedReplay,
+    Window,
+    article_windows,
+    window_figures,
+    within,
+)
 
+from placement.domain import Catalog, Fleet
 from placement.inputs import load_catalog, load_fleet
 from placement.inputs.request_log import load_request_log
 from placement.settings import Settings
@@ -28,7 +42,7 @@ from placement.sim.wiring import PLANNERS, replay_planning
 from placement.sim.workload import SimWorkload, workload_from_log
 
 DATA = Path("data/war-story")
-EXPERIMENT = pd.Timestamp("2026-03-12T10:15:00-05:00")
+EXPERIMENT = pd.Timestamp("2026-03-12T10:15:00-04:00")
 
 
 def window(
@@ -48,16 +62,78 @@ def window(
     }
 
 
+def _load(data: Path, settings: Settings) -> tuple[Fleet, Catalog, SimWorkload]:
+    fleet = load_fleet(data / "fleet.yaml")
+    catalog = load_catalog(data / "catalog.yaml", fleet=fleet)
+    log = load_request_log(data / "requests.parquet")
+    return fleet, catalog, workload_from_log(log, catalog, bucket_s=settings.forecast.bucket_s)
+
+
+class _Keep(TimedReplay):
+    """The replay ``run_policy`` builds, kept for its eviction times."""
+
+    last: TimedReplay | None = None
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)
+        _Keep.last = self
+
+
+def calibration(data: Path) -> None:
+    """EPP on the whole log; the article's figures beside the simulator's."""
+    settings = Settings()
+    fleet, _, load = _load(data, settings)
+    began = time.perf_counter()
+    result = run_policy("epp", load, fleet, settings=settings, replay_type=_Keep)
+    replay = _Keep.last
+    assert replay is not None
+    print(f"epp on {len(load):,} requests in {time.perf_counter() - began:.0f} s")
+    windows = {w.name: w for w in article_windows()}
+    wednesday = Window(
+        name="Wednesday 14:00-16:00 (40 adapters)",
+        start=pd.Timestamp("2026-03-11T14:00:00-04:00"),
+        end=pd.Timestamp("2026-03-11T16:00:00-04:00"),
+    )
+    figures = {
+        name: window_figures(
+            load,
+            result.log,
+            replay,
+            pods=len(fleet.pods),
+            window=w,
+            prefill_ms_per_token=settings.sim.prefill_ms_per_token,
+        )
+        for name, w in [*windows.items(), (wednesday.name, wednesday)]
+    }
+    print("\n| figure | window | article | simulator | within 30% |\n|---|---|---|---|---|")
+    for name, key, value, words in ARTICLE:
+        measured = figures[name][key]
+        mark = "yes" if within(key, measured, value) else "no"
+        print(f"| {words} | {name} | {value:g} | {measured:.4g} | {mark} |")
+    print(
+        "\n| window | req/s | GPU hit | swaps/s/pod | residency p50 s | slot-time p50 s"
+        " | TTFT p95 ms | critical pods |\n|---|---|---|---|---|---|---|---|"
+    )
+    for name, f in figures.items():
+        print(
+            f"| {name} | {f['req_per_s']:.1f} | {f['hit']:.3f} | {f['swaps']:.3f} |"
+            f" {f['residency_p50_s']:.1f} | {f['residency_slot_p50_s']:.0f} |"
+            f" {f['ttft_p95_ms']:.0f} | {f['critical_pods']} |"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--planner", choices=PLANNERS, default="solver")
     parser.add_argument("--policy", action="append", default=None)
+    parser.add_argument("--calibration", action="store_true")
+    parser.add_argument("--data", type=Path, default=DATA)
     args = parser.parse_args()
+    if args.calibration:
+        calibration(args.data)
+        return
     settings = Settings()
-    fleet = load_fleet(DATA / "fleet.yaml")
-    catalog = load_catalog(DATA / "catalog.yaml", fleet=fleet)
-    log = load_request_log(DATA / "requests.parquet")
-    load = workload_from_log(log, catalog, bucket_s=settings.forecast.bucket_s)
+    fleet, catalog, load = _load(args.data, settings)
     planning = replay_planning(catalog, fleet, settings=settings, planner=args.planner)
     experiment_s = (EXPERIMENT - pd.Timestamp(load.start)).total_seconds()
     print(
