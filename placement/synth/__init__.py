@@ -1,1 +1,2 @@
-"""Synthetic workloads: ``scenario.yaml`` parsed, and request logs generated from it."""
+"""Synthetic workloads: ``scenario.yaml`` parsed, request and event logs generated from it,
+and public traces (ServeGen client folders) turned into request logs."""
