@@ -14,6 +14,19 @@ Adapter existence: a ``lora_path`` is missing when it matches ``missing_pattern`
 (``/``, ``./``, ``../``, ``~`` or ``file://``) that does not exist. A local PEFT
 directory gives the adapter's size (its files) and rank (``r`` in
 ``adapter_config.json``); anything else has ``default_adapter_bytes`` and no rank.
+
+Where the weights come from (``storage``): neither engine fetches from a bucket itself.
+vLLM reads ``lora_path`` as a local directory (or a Hugging Face repo it downloads), and
+for a name it does not know asks its LoRA resolver plugins (``vllm/lora/resolver.py``;
+the filesystem resolver, ``vllm/plugins/lora_resolvers/filesystem_resolver.py``, looks
+under ``VLLM_LORA_RESOLVER_CACHE_DIR``); SGLang's ``LoRAManager.load_lora_adapter``
+(``python/sglang/srt/lora/lora_manager.py``) reads the path it is given. A pool whose
+adapters live on a network volume or in object storage reaches them through such a
+path (a mount, a bucket behind FUSE, a resolver that downloads), so a cold read waits
+for that storage: its first byte, then size / bandwidth. That time is the storage's,
+not the engine's: with ``storage`` set, a cold read takes ``Latency.load_ms`` (the
+engine's own fixed part) plus the storage's fetch, in place of ``load_ms_per_mb`` (the
+read rate of local NVMe, what a pool without ``storage`` keeps).
 """
 
 from __future__ import annotations
@@ -23,7 +36,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from placement.domain import VLLM_MAX_LORA_RANKS, Engine
+from placement.domain import VLLM_MAX_LORA_RANKS, AdapterStorage, Engine
 from placement.residency import EngineModel, engine_model
 
 MB = 1_000_000
@@ -104,8 +117,29 @@ class PodConfig:
     default_adapter_bytes: int = 50 * MB
     kv_capacity_tokens: int = 65536
     latency: Latency = field(default_factory=Latency)
+    #: Where cold reads fetch adapters from (fleet.yaml's pool ``storage``); None: local
+    #: NVMe at ``latency.load_ms_per_mb``.
+    storage: AdapterStorage | None = None
     faults: Faults = field(default_factory=Faults)
     seed: int = 0
+
+    def cold_read_ms(self, size_bytes: int) -> float:
+        """Milliseconds to read an adapter that is not in host memory: the engine's fixed
+        part, then the storage's first byte and transfer (or NVMe's per-MB rate)."""
+        if self.storage is None:
+            return self.latency.cold_ms(size_bytes)
+        fetch_ms = self.storage.first_byte_ms + 1000.0 * size_bytes / self.storage.bytes_per_s
+        return self.latency.load_ms + fetch_ms
+
+    def storage_stats(self) -> dict[str, object] | None:
+        """Where cold reads fetch from, as ``/admin/stats`` shows it (None: local NVMe)."""
+        if self.storage is None:
+            return None
+        return {
+            "kind": self.storage.kind,
+            "bandwidth_per_s": self.storage.bytes_per_s,
+            "first_byte_ms": self.storage.first_byte_ms,
+        }
 
     @property
     def cpu_slots(self) -> int:
@@ -139,6 +173,11 @@ class PodConfig:
             found.append(f"engine model {self.model.value} does not speak {self.engine.value}")
         if self.sglang_dp_size < 1:
             found.append(f"dp_size must be at least 1, got {self.sglang_dp_size}")
+        storage = self.storage
+        if storage is not None and not storage.bytes_per_s > 0:
+            found.append(f"storage bandwidth must be above 0, got {storage.bytes_per_s}")
+        if storage is not None and not storage.first_byte_ms >= 0:
+            found.append(f"storage first_byte_ms must be 0 or more, got {storage.first_byte_ms}")
         return found
 
 

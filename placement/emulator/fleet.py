@@ -33,7 +33,7 @@ from fastapi import FastAPI
 
 from placement.domain import Engine, Fleet, ModelDims, Pod, PodId, Pool, PoolId
 from placement.emulator.config import PodConfig
-from placement.emulator.pod import EmulatedPod
+from placement.emulator.pod import EmulatedPod, Sleep
 from placement.emulator.sglang_app import create_sglang_app
 from placement.emulator.vllm_app import create_vllm_app
 
@@ -95,12 +95,14 @@ def build_pod(
     *,
     url: str = f"http://{HOST}:{DEFAULT_BASE_PORT}",
     clock: Callable[[], float] = time.monotonic,
+    sleep: Sleep = asyncio.sleep,
 ) -> PodHandle:
-    """The app factory: an emulated pod speaking ``config.engine``'s dialect."""
+    """The app factory: an emulated pod speaking ``config.engine``'s dialect; ``clock`` and
+    ``sleep`` are the pod's time (tests pass a manual clock and a sleep that moves it)."""
     problems = config.problems()
     if problems:
         raise ValueError(f"{config.name}: " + "; ".join(problems))
-    pod = EmulatedPod(config, clock=clock)
+    pod = EmulatedPod(config, clock=clock, sleep=sleep)
     factory = create_sglang_app if config.engine is Engine.SGLANG else create_vllm_app
     return PodHandle(pod=pod, app=factory(pod), url=url)
 
@@ -139,6 +141,7 @@ class EmulatedFleet:
         ports: Sequence[int] | None = None,
         config: PodConfig | None = None,
         clock: Callable[[], float] = time.monotonic,
+        sleep: Sleep = asyncio.sleep,
     ) -> EmulatedFleet:
         """``n`` pods at ``base_port + i``, or at ``ports[i]`` when given (the ports of
         sockets bound beforehand, to serve them on)."""
@@ -151,6 +154,7 @@ class EmulatedFleet:
                 replace(template, name=f"pod-{i}", seed=template.seed + i),
                 url=f"http://{HOST}:{port}",
                 clock=clock,
+                sleep=sleep,
             )
             for i, port in enumerate(chosen)
         )
@@ -167,7 +171,8 @@ class EmulatedFleet:
         return next(handle.pod for handle in self.handles if handle.name == name)
 
     def domain(self, *, pool: str = "emulated", hbm_adapter_bytes: int = 2**31) -> Fleet:
-        """The ``Fleet`` these pods form: one pool, limits taken from each pod's config."""
+        """The ``Fleet`` these pods form: one pool, limits taken from each pod's config, and
+        the storage of the first."""
         pods = tuple(
             Pod(
                 name=handle.name,
@@ -194,6 +199,7 @@ class EmulatedFleet:
                     max_lora_rank=first.max_lora_rank,
                     dims=EMULATED_DIMS,
                     pods=pods,
+                    storage=first.storage,
                 ),
             )
         )

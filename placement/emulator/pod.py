@@ -3,13 +3,17 @@
 What the pod holds is ``placement.residency.PodResidency``, the one engine model the
 replay and the ledgers run too: this module asks it what each load, unload and request
 does (``Effects``) and keeps only what the model does not: time (a cold read timed by
-size, the drain while weights move onto the GPU), a lock per adapter name on loads and
+size and by the pool's storage, the drain while weights move onto the GPU), a lock per
+adapter name on loads and
 unloads, requests in flight (passed to the model as ``busy``; a request waits while
 every GPU slot holds a running or pinned adapter, as a scheduler holds it back), SGLang's
 unload waiting for the adapter's requests in flight, failure injection, and counters
 that let tests see thrashing.
 
-Configuration and adapter existence live in ``placement.emulator.config``.
+Configuration, adapter existence and where a cold read's time comes from (the storage
+the engine reads through, not the engine) live in ``placement.emulator.config``. Every
+wait goes through the pod's ``sleep`` (``asyncio.sleep`` by default): a test passes one
+that moves its clock instead, and reads each wait on that clock without sleeping.
 
 Raises the ``EmulatorError`` subclasses below; the dialect modules turn them into
 each engine's status codes and texts. No HTTP here.
@@ -21,7 +25,7 @@ import asyncio
 import random
 import time
 from collections import Counter, deque
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import replace
 
 from placement import residency
@@ -75,18 +79,24 @@ def _refusal(exc: residency.ResidencyError) -> EmulatorError:
     return _REFUSALS[type(exc)]()
 
 
-async def _pause(ms: float) -> None:
-    if ms > 0:
-        await asyncio.sleep(ms / 1000.0)
+Sleep = Callable[[float], Awaitable[None]]
 
 
 class EmulatedPod:
     """One pod's engine: the engine model, its timing, requests in flight, counters."""
 
-    def __init__(self, config: PodConfig, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        config: PodConfig,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Sleep = asyncio.sleep,
+    ) -> None:
         self.config = config
         #: Seconds on a monotonic clock: down windows and residencies. Tests pass their own.
         self.clock = clock
+        #: Waits this many seconds: every simulated time (reads, swaps, tokens) passes here.
+        self.sleep = sleep
         self.faults = config.faults
         self.rng = random.Random(config.seed)
         self.counters: Counter[str] = Counter()
@@ -134,6 +144,10 @@ class EmulatedPod:
     @property
     def pinned(self) -> set[str]:
         return set(self.residency.pinned)
+
+    async def _pause(self, ms: float) -> None:
+        if ms > 0:
+            await self.sleep(ms / 1000.0)
 
     # faults ------------------------------------------------------------------------
     def restart(self) -> None:
@@ -183,7 +197,8 @@ class EmulatedPod:
         async with self._lock(name):
             self._alive(generation)
             adapter = self._check_load(name, path, pinned=pinned, inplace=inplace)
-            await _pause(self.config.latency.cold_ms(adapter.size_bytes) + self.faults.slow_load_ms)
+            read_ms = self.config.cold_read_ms(adapter.size_bytes)
+            await self._pause(read_ms + self.faults.slow_load_ms)
             self._alive(generation)
             # SGLang's soft cap picks the least recently used adapter whatever runs on it,
             # then waits for its requests (``_unload_lora_adapter_locked``).
@@ -281,7 +296,7 @@ class EmulatedPod:
     async def _swap(self, size_bytes: int) -> None:
         # Weights move between batch steps: every running request stalls (the drain).
         async with self.engine_step:
-            await _pause(self.config.latency.swap_ms(size_bytes))
+            await self._pause(self.config.latency.swap_ms(size_bytes))
 
     async def admit(self, name: str | None) -> None:
         """Wait until ``name`` (None: the base model) runs, reading it in as needed.
@@ -308,7 +323,7 @@ class EmulatedPod:
     async def _run_on_gpu(self, name: str, generation: int) -> Effects:
         """Put ``name`` on a GPU slot (a cold read first when its weights left the host)."""
         if name in self.residency.parked or name not in self.residency.in_host():
-            await _pause(self.config.latency.cold_ms(self.files[name].size_bytes))
+            await self._pause(self.config.cold_read_ms(self.files[name].size_bytes))
             self._alive(generation)
         async with self.slots:
             await self.slots.wait_for(
@@ -336,10 +351,10 @@ class EmulatedPod:
         """Yield token indices at the simulated TTFT and time per token."""
         self.running_tokens += prompt_tokens + max_tokens
         try:
-            await _pause(self.config.latency.ttft_ms)
+            await self._pause(self.config.latency.ttft_ms)
             for index in range(max_tokens):
                 if index:
-                    await _pause(self.config.latency.tpot_ms)
+                    await self._pause(self.config.latency.tpot_ms)
                 async with self.engine_step:
                     pass
                 yield index
@@ -373,6 +388,7 @@ class EmulatedPod:
             "running": sum(self.running.values()),
             "waiting": sum(self.waiting.values()),
             "limits": {"max_loras": self.config.max_loras, "max_cpu_loras": self.config.cpu_slots},
+            "storage": self.config.storage_stats(),
             "counters": dict(self.counters),
             "peaks": dict(self.peaks),
             "faults": {
