@@ -9,11 +9,12 @@ from placement.cli import (
     demo_cmds,  # noqa: F401  (registers demo)
     emulate_cmds,  # noqa: F401  (registers emulate)
     forecast_cmds,  # noqa: F401  (registers forecast, backtest)
-    inputs_cmds,  # noqa: F401  (registers validate, size, synth)
+    inputs_cmds,  # noqa: F401  (registers validate, synth)
     plan_cmds,  # noqa: F401  (registers plan)
     replay_cmds,  # noqa: F401  (registers replay)
     review_cmds,  # noqa: F401  (registers review, diff)
     router_cmds,  # noqa: F401  (registers router)
+    size_cmds,  # noqa: F401  (registers size)
     summary_cmds,  # noqa: F401  (registers summary)
 )
 from placement.cli.app import app
