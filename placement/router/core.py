@@ -270,6 +270,8 @@ class Router:
         listing = self._scrapes % self.settings.listing_every_scrapes == 1
         states = list(self.topology.pods.values())
         await asyncio.gather(*(self._scrape(state, listing=listing) for state in states))
+        for view in self.topology.pools.values():
+            view.index.refresh()  # the queues and KV use the pre-filter ranks
 
     async def _scrape(self, state: LivePod, *, listing: bool) -> None:
         upstream = state.upstream
@@ -317,6 +319,8 @@ class Router:
             log.warning("pod %s leaves the rotation: %s", state.upstream.pod, why)
         state.healthy = False
         state.failures += 1
+        if state.index is not None:
+            state.index.refresh()  # the least-KV pod must be a healthy one
         # A pod out of the rotation may come back empty: its adapters' stays end here.
         self.fleet_metrics.pod_emptied(state.upstream.pod, now_s=self.clock())
         self.metrics.pod_healthy.labels(pod=state.upstream.pod).set(0)
@@ -387,7 +391,7 @@ class Router:
         pending = state.loading.get(adapter)
         if pending is None:
             pending = asyncio.get_running_loop().create_future()
-            state.loading[adapter] = pending
+            state.start_loading(adapter, pending)
             task = asyncio.create_task(self._load_once(state, adapter, pending))
             self._loads.add(task)
             task.add_done_callback(self._loads.discard)
@@ -409,4 +413,4 @@ class Router:
             done.set_exception(exc)
             done.exception()  # retrieved here: waiters that gave up must not warn
         finally:
-            state.loading.pop(adapter, None)
+            state.stop_loading(adapter)

@@ -49,6 +49,7 @@ class PodLedger:
         "max_cpu_loras",
         "max_loras",
         "residency",
+        "version",
     )
 
     def __init__(self, engine: EngineModel, *, max_loras: int, max_cpu_loras: int) -> None:
@@ -63,6 +64,9 @@ class PodLedger:
         self._registered: OrderedDict[AdapterId, None] = OrderedDict()
         self._unconfirmed: set[AdapterId] = set()
         self._seeded_plan: str | None = None
+        #: Counts the rebuilds of the mirrors: a reader that indexes them (the pool's
+        #: holders) re-reads them only when this moved.
+        self.version = 0
 
     @property
     def engine(self) -> EngineModel:
@@ -237,6 +241,7 @@ class PodLedger:
 
     def _sync(self) -> None:
         """Rebuild the mirrors in place from the engine model."""
+        self.version += 1
         self._active.clear()
         self._active.update((AdapterId(a), None) for a in self.residency.on_gpu())
         self._registered.clear()

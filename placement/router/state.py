@@ -6,6 +6,12 @@ event loop). ``LivePod`` is the mutable part per pod: the last scrape, the route
 own requests in flight, the ledger and the loads in progress; a pod that stays in
 the fleet keeps its ``LivePod`` across swaps.
 
+Each pool keeps a ``PoolIndex``: which of its pods hold or load each adapter, its
+least-queued pods and its least-KV pod, so that the picker hands a decision the few
+candidates ``policies.candidates`` chooses instead of the whole pool. A ``LivePod``
+updates its pool's holders itself when its ledger or its loads change; the scraper
+refreshes the queue and KV rankings after each round.
+
 No IO here: the scraper, the plan watcher and the proxy fill these in.
 """
 
@@ -21,7 +27,11 @@ from placement.plan import Plan
 from placement.ports import PodMetrics
 from placement.residency import engine_model
 from placement.router.ledger import PodLedger
+from policies import candidates as prefilter
 from policies.hashing import HashRing, build_ring
+
+#: Least-queued pods that join each decision's candidates besides holders and named pods.
+LEAST_QUEUED = prefilter.DEFAULT_LEAST_QUEUED
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -54,6 +64,9 @@ class LivePod:
         "gpu_util",
         "health_probed",
         "healthy",
+        "held",
+        "held_version",
+        "index",
         "inflight",
         "inflight_at_scrape",
         "kv_usage",
@@ -64,6 +77,7 @@ class LivePod:
         "metrics",
         "metrics_missing",
         "pod_id",
+        "position",
         "queue_depth",
         "registered",
         "running",
@@ -114,9 +128,45 @@ class LivePod:
         self.waiting_adapters: Collection[str] = frozenset()
         self.free_slots = self.max_loras
         self.victim_last_used_s = 0.0
+        #: The pool's index this pod reports its adapters to, its position there, and
+        #: what it reported (host RAM, GPU and loading), as of the ledger's version.
+        self.index: PoolIndex | None = None
+        self.position = 0
+        self.held: frozenset[str] = frozenset()
+        self.held_version = -1
+
+    def attach(self, index: PoolIndex, position: int) -> None:
+        """Report to ``index`` (a new topology's) from now on, at ``position``."""
+        self.index, self.position = index, position
+        self.held, self.held_version = frozenset(), -1
+        self._reindex()
+
+    def _reindex(self) -> None:
+        index = self.index
+        if index is None:
+            return
+        self.held_version = self.ledger.version
+        now = frozenset(self.registered).union(self.gpu_adapters, self.loading)
+        if now == self.held:
+            return
+        for adapter in self.held - now:
+            index.drop(adapter, self.position)
+        for adapter in now - self.held:
+            index.add(adapter, self.position)
+        self.held = now
+
+    def start_loading(self, adapter: AdapterId, done: asyncio.Future[None]) -> None:
+        self.loading[adapter] = done
+        self._reindex()
+
+    def stop_loading(self, adapter: AdapterId) -> None:
+        if self.loading.pop(adapter, None) is not None:
+            self._reindex()
 
     def sync(self) -> None:
         """Recompute the fields derived from the ledger; call after changing it."""
+        if self.ledger.version != self.held_version:
+            self._reindex()
         self.free_slots = self.ledger.free_slots()
         victim = next(iter(self.gpu_adapters), None)
         #: When the adapter this pod would evict next was last routed here.
@@ -168,6 +218,59 @@ class LivePod:
         self.service_ms += 0.1 * (ms - self.service_ms)
 
 
+class PoolIndex:
+    """A pool's indexes for the candidate pre-filter (``policies.candidates``).
+
+    ``holders`` is kept current by the pods themselves (``LivePod.sync``, loads);
+    ``refresh`` re-ranks the queues and KV use: the scraper calls it after a round and
+    when a pod leaves the rotation. Between refreshes the least-queued few may be
+    stale; the decision still reads their live queues.
+    """
+
+    __slots__ = ("holders", "least_kv", "least_queued", "positions", "states", "width")
+
+    def __init__(self, states: tuple[LivePod, ...], *, width: int) -> None:
+        self.states = states
+        self.width = width
+        self.positions = {state.pod_id: i for i, state in enumerate(states)}
+        self.holders: dict[str, set[int]] = {}
+        self.least_queued: tuple[int, ...] = ()
+        self.least_kv: int | None = None
+        for i, state in enumerate(states):
+            state.attach(self, i)
+        self.refresh()
+
+    def add(self, adapter: str, position: int) -> None:
+        held = self.holders.get(adapter)
+        if held is None:
+            self.holders[adapter] = {position}
+        else:
+            held.add(position)
+
+    def drop(self, adapter: str, position: int) -> None:
+        held = self.holders.get(adapter)
+        if held is not None:
+            held.discard(position)
+            if not held:
+                del self.holders[adapter]
+
+    def refresh(self) -> None:
+        self.least_queued = prefilter.least_queued(self.states, count=self.width)
+        self.least_kv = prefilter.least_kv(self.states)
+
+    def candidates(self, adapter: str, named: Collection[str] = ()) -> list[LivePod]:
+        """The pods a decision for ``adapter`` needs, in pool order; ``named``: pods it
+        must see (the plan's, the ring's owners)."""
+        return prefilter.candidates(
+            self.states,
+            holders=self.holders.get(adapter, ()),
+            least_queued=self.least_queued,
+            least_kv=self.least_kv,
+            named=named,
+            positions=self.positions,
+        )
+
+
 @dataclass(frozen=True, kw_only=True)
 class PoolView:
     pool: PoolId
@@ -177,6 +280,8 @@ class PoolView:
     #: The same pods' live states, in the same order (what the policy scans).
     states: tuple[LivePod, ...]
     ring: HashRing
+    #: Who holds what, and the least-queued pods: the candidate pre-filter's indexes.
+    index: PoolIndex
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -262,17 +367,19 @@ def _pool_views(pods: Mapping[PodId, LivePod]) -> dict[PoolId, PoolView]:
     members: dict[PoolId, list[Upstream]] = {}
     for state in pods.values():
         members.setdefault(state.upstream.pool, []).append(state.upstream)
-    return {
-        pool: PoolView(
+    views = {}
+    for pool, ups in members.items():
+        states = tuple(pods[u.pod] for u in sorted(ups, key=lambda u: u.pod))
+        views[pool] = PoolView(
             pool=pool,
             served_model=ups[0].served_model,
             engine=ups[0].engine,
             pods=tuple(sorted(u.pod for u in ups)),
-            states=tuple(pods[u.pod] for u in sorted(ups, key=lambda u: u.pod)),
+            states=states,
             ring=build_ring(u.pod for u in ups),
+            index=PoolIndex(states, width=LEAST_QUEUED),
         )
-        for pool, ups in members.items()
-    }
+    return views
 
 
 def _read_plan(
