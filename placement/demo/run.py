@@ -5,7 +5,10 @@ lorafleet the controller, which forecasts from the history, plans, preloads befo
 the traffic and keeps replanning from what the router logs), replays the same slice
 of a scenario's day through the router with the ``openai`` client on a warped clock,
 and measures the outcome from the pods' own counters and the router's request log,
-not from the simulator. Every child process is stopped when the demo ends.
+not from the simulator. The emulated pods read adapters from the storage of the
+scenario's pool (fleet.yaml ``storage``): a cold load waits its first byte and
+transfer in wall milliseconds, as the pods' other latencies are (unwarped). Every child
+process is stopped when the demo ends.
 
 No child is told a port chosen in advance: the pods and the router bind port 0 and
 write the ports the kernel gave them to a file the demo waits for (``--ports-file``,
@@ -198,6 +201,8 @@ def _emulate_args(
         "--load-ms", str(options.load_ms), "--load-ms-per-mb", str(options.load_ms_per_mb),
         "--activate-ms", str(options.activate_ms), "--ttft-ms", str(options.ttft_ms),
         "--tpot-ms", str(options.tpot_ms),
+        # The pods read adapters from the pool's storage (fleet.yaml), as the replay does.
+        "--fleet", str(prepared.fleet_source.resolve()), "--pool", str(limits.pool),
     ]  # fmt: skip
 
 
