@@ -19,11 +19,12 @@ from placement.cli.app import app, err, out, report_errors
 from placement.domain import Catalog, Fleet, Pipelines
 from placement.errors import InputError, Problem
 from placement.inputs import load_catalog, load_fleet
+from placement.inputs.events import check_events, known_names, load_events
 from placement.inputs.pipelines import load_pipelines
 from placement.inputs.request_log import load_request_log
 from placement.settings import Settings
 from placement.sim.engine import COLD_LOAD, CPU_HIT, GPU_HIT
-from placement.sim.events import EventController, SimEvent, read_event_frame, sim_events
+from placement.sim.events import EventController, SimEvent, sim_events
 from placement.sim.faults import FaultSchedule, parse_inline, parse_yaml, schedule
 from placement.sim.replay import ReplayResult, check_policies, run_replay
 from placement.sim.routers import PLANNED, POLICIES
@@ -130,21 +131,39 @@ def replay_events(
     *,
     catalog: Catalog,
     fleet: Fleet,
-    pipelines: Pipelines,
+    pipelines: Pipelines | None,
     settings: Settings,
 ) -> tuple[list[SimEvent], EventController]:
-    """The events to deliver and lorafleet's controller for them; an event out of time
-    order stops the replay, one outside the log's span is one warning line."""
-    events, problems = sim_events(
-        read_event_frame(path), workload, source=str(path), catalog=catalog, pipelines=pipelines
-    )
-    errors = [problem for problem in problems if problem.severity == "error"]
-    if errors:
-        raise InputError(errors)
+    """The events to deliver and lorafleet's controller for them, the log checked as
+    ``lorafleet validate --events`` checks it (``placement.inputs.events``) against the
+    catalog's tenants, the pipelines' triggers and logins, and the span of the requests
+    replayed: any error stops the replay with one line per problem (warnings too);
+    warnings alone are printed, one line each, and the replay goes on without the
+    events they name outside the span."""
+    origin = pd.Timestamp(workload.start)
+    span = pd.Series([origin, origin + pd.Timedelta(seconds=workload.duration_s)])
+    known = known_names(catalog=catalog, pipelines=pipelines, requests_ts=span)
+    problems = check_events(path, known)
+    if any(problem.severity == "error" for problem in problems):
+        raise InputError(problems)
+    log = load_events(path, known)
+    if pipelines is None and (log.frame["kind"] == "pipeline").any():
+        problems.append(
+            Problem(
+                source=str(path),
+                field="trigger",
+                message="pipeline triggers not checked and not followed: give --pipelines",
+                severity="warning",
+            )
+        )
     for problem in problems:
         err().print(f"[bold yellow]warning[/]: {problem}", highlight=False, markup=True)
+    events = sim_events(log, workload, catalog=catalog, pipelines=pipelines or Pipelines())
     controller = EventController.build(
-        catalog, fleet, pipelines, max_loads=settings.controller.max_loads_per_event
+        catalog,
+        fleet,
+        pipelines or Pipelines(),
+        max_loads=settings.controller.max_loads_per_event,
     )
     return events, controller
 
@@ -166,7 +185,11 @@ def fault_schedule(spec: str, workload: SimWorkload, fleet: Fleet) -> FaultSched
 def _json(result: ReplayResult) -> dict[str, object]:
     payload: dict[str, object] = dict(result.metrics)
     if result.event_figures is not None:
-        payload["events"] = result.event_figures
+        payload["events"] = {
+            **result.event_figures,
+            "login_surge_ttft_p95_ms": result.login_surge_ttft_p95_ms,
+            "by_kind": result.event_figures_by_kind,
+        }
     return payload
 
 
@@ -284,9 +307,7 @@ def replay(
     events: list[SimEvent] = []
     controller = None
     if events_path is not None:
-        parsed_pipelines = (
-            load_pipelines(pipelines, catalog=parsed_catalog) if pipelines else Pipelines()
-        )
+        parsed_pipelines = load_pipelines(pipelines, catalog=parsed_catalog) if pipelines else None
         events, controller = replay_events(
             events_path,
             workload,

@@ -1,28 +1,28 @@
 """Pipeline and login events in a replay, and the simulated controller that meets them.
 
-``sim_events`` turns an event log (``ts``, ``kind`` pipeline|login, ``trigger``,
-``tenant``, ``event_id``) into ``SimEvent`` values on the replay's seconds clock, with
-one ``Problem`` per event out of time order (an error) or outside the request log's
-span (a warning: never delivered). ``read_event_frame`` reads the file; it stands in
-for ``placement.inputs.events`` until that reader is committed.
+The event log is read and checked by ``placement.inputs.events`` (``check_events``,
+``load_events``: unknown kinds, triggers and tenants, repeated or bad ids, events out
+of time order, events outside the request log's span), exactly as ``lorafleet
+validate --events`` checks it. This module only turns a checked ``EventLog`` into
+``SimEvent`` values on the replay's seconds clock (``sim_events``), leaving out the
+events outside the request log's span, which the check reported as warnings and a
+replay never delivers.
 
 ``EventController`` is what lorafleet's controller does on a webhook event
 (``placement.controller.ticks.Controller.on_event``): the same ``event_preloads`` with
 the same predictor, its views built from the simulated pods' engine models as the
 controller builds them from its ledger's. The engine applies the Load/Warmup actions
-it returns. Pure apart from ``read_event_frame``.
+it returns. Pure: no IO.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import pandas as pd
 
 from placement.domain import Action, AdapterId, Catalog, Fleet, Pipelines, PodId, TenantId
-from placement.errors import InputError, Problem
 from placement.forecast.event_preloads import (
     Event,
     EventKind,
@@ -31,43 +31,16 @@ from placement.forecast.event_preloads import (
     event_preloads,
     pipeline_predictor,
 )
+from placement.inputs.events import EventLog
 from placement.plan import Plan
 from placement.sim.pods import SimPod
 from placement.sim.workload import SimWorkload
-
-REQUIRED = ("ts", "kind", "event_id")
 
 
 @dataclass(frozen=True, kw_only=True)
 class SimEvent:
     at_s: float
     event: Event
-
-
-def read_event_frame(path: Path) -> pd.DataFrame:
-    """The raw rows of an event log (.parquet, .csv, .jsonl)."""
-    suffix = path.suffix.lower()
-    try:
-        if suffix == ".parquet":
-            return pd.read_parquet(path)
-        if suffix == ".csv":
-            return pd.read_csv(path, dtype=str)
-        if suffix in (".jsonl", ".ndjson"):
-            return pd.read_json(path, lines=True, dtype=False)
-    except FileNotFoundError:
-        raise InputError([Problem(source=str(path), message="no such file")]) from None
-    except Exception as exc:  # each reader raises its own types
-        raise InputError([Problem(source=str(path), message=f"cannot read: {exc}")]) from None
-    raise InputError(
-        [Problem(source=str(path), message="unknown format: use .parquet, .csv or .jsonl")]
-    )
-
-
-def _text(value: object) -> str | None:
-    if value is None or (isinstance(value, float) and pd.isna(value)) or value is pd.NA:
-        return None
-    text = str(value)
-    return text or None
 
 
 def _tenant_of(trigger: str | None, pipelines: Pipelines, catalog: Catalog) -> str:
@@ -82,76 +55,28 @@ def _tenant_of(trigger: str | None, pipelines: Pipelines, catalog: Catalog) -> s
 
 
 def sim_events(
-    frame: pd.DataFrame,
-    workload: SimWorkload,
-    *,
-    source: str,
-    catalog: Catalog,
-    pipelines: Pipelines,
-) -> tuple[list[SimEvent], list[Problem]]:
-    """The events a replay delivers, in time order, and one problem per event that is
-    out of order (error) or outside the request log's span (warning)."""
-    missing = [column for column in REQUIRED if column not in frame.columns]
-    if missing:
-        columns = ", ".join(map(str, frame.columns))
-        raise InputError(
-            [
-                Problem(source=source, field=c, message=f"missing column {c!r} ({columns})")
-                for c in missing
-            ]
-        )
-    stamps = pd.to_datetime(frame["ts"], utc=True, errors="coerce", format="ISO8601")
+    log: EventLog, workload: SimWorkload, *, catalog: Catalog, pipelines: Pipelines
+) -> list[SimEvent]:
+    """The events of a checked log (``load_events``) that a replay delivers: those in
+    the request log's span, on its seconds clock, in time order."""
     origin = pd.Timestamp(workload.start)
     end_s = workload.duration_s
+    frame = log.frame
+    columns = (frame[name] for name in ("ts", "kind", "trigger", "tenant", "event_id"))
     events: list[SimEvent] = []
-    problems: list[Problem] = []
-    latest: pd.Timestamp | None = None
-    rows = zip(stamps, frame["kind"], frame["event_id"], strict=True)
-    for row, (stamp, kind, event_id) in enumerate(rows, start=2):
-        entry = f"row {row} ({_text(event_id)})"
-        if pd.isna(stamp) or _text(kind) not in ("pipeline", "login") or not _text(event_id):
-            problems.append(
-                Problem(source=source, entry=entry, message="needs a time, a kind and an id")
-            )
-            continue
-        if latest is not None and stamp < latest:
-            problems.append(
-                Problem(
-                    source=source,
-                    entry=entry,
-                    field="ts",
-                    message=f"{stamp.isoformat()} is earlier than the event before it"
-                    f" ({latest.isoformat()}): events must be in time order",
-                )
-            )
-            continue
-        latest = stamp
+    for stamp, kind, trigger, named, event_id in zip(*columns, strict=True):
         at_s = (stamp - origin).total_seconds()
         if at_s < 0.0 or at_s > end_s:
-            problems.append(
-                Problem(
-                    source=source,
-                    entry=entry,
-                    field="ts",
-                    message=f"{stamp.isoformat()} is outside the request log"
-                    f" ({origin.isoformat()} to"
-                    f" {(origin + pd.Timedelta(seconds=end_s)).isoformat()}): not delivered",
-                    severity="warning",
-                )
-            )
-            continue
-        events.append(SimEvent(at_s=at_s, event=_event(frame, row - 2, catalog, pipelines)))
-    return events, problems
-
-
-def _event(frame: pd.DataFrame, i: int, catalog: Catalog, pipelines: Pipelines) -> Event:
-    record = frame.iloc[i]
-    kind = EventKind(str(record["kind"]))
-    trigger = _text(record.get("trigger"))
-    tenant = _text(record.get("tenant"))
-    if tenant is None:
-        tenant = _tenant_of(trigger, pipelines, catalog) if kind is EventKind.PIPELINE else ""
-    return Event(kind=kind, id=str(record["event_id"]), tenant=TenantId(tenant), trigger=trigger)
+            continue  # a warning of the check: never delivered
+        event_kind = EventKind(str(kind))
+        tenant = named
+        if tenant is None and event_kind is EventKind.PIPELINE:
+            tenant = _tenant_of(trigger, pipelines, catalog)
+        event = Event(
+            kind=event_kind, id=str(event_id), tenant=TenantId(tenant or ""), trigger=trigger
+        )
+        events.append(SimEvent(at_s=at_s, event=event))
+    return events
 
 
 @dataclass(frozen=True, kw_only=True)

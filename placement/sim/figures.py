@@ -5,6 +5,12 @@ Owns the metric names (the ``--json`` keys) and their definitions:
 - ``gpu_hit_rate``: share of served requests whose adapter was on a GPU slot of their
   pod when they arrived there and stayed until admission; ``cpu_hit_rate``: served
   requests that waited for a load from host RAM; the rest waited for a storage load.
+- ``cold_loads_on_critical_path``: served requests that waited for a load from
+  storage (a cold load, not host RAM) before their first token: the requests behind
+  ``cold_load_rate``, counted: the engine's COLD_LOAD outcome (the adapter was
+  loading from storage when the request reached its pod, or was neither on its GPU
+  nor in its host RAM, or a hit lost its adapter before admission to a cold load).
+  Several requests may wait for one load: this counts requests, ``cold_loads`` loads.
 - ``loads`` (all adapter loads, preloads included), ``cold_loads`` (from storage),
   ``loads_per_pod_s`` (over the whole replay) and ``loads_per_pod_s_peak`` (the worst
   ``metrics_window_s`` window).
@@ -18,7 +24,15 @@ Owns the metric names (the ``--json`` keys) and their definitions:
   and ``first_request_ttft_p95_ms`` (the first request carrying each delivered event's
   id: found its adapter on the GPU; its TTFT), ``preloads`` (loads an event's Warmup
   started) and ``preloads_unused_share`` (of those, the ones no request for that
-  adapter reached on that pod before it left the GPU or the replay ended).
+  adapter reached on that pod before it left the GPU or the replay ended),
+  ``cold_loads_on_critical_path`` (of every request carrying a delivered event's id,
+  not only the first), ``by_kind`` (``pipeline`` and ``login``, both always: ``count``,
+  the two first-request figures and the cold loads, for that kind's events alone) and
+  ``login_surge_ttft_p95_ms`` (per tenant: the TTFT p95 of the served requests for
+  the tenant's adapters, by the catalog's ``tenant``, arriving during one of its login
+  surges; a surge clusters a tenant's logins less than ``SURGE_GAP_S`` (10 min) apart
+  and lasts from its first login to ``SURGE_TAIL_S`` (10 min) after its last; a lone
+  login is a surge of one; a tenant with no served request in a surge is left out).
 - ``convoy``: a cascade happened: some window had at least ``convoy_loads_per_pod_s``
   loads per pod per second while half or more of the pods were loading at once.
 
@@ -30,16 +44,22 @@ replay ended), rates over its length.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from placement.forecast.event_preloads import EventKind
 from placement.settings import SimSettings
 from placement.sim.engine import COLD_LOAD, CPU_HIT, GPU_HIT, REJECTED, SimLog
+from placement.sim.events import SimEvent
 from placement.sim.pods import SimPod
 from placement.sim.workload import SimWorkload
 
 Metrics = dict[str, float | int | bool]
+#: Logins of one tenant less than this apart are one surge ...
+SURGE_GAP_S = 600.0
+#: ... which lasts until this long after its last login.
+SURGE_TAIL_S = 600.0
 
 
 def _pct(values: np.ndarray, q: float) -> float:
@@ -117,6 +137,7 @@ def compute_metrics(
         "gpu_hit_rate": round(float(hits.sum()) / max(count, 1), 6),
         "cpu_hit_rate": round(float((outcome == CPU_HIT).sum()) / max(count, 1), 6),
         "cold_load_rate": round(float((outcome == COLD_LOAD).sum()) / max(count, 1), 6),
+        "cold_loads_on_critical_path": int((outcome == COLD_LOAD).sum()),
     }
     metrics.update(_load_metrics(log, len(pods), span_s, sim, (lo, hi)))
     metrics["residency_p50_s"] = round(_pct(residency, 50), 3)
@@ -132,30 +153,118 @@ def compute_metrics(
     return metrics
 
 
-def event_metrics(
+def login_surges(
+    events: Sequence[SimEvent], *, gap_s: float = SURGE_GAP_S, tail_s: float = SURGE_TAIL_S
+) -> dict[str, list[tuple[float, float]]]:
+    """Per tenant, its login surges as (start_s, end_s) in time order: its logins
+    clustered where they are less than ``gap_s`` apart, each surge from its first login
+    to ``tail_s`` after its last. A lone login is a surge of one."""
+    logins: dict[str, list[float]] = {}
+    for sim_event in events:
+        event = sim_event.event
+        if event.kind is EventKind.LOGIN and event.tenant:
+            logins.setdefault(str(event.tenant), []).append(sim_event.at_s)
+    surges: dict[str, list[tuple[float, float]]] = {}
+    for tenant, times in sorted(logins.items()):
+        times.sort()
+        spans: list[tuple[float, float]] = []
+        first = last = times[0]
+        for at_s in times[1:]:
+            if at_s - last >= gap_s:
+                spans.append((first, last + tail_s))
+                first = at_s
+            last = at_s
+        spans.append((first, last + tail_s))
+        surges[tenant] = spans
+    return surges
+
+
+def _within(arrivals: np.ndarray, spans: list[tuple[float, float]]) -> np.ndarray:
+    """Which arrivals fall in one of ``spans`` (sorted, and disjoint or overlapping)."""
+    starts = np.asarray([start for start, _ in spans], dtype=float)
+    ends = np.maximum.accumulate(np.asarray([end for _, end in spans], dtype=float))
+    k = np.searchsorted(starts, arrivals, side="right") - 1
+    return (k >= 0) & (arrivals <= ends[np.maximum(k, 0)])
+
+
+def surge_ttft_p95_ms(
     log: SimLog,
     workload: SimWorkload,
-    event_at_s: Mapping[str, float],
+    events: Sequence[SimEvent],
     *,
+    adapter_tenants: Mapping[str, str],
     window: tuple[float, float] | None = None,
-) -> Metrics:
-    """The per-event figures of one replay (see the module's docstring)."""
+) -> dict[str, float]:
+    """Per tenant, the TTFT p95 of the served requests for its adapters (the catalog's
+    ``tenant``) arriving during one of its login surges (``login_surges``) and in
+    ``window``; a tenant none of whose requests is in a surge is left out."""
     lo, hi = window if window is not None else (-np.inf, np.inf)
-    delivered = {k for k in log.events if lo <= event_at_s.get(k, lo) <= hi}
+    arrivals = np.asarray(workload.arrival_s, dtype=float)
+    tenants = np.asarray([adapter_tenants.get(a, "") for a in workload.adapters], dtype=object)
+    served = (np.asarray(log.outcome) != REJECTED) & (arrivals >= lo) & (arrivals <= hi)
+    ttft = np.asarray(log.ttft_ms, dtype=float)
+    figures: dict[str, float] = {}
+    for tenant, spans in login_surges(events).items():
+        chosen = served & (tenants == tenant) & _within(arrivals, spans)
+        if chosen.any():
+            figures[tenant] = round(_pct(ttft[chosen], 95), 3)
+    return figures
+
+
+def _first_requests(log: SimLog, workload: SimWorkload, delivered: set[str]) -> Metrics:
+    """``count``, the first-request figures and the cold loads on the critical path of
+    the requests the ``delivered`` events caused."""
     first: dict[str, int] = {}
+    cold = 0
     for r, event_id in enumerate(workload.event_ids):
-        if event_id is not None and event_id in delivered and event_id not in first:
-            first[event_id] = r
+        if event_id is None or event_id not in delivered:
+            continue
+        first.setdefault(event_id, r)
+        cold += int(log.outcome[r] == COLD_LOAD)
     chosen = [r for r in first.values() if log.outcome[r] != REJECTED]
     outcome = np.asarray([log.outcome[r] for r in chosen], dtype=np.int8)
     ttft = np.asarray([log.ttft_ms[r] for r in chosen], dtype=float)
-    used = [u for u, at in zip(log.preload_used, log.preload_at_s, strict=True) if lo <= at <= hi]
     return {
         "count": len(delivered),
         "first_request_gpu_share": round(
             float((outcome == GPU_HIT).sum()) / max(len(chosen), 1), 6
         ),
         "first_request_ttft_p95_ms": round(_pct(ttft, 95), 3),
-        "preloads": len(used),
-        "preloads_unused_share": round(sum(1 for u in used if not u) / max(len(used), 1), 6),
+        "cold_loads_on_critical_path": cold,
+    }
+
+
+def event_metrics(
+    log: SimLog,
+    workload: SimWorkload,
+    events: Sequence[SimEvent],
+    *,
+    window: tuple[float, float] | None = None,
+) -> Metrics:
+    """The per-event figures of one replay (see the module's docstring)."""
+    lo, hi = window if window is not None else (-np.inf, np.inf)
+    at_s = {sim_event.event.id: sim_event.at_s for sim_event in events}
+    delivered = {k for k in log.events if lo <= at_s.get(k, lo) <= hi}
+    figures = _first_requests(log, workload, delivered)
+    used = [u for u, at in zip(log.preload_used, log.preload_at_s, strict=True) if lo <= at <= hi]
+    figures["preloads"] = len(used)
+    figures["preloads_unused_share"] = round(sum(1 for u in used if not u) / max(len(used), 1), 6)
+    return figures
+
+
+def event_metrics_by_kind(
+    log: SimLog,
+    workload: SimWorkload,
+    events: Sequence[SimEvent],
+    *,
+    window: tuple[float, float] | None = None,
+) -> dict[str, Metrics]:
+    """``_first_requests``'s figures for each kind of event, both kinds always."""
+    lo, hi = window if window is not None else (-np.inf, np.inf)
+    kind_of = {e.event.id: e.event.kind for e in events if lo <= e.at_s <= hi}
+    return {
+        kind.value: _first_requests(
+            log, workload, {k for k in log.events if kind_of.get(k) is kind}
+        )
+        for kind in (EventKind.PIPELINE, EventKind.LOGIN)
     }

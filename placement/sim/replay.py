@@ -9,7 +9,7 @@ asked, the per-request log. Each policy runs on a fresh fleet with the same requ
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from placement.domain import Fleet
 from placement.errors import InputError, Problem
@@ -18,7 +18,13 @@ from placement.settings import Settings
 from placement.sim.engine import FleetReplay, SimLog, SimRouter
 from placement.sim.events import EventController, SimEvent
 from placement.sim.faults import FaultSchedule
-from placement.sim.figures import Metrics, compute_metrics, event_metrics
+from placement.sim.figures import (
+    Metrics,
+    compute_metrics,
+    event_metrics,
+    event_metrics_by_kind,
+    surge_ttft_p95_ms,
+)
 from placement.sim.planning import ReplayHistory, ReplayPlanning, TrueDemand
 from placement.sim.pods import PodSpec
 from placement.sim.routers import PLANNED, POLICIES, PlannedRouter, ReactiveRouter
@@ -36,6 +42,10 @@ class ReplayResult:
     plan_sources: dict[str, int]
     #: With events delivered (``--events``): ``event_metrics``; None otherwise.
     event_figures: Metrics | None = None
+    #: With events: ``event_metrics_by_kind`` (``pipeline``, ``login``).
+    event_figures_by_kind: dict[str, Metrics] = field(default_factory=dict)
+    #: With events: ``surge_ttft_p95_ms`` per tenant.
+    login_surge_ttft_p95_ms: dict[str, float] = field(default_factory=dict)
 
 
 def pod_specs(fleet: Fleet) -> list[PodSpec]:
@@ -139,10 +149,12 @@ def run_policy(
     metrics = compute_metrics(
         log, replay.pods, workload.arrival_s, sim=settings.sim, window=window_s
     )
-    figures = None
+    figures, by_kind, surges = None, {}, {}
     if controller is not None:
-        at_s = {sim_event.event.id: sim_event.at_s for sim_event in events}
-        figures = event_metrics(log, workload, at_s, window=window_s)
+        figures = event_metrics(log, workload, events, window=window_s)
+        by_kind = event_metrics_by_kind(log, workload, events, window=window_s)
+        tenants = {str(a.name): str(a.tenant) for a in controller.catalog.adapters if a.tenant}
+        surges = surge_ttft_p95_ms(log, workload, events, adapter_tenants=tenants, window=window_s)
     sources = router.plan_sources if isinstance(router, PlannedRouter) else {}
     return ReplayResult(
         policy=name,
@@ -152,6 +164,8 @@ def run_policy(
         pod_ids=tuple(spec.pod_id for spec in specs),
         plan_sources=sources,
         event_figures=figures,
+        event_figures_by_kind=by_kind,
+        login_surge_ttft_p95_ms=surges,
     )
 
 

@@ -1,34 +1,40 @@
-"""Events in a replay: delivered in time order, met by lorafleet's webhook path alone,
-their figures, and one line per event out of order or outside the log."""
+"""Events in a replay: delivered in time order among the requests, met by lorafleet's
+webhook path alone (reactive policies and the oracle send no event actions), their
+figures, and a checked event log turned into the replay's events."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from pathlib import Path
+from typing import cast
 
 import pandas as pd
 import pytest
 
 from placement.domain import (
     Action,
+    ActionKind,
     Adapter,
     AdapterId,
     Catalog,
     Engine,
     Fleet,
+    Pipeline,
     Pipelines,
+    PipelineStep,
     Pod,
     PodId,
     Pool,
     PoolId,
     TenantId,
 )
-from placement.errors import Problem
 from placement.forecast.event_preloads import Event, EventKind
+from placement.inputs.events import EVENT_COLUMNS, EventLog, load_events
 from placement.settings import Settings
-from placement.sim.engine import FleetReplay
+from placement.sim.engine import FleetReplay, SimRouter
 from placement.sim.events import EventController, SimEvent, sim_events
 from placement.sim.replay import ReplayResult, pod_specs, run_policy
-from placement.sim.routers import ReactiveRouter
+from placement.sim.routers import REACTIVE, ReactiveRouter
 from placement.sim.wiring import replay_planning
 from placement.sim.workload import SimWorkload
 from placement.sizing import BUILTIN_MODELS
@@ -167,6 +173,86 @@ class TestDelivery:
         ]
         assert replay.log.events == ["e0", "e1", "e2"]
 
+    @pytest.mark.parametrize("epsilon", [1e-6, 1e-3, 0.5])
+    def test_an_event_falls_between_the_requests_just_before_and_just_after_it(
+        self, epsilon: float
+    ) -> None:
+        at_s = 50.0
+        load = workload(
+            [
+                (0.0, "a", None),
+                (at_s - epsilon, "a", None),
+                (at_s, "b", None),
+                (at_s + epsilon, "a", "e1"),
+                (99.0, "a", None),
+            ]
+        )
+        seen = _delivery_order(load, [login("e1", at_s)])
+        assert seen[1:5] == [
+            f"request a at {at_s - epsilon:g}",
+            f"event e1 at {at_s:g}",
+            f"request b at {at_s:g}",
+            f"request a at {at_s + epsilon:g}",
+        ]
+
+
+def _delivery_order(load: SimWorkload, events: list[SimEvent]) -> list[str]:
+    settings = Settings()
+    replay = FleetReplay(
+        load, pod_specs(fleet_of()), sim=settings.sim, load_cost=settings.load_cost, events=events
+    )
+    router = _Recording("round-robin", replay, settings, EvictionPolicy.LRU)
+    router.seen = []
+    replay.run(router)
+    return router.seen
+
+
+class _Sent:
+    """A policy whose event actions are noted as they go to the engine."""
+
+    def __init__(self, router: SimRouter, sent: list[Action]) -> None:
+        self.router, self.sent = router, sent
+
+    def on_event(self, event: Event, now_s: float, replay: FleetReplay) -> tuple[Action, ...]:
+        actions = self.router.on_event(event, now_s, replay)
+        self.sent.extend(actions)
+        return actions
+
+
+def _event_actions(name: str) -> list[Action]:
+    """The actions policy ``name`` sends on a login of acme at 60 s."""
+    sent: list[Action] = []
+
+    class Listening(FleetReplay):
+        def _event(self, router: SimRouter, k: int, now_s: float) -> None:
+            super()._event(cast(SimRouter, _Sent(router, sent)), k, now_s)
+
+    settings = Settings()
+    fleet, catalog = fleet_of(), catalog_of(LOGIN_LOAD)
+    run_policy(
+        name,
+        LOGIN_LOAD,
+        fleet,
+        settings=settings,
+        planning=replay_planning(catalog, fleet, settings=settings, planner="greedy"),
+        replay_type=Listening,
+        events=[login("e1", 60.0)],
+        controller=EventController.build(catalog, fleet, Pipelines(), max_loads=2),
+    )
+    return sent
+
+
+class TestWhoActsOnEvents:
+    @pytest.mark.parametrize("name", [*REACTIVE, "oracle"])
+    def test_reactive_policies_and_the_oracle_send_no_event_actions(self, name: str) -> None:
+        assert _event_actions(name) == []
+
+    def test_lorafleet_sends_the_webhooks_preload(self) -> None:
+        sent = _event_actions("lorafleet")
+        assert [(a.kind, a.adapter) for a in sent if a.kind is ActionKind.WARMUP] == [
+            (ActionKind.WARMUP, "acme-x")
+        ]
+
 
 class TestLorafleetPreloads:
     def test_lorafleet_preloads_on_a_login_and_reactive_policies_do_not(self) -> None:
@@ -207,53 +293,56 @@ class TestLorafleetPreloads:
         assert first.event_figures == again.event_figures
 
 
-def _frame(*rows: tuple[str, str]) -> pd.DataFrame:
-    return pd.DataFrame(
-        [{"ts": ts, "kind": "login", "tenant": "acme", "event_id": eid} for ts, eid in rows]
-    )
+def _checked(tmp_path: Path, *rows: dict[str, str]) -> EventLog:
+    path = tmp_path / "events.csv"
+    pd.DataFrame(rows, columns=list(EVENT_COLUMNS)).to_csv(path, index=False)
+    return load_events(path)
 
 
-class TestProblems:
-    def parse(self, frame: pd.DataFrame) -> tuple[list[SimEvent], list[Problem]]:
-        return sim_events(
-            frame,
-            LOGIN_LOAD,
-            source="events.parquet",
-            catalog=catalog_of(LOGIN_LOAD),
-            pipelines=Pipelines(),
+class TestSimEvents:
+    """A checked event log on the replay's clock (the checks are ``inputs.events``')."""
+
+    def convert(self, log: EventLog) -> list[SimEvent]:
+        pipelines = Pipelines(
+            pipelines=(
+                Pipeline(
+                    trigger="doc.uploaded", steps=(PipelineStep(adapter=AdapterId("acme-x")),)
+                ),
+            )
         )
+        return sim_events(log, LOGIN_LOAD, catalog=catalog_of(LOGIN_LOAD), pipelines=pipelines)
 
-    def test_in_order_events_inside_the_log_are_all_delivered(self) -> None:
-        events, problems = self.parse(
-            _frame(("2026-03-10T09:01:00Z", "e1"), ("2026-03-10T10:02:00+01:00", "e2"))
+    def test_events_inside_the_log_are_on_its_clock_in_order(self, tmp_path: Path) -> None:
+        log = _checked(
+            tmp_path,
+            {"ts": "2026-03-10T09:01:00Z", "kind": "login", "tenant": "acme", "event_id": "e1"},
+            {
+                "ts": "2026-03-10T10:02:00+01:00",
+                "kind": "pipeline",
+                "trigger": "doc.uploaded",
+                "event_id": "e2",
+            },
         )
-        assert problems == []
-        assert [(e.at_s, e.event.id, e.event.tenant) for e in events] == [
-            (60.0, "e1", "acme"),
-            (120.0, "e2", "acme"),
+        events = self.convert(log)
+        assert [(e.at_s, e.event.id, e.event.kind, e.event.tenant) for e in events] == [
+            (60.0, "e1", EventKind.LOGIN, "acme"),
+            # A pipeline event without a tenant: its first step's adapter's.
+            (120.0, "e2", EventKind.PIPELINE, "acme"),
         ]
+        assert events[1].event.trigger == "doc.uploaded"
 
     @pytest.mark.parametrize(
-        ("rows", "severity", "message"),
-        [
-            (
-                (("2026-03-10T09:02:00Z", "e1"), ("2026-03-10T09:01:00Z", "e2")),
-                "error",
-                "earlier than the event before it",
-            ),
-            ((("2026-03-10T08:00:00Z", "e1"),), "warning", "outside the request log"),
-            ((("2026-03-10T11:00:00Z", "e1"),), "warning", "outside the request log"),
-        ],
-        ids=["out-of-order", "before", "after"],
+        "ts", ["2026-03-10T08:59:59Z", "2026-03-10T09:03:20.5Z"], ids=["before", "after"]
     )
-    def test_one_line_per_bad_event(
-        self, rows: tuple[tuple[str, str], ...], severity: str, message: str
-    ) -> None:
-        events, problems = self.parse(_frame(*rows))
-        assert len(problems) == 1
-        assert problems[0].severity == severity
-        assert message in str(problems[0])
-        assert len(events) == len(rows) - 1
+    def test_an_event_outside_the_log_is_never_delivered(self, tmp_path: Path, ts: str) -> None:
+        inside = {"ts": "2026-03-10T09:01:00Z", "kind": "login", "tenant": "acme"}
+        outside = {"ts": ts, "kind": "login", "tenant": "acme", "event_id": "out"}
+        rows = sorted([{**inside, "event_id": "in"}, outside], key=lambda row: row["ts"])
+        assert [e.event.id for e in self.convert(_checked(tmp_path, *rows))] == ["in"]
+
+    def test_the_log_ends_with_its_last_request(self, tmp_path: Path) -> None:
+        last = {"ts": "2026-03-10T09:03:19Z", "kind": "login", "tenant": "acme", "event_id": "z"}
+        assert [e.at_s for e in self.convert(_checked(tmp_path, last))] == [199.0]
 
 
 def test_reactive_router_ignores_events() -> None:
