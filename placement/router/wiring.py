@@ -7,6 +7,9 @@ free port), for tests, benchmarks and the demo; ``ServedApp.call`` runs a corout
 its event loop, so a test can drive the router's rounds (``scrape_all``) itself.
 ``run_router`` serves in the foreground (``lorafleet router``); on port 0 the kernel
 picks the port and ``on_listening`` hears which (``write_port_file`` puts it in a file).
+``RouterWithPicker`` adds the endpoint picker (``router.picker_grpc``, Envoy's
+external processing over gRPC) to a ``RouterApp``: it serves on the same event loop and
+the same ``Router``, started after the router's loops and stopped before them.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from placement.inputs.files import write_atomically
 from placement.plan import Plan
 from placement.router.asgi import RouterApp
 from placement.router.core import AdapterInfo, Router
+from placement.router.picker_grpc import EndpointPickerServer
 from placement.router.reqlog import RequestLogSink, open_request_log
 from placement.router.sources import (
     FilePlanSource,
@@ -230,8 +234,61 @@ class _ListeningServer(uvicorn.Server):
             self._on_listening(int(self.servers[0].sockets[0].getsockname()[1]))
 
 
+class RouterWithPicker:
+    """A ``RouterApp`` whose lifespan also serves the endpoint picker on ``host:port``
+    (port 0: the kernel's choice, told to ``on_picker_listening``).
+
+    The picker starts once the router's first rounds are done (it has pods and a plan
+    to pick from) and stops first, its open streams given ``shutdown_grace_s``. If it
+    cannot listen, the router stops again and the startup fails naming the address.
+    """
+
+    def __init__(
+        self,
+        app: RouterApp,
+        *,
+        host: str,
+        port: int,
+        on_picker_listening: Callable[[int], None] | None = None,
+    ) -> None:
+        self.app = app
+        self.router = app.router
+        self.picker = EndpointPickerServer(app.router, host=host, port=port)
+        self._on_listening = on_picker_listening
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "lifespan":
+            await self.app(scope, receive, send)
+            return
+
+        async def receiving() -> Any:
+            message = await receive()
+            if message["type"] == "lifespan.shutdown":
+                await self.picker.stop(grace_s=self.router.settings.shutdown_grace_s)
+            return message
+
+        async def sending(message: MutableMapping[str, Any]) -> None:
+            if message["type"] == "lifespan.startup.complete":
+                try:
+                    port = await self.picker.start()
+                except (OSError, RuntimeError) as exc:
+                    await self.router.stop()
+                    problem = f"endpoint picker on {self.picker.address}: {exc}"
+                    await send({"type": "lifespan.startup.failed", "message": problem})
+                    return
+                if self._on_listening is not None:
+                    self._on_listening(port)
+            await send(message)
+
+        await self.app(scope, receiving, sending)
+
+
 def run_router(
-    app: RouterApp, *, host: str, port: int, on_listening: Callable[[int], None] | None = None
+    app: RouterApp | RouterWithPicker,
+    *,
+    host: str,
+    port: int,
+    on_listening: Callable[[int], None] | None = None,
 ) -> None:
     """Serve in the foreground until interrupted (the CLI's ``lorafleet router``).
 

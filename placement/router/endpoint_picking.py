@@ -1,0 +1,388 @@
+"""The endpoint picker's side of one request: the proxy's routing, without the bytes.
+
+In endpoint-picker mode a gateway (Envoy, speaking ``router.picker_grpc``) sends the
+request itself; lorafleet only says where. Everything that decides is the proxy's own:
+the front door (``router.front``: size, JSON, names), the ``Picker`` over the
+``Router``'s topology (the plan, the ledger, the pressure rules of
+``policies.routing``), the coalesced loads (``Router.load``: a cold adapter is loaded
+once per pod however many streams ask), the metrics and the request log. So a request
+through the gateway leaves the same ledger, counters and log row as one through the
+proxy.
+
+One ``GatewayRequest`` per request (one gateway stream):
+
+- ``decide(body)``: the front door, the pick (waiting out soft memory pressure as the
+  proxy does), the load of a cold adapter, the admission into the ledger; a ``Picked``
+  (endpoints as ``host:port``, the chosen pod first, then at most one fallback that
+  already holds the adapter, for the gateway's own retry) or a ``Refused`` (the status
+  and the OpenAI error the gateway answers with);
+- ``decide_without_body()``: a request with no body (a GET) goes to the least loaded pod;
+- ``served``, ``response_status``, ``response_bytes``: the answer as the gateway reports
+  it: which endpoint served (a fallback means the chosen pod failed: it leaves the
+  rotation until a good scrape), the status, the time to first byte and the tokens;
+- ``finish()``: the end of the request in the pod's in-flight count, and its log row.
+
+Must not speak gRPC (``router.picker_grpc`` does) nor send requests to pods.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+from urllib.parse import urlsplit
+
+from placement.domain import AdapterId, Engine, Outcome, PodId
+from placement.errors import PermanentEngineError, RetryableEngineError
+from placement.router.core import Router
+from placement.router.forward import SGLANG_NOT_LOADED, Exchange
+from placement.router.front import body_too_large, parse_request
+from placement.router.picking import Choice, Reject
+from placement.router.reqlog import LogRow
+from placement.router.state import LivePod, Topology, Upstream
+
+log = logging.getLogger("lorafleet.router")
+
+#: The response's last bytes kept to read the token counts from (``usage`` comes last).
+_TAIL_BYTES = 4096
+_PROMPT_TOKENS = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
+_COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
+#: Status logged for a request whose answer the gateway never reported (it went away).
+GONE = 499
+
+
+@dataclass(frozen=True, slots=True)
+class Picked:
+    """Where the gateway sends the request: ``endpoints[0]``, then the fallbacks."""
+
+    endpoints: tuple[str, ...]
+    #: The body the pod wants, when it differs from the client's (SGLang's model name).
+    body: bytes | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """The answer the gateway gives in place of a pod's: an OpenAI error."""
+
+    status: int
+    message: str
+    kind: str
+    param: str | None = None
+    retry_after_s: int | None = None
+
+
+@lru_cache(maxsize=4096)
+def _endpoint(url: str) -> str:
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    host = parts.hostname or ""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def endpoint_of(upstream: Upstream) -> str:
+    """The pod's ``host:port``, as the gateway names endpoints (an InferencePool's
+    ``podIP:targetPort``: the router's pod URLs from the selector are those)."""
+    return _endpoint(upstream.url)
+
+
+def pods_outside(topology: Topology, subset: frozenset[str] | None) -> frozenset[PodId]:
+    """The pods the gateway's subset hint leaves out (none without a hint)."""
+    if subset is None:
+        return frozenset()
+    return frozenset(
+        pod for pod, state in topology.pods.items() if endpoint_of(state.upstream) not in subset
+    )
+
+
+class GatewayRequest:
+    """One request the gateway asks about, from its headers to the end of its answer."""
+
+    def __init__(
+        self,
+        router: Router,
+        headers: Iterable[tuple[bytes, bytes]],
+        *,
+        path: str,
+        subset: frozenset[str] | None = None,
+    ) -> None:
+        self.router = router
+        self.headers = tuple(headers)
+        #: The endpoints the gateway allows (``x-gateway-destination-endpoint-subset``).
+        self.subset = subset
+        self.exchange = Exchange(started_s=router.timer(), arrived_s=router.clock(), path=path)
+        #: The pod the request was admitted on, and the adapter it keeps busy there.
+        self.state: LivePod | None = None
+        self.busy: AdapterId | None = None
+        #: It passed the front door with a model name: it gets a log row.
+        self.named = False
+        self.streaming = False
+        self.finished = False
+        self._tail = b""
+        self._events = 0
+
+    # -- deciding --------------------------------------------------------------------
+
+    def too_large(self, size_bytes: int) -> Refused | None:
+        """A 413 once the body (so far, or as declared) is over the router's limit."""
+        limit = self.router.settings.max_body_bytes
+        if size_bytes <= limit:
+            return None
+        refusal = body_too_large(limit)
+        self.router.metrics.refused.labels(reason=refusal.reason).inc()
+        return Refused(413, refusal.message, "RequestTooLargeError")
+
+    async def decide(self, body: bytes) -> Picked | Refused:
+        router, exchange = self.router, self.exchange
+        exchange.body = body
+        refusal = parse_request(
+            exchange,
+            self.headers,
+            max_depth=router.settings.max_json_depth,
+            base_models=router.topology.base_pool.keys(),
+        )
+        if refusal is not None:  # no label, no log row: the request never got a name
+            router.metrics.refused.labels(reason=refusal.reason).inc()
+            kind = "RequestTooLargeError" if refusal.status == 413 else "BadRequestError"
+            return Refused(refusal.status, refusal.message, kind, param=refusal.param)
+        self.named = True
+        exchange.known = router.knows(exchange.model)
+        if not exchange.known and router.adapters.sources:
+            return self._refuse(Choice(None, reject=Reject.UNKNOWN_MODEL))
+        return await self._route()
+
+    def decide_without_body(self) -> Picked | Refused:
+        """A request without a body names no model: the least loaded pod of the pool
+        (the one a ``x-gateway-model-name`` header names, else the first)."""
+        topology = self.router.topology
+        named = next((v for k, v in self.headers if k == b"x-gateway-model-name"), None)
+        pool = topology.pool_of(named.decode("latin-1")) if named else None
+        if pool is None and topology.pools:
+            pool = topology.pools[min(topology.pools)]
+        if pool is None:
+            return self._refuse(Choice(None, reject=Reject.NO_POD))
+        exclude = pods_outside(topology, self.subset)
+        choice = self.router.picker.pick(topology, pool.served_model, exclude=exclude)
+        if choice.pod is None:
+            return self._refuse(choice)
+        self._admit(choice.pod, None)
+        return Picked(endpoints=(endpoint_of(choice.pod.upstream),))
+
+    async def _route(self) -> Picked | Refused:
+        """The proxy's ``_route`` up to the send: two pods at most when loads fail."""
+        router, exchange = self.router, self.exchange
+        adapter = AdapterId(exchange.model)
+        exclude = pods_outside(router.topology, self.subset)
+        for attempt in range(2):
+            choice = await self._choose(exclude)
+            state = choice.pod
+            if state is None:
+                return self._refuse(choice)
+            # A name the router does not know stays out of the ledger (as in the proxy).
+            outcome = choice.outcome if exchange.known else None
+            exchange.pod, exchange.outcome = state.upstream.pod, outcome
+            if choice.unplanned and attempt == 0:
+                label = self._label()
+                router.unplanned[AdapterId(label)] += 1
+                router.metrics.unplanned.labels(adapter=label).inc()
+            try:
+                if outcome is not None and router.needs_load(state, adapter):
+                    await router.load(state, adapter)
+            except PermanentEngineError as exc:
+                message = f"loading {exchange.model} failed: {exc}"
+                return self._fail(502, message, param="model")
+            except (RetryableEngineError, OSError) as exc:
+                log.warning("loading %s on %s failed: %s", adapter, state.upstream.pod, exc)
+                router.metrics.retries.inc()
+                exclude = exclude | {state.upstream.pod}
+                continue
+            self._admit(state, outcome)
+            body = exchange.body_for(state)
+            return Picked(
+                endpoints=(endpoint_of(state.upstream), *self._fallback(state, exclude)),
+                body=None if body is exchange.body else body,
+            )
+        return self._fail(502, "every pod tried failed")
+
+    async def _choose(self, exclude: frozenset[PodId]) -> Choice:
+        """Pick a pod; under soft memory pressure wait a little for room, as the proxy."""
+        router, model = self.router, self.exchange.model
+        choice = router.picker.pick(router.topology, model, exclude=exclude)
+        waited_s = 0.0
+        limit_s = router.settings.pressure_wait_s
+        step_s = min(router.settings.scrape_interval_s, limit_s / 4)
+        while choice.reject == Reject.PRESSURE_WAIT and waited_s < limit_s:
+            await asyncio.sleep(step_s)
+            waited_s += step_s
+            choice = router.picker.pick(router.topology, model, exclude=exclude)
+        return choice
+
+    def _fallback(self, chosen: LivePod, exclude: frozenset[PodId]) -> tuple[str, ...]:
+        """Another healthy pod of the pool that needs no load for the request (the
+        gateway sends there unloaded), not refusing for memory, least queued first.
+        Not a second pick: a pick moves the round-robin cursor."""
+        router, exchange = self.router, self.exchange
+        pool = router.topology.pool_of(exchange.model)
+        if pool is None:
+            return ()
+        adapter = AdapterId(exchange.model)
+        held = exchange.outcome is not None
+        best: LivePod | None = None
+        for state in pool.states:
+            if state is chosen or not state.healthy or state.pod_id in exclude:
+                continue
+            if state.kv_usage >= router.settings.reject_kv_usage:
+                continue
+            if held and (adapter in state.loading or not state.ledger.is_listed(adapter)):
+                continue
+            if best is None or state.queue_depth < best.queue_depth:
+                best = state
+        return () if best is None else (endpoint_of(best.upstream),)
+
+    def _admit(self, state: LivePod, outcome: Outcome | None) -> None:
+        """The request goes to ``state``: the engine activates its adapter there."""
+        adapter = AdapterId(self.exchange.model) if outcome is not None else None
+        if adapter is not None:
+            state.note_use(adapter, self.router.clock())
+            if outcome is Outcome.CPU_HIT:
+                self.router.metrics.loads.labels(pod=state.upstream.pod, reason="activation").inc()
+        state.begin(adapter)
+        self.state, self.busy = state, adapter
+
+    def _refuse(self, choice: Choice) -> Refused:
+        """No pod: 404 for a model nobody serves, else 503 with Retry-After."""
+        exchange = self.exchange
+        if choice.reject == Reject.UNKNOWN_MODEL:
+            exchange.status = 404
+            message = f"The model `{exchange.model}` does not exist."
+            return Refused(404, message, "NotFoundError", param="model")
+        exchange.status = 503
+        if choice.reject == Reject.NO_POD:
+            message = "no healthy pod serves this model"
+        else:
+            message = "every pod for this model is under memory pressure; retry later"
+        retry_after_s = self.router.settings.retry_after_s
+        return Refused(503, message, "ServiceUnavailableError", retry_after_s=retry_after_s)
+
+    def _fail(self, status: int, message: str, *, param: str | None = None) -> Refused:
+        self.exchange.status = status
+        return Refused(status, message, "BadGatewayError", param=param)
+
+    # -- the answer, as the gateway reports it ----------------------------------------
+
+    def served(self, endpoint: str, pods: Mapping[str, LivePod] | None = None) -> None:
+        """The gateway says which endpoint served: another than the chosen one means
+        the chosen pod failed (the gateway fell back): it leaves the rotation until a
+        good scrape, and the request counts on the pod that served it."""
+        state = self.state
+        if state is None or not endpoint or endpoint == endpoint_of(state.upstream):
+            return
+        pods = pods if pods is not None else self._by_endpoint()
+        serving = pods.get(endpoint)
+        self.router.mark_unhealthy(state, f"the gateway fell back from it to {endpoint}")
+        if serving is None:
+            return
+        state.end(self.busy)
+        if self.busy is not None:
+            self.exchange.outcome = serving.ledger.classify(self.busy)
+            serving.note_use(self.busy, self.router.clock())
+        serving.begin(self.busy)
+        self.state = serving
+        self.exchange.pod = serving.upstream.pod
+
+    def _by_endpoint(self) -> dict[str, LivePod]:
+        return {endpoint_of(s.upstream): s for s in self.router.topology.pods.values()}
+
+    def response_status(self, status: int, *, content_type: str = "") -> None:
+        self.exchange.status = status
+        self.streaming = "text/event-stream" in content_type
+        state, adapter = self.state, self.busy
+        if status == 404 and state is not None and adapter is not None:
+            self._adapter_gone(state, adapter)  # vLLM: the pod does not list the adapter
+
+    def response_bytes(self, chunk: bytes, *, end: bool) -> None:
+        exchange = self.exchange
+        if exchange.ttft_s is None and (chunk or end):
+            exchange.ttft_s = self.router.timer() - exchange.started_s
+            if self.state is not None:
+                self.state.observe_ttfb(exchange.ttft_s * 1000.0)
+            if exchange.status == 400 and self._sglang_not_loaded(chunk):
+                assert self.state is not None and self.busy is not None
+                self._adapter_gone(self.state, self.busy)
+        if self.streaming:
+            self._events += chunk.count(b"data: ") - chunk.count(b"data: [DONE]")
+        self._tail = (self._tail + chunk)[-_TAIL_BYTES:]
+        if end:
+            self._read_usage()
+
+    def _sglang_not_loaded(self, head: bytes) -> bool:
+        state = self.state
+        if state is None or self.busy is None or state.upstream.engine is not Engine.SGLANG:
+            return False
+        return any(text in head for text in SGLANG_NOT_LOADED)
+
+    def _adapter_gone(self, state: LivePod, adapter: AdapterId) -> None:
+        """The pod no longer holds the adapter (a plan unloaded it since the last
+        listing): forget it, so the next request loads it first."""
+        state.ledger.forget(adapter)
+        state.sync()
+
+    def _read_usage(self) -> None:
+        exchange = self.exchange
+        if self.streaming:
+            exchange.output_tokens = self._events
+        prompt = _PROMPT_TOKENS.search(self._tail)
+        completion = _COMPLETION_TOKENS.search(self._tail)
+        if prompt is not None:
+            exchange.prompt_tokens = int(prompt.group(1))
+        if completion is not None:
+            exchange.output_tokens = int(completion.group(1))
+
+    # -- the end ---------------------------------------------------------------------
+
+    def finish(self) -> None:
+        """The stream ended: the pod's in-flight count, the metrics and the log row."""
+        if self.finished:
+            return
+        self.finished = True
+        if self.state is not None:
+            self.state.end(self.busy)
+        if not self.named:
+            return
+        exchange = self.exchange
+        if exchange.status == 0:
+            exchange.status = GONE
+        self._record()
+
+    def _record(self) -> None:
+        router, exchange = self.router, self.exchange
+        outcome = exchange.outcome.value if exchange.outcome is not None else None
+        status = exchange.status
+        label = outcome if status < 400 and outcome else _failure_label(status)
+        router.metrics.request(self._label(), label, exchange.ttft_s)
+        router.request_log.append(
+            LogRow(
+                ts_s=exchange.arrived_s,
+                adapter=exchange.model,
+                tenant=exchange.tenant,
+                prompt_tokens=exchange.prompt_tokens,
+                output_tokens=exchange.output_tokens,
+                pod=exchange.pod,
+                outcome=outcome if status < 400 else None,
+                ttft_ms=None if exchange.ttft_s is None else exchange.ttft_s * 1000.0,
+                status=status,
+            )
+        )
+
+    def _label(self) -> str:
+        return self.router.metrics.adapter_label(self.exchange.model, known=self.exchange.known)
+
+
+def _failure_label(status: int) -> str:
+    if status == GONE:
+        return "cancelled"
+    if status == 503:
+        return "rejected"
+    return "error" if status >= 400 else "base"
