@@ -284,7 +284,7 @@ class Router:
                 sglang = upstream.engine is Engine.SGLANG
                 parse = parse_sglang_metrics if sglang else parse_vllm_metrics
                 state.observe(parse(text, pod=upstream.pod))
-            if listing or not state.healthy:
+            if listing or not state.healthy or state.listing_due:
                 await self._read_listing(state)
         except httpx.TimeoutException:
             # A slow answer may be our own loop being busy: two in a row take it out.
@@ -363,6 +363,7 @@ class Router:
 
     async def _read_listing(self, state: LivePod) -> None:
         registered = await self.engine_client(state.upstream).registered()
+        state.listing_due = False
         state.ledger.reconcile_listing(registered.adapters)
         state.sync()
 
@@ -404,6 +405,10 @@ class Router:
         try:
             lora_path = self.adapters.sources[adapter]
             loaded = await client.load(adapter, lora_path=lora_path)
+            if not loaded and not state.ledger.is_listed(adapter):
+                # "Already loaded" of a name we did not know: another router worker (or
+                # the controller) loaded it. Its listing tells what else changed.
+                state.listing_due = True
             state.ledger.loaded(adapter, lora_path, changed=loaded, busy=state.busy.keys())
             state.sync()
             if loaded:

@@ -72,6 +72,7 @@ class LivePod:
         "kv_usage",
         "last_used_s",
         "ledger",
+        "listing_due",
         "loading",
         "max_loras",
         "metrics",
@@ -103,6 +104,8 @@ class LivePod:
         self.metrics_missing = False
         #: Whether ``/health`` was asked since ``/metrics`` went missing.
         self.health_probed = False
+        #: Read ``/v1/models`` at the next scrape: someone else loaded an adapter here.
+        self.listing_due = False
         self.inflight = 0
         self.inflight_at_scrape = 0
         #: The router's requests in flight here per adapter: the engine evicts none of

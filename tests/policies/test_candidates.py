@@ -15,7 +15,6 @@ from policies.routing import (
     HashFallback,
     PodSnapshot,
     RouteDecision,
-    RouteReason,
     RoutingContext,
     route_plan,
 )
@@ -37,7 +36,7 @@ def pods(draw: st.DrawFn) -> list[PodSnapshot]:
         made.append(
             PodSnapshot(
                 pod_id=f"pod-{i}",
-                healthy=draw(st.booleans()) or i == 0 and draw(st.booleans()),
+                healthy=draw(st.sampled_from((True, True, True, False))),
                 queue_depth=draw(st.integers(0, 6)),
                 running=draw(st.integers(0, 4)),
                 kv_usage=draw(st.sampled_from((0.1, 0.5, 0.86, 0.9, 0.96))),
@@ -148,4 +147,4 @@ def test_the_least_kv_pod_keeps_the_pressure_tiers_of_the_full_scan() -> None:
     full, fewer, ids = _both(pod_list, {"busy": 1.0}, width=1, tail=False)
     assert ids == {"busy", "roomy"}
     assert fewer == full
-    assert full.reason in (RouteReason.PLAN, RouteReason.SPILL)
+    assert full.accepted  # alone, "busy" would make the request wait (PRESSURE_WAIT)

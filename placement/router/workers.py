@@ -1,0 +1,170 @@
+"""Many router processes on one port: ``lorafleet router --workers N``.
+
+The parent binds the listening socket once and forks N workers before it starts any
+thread or event loop; each worker builds its own ``Router`` (its own scrapes, ledger
+and loops) and serves the inherited socket under uvicorn, so the kernel spreads the
+connections over the workers (uvicorn's own ``--workers`` shares a parent socket the
+same way). The parent reports the port once every worker accepts connections, passes
+SIGTERM and SIGINT on to the workers, and exits when they have (with the first
+failing worker's status).
+
+Agreement without talking: each worker learns what the others loaded from the pods
+themselves. A load of a name the pod has already loaded is answered "already loaded"
+by the engine (vLLM's and SGLang's per-name lock serialises the two loads), so a cold
+adapter is loaded once per pod however many workers ask; the worker that was told
+"already loaded" applies the load to its ledger and reads the pod's ``/v1/models``
+at its next scrape (``Router`` does both).
+
+A worker's request log must not share a file with another's: worker 0 writes to the
+path given, worker i to ``worker_log_path(path, i)``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import sys
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+
+import uvicorn
+
+from placement.router.asgi import RouterApp
+
+
+def worker_log_path(path: Path, worker: int) -> Path:
+    """Worker ``worker``'s request log: ``requests.w1.jsonl`` beside ``requests.jsonl``,
+    or the directory ``requests/w1`` inside a Parquet directory ``requests``."""
+    if worker == 0:
+        return path
+    if path.suffix in (".jsonl", ".ndjson"):
+        return path.with_name(f"{path.stem}.w{worker}{path.suffix}")
+    return path / f"w{worker}"
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """The listening socket every worker inherits (port 0: the kernel picks one)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+class _Worker(uvicorn.Server):
+    """uvicorn on the inherited socket, telling the parent once it accepts connections."""
+
+    def __init__(self, config: uvicorn.Config, *, ready_fd: int) -> None:
+        super().__init__(config)
+        self._ready_fd = ready_fd
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        if self.started:
+            os.write(self._ready_fd, b"1")
+            os.close(self._ready_fd)
+
+
+def _run_worker(app: RouterApp, sock: socket.socket, ready_fd: int) -> None:
+    config = uvicorn.Config(
+        app,
+        access_log=False,
+        http="httptools",
+        loop="uvloop",
+        server_header=False,
+        date_header=False,
+        timeout_graceful_shutdown=max(1, round(app.router.settings.shutdown_grace_s)),
+    )
+    _Worker(config, ready_fd=ready_fd).run(sockets=[sock])
+
+
+def serve_workers(
+    make_app: Callable[[int], RouterApp],
+    *,
+    host: str,
+    port: int,
+    workers: int,
+    on_listening: Callable[[int], None] | None = None,
+) -> int:
+    """Fork ``workers`` processes serving ``make_app(i)`` on one socket; wait for them.
+
+    Returns the exit status: 0 when every worker ended cleanly. ``make_app`` runs in
+    the worker, after the fork, so that no two workers share a client or a loop.
+    """
+    if workers < 1:
+        raise ValueError(f"--workers must be at least 1, not {workers}")
+    sock = bind(host, port)
+    bound = int(sock.getsockname()[1])
+    ready_read, ready_write = os.pipe()
+    children: list[int] = []
+    for worker in range(workers):
+        pid = os.fork()
+        if pid == 0:  # the worker: never returns
+            os.close(ready_read)
+            status = 0
+            try:
+                _run_worker(make_app(worker), sock, ready_write)
+            except BaseException:
+                traceback.print_exc()
+                status = 1
+            finally:
+                sys.stderr.flush()
+                os._exit(status)
+        children.append(pid)
+    os.close(ready_write)
+    sock.close()  # the workers hold it
+    _forward_signals(children)
+    ready = 0
+    while ready < workers:
+        got = os.read(ready_read, workers - ready)
+        if not got:  # every worker closed its end: at least one died starting
+            break
+        ready += len(got)
+    os.close(ready_read)
+    if ready == workers and on_listening is not None:
+        on_listening(bound)
+    return _wait_all(children)
+
+
+def _terminate(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+
+
+def _forward_signals(children: list[int]) -> None:
+    forwarded = False
+
+    def forward(signum: int, _frame: FrameType | None) -> None:
+        nonlocal forwarded
+        if forwarded:  # a second signal: the workers got one already
+            return
+        forwarded = True
+        for pid in children:
+            _terminate(pid)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+
+
+def _wait_all(children: list[int]) -> int:
+    status = 0
+    left = set(children)
+    while left:
+        try:
+            pid, code = os.wait()
+        except ChildProcessError:
+            break
+        if pid in left:
+            left.discard(pid)
+            exit_code = os.waitstatus_to_exitcode(code)
+            if exit_code not in (0, -signal.SIGTERM, -signal.SIGINT) and status == 0:
+                status = exit_code if exit_code > 0 else 1
+                for other in left:  # one worker failed: end the others
+                    _terminate(other)
+    return status

@@ -1,0 +1,124 @@
+"""``lorafleet router --workers N``: N processes on one port, each with its own state,
+agreeing on residency through the pods: a stampede for cold adapters spread over the
+workers loads each adapter once per pod."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+from pathlib import Path
+
+import httpx
+
+from placement.domain import AdapterId
+from placement.plan import plan_to_json
+from placement.router.workers import worker_log_path
+
+from .conftest import catalog_of, emulated, plan_of, router_for
+from .processes import RouterProcess, start_router, wait_for
+
+ADAPTERS = [f"cold-{i}" for i in range(4)]
+CATALOG = "adapters:\n" + "".join(
+    f"  - {{name: {name}, base_model: llama-3.1-8b, rank: 8, source: s3://a/{name}}}\n"
+    for name in ADAPTERS
+)
+
+
+def _children(pid: int) -> list[int]:
+    text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    return [int(part) for part in text.split()]
+
+
+async def _stampede(url: str, models: list[str]) -> Counter[int]:
+    """Every request at once, each on a connection of its own (the kernel hands the
+    connections to the workers)."""
+    limits = httpx.Limits(max_connections=len(models), max_keepalive_connections=0)
+    async with httpx.AsyncClient(limits=limits, timeout=60.0) as client:
+
+        async def one(model: str) -> int:
+            body = {"model": model, "prompt": "hello", "max_tokens": 1}
+            reply = await client.post(f"{url}/v1/completions", json=body)
+            return reply.status_code
+
+        statuses = await asyncio.gather(*(one(model) for model in models))
+    return Counter(statuses)
+
+
+def _start(tmp_path: Path, urls: dict[str, str], *, workers: int) -> RouterProcess:
+    plan = tmp_path / "plan.json"
+    hot = {name: [f"pod-{i % len(urls)}"] for i, name in enumerate(ADAPTERS)}
+    plan.write_text(plan_to_json(plan_of(hot)))
+    catalog = tmp_path / "catalog.yaml"
+    catalog.write_text(CATALOG)
+    args = ["--plan", str(plan), "--catalog", str(catalog), "--workers", str(workers)]
+    args += ["--request-log", str(tmp_path / "requests.jsonl"), "--log-flush-s", "0.05"]
+    return start_router(tmp_path, urls=urls, args=args)
+
+
+def test_a_stampede_over_two_workers_loads_each_cold_adapter_once_per_pod(
+    tmp_path: Path,
+) -> None:
+    with emulated(2, max_loras=4, max_cpu_loras=8) as pods:
+        router = _start(tmp_path, pods.urls, workers=2)
+        try:
+            workers = _children(router.pid)
+            assert len(workers) == 2
+            wait_for(lambda: router.get("/readyz").status_code == 200, timeout_s=30, what="ready")
+            models = [ADAPTERS[i % len(ADAPTERS)] for i in range(100)]
+            statuses = asyncio.run(_stampede(router.url, models))
+            assert statuses == Counter({200: 100})
+            # One load per adapter, on its planned pod, however many workers asked.
+            assert pods.counter("loads") == len(ADAPTERS)
+            for i, name in enumerate(ADAPTERS):
+                listed = pods.stats(f"pod-{i % 2}")
+                assert name in json.dumps(listed), (name, listed)
+            assert router.terminate() == 0
+            for pid in workers:
+                assert not Path(f"/proc/{pid}").exists() or _zombie(pid)
+        finally:
+            router.stop()
+    logs = [worker_log_path(tmp_path / "requests.jsonl", w) for w in range(2)]
+    rows = sum(len(path.read_text().splitlines()) for path in logs if path.exists())
+    assert rows == 100  # every request logged once, by the worker that served it
+
+
+def _zombie(pid: int) -> bool:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return "State:\tZ" in status
+
+
+def test_worker_logs_never_share_a_file() -> None:
+    assert worker_log_path(Path("r/requests.jsonl"), 0) == Path("r/requests.jsonl")
+    assert worker_log_path(Path("r/requests.jsonl"), 3) == Path("r/requests.w3.jsonl")
+    assert worker_log_path(Path("r/log"), 1) == Path("r/log/w1")
+
+
+def _complete(url: str, model: str) -> int:
+    body = {"model": model, "prompt": "hello", "max_tokens": 1}
+    return httpx.post(f"{url}/v1/completions", json=body, timeout=30.0).status_code
+
+
+def test_a_worker_told_already_loaded_learns_the_pod_from_its_listing() -> None:
+    """Two routers over the same pods (two workers' states): the second's load of what
+    the first loaded is the engine's "already loaded", no second load; its next scrape
+    reads the pod's listing, and so learns what else the first loaded there."""
+    catalog = catalog_of(ADAPTERS)
+    with (
+        emulated(1, max_loras=4, max_cpu_loras=8) as pods,
+        router_for(pods.domain, catalog=catalog) as first,
+        router_for(pods.domain, catalog=catalog) as second,
+    ):
+        assert _complete(first.url, "cold-0") == 200
+        assert _complete(first.url, "cold-1") == 200
+        assert pods.counter("loads") == 2
+        assert _complete(second.url, "cold-0") == 200
+        assert pods.counter("loads") == 2  # the engine said "already loaded"
+        (pod,) = second.router.topology.pods.values()
+        assert pod.listing_due
+        assert not pod.ledger.is_listed(AdapterId("cold-1"))
+        second.scrape()  # not a listing round, but a listing is due
+        assert not pod.listing_due
+        assert pod.ledger.is_listed(AdapterId("cold-1"))
+        assert _complete(second.url, "cold-1") == 200
+        assert pods.counter("loads") == 2
