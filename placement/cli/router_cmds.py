@@ -15,9 +15,11 @@ from placement.clock import Clock, clock_from_options
 from placement.domain import Catalog, Fleet
 from placement.errors import InputError, Problem
 from placement.inputs import load_catalog, load_fleet
+from placement.router.asgi import RouterApp
 from placement.router.picking import POLICIES
 from placement.router.sources import FilePlanSource, PlanSource, PodSource
 from placement.router.wiring import build_router, run_router, write_port_file
+from placement.router.workers import serve_workers, worker_log_path
 from placement.settings import Settings
 
 CONFIGMAP_PREFIX = "configmap:"
@@ -100,6 +102,14 @@ def router(
         Path | None,
         typer.Option(help="write the port here (one line, atomically) once listening"),
     ] = None,
+    workers: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="router processes sharing the port, each with its own state (the pods' "
+            "listings keep them agreeing); a request log gets one file per worker",
+        ),
+    ] = 1,
     policy: Annotated[
         str | None,
         typer.Option(
@@ -156,6 +166,31 @@ def router(
     )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per listing otherwise
+    if workers > 1:
+        clock_ = _clock(clock_start, clock_speed, clock_origin)
+
+        def make_app(worker: int) -> RouterApp:
+            # In the worker, after the fork: its own clients, loops and request log.
+            log_path = worker_log_path(request_log, worker) if request_log else None
+            return build_router(
+                fleet=parsed_fleet,
+                pod_source=pod_source,
+                plan=_plan_source(plan),
+                catalog=parsed_catalog,
+                request_log=log_path,
+                settings=settings,
+                clock=clock_,
+            )
+
+        def all_listening(bound: int) -> None:
+            if port_file is not None:
+                write_port_file(port_file, bound)
+            err().print(f"lorafleet router on http://{host}:{bound} ({workers} workers)")
+
+        status = serve_workers(
+            make_app, host=host, port=port, workers=workers, on_listening=all_listening
+        )
+        raise typer.Exit(status)
     app_ = build_router(
         fleet=parsed_fleet,
         pod_source=pod_source,
