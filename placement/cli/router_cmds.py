@@ -18,7 +18,7 @@ from placement.inputs import load_catalog, load_fleet
 from placement.router.asgi import RouterApp
 from placement.router.picking import POLICIES
 from placement.router.sources import FilePlanSource, PlanSource, PodSource
-from placement.router.wiring import build_router, run_router, write_port_file
+from placement.router.wiring import RouterWithPicker, build_router, run_router, write_port_file
 from placement.router.workers import serve_workers, worker_log_path
 from placement.settings import Settings
 
@@ -54,6 +54,16 @@ def _plan_source(plan: str | None) -> PlanSource | None:
     if plan.startswith(CONFIGMAP_PREFIX):
         return _configmap_source(plan)
     return FilePlanSource(Path(plan))
+
+
+def _picker_address(spec: str, host: str) -> tuple[str, int]:
+    """``--endpoint-picker``: ``[HOST]:PORT`` or ``PORT`` (no host: the router's)."""
+    name, _, port = spec.rpartition(":")
+    name = name.strip("[]") or host
+    if not port.isdigit() or not 0 <= int(port) <= 65535:
+        message = f"expected [HOST]:PORT or PORT (0: a free port), got {spec!r}"
+        raise InputError([Problem(source="--endpoint-picker", message=message)])
+    return name, int(port)
 
 
 def _clock(start: datetime | None, speed: float, origin_s: float | None) -> Clock:
@@ -129,6 +139,17 @@ def router(
         float | None,
         typer.Option(help="demos: the wall time (epoch s) at which the clock reads --clock-start"),
     ] = None,
+    endpoint_picker: Annotated[
+        str | None,
+        typer.Option(
+            help="also serve Envoy's ext_proc as a Gateway API endpoint picker on "
+            "[HOST]:PORT (e.g. :9002; 0: a free port)"
+        ),
+    ] = None,
+    picker_port_file: Annotated[
+        Path | None,
+        typer.Option(help="write the endpoint picker's port here once it listens"),
+    ] = None,
 ) -> None:
     """Route OpenAI requests to the pods that hold each adapter, following the plan."""
     settings = Settings()
@@ -157,6 +178,10 @@ def router(
         raise InputError(
             [Problem(source="router", message="give exactly one of --fleet or --selector")]
         )
+    if picker_port_file is not None and endpoint_picker is None:
+        message = "--picker-port-file needs --endpoint-picker"
+        raise InputError([Problem(source="--picker-port-file", message=message)])
+    picker = _picker_address(endpoint_picker, host) if endpoint_picker is not None else None
     parsed_fleet = load_fleet(fleet) if fleet is not None else None
     parsed_catalog: Catalog | None = (
         load_catalog(catalog, fleet=parsed_fleet) if catalog is not None else None
@@ -208,4 +233,17 @@ def router(
             write_port_file(port_file, bound)
         err().print(f"lorafleet router on http://{host}:{bound}")
 
-    run_router(app_, host=host, port=port, on_listening=listening)
+    if picker is None:
+        run_router(app_, host=host, port=port, on_listening=listening)
+        return
+    picker_host, picker_port = picker
+
+    def picker_listening(bound: int) -> None:
+        if picker_port_file is not None:
+            write_port_file(picker_port_file, bound)
+        err().print(f"lorafleet endpoint picker (Envoy ext_proc) on {picker_host}:{bound}")
+
+    with_picker = RouterWithPicker(
+        app_, host=picker_host, port=picker_port, on_picker_listening=picker_listening
+    )
+    run_router(with_picker, host=host, port=port, on_listening=listening)
