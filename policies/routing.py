@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from policies.hashing import HashRing
+from policies.saturation import REFERENCE_EPP, Criticality, SaturationThresholds, is_saturated
 
 
 class PodLike(Protocol):
@@ -120,7 +121,7 @@ class RouteReason(enum.StrEnum):
     PLAN = "plan"  # a hot pod of the plan
     SPILL = "spill"  # the plan's pods are too busy: bounded affinity elsewhere
     PRESSURE_WAIT = "pressure-wait"  # every pod above no-load KV use and none holds it
-    REJECT = "reject"  # every pod above the reject KV use: answer 503
+    REJECT = "reject"  # answer 503: every pod above the reject KV use, or EPP saturated
     NO_POD = "no-pod"  # no healthy pod
 
 
@@ -243,14 +244,30 @@ def epp_score(pod: PodLike, adapter: str, *, max_queue_depth: int = 8) -> float:
     return 0.5 * affinity + 0.2 * kv_affinity + 0.15 * queue_headroom + 0.15 * (1.0 - pod.gpu_util)
 
 
-def route_epp(ctx: RoutingContext, *, max_queue_depth: int = 8) -> RouteDecision:
-    """llm-d's EPP: filter pods at max queue depth (unless all are), then best score.
+def route_epp(
+    ctx: RoutingContext,
+    *,
+    max_queue_depth: int = 8,
+    saturation: SaturationThresholds = REFERENCE_EPP,
+    criticality: Criticality = Criticality.SHEDDABLE,
+) -> RouteDecision:
+    """llm-d's EPP: shed when saturated, filter pods at max queue depth, then best score.
+
+    Saturated (``policies.saturation``: no pod with at most ``saturation.queue_depth``
+    waiting requests and KV use at most ``saturation.kv_usage``; the reference EPP's 5
+    and 0.8 by default), a sheddable request is shed: REJECT, a 503. The reference sheds
+    only requests marked sheddable; the article's EPP drops pods at max queue depth
+    before scoring and its pages fired on timeouts, so every request is sheddable by
+    default here. ``Criticality.STANDARD`` (the reference's default priority 0) is never
+    shed: with every pod at max depth it is scored over all of them, queues unbounded.
 
     The loop inlines ``epp_score`` (same arithmetic) to stay within the latency budget.
     """
     candidates, early = _prelude(ctx)
     if early is not None:
         return early
+    if criticality is Criticality.SHEDDABLE and is_saturated(candidates, saturation):
+        return RouteDecision(None, RouteReason.REJECT)
     open_pods = [pod for pod in candidates if pod.queue_depth < max_queue_depth] or candidates
     adapter = ctx.adapter
     best, best_score = open_pods[0], -1.0

@@ -94,6 +94,9 @@ class SimLog:
     preload_used: list[bool] = field(default_factory=list)
     #: When each of those loads started.
     preload_at_s: list[float] = field(default_factory=list)
+    #: The requests the router refused outright (REJECT, a 503: EPP's saturation or
+    #: the memory-pressure reject tier): shed, never served.
+    shed: list[int] = field(default_factory=list)
 
 
 class FleetReplay:
@@ -265,6 +268,8 @@ class FleetReplay:
             if decision.reason is RouteReason.PRESSURE_WAIT and tries < MAX_RETRIES:
                 self.retries[r] = tries + 1
                 heappush(self.heap, (now_s + self.sim.pressure_retry_s, RETRY, -1, r))
+            elif decision.reason is RouteReason.REJECT:
+                self.log.shed.append(r)
             return
         p = self.index[decision.pod_id]
         pod = self.pods[p]
