@@ -102,6 +102,8 @@ class Outcome:
     body: bytes = b""
     #: The body the picker sent on (full duplex: the gateway forwards only that).
     forwarded: bytes = b""
+    #: The request headers the picker set.
+    headers: dict[str, bytes] = field(default_factory=dict)
 
 
 class Gateway:
@@ -152,6 +154,9 @@ class Gateway:
         [header] = [h for h in common.header_mutation.set_headers if h.header.key == DESTINATION]
         assert header.append_action == base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
         outcome.endpoints = header.header.raw_value.decode().split(",")
+        outcome.headers = {
+            h.header.key: h.header.raw_value for h in common.header_mutation.set_headers
+        }
         lb = first.dynamic_metadata.fields["envoy.lb"].struct_value
         outcome.metadata = lb.fields[DESTINATION].string_value
         if streaming_body:
