@@ -15,6 +15,7 @@ from types import MappingProxyType
 from placement.errors import InfeasibleError, SolverError
 from placement.plan import SolverReport
 from placement.solver.greedy import ClassKey, Counts, greedy_counts, trim_counts
+from placement.solver.improve import top_up
 from placement.solver.infeasible import honours_pins, pin_packing_reasons
 from placement.solver.packing import Assignment, assign_around, assign_pods, evaluate
 from placement.solver.packing_sat import pack_hot
@@ -58,13 +59,17 @@ def pick_plan(
     proven: bool = False,
     bound: float = float("-inf"),
     slack: float = 0.0,
+    top_up_free: bool = True,
 ) -> PoolSolution:
-    """The better of the solver's and the greedy plan; the greedy when the solver has none."""
+    """The better of the solver's and the greedy plan; the greedy when the solver has none.
+    With ``top_up_free``, GPU slots either leaves free go to the adapters worth most."""
     options = []
     if assignment is not None:
+        assignment = top_up(problem, assignment) if top_up_free else assignment
         options.append(("solver", assignment, evaluate(problem, assignment)))
     if fallback is not None:
-        options.append(("greedy", fallback[1], evaluate(problem, fallback[1])))
+        greedy = top_up(problem, fallback[1]) if top_up_free else fallback[1]
+        options.append(("greedy", greedy, evaluate(problem, greedy)))
     if not options:
         reasons = pin_packing_reasons(problem)
         if reasons:
@@ -115,6 +120,35 @@ def combine_reports(solutions: list[PoolSolution]) -> SolverReport:
         gap=gap,
         wall_s=sum(r.wall_s for r in reports),
     )
+
+
+def gap_notes(solutions: list[PoolSolution], *, gap_limit: float) -> list[str]:
+    """Pools whose plan ended further from its bound than ``gap_limit``, and why.
+
+    Stage 1 counts against pool totals (exact per pod only for GPU slots and bytes);
+    a pod's q90 limit is a packing it relaxes. When those limits bind (an overloaded
+    pool, or busy adapters whose pods cannot fill their slots) the bound is loose and
+    the gap says as much about it as about the plan.
+    """
+    notes = []
+    for solution in solutions:
+        report, problem = solution.report, solution.problem
+        if report.gap <= gap_limit or report.status == "OPTIMAL":
+            continue
+        capacity = sum(cls.capacity_rps * cls.size for cls in problem.classes)
+        load = (
+            f"the pool is overloaded (forecast q90 {problem.q90_total_rps:.4g} rps on "
+            f"{capacity:.4g} rps of pods, planned at {problem.headroom:.0%} of capacity)"
+            if problem.overloaded
+            else "busy adapters leave their pods' slots unusable"
+        )
+        notes.append(
+            f"pool {problem.pool}: the plan is within {report.gap:.1%} of its bound after "
+            f"{report.wall_s:.1f} s, not {gap_limit:.1%}: {load}, and the bound counts "
+            "each pod's q90 limit only as a pool total, so the plan may be closer to the "
+            "best than that; add pods or raise capacity_rps to plan with room"
+        )
+    return notes
 
 
 def pack_counts(

@@ -12,6 +12,7 @@ Pure: no IO, no clock.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -26,6 +27,7 @@ from placement.solver.greedy import (
     named_pins_per_class,
     warm_eligible,
 )
+from placement.solver.patterns import add_pattern_constraints, most_beside
 from placement.solver.problem import Candidate, PlacementProblem, PoolProblem
 
 #: Objective coefficients are integers, in 1/10,000 ms of delay per second.
@@ -66,6 +68,10 @@ class SolveOptions:
     #: CP-SAT's deterministic time limit (its own work units): a solve that ends by it
     #: gives the same answer on any machine, unlike one that ends by wall time.
     deterministic_time: float | None = None
+    #: Stage 1 sees whole pods where they bind (GPU fills, pool capacity) and stage 2
+    #: retries and tops up; False is pool totals alone, the earlier solver, kept as
+    #: the baseline ``bench.solver_overload`` compares against.
+    per_pod: bool = True
 
 
 def build_model(
@@ -73,12 +79,17 @@ def build_model(
     *,
     relax: frozenset[str] = frozenset(),
     scale: float = 1.0,
+    per_pod: bool = True,
 ) -> tuple[cp_model.CpModel, ModelVars]:
-    """Stage 1 of one pool: replica counts per adapter and pod class."""
+    """Stage 1 of one pool: replica counts per adapter and pod class; without
+    ``per_pod``, pool totals only (no whole-pod fills, no capacity cut)."""
     builder = _Stage1(problem, relax=relax)
     for candidate in problem.candidates:
         builder.add_adapter(candidate)
     _add_budgets(builder.model, problem, builder.replicas, builder.registered, scale=scale)
+    if per_pod:
+        add_pattern_constraints(builder.model, problem, builder.replicas, scale=scale)
+        _add_capacity(builder.model, problem, builder.hot, builder.replicas, scale=scale)
     # Capacity needs no constraint here: the pool's pooled q90 fits its pods (checked
     # before solving), each hot adapter has replicas enough for its own q90 (min_hot),
     # and stage 2 keeps every pod's pooled q90 within capacity and headroom.
@@ -227,6 +238,50 @@ def _add_budgets(
         model.add(sum(c.size_bytes * r for c, r in hot) <= int(cls.hbm_bytes * n * scale))
         host_bytes = sum(c.size_bytes * r for c, r in hot) + sum(c.size_bytes * r for c, r in reg)
         model.add(host_bytes <= int(cls.host_bytes * n * scale))
+
+
+def _add_capacity(
+    model: cp_model.CpModel,
+    problem: PoolProblem,
+    hot: Mapping[str, cp_model.IntVar],
+    replicas: Mapping[ClassKey, cp_model.IntVar],
+    *,
+    scale: float,
+) -> None:
+    """Pool capacity, as a relaxation of every pod's q90 limit (overloaded pools only).
+
+    A pod's q90 is its mean plus the root of its replicas' summed squared spreads, and
+    that root is at least their summed spreads over the root of how many share the pod
+    (Cauchy-Schwarz). An adapter too large to share a pod's GPU bytes with any other
+    takes its pods' whole capacity; the others' routing weights add to one, so their
+    means plus their spreads over the root of the most replicas a pod beside them can
+    hold fit the rest. An adapter too busy for any pod (it may have pods alone, above
+    the limit) is left out, so the cut stays a relaxation and the bound stays valid.
+    """
+    if not problem.overloaded:
+        return
+    beside = {cls.key: most_beside(problem, cls, scale=scale) for cls in problem.classes}
+    limit = {cls.key: cls.capacity_rps * problem.headroom for cls in problem.classes}
+    eligible = {
+        c.name: [cls.key for cls in problem.classes if hot_eligible(c, cls)]
+        for c in problem.candidates
+    }
+    terms: list[cp_model.LinearExprT] = []
+    for c in problem.candidates:
+        keys = eligible[c.name]
+        if not c.can_be_hot or not keys:
+            continue
+        most = max(beside[k].get(c.size_bytes, 1) for k in keys)
+        if most <= 1:
+            terms.extend(math.floor(limit[k] * 1000) * replicas[(c.name, k)] for k in keys)
+            continue
+        if c.q90_rps / max(1, c.max_hot) > min(limit[k] for k in keys):
+            continue
+        spread = max(0.0, c.q90_rps - c.mean_rps)
+        load = c.mean_rps + spread / math.sqrt(most)
+        terms.append(math.floor(load * 1000) * hot[str(c.name)])
+    capacity = sum(limit[cls.key] * cls.size for cls in problem.classes)
+    model.add(sum(terms) <= math.ceil(capacity * 1000))
 
 
 def add_hint(model: cp_model.CpModel, variables: ModelVars, counts: Counts) -> None:

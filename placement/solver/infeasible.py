@@ -155,10 +155,15 @@ def _pin_total_reasons(pool: PoolProblem) -> list[str]:
 
 
 def explain_by_relaxing(pool: PoolProblem, *, time_limit_s: float) -> list[str]:
-    """Name the constraint family whose removal alone makes the pool feasible."""
+    """Name the constraint family whose removal alone makes the pool feasible; or, when
+    pool totals hold and only whole pods do not, the pin that does not pack."""
+    if _feasible(build_model(pool, per_pod=False)[0], time_limit_s=time_limit_s):
+        reasons = pin_packing_reasons(pool)
+        if reasons:
+            return reasons
     reasons = []
     for family in FAMILIES:
-        model, _ = build_model(pool, relax=frozenset({family}))
+        model, _ = build_model(pool, relax=frozenset({family}), per_pod=False)
         solver = cp_model.CpSolver()
         solver.parameters.max_time_in_seconds = time_limit_s
         solver.parameters.num_workers = 1
@@ -173,6 +178,13 @@ def explain_by_relaxing(pool: PoolProblem, *, time_limit_s: float) -> list[str]:
             "together, nor any one of them left out: check pins against GPU slots and bytes"
         )
     return reasons
+
+
+def _feasible(model: cp_model.CpModel, *, time_limit_s: float) -> bool:
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = time_limit_s
+    solver.parameters.num_workers = 1
+    return solver.solve(model) in (cp_model.OPTIMAL, cp_model.FEASIBLE)
 
 
 def honours_pins(pool: PoolProblem, assignment: Assignment) -> bool:

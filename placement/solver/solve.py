@@ -31,6 +31,7 @@ from placement.plan import Plan
 from placement.solver.choose import (
     combine_reports,
     empty_solution,
+    gap_notes,
     greedy_assignment,
     pack_counts,
     pick_plan,
@@ -44,9 +45,22 @@ from placement.solver.counts import (
     cp_solver,
     options_from,
 )
-from placement.solver.infeasible import capacity_notes, explain_by_relaxing, quick_reasons
+from placement.solver.greedy import Counts
+from placement.solver.infeasible import (
+    capacity_notes,
+    explain_by_relaxing,
+    quick_reasons,
+)
+from placement.solver.packing import Assignment, evaluate
 from placement.solver.problem import PlacementProblem, PoolProblem
 from placement.solver.solution import PoolSolution, Solution, assemble_plan
+
+#: Headroom factors of the stage-1 retries in an overloaded pool, and the seconds a
+#: retry needs left to start.
+RETRY_HEADROOM = (0.97, 0.9)
+RETRY_MIN_S = 1.0
+#: A pool whose plan ends further than this from its bound gets a note saying why.
+GAP_NOTE = 0.01
 
 
 def solve(problem: PlacementProblem, *, options: SolveOptions | None = None) -> Solution:
@@ -66,6 +80,7 @@ def solve(problem: PlacementProblem, *, options: SolveOptions | None = None) -> 
             raise InfeasibleError(explain_by_relaxing(pool, time_limit_s=max(1.0, share)))
         solutions.append(solution)
     notes = capacity_notes(problem, configured=problem.settings.planner.capacity_headroom)
+    notes.extend(gap_notes(solutions, gap_limit=GAP_NOTE))
     return Solution(
         pools=tuple(solutions),
         report=combine_reports(solutions),
@@ -78,31 +93,16 @@ def _solve_pool(problem: PoolProblem, options: SolveOptions) -> PoolSolution | N
     fallback = greedy_assignment(problem)
     if not problem.candidates:
         return empty_solution(problem)
-    model, variables = build_model(problem, scale=options.scale)
-    if fallback is not None:
-        add_hint(model, variables, fallback[0])
     # Stage 1 leaves a quarter of the pool's time to stage 2 and the greedy's checks.
-    solver = cp_solver(
-        replace(options, time_limit_s=0.75 * options.time_limit_s),
-        model_size=len(problem.candidates),
-    )
-    status = solver.solve(model)
-    if status == cp_model.MODEL_INVALID:
-        raise SolverError(f"pool {problem.pool}: invalid model: {model.validate()}")
+    stage1 = replace(options, time_limit_s=0.75 * options.time_limit_s)
+    status, counts, bound, wall_s = _stage1(problem, stage1, fallback)
     if status == cp_model.INFEASIBLE:
         return None
     assignment = None
-    bound = float("-inf")
-    wall_s = solver.wall_time
-    if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        bound = solver.best_objective_bound / SCALE
-        assignment, extra_s = pack_counts(
-            problem,
-            counts_from(solver, variables),
-            time_left_s=options.time_limit_s - solver.wall_time,
-            workers=options.workers,
-            seed=options.seed,
-        )
+    if counts is not None:
+        assignment, extra_s = _pack(problem, counts, options, wall_s)
+        wall_s += extra_s
+        assignment, extra_s = _retry_tighter(problem, assignment, options, fallback, wall_s)
         wall_s += extra_s
     return pick_plan(
         problem,
@@ -112,7 +112,70 @@ def _solve_pool(problem: PoolProblem, options: SolveOptions) -> PoolSolution | N
         proven=status == cp_model.OPTIMAL,
         bound=bound,
         slack=_rounding_slack(problem),
+        top_up_free=options.per_pod,
     )
+
+
+def _stage1(
+    problem: PoolProblem, options: SolveOptions, fallback: tuple[Counts, Assignment] | None
+) -> tuple[cp_model.CpSolverStatus, Counts | None, float, float]:
+    """Stage 1's status, counts (None without a solution), bound and seconds."""
+    model, variables = build_model(problem, scale=options.scale, per_pod=options.per_pod)
+    if fallback is not None:
+        add_hint(model, variables, fallback[0])
+    solver = cp_solver(options, model_size=len(problem.candidates))
+    status = solver.solve(model)
+    if status == cp_model.MODEL_INVALID:
+        raise SolverError(f"pool {problem.pool}: invalid model: {model.validate()}")
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return status, None, float("-inf"), solver.wall_time
+    counts = counts_from(solver, variables)
+    return status, counts, solver.best_objective_bound / SCALE, solver.wall_time
+
+
+def _pack(
+    problem: PoolProblem, counts: Counts, options: SolveOptions, spent_s: float
+) -> tuple[Assignment | None, float]:
+    return pack_counts(
+        problem,
+        counts,
+        time_left_s=options.time_limit_s - spent_s,
+        workers=options.workers,
+        seed=options.seed,
+    )
+
+
+def _retry_tighter(
+    problem: PoolProblem,
+    assignment: Assignment | None,
+    options: SolveOptions,
+    fallback: tuple[Counts, Assignment] | None,
+    spent_s: float,
+) -> tuple[Assignment | None, float]:
+    """In an overloaded pool whose stage-1 counts did not pack, stage 1 again with less
+    headroom (each replica's q90 then leaves room on its pod), keeping the best plan.
+
+    Per-pod q90 limits are a packing that stage 1 only relaxes; counts planned against
+    a little less capacity pack with less repair. The bound stays the first solve's.
+    """
+    if assignment is None or not problem.overloaded or not options.per_pod:
+        return assignment, 0.0
+    best, best_cost = assignment, evaluate(problem, assignment).model_total
+    extra_s = 0.0
+    for factor in RETRY_HEADROOM:
+        left_s = options.time_limit_s - spent_s - extra_s
+        if left_s < RETRY_MIN_S:
+            break
+        tighter = replace(problem, headroom=problem.headroom * factor)
+        _, counts, _, wall_s = _stage1(tighter, replace(options, time_limit_s=left_s / 2), fallback)
+        extra_s += wall_s
+        if counts is None:
+            continue
+        packed, pack_s = _pack(problem, counts, options, spent_s + extra_s)
+        extra_s += pack_s
+        if packed is not None and evaluate(problem, packed).model_total < best_cost:
+            best, best_cost = packed, evaluate(problem, packed).model_total
+    return best, extra_s
 
 
 def _rounding_slack(problem: PoolProblem) -> float:
