@@ -1,12 +1,15 @@
 """Many router processes on one port: ``lorafleet router --workers N``.
 
-The parent binds the listening socket once and forks N workers before it starts any
-thread or event loop; each worker builds its own ``Router`` (its own scrapes, ledger
-and loops) and serves the inherited socket under uvicorn, so the kernel spreads the
-connections over the workers (uvicorn's own ``--workers`` shares a parent socket the
-same way). The parent reports the port once every worker accepts connections, passes
-SIGTERM and SIGINT on to the workers, and exits when they have (with the first
-failing worker's status).
+The parent binds the port (port 0: the kernel picks it) with ``SO_REUSEPORT`` and forks
+N workers before it starts any thread or event loop; each worker binds a listening
+socket of its own to the same port and builds its own ``Router`` (its own scrapes,
+ledger and loops) under uvicorn. The kernel then spreads new connections evenly over
+the workers' sockets by their addresses' hash; one socket shared by all (uvicorn's own
+``--workers``, and the fallback where ``SO_REUSEPORT`` is missing) hands most
+connections to whichever worker wakes first. The parent's socket never listens: it
+only holds the port. The parent reports the port once every worker accepts
+connections, passes SIGTERM and SIGINT on to the workers, and exits when they have
+(with the first failing worker's status).
 
 Agreement without talking: each worker learns what the others loaded from the pods
 themselves. A load of a name the pod has already loaded is answered "already loaded"
@@ -46,14 +49,20 @@ def worker_log_path(path: Path, worker: int) -> Path:
     return path / f"w{worker}"
 
 
-def bind(host: str, port: int) -> socket.socket:
-    """The listening socket every worker inherits (port 0: the kernel picks one)."""
+REUSE_PORT = hasattr(socket, "SO_REUSEPORT")
+
+
+def bind(host: str, port: int, *, listen: bool) -> socket.socket:
+    """A socket on ``host:port`` (port 0: the kernel picks one), in the port's
+    ``SO_REUSEPORT`` group where the platform has one; listening or only holding it."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if REUSE_PORT:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind((host, port))
-    sock.listen(2048)
-    sock.set_inheritable(True)
+    if listen:
+        sock.listen(2048)
     return sock
 
 
@@ -72,6 +81,7 @@ class _Worker(uvicorn.Server):
 
 
 def _run_worker(app: RouterApp, sock: socket.socket, ready_fd: int) -> None:
+    """Serve ``app`` on ``sock`` until a signal ends uvicorn."""
     config = uvicorn.Config(
         app,
         access_log=False,
@@ -99,8 +109,8 @@ def serve_workers(
     """
     if workers < 1:
         raise ValueError(f"--workers must be at least 1, not {workers}")
-    sock = bind(host, port)
-    bound = int(sock.getsockname()[1])
+    held = bind(host, port, listen=not REUSE_PORT)
+    bound = int(held.getsockname()[1])
     ready_read, ready_write = os.pipe()
     children: list[int] = []
     for worker in range(workers):
@@ -109,6 +119,10 @@ def serve_workers(
             os.close(ready_read)
             status = 0
             try:
+                sock = held
+                if REUSE_PORT:  # a listening socket of this worker's own
+                    sock = bind(host, bound, listen=True)
+                    held.close()
                 _run_worker(make_app(worker), sock, ready_write)
             except BaseException:
                 traceback.print_exc()
@@ -118,7 +132,6 @@ def serve_workers(
                 os._exit(status)
         children.append(pid)
     os.close(ready_write)
-    sock.close()  # the workers hold it
     _forward_signals(children)
     ready = 0
     while ready < workers:
@@ -127,6 +140,7 @@ def serve_workers(
             break
         ready += len(got)
     os.close(ready_read)
+    held.close()  # the workers' sockets hold the port now
     if ready == workers and on_listening is not None:
         on_listening(bound)
     return _wait_all(children)

@@ -1,0 +1,188 @@
+"""Throughput against router worker count, and the loads the pods paid, on one trace.
+
+Emulated vLLM pods (zero simulated latency) run in one child process; for each worker
+count, ``lorafleet router --workers N`` runs in front of them (the pods restarted
+empty first), and this process sends the same trace through it: a closed loop over
+``--connections`` keep-alive connections, ``--requests`` requests for adapters the
+plan places (one pod each) and a few it does not (hashed), all cold at the start.
+
+Per run: requests/s (wall), the router's CPU (parent and workers, from /proc), requests
+per router CPU second, the busiest worker's CPU share, and the capacity the workers
+would have with a core each (requests over the busiest worker's CPU seconds: the
+figure that scales with workers when the machine is not shared), and the loads the pods
+made (their ``/admin/stats`` counters). Extra loads: those of N workers less those of 1.
+
+    .venv/bin/python -m bench.router_workers [--workers 1,2] [--requests 3000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from bench.router_overhead import PODS_SCRIPT, _cpu_s, _ports_in
+from placement.plan import plan_to_json
+from tests import factories
+
+LORAFLEET = Path(sys.executable).parent / "lorafleet"
+
+
+def _fleet_yaml(ports: list[int]) -> str:
+    pods = "".join(
+        f'      - {{name: pod-{i}, url: "http://127.0.0.1:{port}"}}\n'
+        for i, port in enumerate(ports)
+    )
+    return (
+        "pools:\n  - name: emulated\n    base_model: llama-3.1-8b\n"
+        "    served_model_name: base-model\n    engine: vllm\n    max_lora_rank: 64\n"
+        f"    pod_defaults: {{max_loras: 4, max_cpu_loras: 16}}\n    pods:\n{pods}"
+    )
+
+
+def _catalog_yaml(names: list[str]) -> str:
+    return "adapters:\n" + "".join(
+        f"  - {{name: {n}, base_model: llama-3.1-8b, rank: 8, source: s3://a/{n}}}\n" for n in names
+    )
+
+
+def _children(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(part) for part in path.read_text().split()] if path.exists() else []
+
+
+async def _drive(url: str, trace: list[str], connections: int) -> tuple[float, int]:
+    """The trace over ``connections`` keep-alive connections; seconds taken and 200s."""
+    connector = aiohttp.TCPConnector(limit=connections)
+    ok = 0
+    async with aiohttp.ClientSession(connector=connector) as session:
+        position = 0
+
+        async def worker() -> None:
+            nonlocal position, ok
+            while position < len(trace):
+                model = trace[position]
+                position += 1
+                body = {"model": model, "prompt": "hello", "max_tokens": 1}
+                async with session.post(f"{url}/v1/completions", json=body) as reply:
+                    await reply.read()
+                    ok += reply.status == 200
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(connections)))
+        return time.perf_counter() - started, ok
+
+
+async def _pods_admin(ports: list[int], action: str) -> int:
+    """Restart every pod empty (``restart``) or sum their loads (``loads``)."""
+    total = 0
+    async with aiohttp.ClientSession() as session:
+        for port in ports:
+            base = f"http://127.0.0.1:{port}/admin"
+            if action == "restart":
+                async with session.post(f"{base}/restart") as reply:
+                    await reply.read()
+            else:
+                async with session.get(f"{base}/stats") as reply:
+                    stats = await reply.json()
+                total += int(stats["counters"].get("loads", 0))
+    return total
+
+
+async def _ready(url: str, deadline_s: float) -> None:
+    async with aiohttp.ClientSession() as session:
+        while time.monotonic() < deadline_s:
+            try:
+                async with session.get(f"{url}/readyz") as reply:
+                    if reply.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.05)
+    raise RuntimeError(f"{url} never became ready")
+
+
+def _run(workers: int, args: argparse.Namespace, tmp: Path, ports: list[int]) -> dict[str, Any]:
+    asyncio.run(_pods_admin(ports, "restart"))
+    loads_before = asyncio.run(_pods_admin(ports, "loads"))  # counters outlive restarts
+    port_file = tmp / f"router-{workers}.port"
+    command = [
+        str(LORAFLEET), "router", "--fleet", str(tmp / "fleet.yaml"),
+        "--plan", str(tmp / "plan.json"), "--catalog", str(tmp / "catalog.yaml"),
+        "--port", "0", "--port-file", str(port_file), "--workers", str(workers),
+    ]  # fmt: skip
+    router = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        (port,) = _ports_in(port_file, router)
+        url = f"http://127.0.0.1:{port}"
+        asyncio.run(_ready(url, time.monotonic() + 60))
+        pids = [router.pid, *_children(router.pid)]
+        before = {pid: _cpu_s(pid) for pid in pids}
+        seconds, ok = asyncio.run(_drive(url, args.trace, args.connections))
+        spent = {pid: _cpu_s(pid) - before[pid] for pid in pids}
+        loads = asyncio.run(_pods_admin(ports, "loads")) - loads_before
+    finally:
+        router.terminate()
+        router.wait(timeout=60)
+    cpu_s = sum(spent.values())
+    busiest_s = max(spent[pid] for pid in pids[1:]) if len(pids) > 1 else cpu_s
+    return {
+        "workers": workers,
+        "requests_ok": ok,
+        "rps": ok / seconds,
+        "router_cpu_s": cpu_s,
+        "requests_per_router_cpu_s": ok / cpu_s,
+        "worker_cpu_s": [round(spent[pid], 3) for pid in pids[1:]] or [round(cpu_s, 3)],
+        "busiest_worker_cpu_share": busiest_s / seconds,
+        "capacity_rps_core_each": ok / busiest_s,
+        "pod_loads": loads,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--workers", default="1,2", help="worker counts, comma-separated")
+    parser.add_argument("--requests", type=int, default=3000)
+    parser.add_argument("--connections", type=int, default=32)
+    parser.add_argument("--pods", type=int, default=4)
+    args = parser.parse_args()
+    planned = [f"lora-{i}" for i in range(4 * args.pods)]
+    unplanned = [f"extra-{i}" for i in range(4)]
+    args.trace = [
+        (unplanned if i % 10 == 9 else planned)[i % (4 if i % 10 == 9 else len(planned))]
+        for i in range(args.requests)
+    ]
+    with tempfile.TemporaryDirectory() as name:
+        tmp = Path(name)
+        pods_file = tmp / "pods.ports"
+        pods = subprocess.Popen([sys.executable, "-c", PODS_SCRIPT, str(args.pods), str(pods_file)])
+        try:
+            ports = _ports_in(pods_file, pods)
+            (tmp / "fleet.yaml").write_text(_fleet_yaml(ports))
+            (tmp / "catalog.yaml").write_text(_catalog_yaml(planned + unplanned))
+            hot = {f"pod-{k}": planned[k :: args.pods] for k in range(args.pods)}
+            (tmp / "plan.json").write_text(
+                plan_to_json(factories.make_plan(hot, plan_id="w", created=datetime.now(UTC)))
+            )
+            runs = [_run(int(n), args, tmp, ports) for n in args.workers.split(",")]
+        finally:
+            pods.terminate()
+            pods.wait()
+    base = runs[0]
+    for run in runs:
+        run["capacity_over_first"] = run["capacity_rps_core_each"] / base["capacity_rps_core_each"]
+        run["extra_loads_over_first"] = run["pod_loads"] - base["pod_loads"]
+        print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in run.items()}))
+
+
+if __name__ == "__main__":
+    main()
