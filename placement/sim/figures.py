@@ -2,6 +2,10 @@
 
 Owns the metric names (the ``--json`` keys) and their definitions:
 
+- ``requests``, ``served``, ``rejected`` (not served) and ``shed`` (of those, refused
+  outright by the router with a 503: EPP's saturation or the memory-pressure reject
+  tier); every figure of requests below counts the served ones alone, as a dashboard
+  of served requests does.
 - ``gpu_hit_rate``: share of served requests whose adapter was on a GPU slot of their
   pod when they arrived there and stayed until admission; ``cpu_hit_rate``: served
   requests that waited for a load from host RAM; the rest waited for a storage load.
@@ -134,6 +138,7 @@ def compute_metrics(
         "requests": len(outcome),
         "served": count,
         "rejected": len(outcome) - count,
+        "shed": int(inside[np.asarray(log.shed, dtype=np.int64)].sum()),
         "gpu_hit_rate": round(float(hits.sum()) / max(count, 1), 6),
         "cpu_hit_rate": round(float((outcome == CPU_HIT).sum()) / max(count, 1), 6),
         "cold_load_rate": round(float((outcome == COLD_LOAD).sum()) / max(count, 1), 6),
