@@ -171,54 +171,8 @@ class TestWindow:
         assert "Traceback" not in result.output
 
 
-EVENT_KEYS = {
-    "count",
-    "first_request_gpu_share",
-    "first_request_ttft_p95_ms",
-    "preloads",
-    "preloads_unused_share",
-}
-
-
 class TestEvents:
-    def write(self, inputs: dict[str, Path], rows: list[tuple[str, str]]) -> Path:
-        path = inputs["log"].parent / "events.parquet"
-        frame = pd.DataFrame(
-            [
-                {"ts": pd.Timestamp(ts), "kind": "login", "tenant": "t", "event_id": e}
-                for ts, e in rows
-            ]
-        )
-        frame.to_parquet(path, index=False)
-        return path
-
-    def test_every_policy_has_the_event_figures(self, inputs: dict[str, Path]) -> None:
-        path = self.write(inputs, [("2026-03-10T09:01:00Z", "e1"), ("2026-03-10T09:02:00Z", "e2")])
-        extra = ["--policy", "epp", "--policy", "lorafleet", "--planner", "greedy"]
-        result = CliRunner().invoke(app, args(inputs, *extra, "--events", str(path), "--json"))
-        assert result.exit_code == 0, result.output
-        policies = json.loads(result.stdout)["policies"]
-        for metrics in policies.values():
-            assert set(metrics) >= JSON_KEYS
-            assert set(metrics["events"]) == EVENT_KEYS
-            assert metrics["events"]["count"] == 2
-        assert policies["epp"]["events"]["preloads"] == 0
+    """Bad and good event logs at the command line: tests/cli/test_replay_events.py."""
 
     def test_no_events_no_event_figures(self, inputs: dict[str, Path]) -> None:
         assert "events" not in _policies(inputs)["epp"]
-
-    def test_an_event_out_of_order_is_one_line(self, inputs: dict[str, Path]) -> None:
-        path = self.write(inputs, [("2026-03-10T09:02:00Z", "e1"), ("2026-03-10T09:01:00Z", "e2")])
-        result = CliRunner().invoke(app, args(inputs, "--policy", "epp", "--events", str(path)))
-        assert result.exit_code == 2
-        assert "earlier than the event before it" in result.output
-        assert "Traceback" not in result.output
-
-    def test_an_event_outside_the_log_is_a_warning_line(self, inputs: dict[str, Path]) -> None:
-        path = self.write(inputs, [("2026-03-10T08:00:00Z", "e1"), ("2026-03-10T09:01:00Z", "e2")])
-        result = CliRunner().invoke(
-            app, args(inputs, "--policy", "epp", "--events", str(path), "--json")
-        )
-        assert result.exit_code == 0, result.output
-        assert result.stderr.count("outside the request log") == 1
-        assert json.loads(result.stdout)["policies"]["epp"]["events"]["count"] == 1
