@@ -296,6 +296,11 @@ class ExternalProcessor:
         stream = _Stream(self.router)
         try:
             async for message in requests:
+                if stream.done:
+                    # Answered already (an immediate response): what the gateway sent
+                    # before it read that is dropped, and the stream ends when it closes
+                    # it, as a gRPC client writing on expects.
+                    continue
                 stream.note(message)
                 if message.WhichOneof("request") == "request_body":
                     try:
@@ -307,8 +312,6 @@ class ExternalProcessor:
                     responses = stream.answer(message)
                 for response in responses:
                     yield response
-                if stream.done:
-                    return
         finally:
             stream.finish()
 
