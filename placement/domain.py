@@ -76,6 +76,20 @@ class ModelDims:
         return shapes[module]
 
 
+class AdapterClass(enum.StrEnum):
+    """What an adapter serves (catalog ``class``): when GPU slots are short, production
+    adapters keep them before batch ones, and batch ones before experiments."""
+
+    PRODUCTION = "production"
+    BATCH = "batch"
+    EXPERIMENT = "experiment"
+
+    @property
+    def weight(self) -> float:
+        """The share of the delay a hot replica saves that the solver counts for it."""
+        return {"production": 1.0, "batch": 0.5, "experiment": 0.1}[self.value]
+
+
 @dataclass(frozen=True, kw_only=True)
 class Adapter:
     """One LoRA adapter of the catalog, with its size already resolved."""
@@ -96,6 +110,7 @@ class Adapter:
     max_replicas: int = 4
     slo_ttft_ms: float | None = None
     group: str | None = None
+    adapter_class: AdapterClass = AdapterClass.PRODUCTION
 
     @property
     def is_pinned(self) -> bool:

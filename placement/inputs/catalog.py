@@ -9,7 +9,16 @@ from pathlib import Path
 from typing import Any
 
 from placement import sizing
-from placement.domain import Adapter, AdapterId, Catalog, Fleet, ModelDims, PodId, TenantId
+from placement.domain import (
+    Adapter,
+    AdapterClass,
+    AdapterId,
+    Catalog,
+    Fleet,
+    ModelDims,
+    PodId,
+    TenantId,
+)
 from placement.errors import Problem
 from placement.inputs.fields import (
     Reader,
@@ -153,7 +162,21 @@ def _adapter(
         max_replicas=max_replicas,
         slo_ttft_ms=reader.get(raw, "slo_ttft_ms", as_number, entry=entry),
         group=reader.get(raw, "group", as_text, entry=entry),
+        adapter_class=reader.get(
+            raw, "class", as_adapter_class, entry=entry, default=AdapterClass.PRODUCTION
+        )
+        or AdapterClass.PRODUCTION,
     )
+
+
+def as_adapter_class(value: Any) -> AdapterClass:
+    """``production``, ``batch`` or ``experiment``: what the adapter serves."""
+    text = as_text(value)
+    try:
+        return AdapterClass(text)
+    except ValueError:
+        allowed = ", ".join(c.value for c in AdapterClass)
+        raise ValueError(f"unknown class {text!r} (allowed: {allowed})") from None
 
 
 def as_timezone(value: Any) -> str:

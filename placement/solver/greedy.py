@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from placement.domain import AdapterId
+from placement.domain import AdapterClass, AdapterId
 from placement.solver.problem import Candidate, PodClass, PoolProblem
 from policies.tiering import ProposedTier
 
@@ -110,9 +110,14 @@ class _Room:
 
 
 def _priority(candidate: Candidate) -> tuple[int, float, str]:
-    """Pins first, then proposed-hot ones, then by delay saved per GPU slot."""
-    saved_per_slot = candidate.mean_rps * candidate.warm_miss_ms / max(1, candidate.min_hot)
-    proposed_hot = candidate.proposal.tier is ProposedTier.HOT
+    """Pins first, then proposed-hot production ones, then by delay saved per GPU slot
+    as the class priority counts it."""
+    saved = candidate.mean_rps * candidate.warm_miss_ms - candidate.priority_discount_ms_per_s
+    saved_per_slot = saved / max(1, candidate.min_hot)
+    proposed_hot = (
+        candidate.proposal.tier is ProposedTier.HOT
+        and candidate.adapter_class is AdapterClass.PRODUCTION
+    )
     rank = 0 if candidate.pinned else (1 if proposed_hot else 2)
     return (rank, -saved_per_slot, candidate.name)
 

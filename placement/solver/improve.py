@@ -96,7 +96,7 @@ def _gain(problem: PoolProblem, c: Candidate, warm: dict[AdapterId, tuple[PodId,
     imbalance = max(0.0, c.mean_rps - problem.pod_mean_rps) * problem.imbalance_weight
     hot_now = any(a == c.name for a, _ in problem.current_hot)
     credit = problem.stability * c.mean_rps * c.warm_miss_ms if hot_now else 0.0
-    return c.mean_rps * miss_ms - imbalance + credit
+    return c.mean_rps * miss_ms - imbalance + credit - c.priority_discount_ms_per_s
 
 
 def _load_ms_per_s(problem: PoolProblem, c: Candidate, pod: PodId) -> float:

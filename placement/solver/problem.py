@@ -22,7 +22,18 @@ from datetime import datetime
 from functools import cached_property
 from types import MappingProxyType
 
-from placement.domain import Adapter, AdapterId, Catalog, Fleet, Pod, PodId, Pool, PoolId, Tier
+from placement.domain import (
+    Adapter,
+    AdapterClass,
+    AdapterId,
+    Catalog,
+    Fleet,
+    Pod,
+    PodId,
+    Pool,
+    PoolId,
+    Tier,
+)
 from placement.settings import Settings
 from policies.tiering import ProposedTier, TieringRule, TierProposal, propose_tiers
 
@@ -75,10 +86,19 @@ class Candidate:
     max_hot: int
     group: str | None
     proposal: TierProposal
+    #: What it serves: the solver counts this class's weight of what being hot saves.
+    adapter_class: AdapterClass = AdapterClass.PRODUCTION
 
     @property
     def can_be_hot(self) -> bool:
         return self.min_hot <= self.max_hot
+
+    @property
+    def priority_discount_ms_per_s(self) -> float:
+        """What the solver does not count of the delay a hot replica saves against warm:
+        nothing for production, most of it for an experiment (``AdapterClass.weight``),
+        so that short GPU slots go to production adapters first."""
+        return (1.0 - self.adapter_class.weight) * self.mean_rps * self.warm_miss_ms
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -413,4 +433,5 @@ def _candidate(
         max_hot=max_hot,
         group=adapter.group,
         proposal=proposal,
+        adapter_class=adapter.adapter_class,
     )

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from types import MappingProxyType
 
-from placement.domain import AdapterId, PodId, Tier
+from placement.domain import AdapterClass, AdapterId, PodId, Tier
 from placement.plan import AdapterPlan, Plan, PodPlan, Preload, SolverReport
 from placement.solver.packing import Assignment, PoolCost, pod_loads
 from placement.solver.problem import Candidate, PlacementProblem, PoolProblem
@@ -138,7 +138,7 @@ def describe(solution: PoolSolution, *, total_rps: float) -> dict[AdapterId, str
         traffic = f"{c.mean_rps:.4g} rps ({share:.1%} of traffic, q90 {c.q90_rps:.4g})"
         if c.name in assignment.hot:
             n = len(assignment.hot[c.name])
-            pin = "pinned; " if c.pinned else ""
+            pin = "pinned; " if c.pinned else _class_note(c)
             lines[c.name] = (
                 f"hot on {n} pod{'s' if n > 1 else ''}: {pin}{traffic}; at least {c.min_hot} "
                 f"replica{'s' if c.min_hot > 1 else ''}; saves {c.mean_rps * c.warm_miss_ms:.3g}"
@@ -154,7 +154,18 @@ def describe(solution: PoolSolution, *, total_rps: float) -> dict[AdapterId, str
     return lines
 
 
+def _class_note(c: Candidate) -> str:
+    if c.adapter_class is AdapterClass.PRODUCTION:
+        return ""
+    return f"class {c.adapter_class.value} (counted at {c.adapter_class.weight:.0%}); "
+
+
 def _not_hot(c: Candidate) -> str:
+    if c.can_be_hot and c.adapter_class is not AdapterClass.PRODUCTION:
+        return (
+            f"class {c.adapter_class.value}: GPU slots go to production adapters first, "
+            f"and its saving counts at {c.adapter_class.weight:.0%}"
+        )
     if not c.can_be_hot:
         return (
             f"cannot be hot: needs {c.min_hot} replicas (min_replicas, traffic share or q90 "
