@@ -1,6 +1,6 @@
 """The three ledgers of one replica's GPU memory: base weights, adapter slots, KV cache.
 
-Seed 003 asks for three ledgers, not one utilisation figure: the base model's weights
+The three-ledger practice (docs/background.md) keeps three ledgers, not one utilisation figure: the base model's weights
 and the runtime's own memory are a floor; adapter slots are a second allocation; the KV
 cache, which decides how many tokens of requests fit, is the third. Which one is the
 remainder depends on the engine:
@@ -13,7 +13,7 @@ remainder depends on the engine:
   ``gpu_memory_utilization`` x the device's memory (``ledgers``). ``targets`` names the
   modules wrapped: all seven projections of a Llama layer for vLLM; SGLang allocates
   only its ``--lora-target-modules``.
-- **A budget worked by hand**, as seed 000 and seed 003 do: the KV cache is chosen
+- **A budget worked by hand**, as docs/background.md does: the KV cache is chosen
   first and the adapters get the remainder (``adapter_budget``): 80 - 35 - 30 - 5 = 10 GB
   holds about 200 rank-16 adapters of 50 MB; 80 GiB - 48 GiB - 4 GiB - 20 GiB = 8 GiB
   holds floor(8,192 / 240) = 34 adapters of 240 MiB.
@@ -65,7 +65,7 @@ VOCAB: dict[str, tuple[int, bool]] = {
     "qwen2.5-7b": (152_064, False),
 }
 
-#: What seed 000 gives for the CUDA workspace, activations and buffers: about 5 GB.
+#: The CUDA workspace, activations and buffers of a 70B replica: about 5 GB.
 DEFAULT_ACTIVATION_BYTES = 5 * 10**9
 
 
@@ -261,7 +261,7 @@ def adapter_budget(
     activation_bytes: int = 0,
     headroom_bytes: int = 0,
 ) -> AdapterBudget:
-    """The KV cache chosen first, the adapters get the rest (seeds 000 and 003)."""
+    """The KV cache chosen first, the adapters get the rest (docs/background.md)."""
     if adapter_bytes < 1:
         raise SizingError("the adapter size must be at least one byte")
     budget = device_bytes - base_bytes - kv_bytes - activation_bytes - headroom_bytes

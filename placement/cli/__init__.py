@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from placement.cli import (
     apply_cmds,  # noqa: F401  (registers apply)
+    capacity_cmds,  # noqa: F401  (registers capacity)
     controller_cmds,  # noqa: F401  (registers controller, rollback)
     convert_cmds,  # noqa: F401  (registers convert servegen)
     demo_cmds,  # noqa: F401  (registers demo)

@@ -8,7 +8,7 @@ Four questions, one command:
   ledgers as vLLM lays them out (base weights, adapter slots, activations, and the KV
   cache left, in bytes and tokens); ``--fleet F --gpu G --quant Q`` does it per pool;
 - ``--gpu G --base-bytes ... --kv-bytes ... --adapter-bytes ...``: a budget worked by
-  hand, the KV cache chosen first and the adapters getting the rest (seeds 000, 003).
+  hand, the KV cache chosen first and the adapters getting the rest.
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ def size(
         float, typer.Option(help="vLLM --gpu-memory-utilization")
     ] = 0.9,
     activation_bytes: Annotated[
-        str | None, typer.Option(help="activations and CUDA workspace (seed 000: about 5 GB)")
+        str | None, typer.Option(help="activations and CUDA workspace (default about 5 GB)")
     ] = None,
     base_bytes: Annotated[
         str | None, typer.Option(help="base weights and runtime, instead of computing them")

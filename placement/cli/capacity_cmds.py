@@ -1,0 +1,239 @@
+"""``lorafleet capacity``: replay a grid of fleet shapes and name the cheapest meeting a target."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Annotated
+
+import pandas as pd
+import typer
+from rich.table import Table
+
+from placement.cli.app import app, err, out, report_errors
+from placement.cli.replay_cmds import figures_window
+from placement.domain import Fleet
+from placement.errors import InputError, Problem
+from placement.inputs import load_catalog, load_fleet
+from placement.inputs.request_log import RequestLog, load_request_log
+from placement.ledgers import builtin_base, gpu_bytes, ledgers
+from placement.settings import Settings
+from placement.sim.capacity import (
+    GridJob,
+    Shape,
+    ShapeResult,
+    default_grid,
+    recommend,
+    replay_grid,
+)
+from placement.sim.routers import POLICIES
+from placement.sim.wiring import PLANNERS
+from placement.sim.workload import workload_from_log
+from placement.sizing import SizingError
+
+
+def _integers(option: str, text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        values = sorted({int(part) for part in text.split(",") if part.strip()})
+    except ValueError:
+        raise InputError(
+            [Problem(source=option, message=f"expected whole numbers like 4,8,12, got {text!r}")]
+        ) from None
+    if not values or values[0] < 1:
+        raise InputError([Problem(source=option, message=f"expected numbers >= 1, got {text!r}")])
+    return values
+
+
+def _grid(fleet: Fleet, slots: str | None, pods: str | None, host: str | None) -> list[Shape]:
+    shapes = default_grid(fleet)
+    slot_values = _integers("--slots", slots) or sorted({s.max_loras for s in shapes})
+    pod_values = _integers("--pods", pods) or sorted({s.pods for s in shapes})
+    host_values = _integers("--host-slots", host)
+    template = fleet.pools[0].pods[0]
+    return [
+        Shape(pods=n, max_loras=s, max_cpu_loras=max(h, s))
+        for n in pod_values
+        for s in slot_values
+        for h in (host_values or [max(template.max_cpu_loras, template.max_loras)])
+    ]
+
+
+def _sliced(log: RequestLog, start: str | None, end: str | None, history: str) -> RequestLog:
+    """Only the requests the figures and the forecaster's history need."""
+    if start is None:
+        return log
+    try:
+        lo = pd.Timestamp(start) - pd.Timedelta(history)
+        hi = pd.Timestamp(end) if end is not None else None
+    except ValueError as exc:
+        raise InputError([Problem(source="--from/--to/--history", message=str(exc))]) from None
+    if lo.tzinfo is None:
+        raise InputError([Problem(source="--from", message="give a time with its offset")])
+    ts = log.frame["ts"]
+    keep = ts >= lo if hi is None else (ts >= lo) & (ts < hi)
+    return replace(log, frame=log.frame.loc[keep].reset_index(drop=True))
+
+
+def _kv_tokens(fleet: Fleet, gpu: str | None, quant: str) -> dict[int, int | None]:
+    if gpu is None:
+        return {}
+    pool = fleet.pools[0]
+    try:
+        model = builtin_base(pool.base_model)
+        device = gpu_bytes(gpu)
+    except SizingError as exc:
+        raise InputError([Problem(source="--gpu", message=str(exc))]) from None
+    found: dict[int, int | None] = {}
+    for slots in range(1, 129):
+        try:
+            found[slots] = ledgers(
+                model,
+                device_bytes=device,
+                quant=quant,
+                max_loras=slots,
+                max_lora_rank=pool.max_lora_rank,
+            ).kv_tokens
+        except SizingError:
+            found[slots] = None
+    return found
+
+
+def _table(results: list[ShapeResult], chosen: Shape) -> Table:
+    table = Table(title="Fleet shapes", title_justify="left")
+    for header in ("pods", "GPU slots", "host slots", "GPU hit", "TTFT p95", "loads/pod/s", "KV"):
+        table.add_column(header, justify="right")
+    for result in sorted(results, key=lambda r: r.shape):
+        mark = " *" if result.shape == chosen else ""
+        table.add_row(
+            f"{result.shape.pods}{mark}",
+            str(result.shape.max_loras),
+            str(result.shape.max_cpu_loras),
+            f"{result.gpu_hit_rate:.2%}",
+            f"{result.ttft_p95_ms:.0f} ms",
+            f"{result.loads_per_pod_s:.4f}",
+            "" if result.kv_tokens is None else f"{result.kv_tokens:,} tok",
+        )
+    return table
+
+
+def _plot(results: list[ShapeResult], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(6, 4))
+    for pods in sorted({r.shape.pods for r in results}):
+        rows = sorted((r for r in results if r.shape.pods == pods), key=lambda r: r.shape)
+        axes.plot(
+            [r.shape.max_loras for r in rows],
+            [100 * r.gpu_hit_rate for r in rows],
+            marker="o",
+            label=f"{pods} pods",
+        )
+    axes.set_xlabel("GPU slots per pod (max_loras)")
+    axes.set_ylabel("GPU hit rate (%)")
+    axes.legend()
+    axes.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)
+
+
+@app.command()
+@report_errors
+def capacity(
+    catalog: Annotated[Path, typer.Option(help="catalog.yaml")],
+    fleet: Annotated[Path, typer.Option(help="fleet.yaml (one pool: the shape to vary)")],
+    log: Annotated[Path, typer.Option(help="request log (.parquet, .csv, .jsonl)")],
+    target_hit: Annotated[float, typer.Option(help="GPU hit rate to meet, e.g. 0.97")],
+    target_ttft_p95: Annotated[
+        float | None, typer.Option("--target-ttft-p95", help="TTFT p95 to meet, ms")
+    ] = None,
+    slots: Annotated[str | None, typer.Option(help="GPU slots per pod to try, e.g. 4,6,8")] = None,
+    pods: Annotated[str | None, typer.Option(help="pods to try, e.g. 8,10,12")] = None,
+    host_slots: Annotated[str | None, typer.Option(help="host slots per pod to try")] = None,
+    grid_policy: Annotated[
+        str, typer.Option("--policy", help=f"policy: {', '.join(POLICIES)}")
+    ] = "lorafleet",
+    planner: Annotated[str, typer.Option(help=f"lorafleet's planner: {', '.join(PLANNERS)}")] = (
+        "greedy"
+    ),
+    window_from: Annotated[
+        str | None, typer.Option("--from", help="figures from this time (ISO, with offset)")
+    ] = None,
+    window_to: Annotated[
+        str | None, typer.Option("--to", help="figures up to this time (ISO, with offset)")
+    ] = None,
+    history: Annotated[
+        str, typer.Option(help="with --from: the log replayed before it, e.g. 1D, 12h")
+    ] = "1D",
+    gpu: Annotated[str | None, typer.Option(help="GPU, to price slots in KV tokens")] = None,
+    quant: Annotated[str, typer.Option(help="base weights' quantisation, with --gpu")] = "fp16",
+    jobs: Annotated[int, typer.Option(help="replays run at once")] = 2,
+    plot: Annotated[Path | None, typer.Option(help="write hit rate vs slots and pods (PNG)")] = (
+        None
+    ),
+    as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
+) -> None:
+    """Replay a grid of fleet shapes; name the cheapest meeting the targets."""
+    if not 0.0 < target_hit <= 1.0:
+        raise InputError([Problem(source="--target-hit", message="give a share in (0, 1]")])
+    if grid_policy not in POLICIES:
+        raise InputError(
+            [Problem(source="--policy", message=f"unknown {grid_policy!r}; one of {POLICIES}")]
+        )
+    if planner not in PLANNERS:
+        raise InputError(
+            [Problem(source="--planner", message=f"unknown {planner!r}; one of {PLANNERS}")]
+        )
+    settings = Settings()
+    parsed_fleet = load_fleet(fleet)
+    parsed_catalog = load_catalog(catalog, fleet=parsed_fleet)
+    shapes = _grid(parsed_fleet, slots, pods, host_slots)
+    request_log = _sliced(load_request_log(log), window_from, window_to, history)
+    workload = workload_from_log(request_log, parsed_catalog, bucket_s=settings.forecast.bucket_s)
+    job = GridJob(
+        workload=workload,
+        fleet=parsed_fleet,
+        settings=settings,
+        policy=grid_policy,
+        planner=planner,
+        window_s=figures_window(workload, window_from, window_to),
+    )
+    kv = _kv_tokens(parsed_fleet, gpu, quant)
+    started = time.monotonic()
+    results = replay_grid(
+        job,
+        parsed_catalog,
+        shapes,
+        jobs=max(1, jobs),
+        kv_tokens=(lambda shape: kv.get(shape.max_loras)) if kv else None,
+    )
+    chosen = recommend(results, target_hit=target_hit, target_ttft_p95_ms=target_ttft_p95)
+    if plot is not None:
+        _plot(results, plot)
+    if as_json:
+        payload = {
+            "recommended": chosen.result.as_dict(),
+            "met": chosen.met,
+            "reason": chosen.reason,
+            "policy": grid_policy,
+            "grid": [result.as_dict() for result in sorted(results, key=lambda r: r.shape)],
+            "wall_s": round(time.monotonic() - started, 1),
+        }
+        out().print_json(json.dumps(payload))
+        return
+    out().print(_table(results, chosen.result.shape))
+    shape = chosen.result.shape
+    verdict = "recommended" if chosen.met else "best found (no shape met the targets)"
+    out().print(
+        f"{verdict}: {shape.pods} pods x {shape.max_loras} GPU slots, "
+        f"{shape.max_cpu_loras} host slots: {chosen.result.gpu_hit_rate:.2%} GPU hits, "
+        f"TTFT p95 {chosen.result.ttft_p95_ms:.0f} ms ({chosen.reason})"
+    )
+    err().print(f"{len(results)} shapes replayed in {time.monotonic() - started:.0f} s")

@@ -1,0 +1,225 @@
+"""What fleet a workload needs: a grid of fleet shapes replayed, the cheapest meeting a target.
+
+A shape is GPU slots per pod (``max_loras``), pods in the pool and host slots per pod
+(``max_cpu_loras``). Each shape is the scenario's fleet with its pod template changed
+(adapter budgets scaled with the slots) and is replayed under one policy (lorafleet by
+default) on the same requests, in parallel processes. A row reports the GPU hit rate,
+TTFT p95, loads per pod per second and, when the GPU and quantisation are known, what
+the slots cost in KV cache (``placement.ledgers``: vLLM preallocates every slot at the
+rank cap, so slots are paid for in KV tokens).
+
+``recommend`` picks the cheapest shape that meets the targets: fewest pods (GPUs cost
+money), then fewest GPU slots (they cost KV cache), then fewest host slots. When no
+shape meets them it returns the best shape found (highest hit rate, then lowest TTFT
+p95) and says so. Pure apart from the process pool in ``replay_grid``.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, replace
+
+from placement.domain import Catalog, Fleet, PodId
+from placement.errors import InputError, Problem
+from placement.settings import Settings
+from placement.sim.replay import run_policy
+from placement.sim.wiring import replay_planning
+from placement.sim.workload import SimWorkload
+
+
+@dataclass(frozen=True, kw_only=True, order=True)
+class Shape:
+    pods: int
+    max_loras: int
+    max_cpu_loras: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShapeResult:
+    shape: Shape
+    gpu_hit_rate: float
+    ttft_p95_ms: float
+    loads_per_pod_s: float
+    loads: int
+    #: KV tokens a pod keeps with this many slots (None: GPU or quantisation unknown).
+    kv_tokens: int | None = None
+    #: Those tokens as a share of the KV tokens of the scenario's own shape.
+    kv_headroom: float | None = None
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "max_loras": self.shape.max_loras,
+            "pods": self.shape.pods,
+            "max_cpu_loras": self.shape.max_cpu_loras,
+            "gpu_hit_rate": round(self.gpu_hit_rate, 5),
+            "ttft_p95_ms": round(self.ttft_p95_ms, 1),
+            "loads_per_pod_s": round(self.loads_per_pod_s, 5),
+            "loads": self.loads,
+            "kv_tokens": self.kv_tokens,
+            "kv_headroom": None if self.kv_headroom is None else round(self.kv_headroom, 4),
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class Recommendation:
+    result: ShapeResult
+    #: False: no shape met the targets and ``result`` is the best one found.
+    met: bool
+    reason: str
+
+
+def reshape(fleet: Fleet, shape: Shape) -> Fleet:
+    """``fleet``'s one pool with ``shape.pods`` pods like its first, slots changed."""
+    if len(fleet.pools) != 1:
+        names = ", ".join(pool.name for pool in fleet.pools)
+        raise InputError(
+            [Problem(source="fleet", message=f"capacity models one pool; this fleet has: {names}")]
+        )
+    pool = fleet.pools[0]
+    template = pool.pods[0]
+    gpu_scale = shape.max_loras / template.max_loras
+    host_scale = shape.max_cpu_loras / max(1, template.max_cpu_loras)
+    existing = list(pool.pods)
+    extra = [
+        replace(template, name=PodId(f"{pool.name}-extra-{i}"), url=f"http://sim.invalid/{i}")
+        for i in range(max(0, shape.pods - len(existing)))
+    ]
+    pods = tuple(
+        replace(
+            pod,
+            max_loras=shape.max_loras,
+            max_cpu_loras=shape.max_cpu_loras,
+            hbm_adapter_bytes=round(template.hbm_adapter_bytes * gpu_scale),
+            host_adapter_bytes=round(template.host_adapter_bytes * host_scale),
+        )
+        for pod in (existing + extra)[: shape.pods]
+    )
+    return replace(fleet, pools=(replace(pool, pods=pods),))
+
+
+def default_grid(fleet: Fleet) -> list[Shape]:
+    """Slots x1, x1.5, x2 and pods x1, x1.25, x1.5 of the fleet's own shape."""
+    template = fleet.pools[0].pods[0]
+    pods = len(fleet.pools[0].pods)
+    slots = sorted({template.max_loras, round(template.max_loras * 1.5), template.max_loras * 2})
+    counts = sorted({pods, pods + max(1, pods // 4), pods + max(1, pods // 2)})
+    host = max(template.max_cpu_loras, template.max_loras)
+    return [Shape(pods=n, max_loras=s, max_cpu_loras=max(host, s)) for n in counts for s in slots]
+
+
+@dataclass(frozen=True, kw_only=True)
+class GridJob:
+    """Everything one process needs to replay one shape."""
+
+    workload: SimWorkload
+    fleet: Fleet
+    settings: Settings
+    policy: str
+    planner: str
+    window_s: tuple[float, float] | None
+
+
+def replay_shape(job: GridJob, shape: Shape, catalog: Catalog) -> ShapeResult:
+    fleet = reshape(job.fleet, shape)
+    planning = replay_planning(catalog, fleet, settings=job.settings, planner=job.planner)
+    result = run_policy(
+        job.policy,
+        job.workload,
+        fleet,
+        settings=job.settings,
+        planning=planning,
+        window_s=job.window_s,
+    )
+    figures = result.metrics
+    return ShapeResult(
+        shape=shape,
+        gpu_hit_rate=float(figures["gpu_hit_rate"]),
+        ttft_p95_ms=float(figures["ttft_p95_ms"]),
+        loads_per_pod_s=float(figures["loads_per_pod_s"]),
+        loads=int(figures["loads"]),
+    )
+
+
+#: The job of the grid being replayed, set before the pool forks so children share it.
+_SHARED: dict[str, tuple[GridJob, Catalog]] = {}
+
+
+def _child(shape: Shape) -> ShapeResult:
+    job, catalog = _SHARED["job"]
+    return replay_shape(job, shape, catalog)
+
+
+def replay_grid(
+    job: GridJob,
+    catalog: Catalog,
+    shapes: Sequence[Shape],
+    *,
+    jobs: int = 2,
+    kv_tokens: Callable[[Shape], int | None] | None = None,
+) -> list[ShapeResult]:
+    """Replay every shape, ``jobs`` processes at a time (forked: the workload is shared)."""
+    _SHARED["job"] = (job, catalog)
+    try:
+        if jobs <= 1 or len(shapes) <= 1:
+            results = [_child(shape) for shape in shapes]
+        else:
+            context = multiprocessing.get_context("fork" if os.name == "posix" else "spawn")
+            with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+                results = list(pool.map(_child, shapes))
+    finally:
+        _SHARED.clear()
+    if kv_tokens is None:
+        return results
+    own = job.fleet.pools[0].pods[0]
+    own_tokens = kv_tokens(
+        Shape(pods=len(job.fleet.pools[0].pods), max_loras=own.max_loras, max_cpu_loras=0)
+    )
+    return [
+        replace(
+            result,
+            kv_tokens=(tokens := kv_tokens(result.shape)),
+            kv_headroom=(tokens / own_tokens) if tokens is not None and own_tokens else None,
+        )
+        for result in results
+    ]
+
+
+def _cost(result: ShapeResult) -> tuple[int, int, int]:
+    shape = result.shape
+    return (shape.pods, shape.max_loras, shape.max_cpu_loras)
+
+
+def recommend(
+    results: Sequence[ShapeResult],
+    *,
+    target_hit: float,
+    target_ttft_p95_ms: float | None = None,
+) -> Recommendation:
+    """The cheapest shape meeting the targets, or the best found and why none did."""
+    if not results:
+        raise InputError([Problem(source="capacity", message="the grid has no shapes")])
+    meeting = [
+        result
+        for result in results
+        if result.gpu_hit_rate >= target_hit
+        and (target_ttft_p95_ms is None or result.ttft_p95_ms <= target_ttft_p95_ms)
+    ]
+    targets = f"GPU hits >= {target_hit:.1%}" + (
+        f" and TTFT p95 <= {target_ttft_p95_ms:.0f} ms" if target_ttft_p95_ms is not None else ""
+    )
+    if meeting:
+        best = min(meeting, key=_cost)
+        return Recommendation(
+            result=best,
+            met=True,
+            reason=f"the fewest pods, then GPU slots, then host slots with {targets}",
+        )
+    best = max(results, key=lambda r: (r.gpu_hit_rate, -r.ttft_p95_ms, [-c for c in _cost(r)]))
+    return Recommendation(
+        result=best,
+        met=False,
+        reason=f"no shape in the grid meets {targets}; this is the best found",
+    )
