@@ -221,16 +221,21 @@ class GatewayRequest:
 
     def _fallback(self, chosen: LivePod, exclude: frozenset[PodId]) -> tuple[str, ...]:
         """Another healthy pod of the pool that needs no load for the request (the
-        gateway sends there unloaded), not refusing for memory, least queued first.
-        Not a second pick: a pick moves the round-robin cursor."""
+        gateway sends there unloaded), not refusing for memory, least queued first:
+        among the pods holding the adapter, or for a base model the least queued few
+        (the pool's index has both). Not a second pick: a pick moves the round-robin
+        cursor."""
         router, exchange = self.router, self.exchange
         pool = router.topology.pool_of(exchange.model)
         if pool is None:
             return ()
         adapter = AdapterId(exchange.model)
         held = exchange.outcome is not None
+        index = pool.index
+        positions = index.holders.get(adapter, ()) if held else index.least_queued
         best: LivePod | None = None
-        for state in pool.states:
+        for position in positions:
+            state = index.states[position]
             if state is chosen or not state.healthy or state.pod_id in exclude:
                 continue
             if state.kv_usage >= router.settings.reject_kv_usage:

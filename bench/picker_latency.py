@@ -1,0 +1,313 @@
+"""The endpoint picker's decision over gRPC against the bare decision, in one run
+(target: at most 200 us added at the median).
+
+One topology (``bench.routing_latency.make_topology``: vLLM pods, 2,000 adapters, half
+hot on two pods by the plan, live queues), one ``Router`` holding it (its loops not
+started: nothing scrapes, every pod stays healthy), requests drawing adapters uniformly:
+
+1. ``Picker.pick``: the bare decision, thread CPU time (as ``bench.routing_latency``);
+2. ``GatewayRequest``: what the picker does per request without the transport: the
+   front door (JSON, names), the pick, the fallback, the admission into the ledger and
+   the log row; thread CPU time;
+3. gRPC: one ext_proc stream per request over a real ``grpc.aio`` channel to the
+   picker's server (its own thread and event loop), as a gateway in FULL_DUPLEX_STREAMED
+   mode drives it: headers, body, then the headers' and the body's answers, then the
+   close; wall time from the first write to the endpoint read (what the gateway waits
+   before it can send), and from the first write to the stream's end. The client is
+   Python's grpc in the same process, on the same cores: Envoy's C++ client costs less,
+   so this overstates what a gateway adds. Streams run one at a time, or ``--concurrency``
+   at once (then per-stream wall times include queueing);
+4. the same streams against a trivial ext_proc server (the same messages, one fixed
+   endpoint, no decision): what grpc.aio and the Python client cost by themselves.
+
+"added" is the gRPC endpoint latency's p50 minus the bare decision's p50, with the
+trivial server's share beside it; the CPU of each server's event-loop thread per stream
+(``pthread_getcpuclockid``) shows what the picker adds over the transport without the
+client's share. Unlike CPU time, wall time counts the preemption a shared machine adds:
+run it on a quiet one.
+
+    .venv/bin/python -m bench.picker_latency [--pods 64] [--calls 5000] [--concurrency 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import uvloop
+from envoy.config.core.v3 import base_pb2
+from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_proc
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_proc_grpc
+
+from bench.routing_latency import make_topology, measure
+from placement.router.core import Router
+from placement.router.endpoint_picking import GatewayRequest
+from placement.router.picker_grpc import EndpointPickerServer
+from placement.router.sources import StaticPlanSource
+from placement.router.state import Topology, Upstream
+from placement.settings import RouterSettings
+
+DUPLEX = processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED
+WARM_UP = 200
+
+
+class _NoPods:
+    description = "bench"
+
+    async def upstreams(self) -> tuple[Upstream, ...]:
+        return ()
+
+
+def make_router(topology: Topology) -> Router:
+    router = Router(
+        plan_source=StaticPlanSource(topology.plan),
+        pod_source=_NoPods(),
+        settings=RouterSettings(max_pending_log_rows=10**7),
+    )
+    router.topology = topology
+    return router
+
+
+def body_of(adapter: str) -> bytes:
+    return json.dumps({"model": adapter, "prompt": "Say hello.", "max_tokens": 16}).encode()
+
+
+HEADERS = [
+    (b":method", b"POST"),
+    (b":path", b"/v1/completions"),
+    (b"content-type", b"application/json"),
+]
+
+
+def stream_messages(body: bytes) -> list[Any]:
+    pairs = [(k.decode(), v) for k, v in HEADERS] + [("content-length", str(len(body)).encode())]
+    header_map = base_pb2.HeaderMap(
+        headers=[base_pb2.HeaderValue(key=k, raw_value=v) for k, v in pairs]
+    )
+    first = ext_proc.ProcessingRequest(request_headers=ext_proc.HttpHeaders(headers=header_map))
+    first.protocol_config.request_body_mode = DUPLEX
+    first.protocol_config.response_body_mode = DUPLEX
+    last = ext_proc.ProcessingRequest(request_body=ext_proc.HttpBody(body=body, end_of_stream=True))
+    return [first, last]
+
+
+def percentiles(samples_ns: list[int]) -> tuple[float, float]:
+    ordered = sorted(samples_ns)
+    return ordered[len(ordered) // 2] / 1e3, ordered[int(len(ordered) * 0.99)] / 1e3
+
+
+def measure_async(
+    loop: asyncio.AbstractEventLoop,
+    decide: Callable[[str], Awaitable[object]],
+    requests: list[str],
+) -> tuple[float, float]:
+    """p50 and p99 of thread CPU time around each awaited decision (none of them waits)."""
+    samples: list[int] = []
+
+    async def run() -> None:
+        clock = time.thread_time_ns
+        for adapter in requests:
+            began = clock()
+            await decide(adapter)
+            samples.append(clock() - began)
+
+    loop.run_until_complete(run())
+    return percentiles(samples)
+
+
+class Floor:
+    """A trivial ext_proc server with the picker's message pattern and no decision:
+    one fixed endpoint for every request (grpc.aio's own cost per stream)."""
+
+    def __init__(self) -> None:
+        routed = ext_proc.ProcessingResponse(request_headers=ext_proc.HeadersResponse())
+        fields = routed.dynamic_metadata.fields["envoy.lb"].struct_value.fields
+        fields["x-gateway-destination-endpoint"].string_value = "127.0.0.1:8000"
+        self.routed = routed
+
+    async def Process(self, requests: Any, context: Any) -> None:  # noqa: N802
+        while True:
+            message = await context.read()
+            if message is grpc.aio.EOF:
+                return
+            if message.WhichOneof("request") == "request_body":
+                body = message.request_body.body
+                streamed = ext_proc.StreamedBodyResponse(body=body, end_of_stream=True)
+                mutation = ext_proc.BodyMutation(streamed_response=streamed)
+                common = ext_proc.CommonResponse(body_mutation=mutation)
+                await context.write(self.routed)
+                await context.write(
+                    ext_proc.ProcessingResponse(request_body=ext_proc.BodyResponse(response=common))
+                )
+
+
+class ServerThread:
+    """A gRPC server (the picker's, or the floor's) on its own uvloop, as the router's
+    loop under uvicorn is, in a thread."""
+
+    def __init__(self, router: Router | None) -> None:
+        self.loop = uvloop.new_event_loop()
+        self.router = router
+        self.stop: Callable[[], Awaitable[None]] | None = None
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+
+    async def _start(self) -> int:
+        if self.router is not None:
+            picker = EndpointPickerServer(self.router, host="127.0.0.1", port=0)
+            self.stop = lambda: picker.stop(grace_s=1.0)
+            return await picker.start()
+        server = grpc.aio.server()
+        ext_proc_grpc.add_ExternalProcessorServicer_to_server(Floor(), server)
+        port = int(server.add_insecure_port("127.0.0.1:0"))
+        await server.start()
+        self.stop = lambda: server.stop(1.0)
+        return port
+
+    def __enter__(self) -> int:
+        self.thread.start()
+        return asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(30)
+
+    def cpu_ns(self) -> int:
+        """CPU time of the server's event-loop thread so far."""
+        assert self.thread.ident is not None
+        return time.clock_gettime_ns(time.pthread_getcpuclockid(self.thread.ident))
+
+    def __exit__(self, *_: object) -> None:
+        assert self.stop is not None
+        asyncio.run_coroutine_threadsafe(self.stop(), self.loop).result(30)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+@dataclass(frozen=True)
+class StreamFigures:
+    picked: tuple[float, float]
+    ended: tuple[float, float]
+    #: CPU per stream: the server's event-loop thread, and the whole process.
+    server_cpu_us: float
+    process_cpu_us: float
+    pods: int
+
+
+def run_streams(router: Router | None, requests: list[str], *, concurrency: int) -> StreamFigures:
+    server = ServerThread(router)
+    with server as port:
+        cpu_began, server_began = time.process_time_ns(), server.cpu_ns()
+        streams = asyncio.run(grpc_streams(port, requests, concurrency=concurrency))
+        cpu_ns = time.process_time_ns() - cpu_began
+        server_ns = server.cpu_ns() - server_began
+    each = len(streams) + WARM_UP
+    return StreamFigures(
+        picked=percentiles([s[0] for s in streams]),
+        ended=percentiles([s[1] for s in streams]),
+        server_cpu_us=server_ns / each / 1e3,
+        process_cpu_us=cpu_ns / each / 1e3,
+        pods=len({s[2].split(",")[0] for s in streams}),
+    )
+
+
+async def one_stream(stub: Any, body: bytes) -> tuple[int, int, str]:
+    """Wall ns to the endpoint and to the stream's end, and the endpoint."""
+    began = time.perf_counter_ns()
+    call = stub.Process()
+    for message in stream_messages(body):
+        await call.write(message)
+    headers = await call.read()
+    picked = time.perf_counter_ns()
+    await call.read()  # the body, sent back
+    await call.done_writing()
+    await call.read()  # the end
+    ended = time.perf_counter_ns()
+    endpoint = (
+        headers.dynamic_metadata.fields["envoy.lb"]
+        .struct_value.fields["x-gateway-destination-endpoint"]
+        .string_value
+    )
+    return picked - began, ended - began, endpoint
+
+
+async def grpc_streams(port: int, requests: list[str], *, concurrency: int) -> list[Any]:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = ext_proc_grpc.ExternalProcessorStub(channel)
+        for adapter in requests[:WARM_UP]:  # the channel, the server's caches
+            await one_stream(stub, body_of(adapter))
+        gate = asyncio.Semaphore(concurrency)
+
+        async def bounded(adapter: str) -> tuple[int, int, str]:
+            async with gate:
+                return await one_stream(stub, body_of(adapter))
+
+        return list(await asyncio.gather(*(bounded(a) for a in requests)))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--pods", type=int, default=64)
+    parser.add_argument("--calls", type=int, default=5000)
+    parser.add_argument("--concurrency", type=int, default=1)
+    args = parser.parse_args()
+    rng = random.Random(0)
+    adapters = [f"a{i}" for i in range(2000)]
+    topology = make_topology(args.pods, adapters, rng)
+    requests = [rng.choice(adapters) for _ in range(args.calls)]
+    router = make_router(topology)
+
+    def bare(name: str) -> object:
+        return router.picker.pick(topology, name)
+
+    measure(bare, requests[:1000])
+    bare_p50, bare_p99 = measure(bare, requests)
+
+    async def in_process(name: str) -> object:
+        request = GatewayRequest(router, HEADERS, path="/v1/completions")
+        decision = await request.decide(body_of(name))
+        request.response_status(200)
+        request.finish()
+        return decision
+
+    loop = asyncio.new_event_loop()
+    measure_async(loop, in_process, requests[:1000])
+    gate_p50, gate_p99 = measure_async(loop, in_process, requests)
+    loop.close()
+
+    floor = run_streams(None, requests, concurrency=args.concurrency)
+    picker = run_streams(router, requests, concurrency=args.concurrency)
+
+    print(
+        f"endpoint picker, {args.pods} pods, {len(adapters):,} adapters, {args.calls:,} "
+        f"requests, {args.concurrency} stream(s) at a time; us"
+    )
+    rows = [
+        ("Picker.pick (thread CPU)", (bare_p50, bare_p99)),
+        ("GatewayRequest decide+finish (thread CPU)", (gate_p50, gate_p99)),
+        ("gRPC to the endpoint, picker (wall)", picker.picked),
+        ("gRPC to the endpoint, trivial server (wall)", floor.picked),
+        ("gRPC to the stream's end, picker (wall)", picker.ended),
+        ("gRPC to the stream's end, trivial server (wall)", floor.ended),
+    ]
+    print(f"{'':48s} {'p50':>8s} {'p99':>8s}")
+    for label, (p50, p99) in rows:
+        print(f"{label:48s} {p50:8.1f} {p99:8.1f}")
+    print(f"added at the median, gRPC endpoint - bare decision: {picker.picked[0] - bare_p50:.1f}")
+    print(
+        f"  of which the trivial server's (grpc.aio and the Python client): {floor.picked[0]:.1f}"
+    )
+    for name, figures in (("picker", picker), ("trivial server", floor)):
+        print(
+            f"CPU per stream, {name}: its event-loop thread {figures.server_cpu_us:.1f}, "
+            f"the whole process (client included) {figures.process_cpu_us:.1f}"
+        )
+    print(f"{picker.pods} pods picked")
+
+
+if __name__ == "__main__":
+    main()
