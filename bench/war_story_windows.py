@@ -18,18 +18,40 @@ and per-load start and end times; this module cuts them into the article's windo
 
 Eviction times are not in ``SimLog``; ``TimedReplay`` records them by watching each
 pod's ``residencies_s`` (a benchmark's instrument, not the simulator's interface).
+
+The article's two fixes, as what-if variants of the war story's inputs:
+
+- ``eight_slots``: 8 GPU adapter slots per pod instead of 4, paid for by the KV cache
+  (30 GB down to 28 GB: the simulator's KV tokens and its batch cap scale by 28/30 and
+  165/180, the article's "~180 to ~165 concurrent sequences"; the 2 GB go to adapters);
+- ``top_production`` and ``pin_plan``: the top 10 production adapters (no
+  ``-experiment`` suffix) by requests before a moment, pinned one pod each: the five
+  highest over the first four pods, the next five over the other four (the article's
+  "four pods received pinned assignments for the five highest-traffic adapters");
+  ``pinned_catalog`` writes that catalog variant, and ``pinned_replay`` loads the pins
+  on their pods before the first request and keeps them from eviction (vLLM's
+  ``pin_lora``, an engine call the simulated engine model honours).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from datetime import datetime
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import yaml
 
+from placement.domain import Fleet
+from placement.residency import Effects
+from placement.settings import Settings
 from placement.sim.engine import GPU_HIT, REJECTED, FleetReplay, SimLog
+from placement.sim.pods import SimPod
 from placement.sim.workload import SimWorkload
+from policies.eviction import EvictionPolicy
 
 ZONE = "America/New_York"
 #: EPP filters out a pod with this many queued requests (``route_epp``).
@@ -164,6 +186,35 @@ def _critical_pods(
     return count
 
 
+def request_window(
+    workload: SimWorkload, log: SimLog, *, pods: int, start_s: float, end_s: float
+) -> dict[str, float]:
+    """The window's requests and loads: GPU hits (of the served), loads started per pod
+    per second, TTFT p95 of the served; no eviction times needed."""
+    arrival = np.asarray(workload.arrival_s)
+    inside = (arrival >= start_s) & (arrival < end_s)
+    outcome = np.asarray(log.outcome)[inside]
+    served = outcome != REJECTED
+    ttft = np.asarray(log.ttft_ms)[inside][served]
+    loads = np.asarray([start for start, *_ in log.loads])
+    span_s = max(end_s - start_s, 1.0)
+    return {
+        "requests": int(inside.sum()),
+        "req_per_s": float(inside.sum()) / span_s,
+        "hit": float(np.mean(outcome[served] == GPU_HIT)) if served.any() else 0.0,
+        "swaps": float(((loads >= start_s) & (loads < end_s)).sum()) / (pods * span_s),
+        "ttft_p95_ms": float(np.percentile(ttft, 95)) if ttft.size else 0.0,
+        "rejected": int((~served).sum()),
+    }
+
+
+def window_seconds(workload: SimWorkload, window: Window) -> tuple[float, float]:
+    """The window on the replay's clock (seconds since the log's first request)."""
+    origin = pd.Timestamp(workload.start)
+    start_s = (pd.Timestamp(window.start) - origin).total_seconds()
+    return start_s, (pd.Timestamp(window.end) - origin).total_seconds()
+
+
 def window_figures(
     workload: SimWorkload,
     log: SimLog,
@@ -173,25 +224,130 @@ def window_figures(
     window: Window,
     prefill_ms_per_token: float,
 ) -> dict[str, float]:
-    origin = pd.Timestamp(workload.start)
-    start_s = (pd.Timestamp(window.start) - origin).total_seconds()
-    end_s = (pd.Timestamp(window.end) - origin).total_seconds()
-    arrival = np.asarray(workload.arrival_s)
-    inside = (arrival >= start_s) & (arrival < end_s)
-    outcome = np.asarray(log.outcome)[inside]
-    served = outcome != REJECTED
-    ttft = np.asarray(log.ttft_ms)[inside][served]
-    loads = np.asarray([start for start, *_ in log.loads])
+    start_s, end_s = window_seconds(workload, window)
     stays = np.asarray([stay for at, _, stay in replay.evictions if start_s <= at < end_s])
-    span_s = max(end_s - start_s, 1.0)
     return {
-        "requests": int(inside.sum()),
-        "req_per_s": float(inside.sum()) / span_s,
-        "hit": float(np.mean(outcome[served] == GPU_HIT)) if served.any() else 0.0,
-        "swaps": float(((loads >= start_s) & (loads < end_s)).sum()) / (pods * span_s),
+        **request_window(workload, log, pods=pods, start_s=start_s, end_s=end_s),
         "residency_p50_s": float(np.median(stays)) if stays.size else 0.0,
         "residency_slot_p50_s": _slot_median(replay.stays(), start_s, end_s),
-        "ttft_p95_ms": float(np.percentile(ttft, 95)) if ttft.size else 0.0,
         "critical_pods": _critical_pods(workload, log, pods, start_s, end_s, prefill_ms_per_token),
-        "rejected": int((~served).sum()),
     }
+
+
+def article_figures(
+    workload: SimWorkload, log: SimLog, *, pods: int, prefill_ms_per_token: float
+) -> dict[str, float]:
+    """The article's figures but residency (which needs eviction times, ``TimedReplay``),
+    keyed ``"window|figure"`` as ``ARTICLE`` names them."""
+    windows = {w.name: w for w in article_windows()}
+    figures: dict[str, float] = {}
+    for name, key, _, _ in ARTICLE:
+        if key.startswith("residency"):
+            continue
+        start_s, end_s = window_seconds(workload, windows[name])
+        if key == "critical_pods":
+            figures[f"{name}|{key}"] = _critical_pods(
+                workload, log, pods, start_s, end_s, prefill_ms_per_token
+            )
+        else:
+            window = request_window(workload, log, pods=pods, start_s=start_s, end_s=end_s)
+            figures[f"{name}|{key}"] = window[key]
+    return figures
+
+
+# --- the article's two fixes, as what-ifs ------------------------------------------
+
+#: Fix (a): the KV cache gives 2 GB (30 -> 28 GB) for 4 more slots; concurrency drops
+#: from about 180 sequences to about 165.
+KV_SHARE = 28.0 / 30.0
+SEQS_SHARE = 165.0 / 180.0
+GiB = 1 << 30
+
+
+def eight_slots(fleet: Fleet, settings: Settings) -> tuple[Fleet, Settings]:
+    """Fix (a): every pod with 8 GPU adapter slots, its KV cache 2 GB smaller."""
+    pools = tuple(
+        replace(
+            pool,
+            pods=tuple(
+                replace(
+                    pod,
+                    max_loras=8,
+                    max_cpu_loras=max(pod.max_cpu_loras, 8),
+                    hbm_adapter_bytes=pod.hbm_adapter_bytes + 2 * GiB,
+                )
+                for pod in pool.pods
+            ),
+        )
+        for pool in fleet.pools
+    )
+    sim = replace(
+        settings.sim,
+        kv_capacity_tokens=int(settings.sim.kv_capacity_tokens * KV_SHARE),
+        max_num_seqs=max(1, round(settings.sim.max_num_seqs * SEQS_SHARE)),
+    )
+    return Fleet(pools=pools), replace(settings, sim=sim)
+
+
+def top_production(
+    workload: SimWorkload, *, before: pd.Timestamp, count: int = 10, suffix: str = "-experiment"
+) -> list[str]:
+    """The ``count`` adapters with the most requests before ``before``, variants left out."""
+    end_s = (before - pd.Timestamp(workload.start)).total_seconds()
+    arrival = np.asarray(workload.arrival_s)
+    seen = Counter(workload.adapters[: int(np.searchsorted(arrival, end_s))])
+    ranked = sorted(
+        ((n, name) for name, n in seen.items() if not name.endswith(suffix)),
+        key=lambda item: (-item[0], item[1]),
+    )
+    return [name for _, name in ranked[:count]]
+
+
+def pin_plan(adapters: Sequence[str], pods: Sequence[str]) -> dict[str, str]:
+    """Adapter -> the pod it is pinned on: the first half of ``adapters`` (the highest)
+    round the first half of ``pods``, the rest round the other half."""
+    half, pod_half = (len(adapters) + 1) // 2, max(len(pods) // 2, 1)
+    first, second = pods[:pod_half], pods[pod_half:] or pods[:pod_half]
+    plan = {name: first[i % len(first)] for i, name in enumerate(adapters[:half])}
+    plan.update({name: second[i % len(second)] for i, name in enumerate(adapters[half:])})
+    return plan
+
+
+def pinned_catalog(catalog_path: Path, pins: Mapping[str, str], directory: Path) -> Path:
+    """The catalog with each of ``pins`` pinned on its pod, written in ``directory``."""
+    raw = yaml.safe_load(catalog_path.read_text())
+    for entry in raw["adapters"]:
+        if entry["name"] in pins:
+            entry["pinned"] = [pins[entry["name"]]]
+    path = directory / "catalog.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+def pinned_replay(pins: Mapping[str, str]) -> type[FleetReplay]:
+    """A ``FleetReplay`` whose pods start with their pinned adapters on GPU slots, which
+    the engine then evicts neither from its GPU slots nor from its host cache (vLLM's
+    ``pin_lora`` pins both; leaving the host cache leaves the GPU too). A pin a restart
+    would drop; the what-ifs have none. Under LRU only: the engine's eviction."""
+    by_pod: dict[str, set[str]] = {}
+    for adapter, pod_id in pins.items():
+        by_pod.setdefault(pod_id, set()).add(adapter)
+
+    class PinnedReplay(FleetReplay):
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+            for pod in self.pods:
+                for adapter in sorted(by_pod.get(pod.pod_id, ())):
+                    pod.load(adapter, now_s=0.0)
+                    pod.model.pinned.add(adapter)
+
+        def _fetch(self, pod: SimPod, adapter: str, now_s: float) -> Effects:
+            pinned = by_pod.get(pod.pod_id)
+            if not pinned or self.router_eviction is not EvictionPolicy.LRU:
+                return super()._fetch(pod, adapter, now_s)
+            # The engine model's vLLM host cache knows no pins: a pinned adapter is
+            # passed as busy, which its eviction skips while it has another choice.
+            busy = {*pod.running_adapters, *pod.waiting_adapters, *pinned}
+            return pod.fetch(adapter, busy=busy, now_s=now_s)
+
+    return PinnedReplay

@@ -1,0 +1,138 @@
+"""bench/scenario_table.py: the table of every policy against the seed's claims, run
+through its Python API on a morning slice of the shipped legal-research scenario (its
+9 AM logins and their event log), and the war story's fixes as catalog and fleet
+variants. Figures are not asserted (a benchmark reports them); the rows, the claim
+beside each and the verdicts' form are."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pandas as pd
+import pytest
+
+from placement.inputs import load_catalog, load_fleet
+from placement.settings import Settings
+from placement.sim.engine import GPU_HIT
+from placement.sim.replay import run_policy
+from placement.sim.workload import SimWorkload
+from tests import factories
+
+REPO = Path(__file__).resolve().parents[2]
+BENCH = REPO / "bench"
+LEGAL = REPO / "data" / "legal-research"
+WAR_STORY = REPO / "data" / "war-story"
+#: Monday 07:30-10:30 in New York: the firms' logins at 08:55 and the sessions after.
+SLICE = (pd.Timestamp("2026-03-09T11:30:00Z"), pd.Timestamp("2026-03-09T14:30:00Z"))
+
+
+@pytest.fixture(scope="module")
+def bench() -> Iterator[ModuleType]:
+    """The bench scripts import each other as top-level modules, run from bench/."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        import scenario_table
+
+        yield scenario_table
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+@pytest.fixture(scope="module")
+def legal_slice(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("data")
+    target = root / "legal-research"
+    target.mkdir()
+    for name in ("catalog.yaml", "fleet.yaml", "pipelines.yaml"):
+        shutil.copy(LEGAL / name, target / name)
+    for name in ("requests.parquet", "events.parquet"):
+        frame = pd.read_parquet(LEGAL / name)
+        inside = (frame["ts"] >= SLICE[0]) & (frame["ts"] < SLICE[1])
+        frame[inside].to_parquet(target / name, index=False)
+    return root
+
+
+def test_every_policy_gets_a_row_with_its_claim(bench: ModuleType, legal_slice: Path) -> None:
+    tasks = bench.tasks_for(["legal-research"])
+    rows = bench.run_all(tasks, data=legal_slice, jobs=1)
+    assert [row.policy for row in rows] == [task.policy for task in tasks]
+    assert {row.policy for row in rows} == set(bench.POLICIES)
+    for row in rows:
+        assert row.events["count"] > 0  # the logins were delivered to every policy
+        claim, verdict = bench.judge(row)
+        assert "9 AM" in claim
+        assert "first p95" in claim
+        assert verdict in ("yes", "no") or verdict.endswith(" of 2")
+    text = bench.table(rows, markdown=True)
+    lines = text.splitlines()
+    assert lines[0].startswith("| scenario | policy | GPU hits |")
+    assert "the seed's claim" in lines[0]
+    assert len(lines) == 2 + len(bench.POLICIES)
+    assert all(line.count("|") == lines[0].count("|") for line in lines)
+
+
+@pytest.mark.parametrize(
+    ("rule", "claim", "measured", "holds"),
+    [
+        ("about", 0.45, 0.58, True),
+        ("about", 0.45, 0.60, False),
+        ("at most", 180.0, 230.0, True),
+        ("at most", 180.0, 240.0, False),
+        ("at least", 0.92, 0.919, False),
+    ],
+    ids=["about-in", "about-out", "at-most-in", "at-most-out", "at-least-out"],
+)
+def test_a_check_holds_within_30_percent(
+    bench: ModuleType, rule: str, claim: float, measured: float, holds: bool
+) -> None:
+    check = bench.Check(label="x", key="x", claim=claim, rule=rule)
+    assert check.holds(measured) is holds
+
+
+def test_the_fixes_are_variants_of_the_war_story(bench: ModuleType, tmp_path: Path) -> None:
+    ws = bench.ws
+    fleet = load_fleet(WAR_STORY / "fleet.yaml")
+    eight, settings = ws.eight_slots(fleet, Settings())
+    assert {pod.max_loras for pod in eight.pods} == {8}
+    assert settings.sim.kv_capacity_tokens < Settings().sim.kv_capacity_tokens
+    top = [f"adapter-{i}" for i in range(10)]
+    pods = [str(pod.name) for pod in fleet.pods]
+    pins = ws.pin_plan(top, pods)
+    assert set(pins) == set(top)
+    assert set(pins[name] for name in top[:5]) == set(pods[:4])
+    assert set(pins[name] for name in top[5:]) == set(pods[4:])
+    catalog = load_catalog(WAR_STORY / "catalog.yaml", fleet=fleet)
+    real = {str(a.name): pins[f"adapter-{i}"] for i, a in enumerate(catalog.adapters[:10])}
+    path = ws.pinned_catalog(WAR_STORY / "catalog.yaml", real, tmp_path)
+    pinned = load_catalog(path, fleet=fleet)
+    assert {str(a.name): [str(p) for p in a.pinned_pods] for a in pinned.adapters[:10]} == {
+        name: [pod] for name, pod in real.items()
+    }
+    assert not any(a.is_pinned for a in pinned.adapters[10:])
+
+
+@pytest.mark.parametrize("pinned", [True, False], ids=["pinned", "unpinned"])
+def test_a_pinned_adapter_is_never_evicted(bench: ModuleType, pinned: bool) -> None:
+    """One pod of 2 slots, a steady "hot" adapter and a stream of cold ones: pinned,
+    "hot" loads before the first request and hits every time; without the pin the
+    cold stream pushes it off its slot between its requests."""
+    fleet = factories.fleet(factories.pool("p", 1, max_loras=2, max_cpu_loras=2))
+    names = [n for i in range(40) for n in ("hot", f"cold-{i}", f"cold-{i + 100}")]
+    workload = SimWorkload(
+        start=pd.Timestamp("2026-03-12T00:00:00Z").to_pydatetime(),
+        arrival_s=[2.0 * i for i in range(len(names))],
+        adapters=names,
+        prompt_tokens=[100] * len(names),
+        output_tokens=[4] * len(names),
+        size_bytes=dict.fromkeys(names, 50_000_000),
+    )
+    replay_type = bench.ws.pinned_replay({"hot": "p-0"} if pinned else {})
+    result = run_policy(
+        "round-robin", workload, fleet, settings=Settings(), replay_type=replay_type
+    )
+    hot = [o for o, name in zip(result.log.outcome, names, strict=True) if name == "hot"]
+    assert all(o == GPU_HIT for o in hot) is pinned
