@@ -24,7 +24,7 @@ from placement.solver.packing import Assignment
 from placement.solver.problem import Candidate, PodClass, PoolProblem
 
 #: Challengers that may try a swap to make room (each try scans pods x replicas).
-MAX_SWAP_TRIES = 64
+MAX_SWAP_TRIES = 16
 #: Swaps one pod may make for one challenger before giving up.
 MAX_SWAPS_PER_POD = 4
 
