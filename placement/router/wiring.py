@@ -35,7 +35,6 @@ from placement.inputs.files import write_atomically
 from placement.plan import Plan
 from placement.router.asgi import RouterApp
 from placement.router.core import AdapterInfo, Router
-from placement.router.picker_grpc import EndpointPickerServer
 from placement.router.reqlog import RequestLogSink, open_request_log
 from placement.router.sources import (
     FilePlanSource,
@@ -251,6 +250,10 @@ class RouterWithPicker:
         port: int,
         on_picker_listening: Callable[[int], None] | None = None,
     ) -> None:
+        # Here, not at the top: grpc and Envoy's protos take a third of a second to
+        # import, which a router without the picker need not pay.
+        from placement.router.picker_grpc import EndpointPickerServer
+
         self.app = app
         self.router = app.router
         self.picker = EndpointPickerServer(app.router, host=host, port=port)
