@@ -192,6 +192,9 @@ def router(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per listing otherwise
     if workers > 1:
+        if picker is not None:
+            message = "--endpoint-picker serves from one router process: drop --workers"
+            raise InputError([Problem(source="--workers", message=message)])
         clock_ = _clock(clock_start, clock_speed, clock_origin)
 
         def make_app(worker: int) -> RouterApp:

@@ -142,10 +142,22 @@ class Router:
 
     async def start(self) -> None:
         """Open the upstream session, read plan and pods once, start the loops."""
+        # One pool of keep-alive connections to the pods, reused by every request; the
+        # timeout is the session's (no per-request timeout argument), and no User-Agent
+        # or Accept-Encoding is added: the answer's bytes pass through as the pod
+        # wrote them, so they must not be compressed.
         connector = aiohttp.TCPConnector(
-            limit=self.settings.max_connections, limit_per_host=0, ttl_dns_cache=300
+            limit=self.settings.max_connections,
+            limit_per_host=0,
+            ttl_dns_cache=300,
+            keepalive_timeout=75.0,
         )
-        self.session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
+        self.session = aiohttp.ClientSession(
+            connector=connector,
+            auto_decompress=False,
+            timeout=self.upstream_timeout,
+            skip_auto_headers=("User-Agent", "Accept-Encoding"),
+        )
         if self.engine_http is None:
             # One client for every engine call (scrapes, listings, loads): a new httpx
             # client costs tens of milliseconds of CPU building its TLS context.

@@ -61,7 +61,9 @@ class Relay(Protocol):
         ...
 
     @property
-    def upstream_timeout(self) -> aiohttp.ClientTimeout: ...
+    def upstream_timeout(self) -> aiohttp.ClientTimeout:
+        """The session's timeout (set on the session: no per-request argument)."""
+        ...
 
     @property
     def clock(self) -> Clock:
@@ -142,15 +144,13 @@ async def forward(
     headers = _JSON_HEADERS
     if exchange.auth is not None:
         headers = {**_JSON_HEADERS, "authorization": exchange.auth.decode("latin-1")}
-    url = state.upstream.url + exchange.path
+    url = state.url_of(exchange.path)
     body = exchange.body_for(state)
     adapter = AdapterId(exchange.model) if exchange.outcome is not None else None
     _note_admission(relay, state, exchange)
     state.begin(adapter)
     try:
-        async with session.post(
-            url, data=body, headers=headers, timeout=relay.upstream_timeout
-        ) as reply:
+        async with session.post(url, data=body, headers=headers) as reply:
             if reply.status == 503 and not last_try:
                 await reply.read()
                 return False

@@ -22,6 +22,8 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from yarl import URL
+
 from placement.domain import AdapterId, Engine, Fleet, PodId, PoolId, Tier
 from placement.plan import Plan
 from placement.ports import PodMetrics
@@ -85,6 +87,7 @@ class LivePod:
         "running_adapters",
         "service_ms",
         "upstream",
+        "urls",
         "victim_last_used_s",
         "waiting_adapters",
     )
@@ -117,6 +120,8 @@ class LivePod:
         self.loading: dict[AdapterId, asyncio.Future[None]] = {}
         #: When each adapter was last routed here, on the router's clock.
         self.last_used_s: dict[AdapterId, float] = {}
+        #: The pod's URL per path, parsed once (the proxy's upstream calls reuse them).
+        self.urls: dict[str, URL] = {}
         # policies.routing.PodLike:
         self.pod_id: str = upstream.pod
         self.max_loras = self.ledger.max_loras
@@ -137,6 +142,13 @@ class LivePod:
         self.position = 0
         self.held: frozenset[str] = frozenset()
         self.held_version = -1
+
+    def url_of(self, path: str) -> URL:
+        """``path`` on this pod, parsed once per path."""
+        url = self.urls.get(path)
+        if url is None:
+            url = self.urls[path] = URL(self.upstream.url + path)
+        return url
 
     def attach(self, index: PoolIndex, position: int) -> None:
         """Report to ``index`` (a new topology's) from now on, at ``position``."""

@@ -35,6 +35,7 @@ from placement.inputs.files import write_atomically
 from placement.plan import Plan
 from placement.router.asgi import RouterApp
 from placement.router.core import AdapterInfo, Router
+from placement.router.lean_http import LeanHttpToolsProtocol
 from placement.router.reqlog import RequestLogSink, open_request_log
 from placement.router.sources import (
     FilePlanSource,
@@ -303,7 +304,10 @@ def run_router(
         host=host,
         port=port,
         access_log=False,
-        http="httptools",
+        http=LeanHttpToolsProtocol,  # a whole answer in one send
+        server_header=False,
+        proxy_headers=False,  # the router reads no client address
+        date_header=False,
         loop="uvloop",
         timeout_graceful_shutdown=max(1, round(app.router.settings.shutdown_grace_s)),
     )

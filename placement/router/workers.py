@@ -37,6 +37,7 @@ from types import FrameType
 import uvicorn
 
 from placement.router.asgi import RouterApp
+from placement.router.lean_http import LeanHttpToolsProtocol
 
 
 def worker_log_path(path: Path, worker: int) -> Path:
@@ -85,9 +86,10 @@ def _run_worker(app: RouterApp, sock: socket.socket, ready_fd: int) -> None:
     config = uvicorn.Config(
         app,
         access_log=False,
-        http="httptools",
+        http=LeanHttpToolsProtocol,
         loop="uvloop",
         server_header=False,
+        proxy_headers=False,  # the router reads no client address
         date_header=False,
         timeout_graceful_shutdown=max(1, round(app.router.settings.shutdown_grace_s)),
     )
