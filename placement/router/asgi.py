@@ -173,7 +173,10 @@ class RouterApp:
             self._record(exchange)
             return
         handler = asyncio.current_task()
-        watcher = asyncio.create_task(_watch_disconnect(receive, handler, exchange))
+        # Most answers are over before a client could go away: the watcher starts only
+        # once a request has taken WATCH_AFTER_S (a timer costs less than a task).
+        watcher = _Watcher(receive, handler, exchange)
+        timer = asyncio.get_running_loop().call_later(WATCH_AFTER_S, watcher.start)
         try:
             await self._route(exchange, send)
         except asyncio.CancelledError:
@@ -186,6 +189,7 @@ class RouterApp:
             log.warning("upstream %s failed mid-response: %s", exchange.pod, exc)
             exchange.status = 502
         finally:
+            timer.cancel()
             watcher.cancel()
             self._record(exchange)
 
@@ -305,6 +309,32 @@ def _failure_label(status: int) -> str:
     if status == 503:
         return "rejected"
     return "error" if status >= 400 else "base"
+
+
+#: How long a request runs before the router watches for its client going away.
+WATCH_AFTER_S = 0.05
+
+
+class _Watcher:
+    """Starts ``_watch_disconnect`` on demand; cancelling before the start costs nothing."""
+
+    __slots__ = ("_exchange", "_handler", "_receive", "_task")
+
+    def __init__(
+        self, receive: Receive, handler: asyncio.Task[Any] | None, exchange: Exchange
+    ) -> None:
+        self._receive, self._handler, self._exchange = receive, handler, exchange
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if not self._exchange.finished:
+            self._task = asyncio.create_task(
+                _watch_disconnect(self._receive, self._handler, self._exchange)
+            )
+
+    def cancel(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
 
 
 async def _watch_disconnect(
