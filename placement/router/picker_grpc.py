@@ -204,6 +204,8 @@ class _Stream:
         return []  # request_body: ``body`` answers it, after the decision
 
     def _request_headers(self, headers: Any) -> list[Any]:
+        if self.request is not None:
+            raise ValueError("request headers twice in one stream")
         pairs = [
             (header.key.lower().encode("latin-1", "replace"), _header_value(header))
             for header in headers.headers.headers
@@ -307,14 +309,14 @@ class ExternalProcessor:
                     # it, as a gRPC client writing on expects.
                     continue
                 stream.note(message)
-                if message.WhichOneof("request") == "request_body":
-                    try:
+                try:
+                    if message.WhichOneof("request") == "request_body":
                         responses = await stream.body(message.request_body)
-                    except ValueError as exc:
-                        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-                        return
-                else:
-                    responses = stream.answer(message)
+                    else:
+                        responses = stream.answer(message)
+                except ValueError as exc:  # messages out of the protocol's order
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+                    return
                 for response in responses:
                     await context.write(response)
         finally:

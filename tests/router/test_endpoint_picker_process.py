@@ -109,3 +109,37 @@ def test_an_sglang_pod_gets_the_body_it_reads_and_its_length() -> None:
     assert outcome.headers["content-length"] == str(len(outcome.forwarded)).encode()
     assert outcome.status == 200
     assert [row.outcome for row in picking.log.rows] == ["cold_load"]
+
+
+async def _out_of_order(port: int, messages: list[Any]) -> grpc.aio.AioRpcError:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        call = ext_proc_grpc.ExternalProcessorStub(channel).Process()
+        for message in messages:
+            await call.write(message)
+        await call.done_writing()
+        with pytest.raises(grpc.aio.AioRpcError) as failed:
+            await call.read()
+            await call.read()
+    return failed.value
+
+
+@pytest.mark.parametrize(
+    ("messages", "words"),
+    [
+        (body_chunks(completion("alpha"), 1), "a request body before its headers"),
+        (
+            [request_headers(completion("alpha")), request_headers(completion("alpha"))],
+            "request headers twice",
+        ),
+    ],
+    ids=["body-first", "headers-twice"],
+)
+def test_messages_out_of_the_protocols_order_end_the_stream_naming_why(
+    messages: list[Any], words: str
+) -> None:
+    with emulated(1) as pods, picker_for(pods.domain) as picking:
+        port = int(picking.gateway.target.rpartition(":")[2])
+        error = asyncio.run(_out_of_order(port, messages))
+        assert all(state.inflight == 0 for state in picking.router.topology.pods.values())
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert words in (error.details() or "")
