@@ -262,8 +262,6 @@ def _add_capacity(
     hold fit the rest. An adapter too busy for any pod (it may have pods alone, above
     the limit) is left out, so the cut stays a relaxation and the bound stays valid.
     """
-    if not problem.overloaded:
-        return
     beside = {cls.key: most_beside(problem, cls, scale=scale) for cls in problem.classes}
     limit = {cls.key: cls.capacity_rps * problem.headroom for cls in problem.classes}
     eligible = {

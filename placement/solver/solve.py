@@ -55,10 +55,13 @@ from placement.solver.packing import Assignment, evaluate
 from placement.solver.problem import PlacementProblem, PoolProblem
 from placement.solver.solution import PoolSolution, Solution, assemble_plan
 
-#: Headroom factors of the stage-1 retries in an overloaded pool, and the seconds a
-#: retry needs left to start.
+#: Headroom factors of the stage-1 retries when counts do not pack, and the seconds
+#: (and share of the pool's time) a retry needs left to start.
 RETRY_HEADROOM = (0.97, 0.9)
 RETRY_MIN_S = 1.0
+RETRY_MIN_SHARE = 0.4
+#: The share of a pool's time stage 1 may take.
+STAGE1_SHARE = 0.5
 #: A pool whose plan ends further than this from its bound gets a note saying why.
 GAP_NOTE = 0.01
 
@@ -93,8 +96,11 @@ def _solve_pool(problem: PoolProblem, options: SolveOptions) -> PoolSolution | N
     fallback = greedy_assignment(problem)
     if not problem.candidates:
         return empty_solution(problem)
-    # Stage 1 leaves a quarter of the pool's time to stage 2 and the greedy's checks.
-    stage1 = replace(options, time_limit_s=0.75 * options.time_limit_s)
+    # Stage 1 leaves a quarter of the pool's time to stage 2 and the greedy's checks;
+    # with whole pods in stage 1, half, for the retries and the top-up (Python time,
+    # which CP-SAT's clock does not count).
+    share = STAGE1_SHARE if options.per_pod else 0.75
+    stage1 = replace(options, time_limit_s=share * options.time_limit_s)
     status, counts, bound, wall_s = _stage1(problem, stage1, fallback)
     if status == cp_model.INFEASIBLE:
         return None
@@ -102,7 +108,9 @@ def _solve_pool(problem: PoolProblem, options: SolveOptions) -> PoolSolution | N
     if counts is not None:
         assignment, extra_s = _pack(problem, counts, options, wall_s)
         wall_s += extra_s
-        assignment, extra_s = _retry_tighter(problem, assignment, options, fallback, wall_s)
+        assignment, extra_s = _retry_tighter(
+            problem, assignment, options, fallback, spent_s=wall_s, bound=bound
+        )
         wall_s += extra_s
     return pick_plan(
         problem,
@@ -134,14 +142,21 @@ def _stage1(
 
 
 def _pack(
-    problem: PoolProblem, counts: Counts, options: SolveOptions, spent_s: float
+    problem: PoolProblem,
+    counts: Counts,
+    options: SolveOptions,
+    spent_s: float,
+    *,
+    retry: bool = False,
 ) -> tuple[Assignment | None, float]:
+    """Stage 2; a retry's goes from the greedy packing straight to the repair."""
     return pack_counts(
         problem,
         counts,
         time_left_s=options.time_limit_s - spent_s,
         workers=options.workers,
         seed=options.seed,
+        quick=retry,
     )
 
 
@@ -150,28 +165,34 @@ def _retry_tighter(
     assignment: Assignment | None,
     options: SolveOptions,
     fallback: tuple[Counts, Assignment] | None,
+    *,
     spent_s: float,
+    bound: float,
 ) -> tuple[Assignment | None, float]:
-    """In an overloaded pool whose stage-1 counts did not pack, stage 1 again with less
+    """When stage 1's counts did not pack near its bound, stage 1 again with less
     headroom (each replica's q90 then leaves room on its pod), keeping the best plan.
 
     Per-pod q90 limits are a packing that stage 1 only relaxes; counts planned against
     a little less capacity pack with less repair. The bound stays the first solve's.
+    Each retry takes a third of the time left, and none starts with under 40% of the
+    pool's time left: packing and the greedy run in Python, outside CP-SAT's clock.
     """
-    if assignment is None or not problem.overloaded or not options.per_pod:
+    if assignment is None or not options.per_pod:
         return assignment, 0.0
     best, best_cost = assignment, evaluate(problem, assignment).model_total
+    if best_cost - bound <= options.gap_limit * abs(best_cost):
+        return assignment, 0.0
     extra_s = 0.0
     for factor in RETRY_HEADROOM:
         left_s = options.time_limit_s - spent_s - extra_s
-        if left_s < RETRY_MIN_S:
+        if left_s < max(RETRY_MIN_S, RETRY_MIN_SHARE * options.time_limit_s):
             break
         tighter = replace(problem, headroom=problem.headroom * factor)
-        _, counts, _, wall_s = _stage1(tighter, replace(options, time_limit_s=left_s / 2), fallback)
+        _, counts, _, wall_s = _stage1(tighter, replace(options, time_limit_s=left_s / 3), fallback)
         extra_s += wall_s
         if counts is None:
             continue
-        packed, pack_s = _pack(problem, counts, options, spent_s + extra_s)
+        packed, pack_s = _pack(problem, counts, options, spent_s + extra_s, retry=True)
         extra_s += pack_s
         if packed is not None and evaluate(problem, packed).model_total < best_cost:
             best, best_cost = packed, evaluate(problem, packed).model_total
