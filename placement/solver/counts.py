@@ -252,7 +252,7 @@ def _add_capacity(
     *,
     scale: float,
 ) -> None:
-    """Pool capacity, as a relaxation of every pod's q90 limit (overloaded pools only).
+    """Pool capacity, as a relaxation of every pod's q90 limit.
 
     A pod's q90 is its mean plus the root of its replicas' summed squared spreads, and
     that root is at least their summed spreads over the root of how many share the pod
