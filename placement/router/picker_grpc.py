@@ -177,6 +177,8 @@ class _Stream:
         self.chunks: list[bytes] = []
         self.size_bytes = 0
         self.subset: frozenset[str] | None = None
+        #: The body ended and was decided on; ``done``: the stream is answered for good.
+        self.decided = False
         self.done = False
 
     def note(self, message: Any) -> None:
@@ -219,6 +221,7 @@ class _Stream:
         if refused is not None:
             return self._end(immediate(refused))
         if headers.end_of_stream:
+            self.decided = True
             return self._decided(self.request.decide_without_body(), on_body=False)
         if self.duplex:
             return []  # the answer waits for the body (the model is in it)
@@ -229,6 +232,8 @@ class _Stream:
         request = self.request
         if request is None:
             raise ValueError("a request body before its headers")
+        if self.decided:
+            raise ValueError("a request body after its end")
         self.size_bytes += len(chunk.body)
         refused = request.too_large(self.size_bytes)
         if refused is not None:
@@ -239,6 +244,7 @@ class _Stream:
             return [] if self.duplex else [ext_proc.ProcessingResponse(request_body=_CONTINUE_BODY)]
         body = b"".join(self.chunks)
         self.chunks = []
+        self.decided = True
         if request.subset is None:
             request.subset = self.subset
         decision = await request.decide(body)
