@@ -117,6 +117,9 @@ class RouterSettings:
     max_pending_log_rows: int = 100_000
     #: Seconds one queued request adds to the wait of those behind it (bounded affinity).
     per_request_s: float = 0.05
+    #: lorafleet weighs what a load's victim is worth: the chance, by the forecast, that
+    #: it is asked for within this long (then reloaded).
+    victim_horizon_s: float = 180.0
     #: Under soft pressure with no pod holding the adapter, wait this long for room
     #: before answering 503: under pressure, queue rather than force a load.
     pressure_wait_s: float = 0.5

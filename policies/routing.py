@@ -16,8 +16,9 @@ tens of microseconds over 64 pods. Must not import ``placement``.
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from policies.hashing import HashRing
@@ -86,6 +87,18 @@ class PodSnapshot:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class VictimWorth:
+    """The forecast a load weighs its victim by: a load that evicts pays, besides its
+    own cost, the chance that the victim is asked for again within ``victim_horizon_s``
+    (by its forecast rate, shared among the pods holding it) times a reload."""
+
+    #: Each adapter's forecast request rate over the fleet (req/s); absent: 0.
+    forecast_rps: Mapping[str, float]
+    #: RouterSettings.victim_horizon_s.
+    victim_horizon_s: float
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class RoutingContext:
     """One request to place, the pods to choose from, and the costs to weigh."""
 
@@ -107,6 +120,8 @@ class RoutingContext:
     #: A load costs more than its own wait: its batch drain stalls every request on
     #: that pod (a swap costs 2-10x what a longer queue does).
     load_penalty_factor: float = 2.0
+    #: lorafleet only (None: not weighed): what a load's LRU victim is worth.
+    victims: VictimWorth | None = None
 
 
 class RouteReason(enum.StrEnum):
@@ -362,24 +377,64 @@ def load_penalty_s(pod: PodLike, ctx: RoutingContext) -> float:
     return load_s * ctx.load_penalty_factor
 
 
-def _bounded_pick(ctx: RoutingContext, candidates: Sequence[PodLike]) -> tuple[PodLike, bool]:
-    """Cheapest pod by predicted delay plus load penalty; True when it is warm.
+def _lru_victim(pod: PodLike) -> str | None:
+    """The adapter the engine's LRU evicts next on ``pod``: the least recently used
+    with no request running or queued, else the least recently used."""
+    first: str | None = None
+    for name in pod.gpu_adapters:
+        if name not in pod.running_adapters and name not in pod.waiting_adapters:
+            return name
+        if first is None:
+            first = name
+    return first
+
+
+def victim_worth_s(pod: PodLike, ctx: RoutingContext) -> float:
+    """What evicting ``pod``'s next LRU victim is expected to cost: the chance, by the
+    forecast, that it is asked for within ``victim_horizon_s``, times a reload from host
+    RAM (its load penalty). 0 with a free slot or without a forecast."""
+    victims = ctx.victims
+    if victims is None or pod.free_slots > 0:
+        return 0.0
+    rates = victims.forecast_rps
+    victim = _lru_victim(pod)
+    rate = rates.get(victim, 0.0) if victim is not None else 0.0
+    if rate <= 0.0:
+        return 0.0
+    # Its requests are shared by the pods holding it: losing one copy of several
+    # costs that copy's share.
+    copies = sum(1 for other in ctx.pods if victim in other.gpu_adapters)
+    share = rate / max(1, copies)
+    reuse = -math.expm1(-share * victims.victim_horizon_s)
+    return reuse * ctx.warm_load_s * ctx.load_penalty_factor
+
+
+_Key = tuple[float, int, float, int]
+
+
+def _bounded_best(ctx: RoutingContext, candidates: Sequence[PodLike]) -> tuple[PodLike, _Key]:
+    """Cheapest pod by predicted delay plus load penalty, and its sort key (its first
+    item the cost in seconds, its second 0 when the pod is warm).
 
     On equal cost a warm pod wins (staying put keeps residency long), then a pod with a
     free slot (no eviction), then the pod whose next victim has been idle longest (so
     the fleet's slots act as one LRU cache), then the one with the fewest running.
-    The loop inlines ``predicted_delay_s`` and ``load_penalty_s`` for speed.
+    With a forecast in the context a load that evicts also pays its victim's worth
+    (``victim_worth_s``). The loop inlines ``predicted_delay_s`` and ``load_penalty_s``
+    for speed.
     """
     adapter = ctx.adapter
     per_request_s = ctx.per_request_s
     busy_s = 0.5 * ctx.warm_load_s
     warm_load_s = ctx.warm_load_s * ctx.load_penalty_factor
     cold_load_s = ctx.cold_load_s * ctx.load_penalty_factor
+    weigh_victims = ctx.victims is not None
     best: PodLike = candidates[0]
-    best_key = (float("inf"), 2, 0.0, 0)
+    best_key: _Key = (math.inf, 2, 0.0, 0)
     for pod in candidates:
         loading = pod.loading
         delay = pod.queue_depth * per_request_s
+        key: _Key
         if loading and adapter in loading:
             key = (delay, 0, 0.0, pod.running)
         elif adapter in pod.gpu_adapters:
@@ -391,10 +446,18 @@ def _bounded_pick(ctx: RoutingContext, candidates: Sequence[PodLike]) -> tuple[P
             if pod.free_slots > 0:
                 key = (delay, 1, 0.0, pod.running)
             else:
+                if weigh_victims and delay <= best_key[0]:  # worth >= 0: skip hopeless pods
+                    delay += victim_worth_s(pod, ctx)
                 key = (delay, 2, pod.victim_last_used_s, pod.running)
         if key < best_key:
             best, best_key = pod, key
-    return best, best_key[1] == 0
+    return best, best_key
+
+
+def _bounded_pick(ctx: RoutingContext, candidates: Sequence[PodLike]) -> tuple[PodLike, bool]:
+    """``_bounded_best``'s pod, and True when it is warm."""
+    pod, key = _bounded_best(ctx, candidates)
+    return pod, key[1] == 0
 
 
 def route_bounded(ctx: RoutingContext) -> RouteDecision:
@@ -448,6 +511,34 @@ class HashFallback:
     general_pool: frozenset[str] = field(default_factory=frozenset)
 
 
+def below_pressure_line(ctx: RoutingContext, candidates: Sequence[PodLike]) -> list[PodLike]:
+    """The candidates that may take this request under memory pressure, pod by pod:
+    those holding (or loading) the adapter, and those below ``no_load_kv_usage`` (a load
+    there is safe). A pod above the line takes no new load, whatever the others' use."""
+    line = ctx.no_load_kv_usage
+    return [pod for pod in candidates if pod.kv_usage < line or _holds(pod, ctx.adapter)]
+
+
+def _weighted_warm(
+    ctx: RoutingContext,
+    candidates: Sequence[PodLike],
+    pod_weights: Mapping[str, float],
+    *,
+    cost_s: float,
+) -> PodLike | None:
+    """Of the plan's pods holding the adapter at the cheapest delay ``cost_s``, the
+    least loaded relative to its weight: the plan's shares split the warm traffic."""
+    best: PodLike | None = None
+    best_load = math.inf
+    for pod in candidates:
+        weight = pod_weights.get(pod.pod_id, 0.0)
+        if weight > 0.0 and _holds(pod, ctx.adapter) and predicted_delay_s(pod, ctx) <= cost_s:
+            load = (load_of(pod) + 1) / weight
+            if load < best_load:
+                best, best_load = pod, load
+    return best
+
+
 def route_plan(
     ctx: RoutingContext,
     pod_weights: Mapping[str, float] | None,
@@ -455,37 +546,38 @@ def route_plan(
     fallback: HashFallback,
     tail: bool = False,
 ) -> RouteDecision:
-    """Follow the plan's weights for this adapter (``{pod_id: share}``), bounded.
+    """lorafleet's routing: bounded affinity, the plan deciding where loads go.
 
-    Among the plan's pods pick the least loaded relative to its weight; if that pod's
-    predicted delay exceeds the cost of the best pod elsewhere (delay plus load), spill
-    by bounded affinity. Adapters absent from the plan are hashed.
+    No pod above the pressure line takes a load (``below_pressure_line``; with none
+    left the request waits). A warm pod that bounded affinity would pick is kept:
+    moving an adapter the plan placed elsewhere costs a load for nothing. When a load
+    is due, it goes to the plan's pods for this adapter (``{pod_id: share}``, the best
+    by bounded cost) unless a pod elsewhere is cheaper by more than one warm load.
+    Adapters absent from the plan: bounded affinity over the general pool (``tail``),
+    else the hash ring's owners.
     """
-    if not pod_weights:
-        return route_hash(
-            ctx,
-            fallback.ring,
-            replicas=fallback.replicas,
-            tail=tail,
-            general_pool=fallback.general_pool,
-        )
     candidates, early = _prelude(ctx)
     if early is not None:
         return early
-    best: PodLike | None = None
-    best_load = float("inf")
-    for pod in candidates:
-        weight = pod_weights.get(pod.pod_id, 0.0)
-        if weight > 0.0:
-            load = (load_of(pod) + 1) / weight
-            if load < best_load:
-                best, best_load = pod, load
-    if best is None:
-        return RouteDecision(_bounded_pick(ctx, candidates)[0].pod_id, RouteReason.SPILL)
-    # The plan means to load its pods anyway, so their load penalty does not count:
-    # spill only when the planned pod's queue costs more than a load elsewhere.
-    other, _ = _bounded_pick(ctx, candidates)
-    other_cost = predicted_delay_s(other, ctx) + load_penalty_s(other, ctx)
-    if other.pod_id != best.pod_id and other_cost < predicted_delay_s(best, ctx):
-        return RouteDecision(other.pod_id, RouteReason.SPILL)
-    return RouteDecision(best.pod_id, RouteReason.PLAN)
+    allowed = below_pressure_line(ctx, candidates)
+    if not allowed:
+        return RouteDecision(None, RouteReason.PRESSURE_WAIT)
+    if not pod_weights and not (tail and fallback.general_pool):
+        return route_hash(replace(ctx, pods=allowed), fallback.ring, replicas=fallback.replicas)
+    if not pod_weights:
+        pool = [pod for pod in allowed if pod.pod_id in fallback.general_pool]
+        pod, key = _bounded_best(ctx, pool or allowed)
+        warm = key[1] == 0
+        return RouteDecision(pod.pod_id, RouteReason.AFFINITY if warm else RouteReason.GENERAL_POOL)
+    pod, key = _bounded_best(ctx, allowed)
+    if key[1] == 0:
+        shared = _weighted_warm(ctx, allowed, pod_weights, cost_s=key[0])
+        if shared is not None:
+            return RouteDecision(shared.pod_id, RouteReason.PLAN)
+        return RouteDecision(pod.pod_id, RouteReason.AFFINITY)
+    planned = [other for other in allowed if pod_weights.get(other.pod_id, 0.0) > 0.0]
+    if planned:
+        chosen, planned_key = _bounded_best(ctx, planned)
+        if planned_key[0] <= key[0]:
+            return RouteDecision(chosen.pod_id, RouteReason.PLAN)
+    return RouteDecision(pod.pod_id, RouteReason.SPILL if planned else RouteReason.LOAD)

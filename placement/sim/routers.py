@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from placement.domain import Action, AdapterId, PodId, Tier
 from placement.errors import LorafleetError
@@ -34,6 +34,7 @@ from policies.routing import (
     HashFallback,
     RouteDecision,
     RoutingContext,
+    VictimWorth,
     route_bounded,
     route_epp,
     route_hash,
@@ -211,13 +212,15 @@ class PlannedRouter(_Base):
             general_pool=frozenset(pod_ids),
         )
         self.known: frozenset[str] = frozenset()
+        #: The latest forecast's mean rates: what a load's victim is worth.
+        self.victims: VictimWorth | None = None
         self.unplanned = DecayedCounts(settings.sim.rate_window_s)
         self.last_plan_s = -math.inf
         #: Plans by how they were reached (the solver's status, or "failed").
         self.plan_sources: dict[str, int] = {}
 
     def route(self, adapter: str, now_s: float) -> RouteDecision:
-        ctx = self.context(adapter, now_s)
+        ctx = replace(self.context(adapter, now_s), victims=self.victims)
         return route_plan(ctx, self.weights.get(adapter), fallback=self.fallback, tail=True)
 
     def observe(self, adapter: str, now_s: float) -> bool:
@@ -237,6 +240,10 @@ class PlannedRouter(_Base):
             self.history.log_until(now_s), start=moment, duration_s=int(sim.plan_horizon_s)
         )
         replay.forecast_rps = {str(name): entry.mean_rps for name, entry in demand.items()}
+        self.victims = VictimWorth(
+            forecast_rps=replay.forecast_rps,
+            victim_horizon_s=self.settings.router.victim_horizon_s,
+        )
         self.known = frozenset(str(name) for name, entry in demand.items() if entry.q90_rps > 0)
         self.unplanned = DecayedCounts(sim.rate_window_s)
         self.last_plan_s = now_s

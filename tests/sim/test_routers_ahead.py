@@ -1,0 +1,120 @@
+"""lorafleet in the replay: after a plan it weighs a load's victim by the forecast it
+planned with, on the engine's LRU (it chooses the pod, never the victim)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+from types import MappingProxyType
+
+from placement.domain import AdapterId, Engine, Fleet, Pod, PodId, Pool, PoolId
+from placement.inputs.request_log import RequestLog
+from placement.plan import Plan
+from placement.settings import Settings
+from placement.sim.engine import FleetReplay
+from placement.sim.planning import RecentFloor, ReplayHistory, ReplayPlanning
+from placement.sim.replay import pod_specs
+from placement.sim.routers import PlannedRouter, ReactiveRouter
+from placement.sim.workload import SimWorkload
+from placement.sizing import BUILTIN_MODELS
+from placement.solver.problem import Demand
+from policies.eviction import EvictionPolicy
+from policies.routing import RouteReason
+
+START = datetime(2026, 3, 10, 9, 0, 0, tzinfo=UTC)
+MODEL = "llama-3.1-8b"
+NAMES = ("busy", "idle", "x", "y", "new")
+
+
+def fleet_of_two() -> Fleet:
+    pods = tuple(
+        Pod(
+            name=PodId(f"pod-{i}"),
+            pool=PoolId("p"),
+            url=f"http://pod-{i}.test",
+            engine=Engine.VLLM,
+            max_loras=2,
+            max_cpu_loras=4,
+            max_lora_rank=64,
+            hbm_adapter_bytes=1 << 30,
+            host_adapter_bytes=4 << 30,
+            capacity_rps=10.0,
+        )
+        for i in range(2)
+    )
+    pool = Pool(
+        name=PoolId("p"),
+        base_model=MODEL,
+        served_model_name=MODEL,
+        engine=Engine.VLLM,
+        max_lora_rank=64,
+        dims=BUILTIN_MODELS[MODEL],
+        pods=pods,
+    )
+    return Fleet(pools=(pool,))
+
+
+def empty_plan(
+    demand: Mapping[AdapterId, Demand], *, fleet: Fleet, valid_from: datetime, current: Plan | None
+) -> Plan:
+    return Plan(
+        id="empty",
+        created_at=valid_from,
+        valid_from=valid_from,
+        valid_until=valid_from + timedelta(hours=1),
+        pods=MappingProxyType({}),
+        adapters=MappingProxyType({}),
+    )
+
+
+def forecast(history: RequestLog, *, start: datetime, duration_s: int) -> dict[AdapterId, Demand]:
+    # "busy" is forecast at one request a second, the rest at nothing.
+    return {AdapterId("busy"): Demand(mean_rps=1.0, q90_rps=1.0)}
+
+
+def full_pods() -> tuple[FleetReplay, Settings, ReplayPlanning]:
+    """Two pods of two slots, full: pod-0's LRU victim is "busy" (idle since 1 s),
+    pod-1's is "idle" (idle since 50 s): bounded affinity evicts "busy"."""
+    settings = Settings()
+    load = SimWorkload(
+        start=START,
+        arrival_s=[100.0],
+        adapters=["new"],
+        prompt_tokens=[100],
+        output_tokens=[10],
+        size_bytes=dict.fromkeys(NAMES, 50_000_000),
+    )
+    fleet = fleet_of_two()
+    replay = FleetReplay(load, pod_specs(fleet), sim=settings.sim, load_cost=settings.load_cost)
+    for pod, held, victim_used_s in zip(
+        replay.pods, (("busy", "x"), ("idle", "y")), (1.0, 50.0), strict=True
+    ):
+        for name in held:
+            pod.load(name, now_s=0.0)
+        pod.last_used.update({held[0]: victim_used_s, held[1]: 90.0})
+    planning = ReplayPlanning(
+        fleet=fleet, forecaster=RecentFloor(forecast), planner=empty_plan, hot_min_rps=0.2
+    )
+    return replay, settings, planning
+
+
+def test_bounded_affinity_evicts_the_adapter_idle_longest() -> None:
+    replay, settings, _ = full_pods()
+    bounded = ReactiveRouter("bounded", replay, settings, EvictionPolicy.LRU)
+    assert bounded.route("new", 100.0).pod_id == "pod-0"
+
+
+def test_lorafleet_loads_where_the_forecast_says_the_victim_is_not_needed() -> None:
+    replay, settings, planning = full_pods()
+    lorafleet = PlannedRouter(
+        "lorafleet",
+        replay,
+        settings,
+        EvictionPolicy.LRU,
+        planning=planning,
+        history=ReplayHistory(replay.workload),
+    )
+    assert lorafleet.route("new", 100.0).pod_id == "pod-0"  # no forecast yet: bounded
+    lorafleet.plan(100.0, replay)
+    decision = lorafleet.route("new", 100.0)
+    assert (decision.pod_id, decision.reason) == ("pod-1", RouteReason.GENERAL_POOL)
