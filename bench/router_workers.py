@@ -4,15 +4,22 @@ Emulated vLLM pods (zero simulated latency) run in one child process; for each w
 count, ``lorafleet router --workers N`` runs in front of them (the pods restarted
 empty first), and this process sends the same trace through it: a closed loop over
 ``--connections`` keep-alive connections, ``--requests`` requests for adapters the
-plan places (one pod each) and a few it does not (hashed), all cold at the start.
+plan places (one pod each; ``--unplanned``: also some it does not), all cold at first.
 
 Per run: requests/s (wall), the router's CPU (parent and workers, from /proc), requests
 per router CPU second, the busiest worker's CPU share, and the capacity the workers
 would have with a core each (requests over the busiest worker's CPU seconds: the
-figure that scales with workers when the machine is not shared), and the loads the pods
-made (their ``/admin/stats`` counters). Extra loads: those of N workers less those of 1.
+figure that scales with workers when the machine is not shared), the same less each
+worker's idle CPU (its scrapes and polls, measured for ``--idle-s`` before the trace,
+which at a shared machine's few hundred requests/s weigh as much as the requests), and
+the loads the pods made (their ``/admin/stats`` counters). Extra loads: those of N
+workers less those of 1. The routing policy decides where a busy planned adapter
+spills, and where a hashed one goes, from each worker's own queue counts, so with
+``--unplanned N`` (adapters outside the plan) or long queues loads can differ between
+runs of one worker count too; by default every adapter is planned.
 
     .venv/bin/python -m bench.router_workers [--workers 1,2] [--requests 3000]
+        [--connections 32] [--unplanned 0] [--idle-s 2]
 """
 
 from __future__ import annotations
@@ -126,15 +133,23 @@ def _run(workers: int, args: argparse.Namespace, tmp: Path, ports: list[int]) ->
         url = f"http://127.0.0.1:{port}"
         asyncio.run(_ready(url, time.monotonic() + 60))
         pids = [router.pid, *_children(router.pid)]
+        # What the workers spend with no requests (their scrapes and plan polls), per
+        # second, to tell it from what the requests cost.
+        idle = {pid: _cpu_s(pid) for pid in pids}
+        time.sleep(args.idle_s)
+        idle_rate = {pid: (_cpu_s(pid) - idle[pid]) / args.idle_s for pid in pids}
         before = {pid: _cpu_s(pid) for pid in pids}
         seconds, ok = asyncio.run(_drive(url, args.trace, args.connections))
         spent = {pid: _cpu_s(pid) - before[pid] for pid in pids}
+        busy = {pid: max(1e-9, spent[pid] - idle_rate[pid] * seconds) for pid in pids}
         loads = asyncio.run(_pods_admin(ports, "loads")) - loads_before
     finally:
         router.terminate()
         router.wait(timeout=60)
     cpu_s = sum(spent.values())
-    busiest_s = max(spent[pid] for pid in pids[1:]) if len(pids) > 1 else cpu_s
+    workers_only = pids[1:] or pids
+    busiest_s = max(spent[pid] for pid in workers_only)
+    busiest_busy_s = max(busy[pid] for pid in workers_only)
     return {
         "workers": workers,
         "requests_ok": ok,
@@ -144,6 +159,9 @@ def _run(workers: int, args: argparse.Namespace, tmp: Path, ports: list[int]) ->
         "worker_cpu_s": [round(spent[pid], 3) for pid in pids[1:]] or [round(cpu_s, 3)],
         "busiest_worker_cpu_share": busiest_s / seconds,
         "capacity_rps_core_each": ok / busiest_s,
+        "idle_cpu_share": sum(idle_rate.values()),
+        "request_cpu_us": sum(busy.values()) / ok * 1e6,
+        "capacity_rps_core_each_less_idle": ok / busiest_busy_s,
         "pod_loads": loads,
     }
 
@@ -154,11 +172,15 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=3000)
     parser.add_argument("--connections", type=int, default=32)
     parser.add_argument("--pods", type=int, default=4)
+    parser.add_argument(
+        "--unplanned", type=int, default=0, help="adapters the plan does not place (hashed)"
+    )
+    parser.add_argument("--idle-s", type=float, default=2.0, help="idle CPU measured first")
     args = parser.parse_args()
     planned = [f"lora-{i}" for i in range(4 * args.pods)]
-    unplanned = [f"extra-{i}" for i in range(4)]
+    unplanned = [f"extra-{i}" for i in range(args.unplanned)]
     args.trace = [
-        (unplanned if i % 10 == 9 else planned)[i % (4 if i % 10 == 9 else len(planned))]
+        unplanned[i % len(unplanned)] if unplanned and i % 10 == 9 else planned[i % len(planned)]
         for i in range(args.requests)
     ]
     with tempfile.TemporaryDirectory() as name:
@@ -179,7 +201,8 @@ def main() -> None:
             pods.wait()
     base = runs[0]
     for run in runs:
-        run["capacity_over_first"] = run["capacity_rps_core_each"] / base["capacity_rps_core_each"]
+        for key in ("capacity_rps_core_each", "capacity_rps_core_each_less_idle"):
+            run[key.replace("capacity_rps_core_each", "capacity_over_first")] = run[key] / base[key]
         run["extra_loads_over_first"] = run["pod_loads"] - base["pod_loads"]
         print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in run.items()}))
 
