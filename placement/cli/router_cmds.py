@@ -112,9 +112,10 @@ def router(
         Path | None,
         typer.Option(help="write the port here (one line, atomically) once listening"),
     ] = None,
-    workers: Annotated[
+    router_workers: Annotated[
         int,
         typer.Option(
+            "--workers",
             min=1,
             help="router processes sharing the port, each with its own state (the pods' "
             "listings keep them agreeing); a request log gets one file per worker",
@@ -191,7 +192,7 @@ def router(
     )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per listing otherwise
-    if workers > 1:
+    if router_workers > 1:
         if picker is not None:
             message = "--endpoint-picker serves from one router process: drop --workers"
             raise InputError([Problem(source="--workers", message=message)])
@@ -213,10 +214,10 @@ def router(
         def all_listening(bound: int) -> None:
             if port_file is not None:
                 write_port_file(port_file, bound)
-            err().print(f"lorafleet router on http://{host}:{bound} ({workers} workers)")
+            err().print(f"lorafleet router on http://{host}:{bound} ({router_workers} workers)")
 
         status = serve_workers(
-            make_app, host=host, port=port, workers=workers, on_listening=all_listening
+            make_app, host=host, port=port, workers=router_workers, on_listening=all_listening
         )
         raise typer.Exit(status)
     app_ = build_router(
