@@ -12,6 +12,7 @@ from placement.cli import (
     forecast_cmds,  # noqa: F401  (registers forecast, backtest)
     inputs_cmds,  # noqa: F401  (registers validate, synth)
     plan_cmds,  # noqa: F401  (registers plan)
+    recommend_cmds,  # noqa: F401  (registers recommend pins)
     replay_cmds,  # noqa: F401  (registers replay)
     review_cmds,  # noqa: F401  (registers review, diff)
     router_cmds,  # noqa: F401  (registers router)

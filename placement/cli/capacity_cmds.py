@@ -62,7 +62,7 @@ def _grid(fleet: Fleet, slots: str | None, pods: str | None, host: str | None) -
     ]
 
 
-def _sliced(log: RequestLog, start: str | None, end: str | None, history: str) -> RequestLog:
+def sliced_log(log: RequestLog, start: str | None, end: str | None, history: str) -> RequestLog:
     """Only the requests the figures and the forecaster's history need."""
     if start is None:
         return log
@@ -195,7 +195,7 @@ def capacity(
     parsed_fleet = load_fleet(fleet)
     parsed_catalog = load_catalog(catalog, fleet=parsed_fleet)
     shapes = _grid(parsed_fleet, slots, pods, host_slots)
-    request_log = _sliced(load_request_log(log), window_from, window_to, history)
+    request_log = sliced_log(load_request_log(log), window_from, window_to, history)
     workload = workload_from_log(request_log, parsed_catalog, bucket_s=settings.forecast.bucket_s)
     job = GridJob(
         workload=workload,

@@ -1,0 +1,103 @@
+"""Pins recommended from a request log: heavy, steady, production, on enough pods."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pandas as pd
+import yaml
+from typer.testing import CliRunner
+
+from placement.cli.app import app
+from placement.domain import AdapterClass, Fleet
+from placement.forecast.pins import PinRules, recommend_pins
+from tests import factories
+
+HOURS = pd.date_range("2026-03-09T00:00:00Z", periods=48, freq="h")
+
+
+def hourly(rates: dict[str, list[int]]) -> pd.DataFrame:
+    """Requests per hour per adapter: each list is repeated over the 48 hours."""
+    rows = [
+        {"ts": ts, "adapter": name, "requests": counts[i % len(counts)]}
+        for name, counts in rates.items()
+        for i, ts in enumerate(HOURS)
+        if counts[i % len(counts)] > 0
+    ]
+    return pd.DataFrame(rows)
+
+
+def setup() -> Fleet:
+    """Four pods of 4 GPU slots, 4 requests/s each."""
+    return factories.fleet(factories.pool("p", 4, max_loras=4, capacity_rps=4.0))
+
+
+def test_the_heaviest_steady_production_adapters_are_pinned_on_enough_pods() -> None:
+    counts = hourly({"big": [36_000], "mid": [3_600], "tail": [10], "bursty": [0, 0, 0, 20_000]})
+    catalog = factories.catalog(*(factories.adapter(n) for n in ("big", "mid", "tail", "bursty")))
+    (pool,) = recommend_pins(counts, catalog, setup())
+    by_name = {pin.adapter: pin for pin in pool.pins}
+    assert list(by_name) == ["big", "mid"]
+    # 10 req/s at peak on pods of 4 req/s at 80%: 4 pods; 1 req/s: the 2-pod minimum.
+    assert by_name["big"].pods == 4 and by_name["mid"].pods == 2
+    assert "bursty" in pool.passed_over and "busy hours" in pool.passed_over["bursty"]
+    assert "tail" not in by_name
+    assert pool.pinned_slots == 6 and pool.slots == 16
+
+
+def test_experiments_and_batch_jobs_are_never_pinned() -> None:
+    counts = hourly({"exp": [36_000], "batch": [20_000], "prod": [3_600]})
+    catalog = factories.catalog(
+        replace(factories.adapter("exp"), adapter_class=AdapterClass.EXPERIMENT),
+        replace(factories.adapter("batch"), adapter_class=AdapterClass.BATCH),
+        factories.adapter("prod"),
+    )
+    (pool,) = recommend_pins(counts, catalog, setup())
+    assert [pin.adapter for pin in pool.pins] == ["prod"]
+    assert pool.passed_over == {"exp": "class experiment", "batch": "class batch"}
+
+
+def test_pins_stop_at_their_share_of_the_slots_and_their_count() -> None:
+    names = [f"a{i}" for i in range(12)]
+    counts = hourly({name: [10_000 - 500 * i] for i, name in enumerate(names)})
+    catalog = factories.catalog(*(factories.adapter(n) for n in names))
+    (pool,) = recommend_pins(counts, catalog, setup(), PinRules(max_slot_share=0.5))
+    assert pool.pinned_slots <= 0.5 * pool.slots
+    (few,) = recommend_pins(counts, catalog, setup(), PinRules(max_pins=2))
+    assert len(few.pins) == 2
+
+
+runner = CliRunner()
+DATA = Path(__file__).resolve().parents[2] / "data" / "legal-research"
+BASE = ["recommend", "pins", "--catalog", str(DATA / "catalog.yaml"), "--fleet",
+        str(DATA / "fleet.yaml"), "--log", str(DATA / "requests.parquet")]  # fmt: skip
+
+
+def test_the_cli_writes_a_catalog_with_the_pins_and_checks_them_by_replay(tmp_path: Path) -> None:
+    out = tmp_path / "pinned.yaml"
+    result = runner.invoke(
+        app,
+        [*BASE, "--until", "2026-03-10T00:00:00-04:00", "--write-catalog", str(out),
+         "--check-from", "2026-03-10T09:00:00-04:00", "--check-to", "2026-03-10T10:00:00-04:00",
+         "--history", "2h", "--json"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    (pool,) = report["pools"]
+    assert pool["pins"], "legal-research's busiest jurisdictions are steady production adapters"
+    pinned = {entry["name"]: entry for entry in yaml.safe_load(out.read_text())["adapters"]}
+    for pin in pool["pins"]:
+        assert pinned[pin["adapter"]]["pinned"] is True
+        assert pinned[pin["adapter"]]["min_replicas"] == pin["pods"]
+    check = report["check"]
+    assert set(check) == {"without", "with"}
+    assert all(0.0 <= figures["gpu_hit_rate"] <= 1.0 for figures in check.values())
+
+
+def test_the_cli_refuses_a_time_without_offset_and_an_empty_history() -> None:
+    result = runner.invoke(app, [*BASE, "--until", "2026-03-10T00:00:00"])
+    assert result.exit_code == 2 and "offset" in result.stderr
+    result = runner.invoke(app, [*BASE, "--until", "2020-01-01T00:00:00+00:00"])
+    assert result.exit_code == 2 and "no request before" in result.stderr
