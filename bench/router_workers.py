@@ -135,6 +135,7 @@ def _run(workers: int, args: argparse.Namespace, tmp: Path, ports: list[int]) ->
         pids = [router.pid, *_children(router.pid)]
         # What the workers spend with no requests (their scrapes and plan polls), per
         # second, to tell it from what the requests cost.
+        time.sleep(1.0)  # past the start's first rounds
         idle = {pid: _cpu_s(pid) for pid in pids}
         time.sleep(args.idle_s)
         idle_rate = {pid: (_cpu_s(pid) - idle[pid]) / args.idle_s for pid in pids}
