@@ -40,7 +40,7 @@ REGENERATE = "if the change is meant, rewrite with `.venv/bin/pytest tests/golde
 #: Per scenario, the plan's start: the hour its log ends, so the forecast has it all.
 PLAN_AT = {
     "code-assistant": "2026-03-12T07:00:00Z",
-    "legal-research": "2026-03-12T04:00:00Z",
+    "legal-research": "2026-03-12T05:00:00Z",
     "saas-50": "2026-03-10T04:00:00Z",
     "war-story": "2026-03-13T04:00:00Z",
 }
