@@ -257,11 +257,11 @@ class PlannedRouter(_Base):
             )
         except (LorafleetError, ValueError):
             self._count("failed (kept the last plan)")
-            return dict(self.hot)
+            return self._preloads()
         self._count(plan.solver.status)
         self.last_plan = plan
         self._follow(plan, demand)
-        return dict(self.hot)
+        return self._preloads()
 
     def on_event(self, event: Event, now_s: float, replay: FleetReplay) -> tuple[Action, ...]:
         """The controller's webhook path: ``event_preloads`` on the engine models' views,
@@ -271,6 +271,16 @@ class PlannedRouter(_Base):
         return self.events.decide(
             event, self.pods, plan=self.last_plan, busy_rps=replay.forecast_rps
         )
+
+    def _preloads(self) -> dict[str, frozenset[str]]:
+        """The hot sets to preload. lorafleet preloads only what no pod holds: routing
+        keeps a warm pod, so a second copy where the plan put it would only evict (the
+        replays measured the copies costing loads). The oracle's engine keeps its whole
+        hot set (Belady skips it), so it gets the plan's."""
+        if self.name == "oracle":
+            return dict(self.hot)
+        held = {name for pod in self.pods for name in (*pod.gpu_adapters, *pod.loading)}
+        return {pod_id: names - held for pod_id, names in self.hot.items()}
 
     def _count(self, source: str) -> None:
         self.plan_sources[source] = self.plan_sources.get(source, 0) + 1

@@ -4,12 +4,13 @@ planned with, on the engine's LRU (it chooses the pod, never the victim)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
 
-from placement.domain import AdapterId, Engine, Fleet, Pod, PodId, Pool, PoolId
+from placement.domain import AdapterId, Engine, Fleet, Pod, PodId, Pool, PoolId, Tier
 from placement.inputs.request_log import RequestLog
-from placement.plan import Plan
+from placement.plan import AdapterPlan, Plan, PodPlan
 from placement.settings import Settings
 from placement.sim.engine import FleetReplay
 from placement.sim.planning import RecentFloor, ReplayHistory, ReplayPlanning
@@ -23,7 +24,7 @@ from policies.routing import RouteReason
 
 START = datetime(2026, 3, 10, 9, 0, 0, tzinfo=UTC)
 MODEL = "llama-3.1-8b"
-NAMES = ("busy", "idle", "x", "y", "new")
+NAMES = ("busy", "idle", "x", "y", "new", "fresh")
 
 
 def fleet_of_two() -> Fleet:
@@ -118,3 +119,59 @@ def test_lorafleet_loads_where_the_forecast_says_the_victim_is_not_needed() -> N
     lorafleet.plan(100.0, replay)
     decision = lorafleet.route("new", 100.0)
     assert (decision.pod_id, decision.reason) == ("pod-1", RouteReason.GENERAL_POOL)
+
+
+def hot_plan(
+    demand: Mapping[AdapterId, Demand], *, fleet: Fleet, valid_from: datetime, current: Plan | None
+) -> Plan:
+    """ "busy" hot on pod-1 (where it is not), "fresh" hot on pod-0."""
+    return plan_with({"pod-0": ("fresh",), "pod-1": ("busy",)}, at=valid_from)
+
+
+def plan_with(hot: Mapping[str, tuple[str, ...]], *, at: datetime) -> Plan:
+    return Plan(
+        id="hot",
+        created_at=at,
+        valid_from=at,
+        valid_until=at + timedelta(hours=1),
+        pods=MappingProxyType(
+            {
+                PodId(pod): PodPlan(hot=tuple(AdapterId(n) for n in names))
+                for pod, names in hot.items()
+            }
+        ),
+        adapters=MappingProxyType(
+            {
+                AdapterId(name): AdapterPlan(tier=Tier.HOT, pods={PodId(pod): 1.0})
+                for pod, names in hot.items()
+                for name in names
+            }
+        ),
+    )
+
+
+def test_lorafleet_preloads_only_what_no_pod_holds() -> None:
+    # "busy" is on pod-0 already: a copy on pod-1 would only evict there. "fresh" is
+    # nowhere: it is preloaded where the plan puts it. The oracle's engine keeps the
+    # plan's whole hot set, so it is asked to preload both.
+    replay, settings, planning = full_pods()
+    both = {AdapterId("busy"): Demand(mean_rps=1.0, q90_rps=1.0)} | {
+        AdapterId("fresh"): Demand(mean_rps=1.0, q90_rps=1.0)
+    }
+    planning = replace(
+        planning,
+        forecaster=RecentFloor(lambda history, *, start, duration_s: both),
+        planner=hot_plan,
+    )
+    history = ReplayHistory(replay.workload)
+    lorafleet = PlannedRouter(
+        "lorafleet", replay, settings, EvictionPolicy.LRU, planning=planning, history=history
+    )
+    assert lorafleet.plan(100.0, replay) == {"pod-0": frozenset({"fresh"}), "pod-1": frozenset()}
+    oracle = PlannedRouter(
+        "oracle", replay, settings, EvictionPolicy.BELADY, planning=planning, history=history
+    )
+    assert oracle.plan(100.0, replay) == {
+        "pod-0": frozenset({"fresh"}),
+        "pod-1": frozenset({"busy"}),
+    }
