@@ -4,9 +4,10 @@ Owns the scorers (round-robin, least-loaded, the EPP score, llm-d's
 lora-affinity scorer, consistent hashing with a general pool, bounded affinity,
 plan-aware routing) and the rules every router applies first: drop unhealthy pods,
 memory pressure (no new loads above a soft KV use on all candidates, reject above a
-hard one), and stampede coalescing (a request for an adapter loading on a pod goes to
-that pod). Shared by the live router and the replay simulator. Thresholds and costs
-arrive in the context without defaults: the caller takes them from its settings.
+hard one; lorafleet's ``route_plan`` also keeps loads off each pod above the soft line),
+and stampede coalescing (a request for an adapter loading on a pod goes to that pod).
+Shared by the live router and the replay simulator. Thresholds and costs arrive in the
+context without defaults: the caller takes them from its settings.
 
 Pure and fast: no IO, no clock (``now_s`` is a field), no hidden state (round-robin
 takes and returns its cursor), plain Python loops because a decision must stay within

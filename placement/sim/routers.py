@@ -3,10 +3,12 @@
 Reactive baselines (``round-robin``, ``least-loaded``, ``epp``, ``llm-d``, ``hash``,
 ``bounded``) call the pure scorers of ``policies.routing`` on the engine's live pods.
 ``lorafleet`` replans every ``plan_interval_s`` (and early when unplanned demand
-appears) from the history seen so far, preloads the plan's hot sets and routes by the
-plan's weights with bounded affinity (the engine's LRU may still evict a planned
-adapter: vLLM has no pin over HTTP); ``oracle`` does the same from the true future
-demand on an engine that evicts by Belady and keeps the plan's hot set, a bound.
+appears) from the history seen so far, preloads the planned adapters no pod holds, and
+routes by ``route_plan``: bounded affinity, a due load sent to the plan's pods, and
+each load's LRU victim weighed by the forecast (it cannot choose the victim: vLLM
+evicts by LRU and has no pin over HTTP, so it chooses the pod); ``oracle`` does the
+same from the true future demand on an engine that evicts by Belady and keeps the
+plan's whole hot set, a bound.
 
 Coalescing: the EPP baseline does not know a pod is loading (the stampede), nor do the
 least-loaded and llm-d baselines; hash, bounded, lorafleet and oracle coalesce.
