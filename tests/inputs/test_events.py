@@ -96,7 +96,8 @@ class TestTheEventLogSynthWrites:
     def test_synth_writes_the_events_beside_the_log(self, tmp_path: Path) -> None:
         out = tmp_path / "requests.parquet"
         scenario = str(DATA / "legal-research" / "scenario.yaml")
-        result = runner.invoke(app, ["synth", scenario, "--days", "1", "-o", str(out)])
+        # legal-research opens on a Sunday: its first logins are Monday's
+        result = runner.invoke(app, ["synth", scenario, "--days", "2", "-o", str(out)])
         assert result.exit_code == 0, result.output
         events = load_events(tmp_path / "requests.events.parquet")
         requests = pd.read_parquet(out)

@@ -137,7 +137,8 @@ def test_cli_catalog_budget(repo_root: Path) -> None:
     )
     assert result.exit_code == 0, result.output
     report = json.loads(result.output)
-    assert report["fit_mean"] == (8 * 2**30) // 65_536_000
+    # Every legal-research adapter is rank 16 on q, k, v and o of Llama-3.1-70B: 131 MB.
+    assert report["fit_mean"] == (8 * 2**30) // 131_072_000
 
 
 @pytest.mark.parametrize(

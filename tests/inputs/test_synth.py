@@ -40,7 +40,7 @@ def test_same_seed_writes_the_same_log_and_events(tmp_path: Path, repo_root: Pat
                 "synth",
                 scenario,
                 "--days",
-                "1",
+                "2",  # legal-research opens on a Sunday: Monday's logins make the events
                 "--seed",
                 seed,
                 "-o",

@@ -148,7 +148,7 @@ def test_the_cli_names_the_cheapest_shape_and_keeps_its_keys(tmp_path: Path) -> 
         [
             "capacity", "--catalog", str(data / "catalog.yaml"),
             "--fleet", str(data / "fleet.yaml"), "--log", str(data / "requests.parquet"),
-            "--target-hit", "0.99", "--slots", "1,4", "--pods", "2,4", "--policy", "bounded",
+            "--target-hit", "0.85", "--slots", "1,4", "--pods", "2,4", "--policy", "bounded",
             "--from", "2026-03-10T08:00:00-05:00", "--to", "2026-03-10T09:00:00-05:00",
             "--history", "1h", "--gpu", "h100-80gb", "--quant", "int4", "--jobs", "1",
             "--plot", str(plot), "--json",
@@ -160,8 +160,10 @@ def test_the_cli_names_the_cheapest_shape_and_keeps_its_keys(tmp_path: Path) -> 
     assert keys <= report["recommended"].keys()
     assert len(report["grid"]) == 4 and all(keys <= row.keys() for row in report["grid"])
     assert report["met"] is True
-    # One slot per pod thrashes 12 adapters; four hold them: more slots, not more pods.
+    # Tuesday 9-10 ET: one slot per pod thrashes the east's jurisdictions even on four pods
+    # (67% hits); four slots on two pods hold them (90%): more slots, not more pods.
     assert report["recommended"]["max_loras"] == 4
+    assert report["recommended"]["pods"] == 2
     assert plot.stat().st_size > 0
 
 
