@@ -9,9 +9,8 @@ plan places (one pod each; ``--unplanned``: also some it does not), all cold at 
 Per run: requests/s (wall), the router's CPU (parent and workers, from /proc), requests
 per router CPU second, the busiest worker's CPU share, and the capacity the workers
 would have with a core each (requests over the busiest worker's CPU seconds: the
-figure that scales with workers when the machine is not shared), the same less each
-worker's idle CPU (its scrapes and polls, measured for ``--idle-s`` before the trace,
-which at a shared machine's few hundred requests/s weigh as much as the requests), and
+figure that scales with workers when the machine is not shared), the workers' CPU share
+when idle (their scrapes and polls, measured for ``--idle-s`` before the trace), and
 the loads the pods made (their ``/admin/stats`` counters). Extra loads: those of N
 workers less those of 1. The routing policy decides where a busy planned adapter
 spills, and where a hashed one goes, from each worker's own queue counts, so with
@@ -135,14 +134,13 @@ def _run(workers: int, args: argparse.Namespace, tmp: Path, ports: list[int]) ->
         pids = [router.pid, *_children(router.pid)]
         # What the workers spend with no requests (their scrapes and plan polls), per
         # second, to tell it from what the requests cost.
-        time.sleep(1.0)  # past the start's first rounds
+        time.sleep(3.0)  # past the start's first rounds
         idle = {pid: _cpu_s(pid) for pid in pids}
         time.sleep(args.idle_s)
         idle_rate = {pid: (_cpu_s(pid) - idle[pid]) / args.idle_s for pid in pids}
         before = {pid: _cpu_s(pid) for pid in pids}
         seconds, ok = asyncio.run(_drive(url, args.trace, args.connections))
         spent = {pid: _cpu_s(pid) - before[pid] for pid in pids}
-        busy = {pid: max(1e-9, spent[pid] - idle_rate[pid] * seconds) for pid in pids}
         loads = asyncio.run(_pods_admin(ports, "loads")) - loads_before
     finally:
         router.terminate()
@@ -150,7 +148,6 @@ def _run(workers: int, args: argparse.Namespace, tmp: Path, ports: list[int]) ->
     cpu_s = sum(spent.values())
     workers_only = pids[1:] or pids
     busiest_s = max(spent[pid] for pid in workers_only)
-    busiest_busy_s = max(busy[pid] for pid in workers_only)
     return {
         "workers": workers,
         "requests_ok": ok,
@@ -161,8 +158,6 @@ def _run(workers: int, args: argparse.Namespace, tmp: Path, ports: list[int]) ->
         "busiest_worker_cpu_share": busiest_s / seconds,
         "capacity_rps_core_each": ok / busiest_s,
         "idle_cpu_share": sum(idle_rate.values()),
-        "request_cpu_us": sum(busy.values()) / ok * 1e6,
-        "capacity_rps_core_each_less_idle": ok / busiest_busy_s,
         "pod_loads": loads,
     }
 
@@ -202,8 +197,7 @@ def main() -> None:
             pods.wait()
     base = runs[0]
     for run in runs:
-        for key in ("capacity_rps_core_each", "capacity_rps_core_each_less_idle"):
-            run[key.replace("capacity_rps_core_each", "capacity_over_first")] = run[key] / base[key]
+        run["capacity_over_first"] = run["capacity_rps_core_each"] / base["capacity_rps_core_each"]
         run["extra_loads_over_first"] = run["pod_loads"] - base["pod_loads"]
         print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in run.items()}))
 
