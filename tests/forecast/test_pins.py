@@ -86,8 +86,12 @@ def test_the_cli_writes_a_catalog_with_the_pins_and_checks_them_by_replay(tmp_pa
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     (pool,) = report["pools"]
-    assert pool["pins"], "legal-research's busiest jurisdictions are steady production adapters"
+    # legal-research's jurisdictions are busy in their own coast's office hours only (about
+    # half of the pool's busy hours), so none is steady enough to pin; each says why.
+    assert pool["pins"] == []
+    assert pool["passed_over"]["ny-jurisdiction-v3"].startswith("active in ")
     pinned = {entry["name"]: entry for entry in yaml.safe_load(out.read_text())["adapters"]}
+    assert not any(entry.get("pinned") for entry in pinned.values())
     for pin in pool["pins"]:
         assert pinned[pin["adapter"]]["pinned"] is True
         assert pinned[pin["adapter"]]["min_replicas"] == pin["pods"]
