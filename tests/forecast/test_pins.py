@@ -90,11 +90,8 @@ def test_the_cli_writes_a_catalog_with_the_pins_and_checks_them_by_replay(tmp_pa
     # half of the pool's busy hours), so none is steady enough to pin; each says why.
     assert pool["pins"] == []
     assert pool["passed_over"]["ny-jurisdiction-v3"].startswith("active in ")
-    pinned = {entry["name"]: entry for entry in yaml.safe_load(out.read_text())["adapters"]}
-    assert not any(entry.get("pinned") for entry in pinned.values())
-    for pin in pool["pins"]:
-        assert pinned[pin["adapter"]]["pinned"] is True
-        assert pinned[pin["adapter"]]["min_replicas"] == pin["pods"]
+    pinned = yaml.safe_load(out.read_text())["adapters"]
+    assert not any(entry.get("pinned") for entry in pinned)
     check = report["check"]
     assert set(check) == {"without", "with"}
     assert all(0.0 <= figures["gpu_hit_rate"] <= 1.0 for figures in check.values())
@@ -105,3 +102,27 @@ def test_the_cli_refuses_a_time_without_offset_and_an_empty_history() -> None:
     assert result.exit_code == 2 and "offset" in result.stderr
     result = runner.invoke(app, [*BASE, "--until", "2020-01-01T00:00:00+00:00"])
     assert result.exit_code == 2 and "no request before" in result.stderr
+
+
+def test_the_cli_pins_saas_50s_top_ten_and_writes_them_in_the_catalog(tmp_path: Path) -> None:
+    saas = DATA.parent / "saas-50"
+    out = tmp_path / "pinned.yaml"
+    result = runner.invoke(
+        app,
+        ["recommend", "pins", "--catalog", str(saas / "catalog.yaml"), "--fleet",
+         str(saas / "fleet.yaml"), "--log", str(saas / "requests.parquet"),
+         "--write-catalog", str(out), "--json"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    (pool,) = json.loads(result.stdout)["pools"]
+    # The steady support desks: the ten busiest carry about 70% of the requests.
+    assert [pin["adapter"] for pin in pool["pins"]] == [f"support-{i:02d}" for i in range(10)]
+    assert 0.6 < pool["pinned_share"] < 0.8
+    assert pool["pinned_slots"] <= pool["slots"] / 2
+    written = {entry["name"]: entry for entry in yaml.safe_load(out.read_text())["adapters"]}
+    for pin in pool["pins"]:
+        assert written[pin["adapter"]]["pinned"] is True
+        assert written[pin["adapter"]]["min_replicas"] == pin["pods"] >= 2
+    assert not any(
+        entry.get("pinned") for name, entry in written.items() if not name.startswith("support-0")
+    )
