@@ -1,9 +1,9 @@
 """The three ledgers of one replica's GPU memory: base weights, adapter slots, KV cache.
 
-The three-ledger practice (docs/background.md) keeps three ledgers, not one utilisation figure: the base model's weights
-and the runtime's own memory are a floor; adapter slots are a second allocation; the KV
-cache, which decides how many tokens of requests fit, is the third. Which one is the
-remainder depends on the engine:
+The three-ledger practice (docs/background.md) keeps three ledgers, not one utilisation
+figure: the base model's weights and the runtime's own memory are a floor; adapter slots
+are a second allocation; the KV cache, which decides how many tokens of requests fit, is
+the third. Which one is the remainder depends on the engine:
 
 - **vLLM** preallocates the adapter slots at start: every linear module it supports
   is wrapped (vllm-project/vllm, ``vllm/lora/models.py``,
