@@ -450,10 +450,15 @@ def scenario_figure(row: Row) -> str:
             f" {f['top10_hit']:.1%} GPU hits, 90% on {f['top10_pods']:.0f} pods"
         )
     if row.scenario == WAR_STORY:
+        shed = row.metrics.get("shed", 0.0) / max(row.metrics["requests"], 1.0)
         return "; ".join(
-            f"{window.split()[-1]}: {f[window + '|hit']:.1%} hits,"
-            f" {f[window + '|swaps']:.3f} swaps/s/pod, p95 {_ms(f[window + '|ttft_p95_ms'])} ms"
-            for window in (BEFORE, CASCADE)
+            [
+                f"{window.split()[-1]}: {f[window + '|hit']:.1%} hits,"
+                f" {f[window + '|swaps']:.3f} swaps/s/pod,"
+                f" p95 {_ms(f[window + '|ttft_p95_ms'])} ms"
+                for window in (BEFORE, CASCADE)
+            ]
+            + [f"shed {shed:.2%} of the run"]
         )
     p99 = f" p99 {_ms(row.metrics.get('ttft_p99_ms'))} ms" if row.scenario != SERVEGEN else ""
     return f"swaps {f['miss_share']:.1%}{p99}"
