@@ -27,7 +27,7 @@ from placement.plan import Plan
 from placement.settings import Settings
 from placement.sim.engine import FleetReplay
 from placement.sim.events import EventController
-from placement.sim.planning import ReplayHistory, ReplayPlanning, observed_plan
+from placement.sim.planning import RECENT_S, ReplayHistory, ReplayPlanning, observed_plan
 from placement.sim.pods import SimPod
 from placement.solver.problem import Demand
 from policies.eviction import EvictionPolicy
@@ -242,8 +242,14 @@ class PlannedRouter(_Base):
             self.history.log_until(now_s), start=moment, duration_s=int(sim.plan_horizon_s)
         )
         replay.forecast_rps = {str(name): entry.mean_rps for name, entry in demand.items()}
+        # A victim is worth what both the forecast and the last minutes say: a
+        # forecast the traffic does not bear out (yesterday's pattern) protects nothing.
+        recent = self.history.rates(max(0.0, now_s - RECENT_S), now_s)
         self.victims = VictimWorth(
-            forecast_rps=replay.forecast_rps,
+            forecast_rps={
+                name: min(rate, recent.get(AdapterId(name), 0.0))
+                for name, rate in replay.forecast_rps.items()
+            },
             victim_horizon_s=self.settings.router.victim_horizon_s,
         )
         self.known = frozenset(str(name) for name, entry in demand.items() if entry.q90_rps > 0)

@@ -79,10 +79,11 @@ def full_pods() -> tuple[FleetReplay, Settings, ReplayPlanning]:
     settings = Settings()
     load = SimWorkload(
         start=START,
-        arrival_s=[100.0],
-        adapters=["new"],
-        prompt_tokens=[100],
-        output_tokens=[10],
+        # "busy" was asked for nine times in the last 100 s (its forecast borne out).
+        arrival_s=[*(10.0 * i for i in range(1, 10)), 100.0],
+        adapters=[*["busy"] * 9, "new"],
+        prompt_tokens=[100] * 10,
+        output_tokens=[10] * 10,
         size_bytes=dict.fromkeys(NAMES, 50_000_000),
     )
     fleet = fleet_of_two()
@@ -175,3 +176,20 @@ def test_lorafleet_preloads_only_what_no_pod_holds() -> None:
         "pod-0": frozenset({"fresh"}),
         "pod-1": frozenset({"busy"}),
     }
+
+
+def test_a_forecast_the_traffic_does_not_bear_out_protects_no_victim() -> None:
+    replay, settings, planning = full_pods()
+    quiet = replace(
+        replay.workload, arrival_s=[100.0], adapters=["new"], prompt_tokens=[1], output_tokens=[1]
+    )
+    lorafleet = PlannedRouter(
+        "lorafleet",
+        replay,
+        settings,
+        EvictionPolicy.LRU,
+        planning=planning,
+        history=ReplayHistory(quiet),
+    )
+    lorafleet.plan(100.0, replay)
+    assert lorafleet.route("new", 100.0).pod_id == "pod-0"  # as bounded affinity
