@@ -601,10 +601,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     scenarios = args.scenario or list(SCENARIOS)
+    kept = len(read_rows(args.rows)) if args.rows is not None and args.rows.exists() else 0
     began = time.perf_counter()
     rows = run_all(tasks_for(scenarios), data=args.data, jobs=args.jobs, rows_path=args.rows)
     print(table(rows, markdown=args.markdown))
-    print(f"\n{len(rows)} runs in {time.perf_counter() - began:.0f} s wall time ({args.jobs} jobs)")
+    wall_s = time.perf_counter() - began
+    ran = f"{len(rows)} runs" + (f" ({kept} read from {args.rows})" if kept else "")
+    print(f"\n{ran} in {wall_s:.0f} s wall time ({args.jobs} jobs)")
 
 
 if __name__ == "__main__":
