@@ -79,6 +79,15 @@ class PlannerSettings:
     seed: int = 0
     #: The solver stops once its plan is within this fraction of the best bound.
     gap_limit: float = 0.001
+    #: Tenant SLOs: a hot replica's saving counts at this TTFT SLO over the adapter's
+    #: catalog ``slo_ttft_ms`` (none: 1), clipped to the range below, so a tighter SLO
+    #: keeps its adapter on the GPU first.
+    slo_reference_ttft_ms: float = 1000.0
+    slo_weight_min: float = 0.5
+    slo_weight_max: float = 4.0
+    #: The GPU-residency promise: this share of a tenant's adapter-bearing requests is
+    #: served by an adapter already on the GPU (``lorafleet review`` reports it).
+    gpu_residency_target: float = 0.97
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -152,9 +152,10 @@ class _Stage1:
         if c.name in self.hot_now:
             credit = self.problem.stability * c.mean_rps * c.warm_miss_ms
             self.objective.append(-_coef(credit) * h)
-        # Class priority: a batch or experiment adapter's GPU saving counts at its class
-        # weight, so short slots go to production adapters first.
-        if c.priority_discount_ms_per_s > 0:
+        # Class priority and tenant SLO: a batch or experiment adapter's GPU saving counts
+        # at its class weight, so short slots go to production adapters first; a tight
+        # TTFT SLO raises the weight (a bonus), a loose one lowers it.
+        if c.priority_discount_ms_per_s != 0:
             self.objective.append(_coef(c.priority_discount_ms_per_s) * h)
 
     def _per_class(self, c: Candidate) -> tuple[list[cp_model.IntVar], list[cp_model.IntVar]]:

@@ -34,7 +34,7 @@ from placement.domain import (
     PoolId,
     Tier,
 )
-from placement.settings import Settings
+from placement.settings import PlannerSettings, Settings
 from policies.tiering import ProposedTier, TieringRule, TierProposal, propose_tiers
 
 
@@ -88,17 +88,26 @@ class Candidate:
     proposal: TierProposal
     #: What it serves: the solver counts this class's weight of what being hot saves.
     adapter_class: AdapterClass = AdapterClass.PRODUCTION
+    #: Its tenant's TTFT SLO as a weight on the same saving (``slo_weight``): above 1
+    #: for an SLO tighter than the reference, below 1 for a looser one.
+    slo_weight: float = 1.0
 
     @property
     def can_be_hot(self) -> bool:
         return self.min_hot <= self.max_hot
 
     @property
+    def hot_weight(self) -> float:
+        """The share of what a hot replica saves that the solver counts: class times SLO."""
+        return self.adapter_class.weight * self.slo_weight
+
+    @property
     def priority_discount_ms_per_s(self) -> float:
         """What the solver does not count of the delay a hot replica saves against warm:
-        nothing for production, most of it for an experiment (``AdapterClass.weight``),
-        so that short GPU slots go to production adapters first."""
-        return (1.0 - self.adapter_class.weight) * self.mean_rps * self.warm_miss_ms
+        nothing for a production adapter at the reference SLO, most of it for an
+        experiment (``AdapterClass.weight``), so that short GPU slots go to production
+        adapters first; negative (a bonus) for an SLO tighter than the reference."""
+        return (1.0 - self.hot_weight) * self.mean_rps * self.warm_miss_ms
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -390,6 +399,20 @@ def _tiering_rule(classes: tuple[PodClass, ...], settings: Settings) -> TieringR
     )
 
 
+def slo_weight(slo_ttft_ms: float | None, settings: PlannerSettings) -> float:
+    """The weight of an adapter's GPU residency by its tenant's TTFT SLO: the reference
+    SLO over its own, clipped to ``[slo_weight_min, slo_weight_max]``; 1 without one.
+
+    A request that finds its adapter off the GPU waits a load (85 ms from host RAM to
+    seconds from storage); against a 300 ms SLO that wait spends most of the budget,
+    against a 3 s one a little of it, so a tight SLO makes a GPU slot worth more.
+    """
+    if slo_ttft_ms is None or slo_ttft_ms <= 0:
+        return 1.0
+    ratio = settings.slo_reference_ttft_ms / slo_ttft_ms
+    return min(settings.slo_weight_max, max(settings.slo_weight_min, ratio))
+
+
 def _candidate(
     adapter: Adapter,
     demand: Demand,
@@ -434,4 +457,5 @@ def _candidate(
         group=adapter.group,
         proposal=proposal,
         adapter_class=adapter.adapter_class,
+        slo_weight=slo_weight(adapter.slo_ttft_ms, planner),
     )

@@ -155,9 +155,16 @@ def describe(solution: PoolSolution, *, total_rps: float) -> dict[AdapterId, str
 
 
 def _class_note(c: Candidate) -> str:
-    if c.adapter_class is AdapterClass.PRODUCTION:
+    note = ""
+    if c.adapter_class is not AdapterClass.PRODUCTION:
+        note = f"class {c.adapter_class.value} (counted at {c.adapter_class.weight:.0%}); "
+    return note + _slo_note(c)
+
+
+def _slo_note(c: Candidate) -> str:
+    if c.slo_weight == 1.0:
         return ""
-    return f"class {c.adapter_class.value} (counted at {c.adapter_class.weight:.0%}); "
+    return f"its tenant's TTFT SLO counts its GPU saving at {c.slo_weight:.0%}; "
 
 
 def _not_hot(c: Candidate) -> str:
@@ -171,6 +178,11 @@ def _not_hot(c: Candidate) -> str:
             f"cannot be hot: needs {c.min_hot} replicas (min_replicas, traffic share or q90 "
             f"against pod capacity) and at most {c.max_hot} are allowed (max_replicas, ready "
             "pods): raise max_replicas or capacity_rps"
+        )
+    if c.can_be_hot and c.slo_weight < 1.0:
+        return (
+            f"a loose TTFT SLO counts its GPU saving at {c.slo_weight:.0%}: GPU slots went "
+            "to adapters with tighter SLOs or more delay saved per slot"
         )
     return "GPU slots went to adapters that save more delay per slot"
 
