@@ -4,7 +4,8 @@ Owns the bridge from a fixed ``Plan`` to the replay simulator (``placement.sim``
 a ``Planner`` that always answers with that plan, so that the simulator's
 ``lorafleet`` policy routes and protects exactly what the plan says. The
 "before" side replays the plan it is compared against, or, without one, the
-reactive ``round-robin`` baseline (what a fleet without a plan does).
+reactive ``round-robin`` baseline (what a fleet without a plan does). Each side's
+per-request outcomes give SLO attainment per tenant (``placement.review.slo``).
 
 No IO; CPU only (a day of requests replays in seconds). Raises ``InputError`` when
 the log and catalog cannot be replayed (unknown adapters, several pools).
@@ -19,9 +20,10 @@ from datetime import datetime, timedelta
 from placement.domain import AdapterId, Catalog, Fleet
 from placement.inputs.request_log import RequestLog, request_log_from_frame
 from placement.plan import Plan
+from placement.review.slo import TenantAttainment, attainment_per_tenant
 from placement.settings import Settings
 from placement.sim.planning import ReplayPlanning
-from placement.sim.replay import run_policy
+from placement.sim.replay import ReplayResult, run_policy
 from placement.sim.workload import workload_from_log
 from placement.solver.planner import Planner
 from placement.solver.problem import Demand
@@ -47,6 +49,9 @@ class ReplayComparison:
     after: Mapping[str, float | int | bool]
     requests: int
     span: str
+    #: SLO attainment per tenant in each replay (``placement.review.slo``).
+    before_tenants: tuple[TenantAttainment, ...] = ()
+    after_tenants: tuple[TenantAttainment, ...] = ()
 
 
 def fixed_planner(plan: Plan) -> Planner:
@@ -93,7 +98,7 @@ def compare_replays(
     recent = last_day(log, span=span)
     workload = workload_from_log(recent, catalog, bucket_s=settings.forecast.bucket_s)
 
-    def under(fixed: Plan) -> Mapping[str, float | int | bool]:
+    def under(fixed: Plan) -> ReplayResult:
         # No demand and no floor: every hot adapter of the plan is protected.
         planning = ReplayPlanning(
             fleet=fleet,
@@ -101,21 +106,25 @@ def compare_replays(
             planner=fixed_planner(fixed),
             description=f"fixed plan {fixed.id}",
         )
-        return run_policy(
-            "lorafleet", workload, fleet, settings=settings, planning=planning
-        ).metrics
+        return run_policy("lorafleet", workload, fleet, settings=settings, planning=planning)
+
+    def tenants(result: ReplayResult) -> tuple[TenantAttainment, ...]:
+        target = settings.planner.gpu_residency_target
+        return attainment_per_tenant(result.log, workload, catalog, gpu_target=target)
 
     after = under(plan)
     if against is not None:
         before, before_label = under(against), f"plan {against.id}"
     else:
-        before = run_policy(BASELINE, workload, fleet, settings=settings).metrics
+        before = run_policy(BASELINE, workload, fleet, settings=settings)
         before_label = f"no plan ({BASELINE}, LRU)"
     return ReplayComparison(
         before_label=before_label,
         after_label=f"plan {plan.id}",
-        before=before,
-        after=after,
+        before=before.metrics,
+        after=after.metrics,
         requests=len(workload),
         span=f"{workload.start:%Y-%m-%d %H:%M} UTC + {workload.duration_s / 3600:.1f} h",
+        before_tenants=tenants(before),
+        after_tenants=tenants(after),
     )

@@ -3,10 +3,10 @@
 Owns the page ``lorafleet review --html`` writes: the summary and solver quality, an
 adapter-by-pod placement heatmap, per-pod GPU and host bytes against budget, the top
 adapters' forecast (or history) with the plan's preload times marked, the hit rate
-before and after from a replay, and the per-pod and per-adapter tables. A section
-whose inputs are absent says so instead of drawing. CSS is inline; plots are PNGs in
-``data:`` URIs drawn with matplotlib's object API (``Figure``, the Agg canvas), so the
-file opens anywhere without network access.
+before and after from a replay, SLO attainment per tenant in those replays, and the
+per-pod and per-adapter tables. A section whose inputs are absent says so instead of
+drawing. CSS is inline; plots are PNGs in ``data:`` URIs drawn with matplotlib's object
+API (``Figure``, the Agg canvas), so the file opens anywhere without network access.
 
 Returns a string; writing the file is the caller's.
 """
@@ -27,6 +27,7 @@ from placement.domain import AdapterId, Tier
 from placement.plan import Plan
 from placement.review.diff import PlanReview, human_bytes
 from placement.review.replay import SHOWN, ReplayComparison
+from placement.review.slo import ATTAINMENT_HEADER, attainment_rows
 
 MAX_HEATMAP_ADAPTERS = 60
 #: matplotlib's date axis counts days since 1970-01-01 (its default epoch).
@@ -193,6 +194,31 @@ def replay_section(replay: ReplayComparison | None, reason: str | None) -> str:
     return _png(figure) + f"<p>{html.escape(caption)}</p>" + _table(header, rows, {1, 2})
 
 
+def slo_section(replay: ReplayComparison | None, reason: str | None) -> str:
+    """Per tenant, before and after: GPU share against the promise, TTFT p95 against
+    the tenant's SLO."""
+    if replay is None:
+        return _note(reason or "No replay.")
+    if not replay.after_tenants:
+        return _note("The replay has no requests: no tenant to report.")
+    missed = [row.tenant for row in replay.after_tenants if not row.gpu_met]
+    target = replay.after_tenants[0].gpu_target
+    caption = (
+        f"Share of each tenant's adapter-bearing requests served from the GPU against the "
+        f"{target:.0%} promise, and TTFT p95 against the tightest slo_ttft_ms of its "
+        "adapters, in the same replays. "
+        + (f"Promise missed after: {', '.join(missed)}." if missed else "Promise met by all.")
+    )
+    parts = [f"<p>{html.escape(caption)}</p>"]
+    for label, rows in (
+        (replay.before_label, replay.before_tenants),
+        (replay.after_label, replay.after_tenants),
+    ):
+        parts.append(f"<h3>{html.escape(label)}</h3>")
+        parts.append(_table(ATTAINMENT_HEADER, attainment_rows(rows), {1, 2, 3, 4}))
+    return "".join(parts)
+
+
 def _percent(value: float | None) -> str:
     return "-" if value is None else f"{value:.1%}"
 
@@ -278,6 +304,7 @@ def render_html(
             plan, forecast=forecast, history=history, top=top
         ),
         "Hit rate before and after (replay of the last day)": replay_section(replay, replay_note),
+        "SLO attainment per tenant (same replays)": slo_section(replay, replay_note),
         "Per pod": pods_table(review),
         "Per adapter": adapters_table(review),
     }
