@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from placement.cli import app
+from placement.cli.app import app
 from placement.domain import Catalog
 from placement.plan import plan_to_json
 from placement.review.slo import (

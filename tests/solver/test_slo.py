@@ -36,7 +36,7 @@ def effective(slo_ttft_ms: float | None) -> float:
 
 
 def hot_set(adapters: list[Adapter], *, pods: int, slots: int) -> set[AdapterId]:
-    rates = {a.name: 1.0 for a in adapters}
+    rates = {str(a.name): 1.0 for a in adapters}
     fl = fleet(pool("p", pods, max_loras=slots, max_cpu_loras=4 * slots + len(adapters)))
     problem = build_problem(catalog(*adapters), fl, demand(rates), settings=SETTINGS, valid_from=AT)
     solution = solve(problem, options=FAST)
