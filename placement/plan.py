@@ -2,8 +2,11 @@
 
 A plan says, per pod, which adapters are hot (on a GPU slot), warm (registered in
 host RAM) and pinned, and per adapter its tier, its replica pods and the share of
-its traffic each takes. ``schema_version`` changes only with a migration in
-``plan_from_dict``. The JSON Schema is ``placement/schemas/plan.schema.json``.
+its traffic each takes, and (optional, since schema 1 grew them) the forecast rates it
+was solved from, which the router weighs a load's victim by. ``schema_version``
+changes only with a migration in ``plan_from_dict``; an optional field may be added
+within a version, and a plan without it still reads. The JSON Schema is
+``placement/schemas/plan.schema.json``.
 
 Pure: conversion and queries only. Reading and writing files is the caller's.
 """
@@ -45,6 +48,10 @@ class AdapterPlan:
     #: For a hot adapter, the share of its traffic each replica takes (sums to 1);
     #: for a warm one, the pods that hold it registered, weighted alike.
     pods: Mapping[PodId, float] = field(default_factory=lambda: MappingProxyType({}))
+    #: The forecast the plan was solved from, over its window (req/s): the mean and
+    #: the 90th percentile. None in plans written before they were recorded.
+    mean_rps: float | None = None
+    q90_rps: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -90,6 +97,15 @@ class Plan:
             return {}
         return entry.pods
 
+    def forecast_rps(self) -> dict[AdapterId, float]:
+        """Each adapter's forecast mean rate (req/s), for the adapters the plan records
+        one for (none in an older plan)."""
+        return {
+            name: entry.mean_rps
+            for name, entry in self.adapters.items()
+            if entry.mean_rps is not None
+        }
+
     def tier_of(self, adapter: AdapterId) -> Tier:
         entry = self.adapters.get(adapter)
         return Tier.COLD if entry is None else entry.tier
@@ -132,13 +148,7 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
             }
             for pod_id, pod in sorted(plan.pods.items())
         },
-        "adapters": {
-            name: {
-                "tier": entry.tier.value,
-                "pods": {pod: round(weight, 6) for pod, weight in sorted(entry.pods.items())},
-            }
-            for name, entry in sorted(plan.adapters.items())
-        },
+        "adapters": {name: _adapter_dict(entry) for name, entry in sorted(plan.adapters.items())},
         "preloads": [
             {"at": _iso(p.at), "pod": p.pod, "adapter": p.adapter, "reason": p.reason}
             for p in plan.preloads
@@ -153,6 +163,19 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         },
         "why": dict(sorted(plan.why.items())),
     }
+
+
+def _adapter_dict(entry: AdapterPlan) -> dict[str, Any]:
+    written: dict[str, Any] = {
+        "tier": entry.tier.value,
+        "pods": {pod: round(weight, 6) for pod, weight in sorted(entry.pods.items())},
+    }
+    # Optional (schema 1 grew them): a plan without a forecast writes neither.
+    if entry.mean_rps is not None:
+        written["mean_rps"] = round(entry.mean_rps, 6)
+    if entry.q90_rps is not None:
+        written["q90_rps"] = round(entry.q90_rps, 6)
+    return written
 
 
 def plan_to_json(plan: Plan) -> str:
@@ -242,7 +265,22 @@ def _read_adapter(reader: _Reader, raw: object, where: str) -> AdapterPlan:
     weights = {
         PodId(pod): reader.number(weight, f"{where}.pods.{pod}") for pod, weight in pods.items()
     }
-    return AdapterPlan(tier=tier, pods=MappingProxyType(weights))
+    return AdapterPlan(
+        tier=tier,
+        pods=MappingProxyType(weights),
+        mean_rps=_rate(reader, entry, "mean_rps", where),
+        q90_rps=_rate(reader, entry, "q90_rps", where),
+    )
+
+
+def _rate(reader: _Reader, entry: Mapping[str, Any], name: str, where: str) -> float | None:
+    """An optional forecast rate: absent in plans written before it was recorded."""
+    if name not in entry:
+        return None
+    rate = reader.number(entry[name], f"{where}.{name}")
+    if rate < 0.0:
+        raise reader.fail(f"{where}.{name}", f"a rate cannot be negative, got {rate}")
+    return rate
 
 
 def _read_solver(reader: _Reader, raw: object) -> SolverReport:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
@@ -91,12 +91,34 @@ class PodSnapshot:
 class VictimWorth:
     """The forecast a load weighs its victim by: a load that evicts pays, besides its
     own cost, the chance that the victim is asked for again within ``victim_horizon_s``
-    (by its forecast rate, shared among the pods holding it) times a reload."""
+    (by its rate, shared among the pods holding it) times a reload.
+
+    A victim's rate is the lower of its forecast and its recent rate (``rate``): a
+    forecast the traffic does not bear out (yesterday's pattern) protects nothing. The
+    replay passes its last 20 minutes at each replan; the live router its own count of
+    the requests it routed, read at each decision.
+    """
 
     #: Each adapter's forecast request rate over the fleet (req/s); absent: 0.
     forecast_rps: Mapping[str, float]
     #: RouterSettings.victim_horizon_s.
     victim_horizon_s: float
+    #: Each adapter's recent request rate over the fleet (req/s); absent: 0. None: the
+    #: forecast alone.
+    recent_rps: Mapping[str, float] | None = None
+    #: The adapter a load on a pod would evict (None: none worth anything), when the
+    #: caller models the engine better than the LRU order of ``gpu_adapters`` does (the
+    #: live router's ledger knows pins, ghost slots and its requests in flight).
+    #: None: ``lru_victim``.
+    victim_of: Callable[[PodLike], str | None] | None = None
+
+    def rate(self, adapter: str) -> float:
+        """The rate ``adapter`` is weighed by: its forecast, capped by its recent rate."""
+        forecast = self.forecast_rps.get(adapter, 0.0)
+        recent = self.recent_rps
+        if recent is None or forecast <= 0.0:
+            return forecast
+        return min(forecast, recent.get(adapter, 0.0))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -378,7 +400,7 @@ def load_penalty_s(pod: PodLike, ctx: RoutingContext) -> float:
     return load_s * ctx.load_penalty_factor
 
 
-def _lru_victim(pod: PodLike) -> str | None:
+def lru_victim(pod: PodLike) -> str | None:
     """The adapter the engine's LRU evicts next on ``pod``: the least recently used
     with no request running or queued, else the least recently used."""
     first: str | None = None
@@ -391,15 +413,14 @@ def _lru_victim(pod: PodLike) -> str | None:
 
 
 def victim_worth_s(pod: PodLike, ctx: RoutingContext) -> float:
-    """What evicting ``pod``'s next LRU victim is expected to cost: the chance, by the
-    forecast, that it is asked for within ``victim_horizon_s``, times a reload from host
-    RAM (its load penalty). 0 with a free slot or without a forecast."""
+    """What evicting ``pod``'s next LRU victim is expected to cost: the chance, by its
+    rate (``VictimWorth.rate``), that it is asked for within ``victim_horizon_s``, times
+    a reload from host RAM (its load penalty). 0 with a free slot or without a forecast."""
     victims = ctx.victims
     if victims is None or pod.free_slots > 0:
         return 0.0
-    rates = victims.forecast_rps
-    victim = _lru_victim(pod)
-    rate = rates.get(victim, 0.0) if victim is not None else 0.0
+    victim = lru_victim(pod) if victims.victim_of is None else victims.victim_of(pod)
+    rate = victims.rate(victim) if victim is not None else 0.0
     if rate <= 0.0:
         return 0.0
     # Its requests are shared by the pods holding it: losing one copy of several

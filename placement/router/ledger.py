@@ -95,6 +95,25 @@ class PodLedger:
     def has_free_slot(self) -> bool:
         return self.free_slots() > 0
 
+    def next_victim(self, busy: Collection[str] = ()) -> AdapterId | None:
+        """The adapter a load here would push off the GPU now, as the engine model
+        chooses it: the least recently used slot neither pinned nor ``busy``, else the
+        least recently used unpinned one. None with a free slot, or when that slot is
+        held by an unloaded name's entry (a vLLM ghost: evicting it loses nothing)."""
+        residency = self.residency
+        entries = residency.gpu_entries()
+        if len(entries) < self.max_loras:
+            return None
+        fallback: tuple[str, bool] | None = None
+        for name, listed in entries:
+            if name in residency.pinned:
+                continue
+            if name not in busy:
+                return AdapterId(name) if listed else None
+            if fallback is None:
+                fallback = (name, listed)
+        return AdapterId(fallback[0]) if fallback is not None and fallback[1] else None
+
     @property
     def active_view(self) -> Collection[AdapterId]:
         """The adapters on GPU slots, least recently used first (a live view, not a copy)."""

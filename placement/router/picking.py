@@ -9,6 +9,13 @@ place. This module only finds the request's pool, hands the live ``LivePod`` obj
 to the policy as they are (they satisfy its ``PodLike``), and turns the decision into
 a ``Choice`` with the ledger's outcome.
 
+Under the plan policy a load's LRU victim is weighed as the replay weighs it
+(``VictimWorth``): by the plan's forecast rate of the victim (the plan records the
+forecast it was solved from), capped by the rate the router sent it lately
+(``Topology.recent``), the victim being the one the pod's ledger (the engine model)
+would evict: pins, ghost slots and requests in flight as the engine has them. A plan
+without forecast rates weighs no victim.
+
 Under the plan policy the policy sees only the candidates of the pool's index
 (``policies.candidates``: the plan's pods or the ring's owners, the pods holding or
 loading the adapter, the least-queued few and the least-KV pod), so a decision costs
@@ -29,9 +36,12 @@ from placement.router.state import LivePod, PoolView, Topology
 from placement.settings import LoadCostSettings, RouterSettings
 from policies.routing import (
     HashFallback,
+    PodLike,
     RouteDecision,
     RouteReason,
     RoutingContext,
+    VictimWorth,
+    lru_victim,
     route_epp,
     route_least_loaded,
     route_llmd,
@@ -72,6 +82,14 @@ class Choice:
     reject: str | None = None
 
 
+def _ledger_victim(pod: PodLike) -> str | None:
+    """What a load on ``pod`` would evict, by its ledger's engine model with the
+    router's requests in flight there as busy (as the ledger applies every call)."""
+    if not isinstance(pod, LivePod):
+        return lru_victim(pod)
+    return pod.ledger.next_victim(pod.busy.keys())
+
+
 class Picker:
     """Applies ``route_plan`` to a ``Topology``; caches per-adapter load costs only."""
 
@@ -89,6 +107,8 @@ class Picker:
         self.adapter_bytes = dict(adapter_bytes or {})
         self._costs: dict[AdapterId | None, tuple[float, float]] = {}
         self._fallbacks: dict[tuple[int, PoolId], HashFallback] = {}
+        #: The victims' worth for the topology it was built for (a new plan, a new one).
+        self._victims: tuple[Topology | None, VictimWorth | None] = (None, None)
         self._cursor = 0
         if settings.policy not in POLICIES:
             raise ValueError(f"unknown routing policy {settings.policy!r}; one of {POLICIES}")
@@ -102,7 +122,8 @@ class Picker:
         adapter = AdapterId(model)
         weights = topology.weights.get(adapter)
         pods: Sequence[LivePod] = pool.states
-        if self.prefilter and self.settings.policy == "plan" and model != pool.served_model:
+        planned = self.settings.policy == "plan" and model != pool.served_model
+        if self.prefilter and planned:
             named: Collection[str] = (
                 weights.keys()
                 if weights
@@ -120,6 +141,7 @@ class Picker:
             no_load_kv_usage=self.settings.no_load_kv_usage,
             reject_kv_usage=self.settings.reject_kv_usage,
             per_request_s=self.settings.per_request_s,
+            victims=self._victims_for(topology) if planned else None,
         )
         if model == pool.served_model:
             return self._decided(topology, route_least_loaded(context), adapter, base=True)
@@ -138,6 +160,24 @@ class Picker:
             unplanned = plan is None or adapter not in plan.adapters
             return Choice(choice.pod, choice.outcome, choice.reason, unplanned=unplanned)
         return choice
+
+    def _victims_for(self, topology: Topology) -> VictimWorth | None:
+        """What a load's victim is worth under ``topology``'s plan: its forecast, capped
+        by the router's recent rate (None without a plan or its forecast rates)."""
+        built_for, victims = self._victims
+        if built_for is topology:
+            return victims
+        forecast = {} if topology.plan is None else topology.plan.forecast_rps()
+        victims = None
+        if any(rate > 0.0 for rate in forecast.values()):
+            victims = VictimWorth(
+                forecast_rps={str(name): rate for name, rate in forecast.items()},
+                recent_rps=topology.recent,
+                victim_horizon_s=self.settings.victim_horizon_s,
+                victim_of=_ledger_victim,
+            )
+        self._victims = (topology, victims)
+        return victims
 
     def _reactive(self, context: RoutingContext) -> RouteDecision:
         """A baseline that ignores the plan (the pods evict by their own LRU)."""

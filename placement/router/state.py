@@ -12,13 +12,19 @@ candidates ``policies.candidates`` chooses instead of the whole pool. A ``LivePo
 updates its pool's holders itself when its ledger or its loads change; the scraper
 refreshes the queue and KV rankings after each round.
 
+``RecentRates`` counts the requests the router sends, per adapter, over the last 20
+minutes: the recent rate that caps a victim's forecast (``VictimWorth.rate``), one
+counter shared by every pod of every topology.
+
 No IO here: the scraper, the plan watcher and the proxy fill these in.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Collection, Iterable, Mapping
+import math
+from collections import deque
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -34,6 +40,72 @@ from policies.hashing import HashRing, build_ring
 
 #: Least-queued pods that join each decision's candidates besides holders and named pods.
 LEAST_QUEUED = prefilter.DEFAULT_LEAST_QUEUED
+
+
+#: The window of the recent rate: the replay's (``placement.sim.planning.RECENT_S``).
+RECENT_WINDOW_S = 1200.0
+
+
+class RecentRates(Mapping[str, float]):
+    """Each adapter's rate (req/s, over the fleet) as the router sent its requests in
+    the last ``window_s``, counted in ``bucket_s`` buckets, as of the last request
+    counted. Read as a mapping (absent: no request in the window) at each decision;
+    ``add`` is O(1) but for the bucket that falls out of the window."""
+
+    __slots__ = ("_buckets", "_first_s", "_last_s", "_totals", "bucket_s", "span")
+
+    def __init__(self, *, window_s: float = RECENT_WINDOW_S, bucket_s: float = 60.0) -> None:
+        if bucket_s <= 0 or window_s < bucket_s:
+            raise ValueError(f"recent rates: bucket {bucket_s} s must be within {window_s} s")
+        self.bucket_s = bucket_s
+        #: Buckets kept: the current one and those within the window before it.
+        self.span = math.ceil(window_s / bucket_s)
+        self._buckets: deque[tuple[int, dict[str, int]]] = deque()
+        self._totals: dict[str, int] = {}
+        self._first_s = math.inf
+        self._last_s = -math.inf
+
+    def add(self, adapter: str, now_s: float) -> None:
+        """A request for ``adapter`` was sent at ``now_s`` (the router's clock)."""
+        bucket = math.floor(now_s / self.bucket_s)
+        buckets = self._buckets
+        if not buckets or bucket > buckets[-1][0]:
+            buckets.append((bucket, {}))
+            self._expire(bucket)
+        counts = buckets[-1][1]  # a clock that stepped back counts in the newest bucket
+        counts[adapter] = counts.get(adapter, 0) + 1
+        self._totals[adapter] = self._totals.get(adapter, 0) + 1
+        self._first_s = min(self._first_s, now_s)
+        self._last_s = max(self._last_s, now_s)
+
+    def _expire(self, bucket: int) -> None:
+        totals, oldest = self._totals, bucket - self.span + 1
+        while self._buckets[0][0] < oldest:
+            for adapter, count in self._buckets.popleft()[1].items():
+                left = totals[adapter] - count
+                if left > 0:
+                    totals[adapter] = left
+                else:
+                    del totals[adapter]
+
+    def _span_s(self) -> float:
+        """Seconds the counts cover: from the oldest bucket kept (or the first request,
+        if later) to the last request; at least one bucket."""
+        start_s = max(self._first_s, self._buckets[0][0] * self.bucket_s)
+        return max(self.bucket_s, self._last_s - start_s)
+
+    def __getitem__(self, adapter: str) -> float:
+        return self._totals[adapter] / self._span_s()
+
+    def get(self, adapter: str, default: float = 0.0) -> float:  # type: ignore[override]
+        count = self._totals.get(adapter)
+        return default if count is None else count / self._span_s()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._totals)
+
+    def __len__(self) -> int:
+        return len(self._totals)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -82,6 +154,7 @@ class LivePod:
         "pod_id",
         "position",
         "queue_depth",
+        "recent",
         "registered",
         "running",
         "running_adapters",
@@ -92,8 +165,10 @@ class LivePod:
         "waiting_adapters",
     )
 
-    def __init__(self, upstream: Upstream) -> None:
+    def __init__(self, upstream: Upstream, *, recent: RecentRates | None = None) -> None:
         self.upstream = upstream
+        #: The router's recent rates, which every request sent here counts in.
+        self.recent = RecentRates() if recent is None else recent
         self.ledger = PodLedger(
             engine_model(upstream.engine),
             max_loras=upstream.max_loras,
@@ -193,6 +268,7 @@ class LivePod:
         """A request for ``adapter`` is sent here: the engine activates it."""
         self.ledger.activate(adapter, busy=self.busy.keys())
         self.last_used_s[adapter] = now_s
+        self.recent.add(adapter, now_s)
         if len(self.last_used_s) > 4 * self.ledger.max_cpu_loras + 64:
             self.last_used_s = {a: self.last_used_s.get(a, 0.0) for a in self.ledger.active_view}
         self.sync()
@@ -314,6 +390,8 @@ class Topology:
     #: traffic each takes, restricted to pods the router knows.
     weights: Mapping[AdapterId, Mapping[str, float]]
     served: tuple[AdapterId, ...] = field(default=())
+    #: The requests the router sent lately, per adapter (its pods count in it).
+    recent: RecentRates = field(default_factory=RecentRates)
 
     def pool_of(self, model: str) -> PoolView | None:
         """The pool a request's ``model`` belongs to, or None when no pool fits."""
@@ -356,11 +434,16 @@ def build_topology(
 ) -> Topology:
     """A fresh view, keeping the live state of pods that were already known."""
     previous = previous or {}
+    # One count of recent requests for the router, carried from pod to pod.
+    carried = next((state.recent for state in previous.values()), None)
+    recent = RecentRates() if carried is None else carried
     pods: dict[PodId, LivePod] = {}
     for upstream in upstreams:
         old = previous.get(upstream.pod)
         pods[upstream.pod] = (
-            old if old is not None and old.upstream == upstream else LivePod(upstream)
+            old
+            if old is not None and old.upstream == upstream
+            else LivePod(upstream, recent=recent)
         )
     pools = _pool_views(pods)
     adapter_pool = dict(adapter_pools or {})
@@ -375,6 +458,7 @@ def build_topology(
         base_pool=MappingProxyType({view.served_model: view.pool for view in pools.values()}),
         weights=MappingProxyType(weights),
         served=tuple(sorted(weights)),
+        recent=recent,
     )
 
 

@@ -242,14 +242,12 @@ class PlannedRouter(_Base):
             self.history.log_until(now_s), start=moment, duration_s=int(sim.plan_horizon_s)
         )
         replay.forecast_rps = {str(name): entry.mean_rps for name, entry in demand.items()}
-        # A victim is worth what both the forecast and the last minutes say: a
-        # forecast the traffic does not bear out (yesterday's pattern) protects nothing.
+        # A victim is worth what both the forecast and the last minutes say
+        # (VictimWorth.rate, the live router's rule too).
         recent = self.history.rates(max(0.0, now_s - RECENT_S), now_s)
         self.victims = VictimWorth(
-            forecast_rps={
-                name: min(rate, recent.get(AdapterId(name), 0.0))
-                for name, rate in replay.forecast_rps.items()
-            },
+            forecast_rps=replay.forecast_rps,
+            recent_rps={str(name): rate for name, rate in recent.items()},
             victim_horizon_s=self.settings.router.victim_horizon_s,
         )
         self.known = frozenset(str(name) for name, entry in demand.items() if entry.q90_rps > 0)
