@@ -8,8 +8,13 @@ point passes in (no module-level registry, no globals):
 - ``FleetMetrics``, for the process that sees adapters come and go on GPU slots (the
   router's ledger, or the controller's executor): residency time, GPU adapters per
   pod against slots, distinct active adapters against cluster slots, the load queue.
-- ``ControllerMetrics``: the plan's age and period, solver gap and time, forecast
-  error of the last window, actions by kind and result, failed jobs, preloads.
+- ``ControllerMetrics``: the plan's age and period, solver gap and time, the online
+  forecast score (its MAE beside persistence's and yesterday's, ``forecast_scored``),
+  actions by kind and result, failed jobs, preloads.
+
+``FleetMetrics.adapter_tenants`` exports each catalog adapter's tenant as an info
+series, which the rules join with the router's request counter for the per-tenant
+GPU-residency promise (the router's hot path carries no tenant label).
 
 Must not decide anything or read the clock: times come in as ``now_s`` arguments.
 ``docs/metrics.md`` documents every family; ``deploy/monitoring/`` alerts on them.
@@ -27,6 +32,7 @@ from prometheus_client.exposition import generate_latest
 
 from placement.actuation.executor import ApplyReport, Status
 from placement.domain import Catalog, Fleet, PodId, PoolId
+from placement.forecast.scoring import ForecastScore
 from placement.plan import Plan
 
 #: Residency buckets in seconds: under 30 s is thrashing and under 5 min a
@@ -93,7 +99,15 @@ class FleetMetrics:
             ["pool"],
             registry=registry,
         )
+        self.adapter_tenant = Gauge(
+            "lorafleet_adapter_tenant_info",
+            "1 for each catalog adapter with its tenant (joined with the request counter "
+            "for the per-tenant GPU-residency promise).",
+            ["adapter", "tenant"],
+            registry=registry,
+        )
         self._since_s: dict[tuple[str, str], float] = {}
+        self._tenants: dict[str, str] = {}
 
     def pod_slots(self, pod: str, *, slots: int) -> None:
         self.gpu_slots.labels(pod=pod).set(slots)
@@ -153,6 +167,20 @@ class FleetMetrics:
         for pool in fleet.pools:
             slots = sum(p.max_loras for p in pool.pods if ready is None or p.name in ready)
             self.pool_activity(pool.name, active_adapters=active.get(pool.name, 0), slots=slots)
+        self.adapter_tenants(catalog)
+
+    def adapter_tenants(self, catalog: Catalog) -> None:
+        """One ``lorafleet_adapter_tenant_info`` series per catalog adapter that has a
+        tenant; adapters that left the catalog, or changed tenant, lose their old one."""
+        tenants = {str(a.name): str(a.tenant) for a in catalog.adapters if a.tenant}
+        if tenants == self._tenants:
+            return
+        for adapter, tenant in self._tenants.items():
+            if tenants.get(adapter) != tenant:
+                self.adapter_tenant.remove(adapter, tenant)
+        for adapter, tenant in tenants.items():
+            self.adapter_tenant.labels(adapter=adapter, tenant=tenant).set(1)
+        self._tenants = tenants
 
 
 class ControllerMetrics:
@@ -198,6 +226,19 @@ class ControllerMetrics:
             "(sum of |forecast - actual| over sum of actual requests).",
             registry=registry,
         )
+        self.forecast_mae = Gauge(
+            "lorafleet_forecast_mae_rps",
+            "Mean absolute error per adapter, in requests per second, of the last scored "
+            "forecast window: the controller's forecast (model) and the naive ones "
+            "(persistence: the hour before; yesterday: the same hour a day earlier).",
+            ["forecast"],
+            registry=registry,
+        )
+        self.forecast_scores = Counter(
+            "lorafleet_forecast_scores",
+            "Forecast windows the controller scored against the traffic that arrived.",
+            registry=registry,
+        )
         self.actions = Counter(
             "lorafleet_controller_actions",
             "Actions the controller pushed to pods, by kind (load, unload, warmup) and result.",
@@ -228,8 +269,16 @@ class ControllerMetrics:
         if hit is not None:
             self.predicted_hit.set(hit)
 
-    def forecast_scored(self, *, error_ratio: float) -> None:
-        self.forecast_error.set(error_ratio)
+    def forecast_scored(self, score: ForecastScore) -> None:
+        """A forecast window scored: its WAPE, its MAE beside the naive forecasts'
+        (a naive forecast the history is too short for keeps its last value)."""
+        self.forecast_error.set(score.error_ratio)
+        self.forecast_mae.labels(forecast="model").set(score.model_mae_rps)
+        if score.persistence_mae_rps is not None:
+            self.forecast_mae.labels(forecast="persistence").set(score.persistence_mae_rps)
+        if score.yesterday_mae_rps is not None:
+            self.forecast_mae.labels(forecast="yesterday").set(score.yesterday_mae_rps)
+        self.forecast_scores.inc()
 
     def action_done(self, kind: str, pod: str, *, ok: bool) -> None:
         self.actions.labels(kind=kind, pod=pod, result="ok" if ok else "failed").inc()

@@ -32,6 +32,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from typing import cast
 
 from placement.actuation.executor import Ledger
 from placement.controller.ports import (
@@ -55,6 +56,8 @@ from placement.errors import (
     PlanError,
 )
 from placement.forecast.event_preloads import Event, EventDecision, PodView, event_preloads
+from placement.forecast.scoring import ForecastScore, IssuedForecast, score_due
+from placement.inputs.request_log import RequestLog
 from placement.plan import Plan, plan_from_json, plan_to_json
 from placement.ports import StoredState
 from placement.residency import EngineModel, engine_model
@@ -84,6 +87,8 @@ class Controller:
         #: The ticks in flight, cancelled when the lease is lost.
         self._running: set[asyncio.Task[TickOutcome]] = set()
         self._fleet = ports.fleet if ports.discovery is None else Fleet(pools=())
+        #: Forecasts whose window has not passed yet: scored at a later forecast tick.
+        self._issued: list[IssuedForecast] = []
 
     # --- helpers ---------------------------------------------------------------
 
@@ -250,6 +255,9 @@ class Controller:
             # An empty or stale history would plan everything cold: keep the last plan.
             raise ForecastError("the history shows no traffic for the coming window")
         self.state.demand = demand
+        await self._score_forecasts(
+            history, IssuedForecast(issued_at=now, duration_s=validity_s, demand=demand)
+        )
         window = _next_window(now, validity_s)
         ahead = await asyncio.to_thread(
             self.ports.forecaster, history, start=window, duration_s=validity_s
@@ -263,6 +271,23 @@ class Controller:
         )
         self.state.replan_now = tiers_moved(current, now_plan)
         return TickOutcome.DONE
+
+    async def _score_forecasts(self, history: RequestLog, issued: IssuedForecast) -> None:
+        """The online forecast score: the forecasts whose window the history now covers,
+        against persistence and yesterday. A failure costs the score, not the tick."""
+        pending = [*self._issued, issued][-_PENDING_FORECASTS:]
+        bucket_s = self.settings.forecast.bucket_s
+        try:
+            self._issued, scores = await asyncio.to_thread(
+                score_due, pending, history, bucket_s=bucket_s
+            )
+        except Exception as exc:
+            self.metrics.error("forecast_score", exc)
+            logger.warning("forecast not scored: %s", exc, exc_info=True)
+            return
+        sink = _score_sink(self.metrics)
+        for score in scores if sink is not None else ():
+            sink(score)
 
     async def plan_and_apply(self) -> TickOutcome:
         demand = self.state.demand
@@ -484,6 +509,20 @@ def _only(fleet: Fleet, names: set[PodId]) -> Fleet:
         replace(pool, pods=tuple(p for p in pool.pods if p.name in names)) for pool in fleet.pools
     ]
     return Fleet(pools=tuple(pools))
+
+
+#: Forecasts kept for scoring: an hour's window at one forecast per 15 min is 5.
+_PENDING_FORECASTS = 16
+
+
+def _score_sink(observer: object) -> Callable[[ForecastScore], None] | None:
+    """``forecast_scored`` of the observer, or of its ``ControllerMetrics`` (the
+    Prometheus observer's ``shared``); None for an observer that takes no score."""
+    for candidate in (observer, getattr(observer, "shared", None)):
+        method = getattr(candidate, "forecast_scored", None)
+        if callable(method):
+            return cast(Callable[[ForecastScore], None], method)
+    return None
 
 
 def _next_window(now: datetime, validity_s: int) -> datetime:

@@ -197,8 +197,10 @@ class RouterApp:
         router = self.router
         exclude: frozenset[PodId] = frozenset()
         attempt = 0
+        cause: str | None = "none"  # what the request waited on; None once observed
         while attempt < 2:  # two pods at most, and one reload on a pod that lost the adapter
-            choice = await self._choose(exchange, exclude)
+            choice, pressed = await self._choose(exchange, exclude)
+            cause = "pressure" if pressed and cause is not None else cause
             if choice.pod is None:
                 await self._refuse(exchange, choice, send)
                 return
@@ -214,6 +216,7 @@ class RouterApp:
             adapter = AdapterId(exchange.model)
             try:
                 if outcome is not None and router.needs_load(state, adapter):
+                    cause = "load" if cause is not None else None
                     await router.load(state, adapter)
             except PermanentEngineError as exc:
                 await self._load_failed(exchange, exc, send)
@@ -221,6 +224,9 @@ class RouterApp:
             except (RetryableEngineError, OSError) as exc:
                 log.warning("loading %s on %s failed: %s", adapter, state.upstream.pod, exc)
             else:
+                if cause is not None:  # the first forwarding: the request's queue time
+                    router.metrics.request_queued(cause, router.timer() - exchange.started_s)
+                    cause = None
                 try:
                     if await forward(router, state, exchange, send, last_try=attempt == 1):
                         return
@@ -245,8 +251,9 @@ class RouterApp:
         message = f"loading {exchange.model} failed: {exc}"
         await _respond(send, 502, _error(message, "BadGatewayError", param="model", code=502))
 
-    async def _choose(self, exchange: Exchange, exclude: frozenset[PodId]) -> Choice:
-        """Pick a pod; under soft memory pressure wait a little for room before refusing."""
+    async def _choose(self, exchange: Exchange, exclude: frozenset[PodId]) -> tuple[Choice, bool]:
+        """Pick a pod; under soft memory pressure wait a little for room before refusing
+        (True: it waited)."""
         router = self.router
         choice = router.picker.pick(router.topology, exchange.model, exclude=exclude)
         waited_s = 0.0
@@ -256,7 +263,7 @@ class RouterApp:
             await asyncio.sleep(step_s)
             waited_s += step_s
             choice = router.picker.pick(router.topology, exchange.model, exclude=exclude)
-        return choice
+        return choice, waited_s > 0.0
 
     async def _refuse(self, exchange: Exchange, choice: Choice, send: Send) -> None:
         settings = self.router.settings

@@ -405,18 +405,32 @@ class Router:
         if pending is None:
             pending = asyncio.get_running_loop().create_future()
             state.start_loading(adapter, pending)
-            task = asyncio.create_task(self._load_once(state, adapter, pending))
+            self._load_queue_changed(state)
+            load = self._load_once(state, adapter, pending, queued_s=self.timer())
+            task = asyncio.create_task(load)
             self._loads.add(task)
             task.add_done_callback(self._loads.discard)
         await asyncio.shield(pending)
 
+    def _load_queue_changed(self, state: LivePod) -> None:
+        """``lorafleet_load_queue_depth``: the pod's loads waiting or in progress."""
+        self.fleet_metrics.load_queue_depth(state.upstream.pod, depth=len(state.loading))
+
     async def _load_once(
-        self, state: LivePod, adapter: AdapterId, done: asyncio.Future[None]
+        self, state: LivePod, adapter: AdapterId, done: asyncio.Future[None], *, queued_s: float
     ) -> None:
         client = self.engine_client(state.upstream)
         try:
             lora_path = self.adapters.sources[adapter]
+            started_s = self.timer()
             loaded = await client.load(adapter, lora_path=lora_path)
+            # "Already loaded" read nothing: the pod held the weights in host RAM.
+            self.metrics.adapter_loaded(
+                source="storage" if loaded else "host",
+                queued_s=queued_s,
+                started_s=started_s,
+                finished_s=self.timer(),
+            )
             if not loaded and not state.ledger.is_listed(adapter):
                 # "Already loaded" of a name we did not know: another router worker (or
                 # the controller) loaded it. Its listing tells what else changed.
@@ -431,3 +445,4 @@ class Router:
             done.exception()  # retrieved here: waiters that gave up must not warn
         finally:
             state.stop_loading(adapter)
+            self._load_queue_changed(state)

@@ -19,6 +19,12 @@ from placement.settings import RouterSettings
 #: TTFT buckets in seconds: a GPU hit is tens of ms, a load 85-670 ms more.
 TTFT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 6.4, 12.8)
 
+#: Adapter load buckets in seconds: from host RAM a few ms, from storage 85-670 ms
+#: (seed 000), a slow bucket store or a stalled pod seconds.
+LOAD_BUCKETS_S = (0.005, 0.025, 0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 6.4, 12.8, 30.0)
+#: Request queue buckets in seconds: most requests wait for nothing (under 1 ms).
+QUEUE_BUCKETS_S = (0.001, 0.005, 0.025, 0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 6.4, 12.8)
+
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 #: The one ``adapter`` label of every name the router does not know. Not a name an
@@ -120,8 +126,27 @@ class RouterMetrics:
             ["reason"],
             registry=registry,
         )
+        self.load_seconds = Histogram(
+            "lorafleet_adapter_load_seconds",
+            "Adapter loads the router triggered, by where the weights came from (storage: "
+            "the pod read them; host: the pod already held them) and stage (queued: asked "
+            "to sent; loading: sent to answered; total).",
+            ["source", "stage"],
+            buckets=LOAD_BUCKETS_S,
+            registry=registry,
+        )
+        self.queue_seconds = Histogram(
+            "lorafleet_request_queue_seconds",
+            "Time from a request's arrival to the start of its forwarding, by what it "
+            "waited on: load (an adapter load, its own or a coalesced one), pressure "
+            "(room on a pod under memory pressure), none.",
+            ["cause"],
+            buckets=QUEUE_BUCKETS_S,
+            registry=registry,
+        )
         self._requests: dict[tuple[str, str], Counter] = {}
         self._ttft: dict[str, Histogram] = {}
+        self._queue: dict[str, Histogram] = {}
 
     def adapter_label(self, adapter: str, *, known: bool) -> str:
         """The label for ``adapter``: itself if known and there is room, else the shared one."""
@@ -147,6 +172,22 @@ class RouterMetrics:
             if hist is None:
                 hist = self._ttft[outcome] = self.ttft.labels(outcome=outcome)
             hist.observe(ttft_s)
+
+    def adapter_loaded(
+        self, *, source: str, queued_s: float, started_s: float, finished_s: float
+    ) -> None:
+        """One load the router triggered, timed at its three moments (timer seconds)."""
+        hist = self.load_seconds
+        hist.labels(source=source, stage="queued").observe(max(0.0, started_s - queued_s))
+        hist.labels(source=source, stage="loading").observe(max(0.0, finished_s - started_s))
+        hist.labels(source=source, stage="total").observe(max(0.0, finished_s - queued_s))
+
+    def request_queued(self, cause: str, seconds: float) -> None:
+        """A request's wait from arrival to forwarding (``cause``: load, pressure, none)."""
+        hist = self._queue.get(cause)
+        if hist is None:
+            hist = self._queue[cause] = self.queue_seconds.labels(cause=cause)
+        hist.observe(max(0.0, seconds))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

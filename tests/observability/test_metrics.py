@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from placement.actuation.executor import ActionResult, ApplyReport, Status
 from placement.domain import AdapterId, Load, PodId, Unload, Warmup
+from placement.forecast.scoring import ForecastScore
 from placement.metrics import (
     ControllerMetrics,
     FleetMetrics,
@@ -162,12 +163,81 @@ def test_actions_jobs_and_forecast_error() -> None:
     controller.action_done("load", "pod-0", ok=False)
     controller.action_done("load", "pod-0", ok=False)
     controller.job_failed("plan")
-    controller.forecast_scored(error_ratio=0.25)
+    controller.forecast_scored(_score(error_ratio=0.25, yesterday=None))
     labels = {"kind": "load", "pod": "pod-0"}
     assert sample(registry, "lorafleet_controller_actions_total", **labels, result="ok") == 1
     assert sample(registry, "lorafleet_controller_actions_total", **labels, result="failed") == 2
     assert sample(registry, "lorafleet_controller_job_failures_total", job="plan") == 1
     assert sample(registry, "lorafleet_forecast_error_ratio") == 0.25
+
+
+def _score(*, error_ratio: float, yesterday: float | None) -> ForecastScore:
+    start = datetime(2026, 11, 30, 12, tzinfo=UTC)
+    return ForecastScore(
+        start=start,
+        end=start + timedelta(hours=1),
+        adapters=3,
+        actual_requests=900.0,
+        model_mae_rps=0.5,
+        persistence_mae_rps=0.75,
+        yesterday_mae_rps=yesterday,
+        error_ratio=error_ratio,
+    )
+
+
+def test_forecast_scored_sets_each_forecasts_mae_and_counts_the_window() -> None:
+    registry = CollectorRegistry()
+    controller = ControllerMetrics(registry)
+    controller.forecast_scored(_score(error_ratio=0.1, yesterday=None))
+    assert sample(registry, "lorafleet_forecast_mae_rps", forecast="model") == 0.5
+    assert sample(registry, "lorafleet_forecast_mae_rps", forecast="persistence") == 0.75
+    # No day of history yet: no yesterday series, rather than a forecast of nothing.
+    assert sample(registry, "lorafleet_forecast_mae_rps", forecast="yesterday") is None
+    controller.forecast_scored(_score(error_ratio=0.2, yesterday=1.25))
+    assert sample(registry, "lorafleet_forecast_mae_rps", forecast="yesterday") == 1.25
+    assert sample(registry, "lorafleet_forecast_scores_total") == 2
+    assert sample(registry, "lorafleet_forecast_error_ratio") == 0.2
+
+
+def test_adapter_tenants_follow_the_catalog() -> None:
+    registry = CollectorRegistry()
+    fleet = FleetMetrics(registry)
+    catalog = factories.catalog(
+        factories.adapter("a", tenant="acme"),
+        factories.adapter("b", tenant="acme"),
+        factories.adapter("c"),
+    )
+    fleet.adapter_tenants(catalog)
+    info = "lorafleet_adapter_tenant_info"
+    assert sample(registry, info, adapter="a", tenant="acme") == 1
+    assert sample(registry, info, adapter="b", tenant="acme") == 1
+    assert not [s for f in registry.collect() for s in f.samples if s.labels.get("adapter") == "c"]
+    # b moves to another tenant and a leaves the catalog: their old series go.
+    fleet.adapter_tenants(factories.catalog(factories.adapter("b", tenant="globex")))
+    assert sample(registry, info, adapter="a", tenant="acme") is None
+    assert sample(registry, info, adapter="b", tenant="acme") is None
+    assert sample(registry, info, adapter="b", tenant="globex") == 1
+
+
+def test_router_load_and_queue_histograms() -> None:
+    registry = CollectorRegistry()
+    metrics = RouterMetrics(registry)
+    metrics.adapter_loaded(source="storage", queued_s=10.0, started_s=10.002, finished_s=10.3)
+    metrics.adapter_loaded(source="host", queued_s=5.0, started_s=5.0, finished_s=5.004)
+    metrics.request_queued("load", 0.31)
+    metrics.request_queued("none", 0.0004)
+    metrics.request_queued("none", -0.1)  # a clock step back counts as no wait
+    name = "lorafleet_adapter_load_seconds"
+    for stage, seconds in [("queued", 0.002), ("loading", 0.298), ("total", 0.3)]:
+        got = sample(registry, f"{name}_sum", source="storage", stage=stage)
+        assert got == pytest.approx(seconds)
+    assert sample(registry, f"{name}_count", source="host", stage="total") == 1
+    assert sample(registry, f"{name}_bucket", source="storage", stage="total", le="0.2") == 0
+    assert sample(registry, f"{name}_bucket", source="storage", stage="total", le="0.4") == 1
+    queue = "lorafleet_request_queue_seconds"
+    assert sample(registry, f"{queue}_count", cause="none") == 2
+    assert sample(registry, f"{queue}_bucket", cause="none", le="0.001") == 2
+    assert sample(registry, f"{queue}_bucket", cause="load", le="0.2") == 0
 
 
 @pytest.mark.parametrize(
