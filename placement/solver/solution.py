@@ -2,9 +2,9 @@
 
 Owns ``Solution`` (per pool: the assignment, its cost and the solver's report) and
 turns it into the pieces of a ``Plan``: per-pod sets with bytes and expected traffic,
-per-adapter tiers and routing weights, the preloads the plan needs, predicted hit
-rates and one line of why per adapter, assembled by ``assemble_plan`` (which
-``placement.solver.solve.extract_plan`` calls).
+per-adapter tiers, routing weights and forecast rates, the preloads the plan needs,
+predicted hit rates and one line of why per adapter, assembled by ``assemble_plan``
+(which ``placement.solver.solve.extract_plan`` calls).
 
 Pure: no IO, no clock.
 """
@@ -12,7 +12,7 @@ Pure: no IO, no clock.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from types import MappingProxyType
 
@@ -202,6 +202,9 @@ def assemble_plan(problem: PlacementProblem, solution: Solution, *, created_at: 
     for name, reason in problem.fixed_cold.items():
         adapters[name] = AdapterPlan(tier=Tier.COLD)
         why[name] = f"cold: {reason}"
+    for name, rate in problem.demand.items():  # the forecast solved from, for the router
+        if name in adapters:
+            adapters[name] = replace(adapters[name], mean_rps=rate.mean_rps, q90_rps=rate.q90_rps)
     digest = inputs_digest(problem)
     valid_until = problem.valid_from + timedelta(seconds=problem.settings.planner.validity_s)
     return Plan(
