@@ -68,9 +68,9 @@ class DemoOptions:
     plan_every_s: int = 6
     #: Wall seconds the controller runs before the traffic starts (its preloads).
     lead_s: float = 20.0
-    #: Availability replicas (two copies) guard against pod failures; emulated pods do not
-    #: fail during the demo, so by default every GPU slot goes to a distinct adapter.
-    replicate_share: float = 1.0
+    #: Availability replicas (two copies) guard against pod failures: the demo runs the
+    #: planner's default share, as a user's fleet would (None: PlannerSettings').
+    replicate_share: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -254,7 +254,8 @@ def _controller_config(
             "ingest_s": options.plan_every_s, "forecast_s": options.plan_every_s,
             "plan_s": options.plan_every_s, "watchdog_s": 2,
         },
-        "planner": {"replicate_share": options.replicate_share, "time_limit_s": 2.0},
+        "planner": {"time_limit_s": 2.0}
+        | ({} if options.replicate_share is None else {"replicate_share": options.replicate_share}),
         "clock": {
             "start": prepared.start.isoformat(), "speed": prepared.speed, "origin_s": origin_s,
         },
