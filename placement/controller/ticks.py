@@ -286,8 +286,9 @@ class Controller:
             logger.warning("forecast not scored: %s", exc, exc_info=True)
             return
         sink = _score_sink(self.metrics)
-        for score in scores if sink is not None else ():
-            sink(score)
+        for score in scores:
+            if sink is not None:
+                sink(score)
 
     async def plan_and_apply(self) -> TickOutcome:
         demand = self.state.demand

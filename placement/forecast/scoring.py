@@ -96,7 +96,7 @@ def score_forecast(
     yesterday = (
         _rates(counts, start - DAY, start - DAY + span, seconds) if first <= earliest else None
     )
-    model = {name: d.mean_rps for name, d in forecast.demand.items()}
+    model = {str(name): d.mean_rps for name, d in forecast.demand.items()}
     names = set(model) | set(actual) | set(persistence or {}) | set(yesterday or {})
     if not names:
         return None
