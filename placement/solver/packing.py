@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Mapping
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -183,13 +184,32 @@ class _Packer:
         return key
 
     def best(
-        self, candidate: Candidate, class_key: str, count: int, *, hot: bool
+        self,
+        candidate: Candidate,
+        class_key: str,
+        count: int,
+        *,
+        hot: bool,
+        chosen: Sequence[PodId] = (),
     ) -> list[_PodState] | None:
-        """The ``count`` best pods of the class for ``candidate``; None if too few fit."""
+        """The ``count`` best pods of the class for ``candidate``; None if too few fit.
+        Hot replicas of an adapter with several go to the zones it has fewest in first
+        (``chosen``: pods picked for it in other classes, not yet taken)."""
         pool = self.feasible(candidate, class_key, hot=hot)
         if len(pool) < count:
             return None
-        return heapq.nsmallest(count, pool, key=self._rank(candidate, hot=hot))
+        rank = self._rank(candidate, hot=hot)
+        if not hot or self.problem.zone_cap(self.total_hot(candidate)) is None:
+            return heapq.nsmallest(count, pool, key=rank)
+        zones = self.problem.zones
+        used = Counter(zones.get(p) for p in (*self.hot.get(candidate.name, ()), *chosen))
+        picked: list[_PodState] = []
+        for _ in range(count):
+            state = min(pool, key=lambda s: (used[zones.get(s.name)], rank(s)))
+            pool.remove(state)
+            used[zones.get(state.name)] += 1
+            picked.append(state)
+        return picked
 
     def feasible(self, candidate: Candidate, class_key: str, *, hot: bool) -> list[_PodState]:
         """Pods of the class that can take one more replica of ``candidate``."""
@@ -317,7 +337,7 @@ def _place_hot(packer: _Packer, candidate: Candidate, targets: Mapping[str, int]
         need = n - sum(1 for p in held if packer.class_of[p].key == class_key)
         if need <= 0:
             continue
-        pool = packer.best(candidate, class_key, need, hot=True)
+        pool = packer.best(candidate, class_key, need, hot=True, chosen=chosen)
         if pool is None:
             return False
         chosen.extend(state.name for state in pool)

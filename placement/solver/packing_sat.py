@@ -4,7 +4,9 @@ Stage 1 decides replica counts against pool totals; per pod, GPU slots, GPU byte
 and q90 capacity are a vector packing that a greedy can miss when a budget is
 exactly full (every slot of the pool taken). This model places exactly the hot
 counts, pins on their named pods, within every per-pod budget and the churn limit,
-and prefers pods that hold the adapter already and pods of its affinity group.
+and prefers pods that hold the adapter already and pods of its affinity group. With
+two or more zones, an adapter's replicas spread over them (at most ``zone_cap`` in one
+zone) when the pods allow; when they do not, the model is solved again without it.
 Warm registrations are then placed around it by ``placement.solver.packing.assign_around``.
 
 Pure: no IO, no clock.
@@ -35,7 +37,28 @@ def pack_hot(
     seed: int,
 ) -> tuple[dict[AdapterId, tuple[PodId, ...]] | None, float]:
     """Pods for every hot replica in ``counts`` (None when none found in time), and the
-    seconds CP-SAT took."""
+    seconds CP-SAT took; replicas spread over zones when that is feasible."""
+    placed, wall_s = _pack(
+        problem, counts, zones=True, time_limit_s=time_limit_s, workers=workers, seed=seed
+    )
+    if placed is not None or len(problem.zone_names) < 2:
+        return placed, wall_s
+    rest = max(0.1, time_limit_s - wall_s)
+    placed, more_s = _pack(
+        problem, counts, zones=False, time_limit_s=rest, workers=workers, seed=seed
+    )
+    return placed, wall_s + more_s
+
+
+def _pack(
+    problem: PoolProblem,
+    counts: Counts,
+    *,
+    zones: bool,
+    time_limit_s: float,
+    workers: int,
+    seed: int,
+) -> tuple[dict[AdapterId, tuple[PodId, ...]] | None, float]:
     model = cp_model.CpModel()
     by_name = {c.name: c for c in problem.candidates}
     totals: dict[AdapterId, int] = {}
@@ -50,6 +73,8 @@ def pack_hot(
     for cls in problem.classes:
         for pod in cls.pods:
             _pod_budgets(model, x, by_name, totals, cls, pod, problem)
+    if zones:
+        _zone_spread(model, x, totals, problem)
     objective.extend(_group_bonus(model, x, by_name, problem))
     model.minimize(sum(objective))
     solver = cp_model.CpSolver()
@@ -119,6 +144,25 @@ def _pod_budgets(
         ]
         if new:
             model.add(sum(new) <= problem.churn_limit)
+
+
+def _zone_spread(
+    model: cp_model.CpModel,
+    x: Mapping[tuple[AdapterId, PodId], cp_model.IntVar],
+    totals: Mapping[AdapterId, int],
+    problem: PoolProblem,
+) -> None:
+    # Zones: an adapter with several hot replicas keeps at most its even share of them in
+    # one zone, so that losing a zone leaves it hot elsewhere.
+    by_zone: dict[tuple[AdapterId, str], list[cp_model.IntVar]] = {}
+    for (adapter, pod), var in x.items():
+        zone = problem.zones.get(pod)
+        if zone is not None and problem.zone_cap(totals[adapter]) is not None:
+            by_zone.setdefault((adapter, zone), []).append(var)
+    for (adapter, _), row in sorted(by_zone.items()):
+        cap = problem.zone_cap(totals[adapter])
+        if cap is not None and len(row) > cap:
+            model.add(sum(row) <= cap)
 
 
 def _group_bonus(

@@ -134,6 +134,22 @@ class PoolProblem:
     #: being hot saves it, so a challenger must save that much more to take its place
     #: (1 - demote_factor when a placement is in force, else 0).
     stability: float = 0.0
+    #: Each ready pod's zone (fleet.yaml ``zone``), for the pods that have one: with two
+    #: or more zones, a hot adapter's replicas spread over them (stage 2).
+    zones: Mapping[PodId, str] = field(default_factory=lambda: MappingProxyType({}))
+
+    @cached_property
+    def zone_names(self) -> tuple[str, ...]:
+        return tuple(sorted(set(self.zones.values())))
+
+    def zone_cap(self, replicas: int) -> int | None:
+        """The most of ``replicas`` hot replicas one zone may hold so that they spread
+        evenly over the pool's zones; None when there is nothing to spread (one zone,
+        or one replica)."""
+        zones = len(self.zone_names)
+        if zones < 2 or replicas < 2:
+            return None
+        return math.ceil(replicas / zones)
 
     @property
     def carry_rps(self) -> float:
@@ -362,6 +378,7 @@ def _pool_problem(
         q90_total_rps=q90_total,
         stability=1.0 - settings.planner.demote_factor if churn else 0.0,
         unready_pods=tuple(pod.name for pod in pool.pods if pod.name not in ready),
+        zones=MappingProxyType({pod.name: pod.zone for pod in ready_pods if pod.zone}),
     )
     return problem, broken
 

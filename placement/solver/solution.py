@@ -12,6 +12,7 @@ Pure: no IO, no clock.
 from __future__ import annotations
 
 import hashlib
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from types import MappingProxyType
@@ -142,7 +143,8 @@ def describe(solution: PoolSolution, *, total_rps: float) -> dict[AdapterId, str
             lines[c.name] = (
                 f"hot on {n} pod{'s' if n > 1 else ''}: {pin}{traffic}; at least {c.min_hot} "
                 f"replica{'s' if c.min_hot > 1 else ''}; saves {c.mean_rps * c.warm_miss_ms:.3g}"
-                f" ms/s against warm; tiering: {c.proposal.reason}"
+                f" ms/s against warm; {_zone_note(solution.problem, assignment.hot[c.name])}"
+                f"tiering: {c.proposal.reason}"
             )
         elif c.name in assignment.warm:
             lines[c.name] = (
@@ -152,6 +154,22 @@ def describe(solution: PoolSolution, *, total_rps: float) -> dict[AdapterId, str
         else:
             lines[c.name] = f"cold: {traffic}; {_not_hot(c)}; tiering: {c.proposal.reason}"
     return lines
+
+
+def _zone_note(problem: PoolProblem, pods: tuple[PodId, ...]) -> str:
+    """Where several replicas sit when the pool has zones: spread, or why not."""
+    cap = problem.zone_cap(len(pods))
+    if cap is None:
+        return ""
+    per_zone = Counter(problem.zones.get(pod, "no zone") for pod in pods)
+    listed = ", ".join(f"{zone} ({n})" for zone, n in sorted(per_zone.items()))
+    if max(per_zone.values()) <= cap:
+        return f"replicas span zones {listed}; "
+    return (
+        f"replicas in zones {listed}, not spread over the pool's zones "
+        f"{', '.join(problem.zone_names)}: the other zones' pods had no room (GPU slots, "
+        "bytes, q90 capacity or churn) or hold its pins; "
+    )
 
 
 def _class_note(c: Candidate) -> str:
