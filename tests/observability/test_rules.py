@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry
 from placement.controller.live_ports import PrometheusObserver
 from placement.controller.webhook import WebhookMetrics
 from placement.router.metrics import RouterMetrics
-from placement.settings import ForecastSettings
+from placement.settings import ForecastSettings, PlannerSettings
 
 from .conftest import require_tool
 
@@ -118,11 +118,24 @@ def test_every_alert_has_a_firing_unit_test() -> None:
         ("LorafleetActiveAdaptersNearSlots", "> 0.8"),
         ("LorafleetGpuHitRatioLow", "< 0.9"),
         ("LorafleetPlanStale", "> 3 * max(lorafleet_plan_period_seconds)"),
+        ("LorafleetPodLoadRateCritical", "lorafleet:pod_loads:rate2m > 1"),
+        ("LorafleetAdapterResidencyP95Low", "lorafleet:adapter_residency_seconds:p95 < 300"),
+        ("LorafleetTenantGpuResidencyPromiseBroken", "< 0.97"),
+        ("LorafleetForecastWorseThanNaive", "lorafleet:forecast_mae_vs_naive:ratio1d > 1"),
     ],
 )
 def test_alert_thresholds(alert: str, threshold: str) -> None:
     (rule,) = [rule for rule in rules() if rule.get("alert") == alert]
     assert threshold in " ".join(rule["expr"].split())
+
+
+def test_the_promise_alert_holds_the_settings_target() -> None:
+    """The rule file cannot read settings: its literal must be the default promise."""
+    target = getattr(PlannerSettings(), "gpu_residency_target", None)
+    if target is None:
+        pytest.skip("PlannerSettings has no gpu_residency_target yet")
+    (rule,) = [r for r in rules() if r.get("alert") == "LorafleetTenantGpuResidencyPromiseBroken"]
+    assert rule["expr"].split("<")[-1].strip() == repr(target)
 
 
 def test_rules_and_dashboard_name_only_exported_or_recorded_series() -> None:
@@ -156,6 +169,9 @@ def test_dashboard_covers_every_alerted_signal() -> None:
         "lorafleet_controller_actions_total",
         "lorafleet_forecast_error_ratio",
         "lorafleet_solver_gap_ratio",
+        "lorafleet_adapter_load_seconds_bucket",
+        "lorafleet_request_queue_seconds_bucket",
+        "lorafleet_forecast_mae_rps",
     ):
         assert family in shown
 
