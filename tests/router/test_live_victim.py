@@ -25,7 +25,10 @@ from placement.plan import (
     plan_to_dict,
     plan_to_json,
 )
+from placement.residency import EngineModel
+from placement.router.ledger import PodLedger
 from placement.router.state import RecentRates
+from policies.routing import VictimWorth
 
 from .conftest import catalog_of, emulated, router_for
 
@@ -162,3 +165,38 @@ def test_recent_rates_keep_every_request_of_the_window_and_none_older(
     inside = sum(1 for t in times if t > last_s - 540.0)  # the newest buckets: always kept
     within = sum(1 for t in times if t > last_s - 600.0 - 60.0)  # at most a bucket more
     assert inside <= round(counted) <= within
+
+
+# --- what a victim is worth, and which one it is -----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("recent", "expected"),
+    [(None, 1.0), ({"busy": 0.25}, 0.25), ({"busy": 4.0}, 1.0), ({}, 0.0)],
+    ids=["forecast-alone", "recent-caps", "forecast-caps", "not-seen-lately"],
+)
+def test_a_victims_rate_is_its_forecast_capped_by_its_recent_rate(
+    recent: dict[str, float] | None, expected: float
+) -> None:
+    worth = VictimWorth(forecast_rps={"busy": 1.0}, recent_rps=recent, victim_horizon_s=180.0)
+    assert worth.rate("busy") == expected
+    assert worth.rate("unknown") == 0.0
+
+
+def _full_ledger() -> PodLedger:
+    ledger = PodLedger(EngineModel.VLLM, max_loras=2, max_cpu_loras=4)
+    for name in ("old", "new"):
+        ledger.loaded(AdapterId(name), f"s3://{name}", changed=True)
+    return ledger
+
+
+def test_the_ledger_names_the_engines_victim() -> None:
+    ledger = _full_ledger()
+    assert ledger.next_victim() == "old"
+    assert ledger.next_victim(busy={"old"}) == "new", "a request in flight keeps its slot"
+    assert ledger.next_victim(busy={"old", "new"}) == "old", "all busy: the oldest"
+    ledger.forget(AdapterId("old"))  # unloaded: on vLLM its slot stays taken
+    assert ledger.free_slots() == 0
+    assert ledger.next_victim() is None, "a ghost slot goes first, and is worth nothing"
+    empty = PodLedger(EngineModel.VLLM, max_loras=2, max_cpu_loras=4)
+    assert empty.next_victim() is None
