@@ -38,6 +38,7 @@ from placement.domain import Action, AdapterId, Catalog, Fleet, PodId
 from placement.errors import EngineError, InputError
 from placement.forecast.demand import demand_from_forecast
 from placement.forecast.forecaster import ModelForecaster
+from placement.forecast.scoring import ForecastScore
 from placement.inputs.request_log import RequestLog, load_request_log
 from placement.metrics import ControllerMetrics, FleetMetrics
 from placement.plan import Plan
@@ -318,6 +319,9 @@ class PrometheusObserver(ControllerObserver):
 
     def history_skipped(self, rows: int) -> None:
         self.skipped_rows.set(rows)
+
+    def forecast_scored(self, score: ForecastScore) -> None:
+        self.shared.forecast_scored(score)
 
     def ingested(
         self, history: RequestLog, *, catalog: Catalog, fleet: Fleet, now: datetime

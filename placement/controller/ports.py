@@ -19,6 +19,7 @@ from placement.actuation.executor import ApplyReport, Ledger
 from placement.domain import Action, AdapterId, Catalog, Fleet, PodId
 from placement.forecast.demand import DemandForecaster
 from placement.forecast.event_preloads import Predictor
+from placement.forecast.scoring import ForecastScore
 from placement.inputs.request_log import RequestLog
 from placement.plan import Plan
 from placement.ports import (
@@ -202,6 +203,9 @@ class ControllerObserver:
 
     def history_skipped(self, rows: int) -> None:
         """Rows the last ingest left out of the history (faulty, half-written)."""
+
+    def forecast_scored(self, score: ForecastScore) -> None:
+        """An issued forecast scored against what arrived, beside the naive forecasts."""
 
     def ingested(
         self, history: RequestLog, *, catalog: Catalog, fleet: Fleet, now: datetime

@@ -32,7 +32,6 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
-from typing import cast
 
 from placement.actuation.executor import Ledger
 from placement.controller.ports import (
@@ -56,7 +55,7 @@ from placement.errors import (
     PlanError,
 )
 from placement.forecast.event_preloads import Event, EventDecision, PodView, event_preloads
-from placement.forecast.scoring import ForecastScore, IssuedForecast, score_due
+from placement.forecast.scoring import IssuedForecast, score_due
 from placement.inputs.request_log import RequestLog
 from placement.plan import Plan, plan_from_json, plan_to_json
 from placement.ports import StoredState
@@ -285,10 +284,8 @@ class Controller:
             self.metrics.error("forecast_score", exc)
             logger.warning("forecast not scored: %s", exc, exc_info=True)
             return
-        sink = _score_sink(self.metrics)
         for score in scores:
-            if sink is not None:
-                sink(score)
+            self.metrics.forecast_scored(score)
 
     async def plan_and_apply(self) -> TickOutcome:
         demand = self.state.demand
@@ -514,16 +511,6 @@ def _only(fleet: Fleet, names: set[PodId]) -> Fleet:
 
 #: Forecasts kept for scoring: an hour's window at one forecast per 15 min is 5.
 _PENDING_FORECASTS = 16
-
-
-def _score_sink(observer: object) -> Callable[[ForecastScore], None] | None:
-    """``forecast_scored`` of the observer, or of its ``ControllerMetrics`` (the
-    Prometheus observer's ``shared``); None for an observer that takes no score."""
-    for candidate in (observer, getattr(observer, "shared", None)):
-        method = getattr(candidate, "forecast_scored", None)
-        if callable(method):
-            return cast(Callable[[ForecastScore], None], method)
-    return None
 
 
 def _next_window(now: datetime, validity_s: int) -> datetime:
