@@ -48,18 +48,18 @@ RECENT_WINDOW_S = 1200.0
 
 class RecentRates(Mapping[str, float]):
     """Each adapter's rate (req/s, over the fleet) as the router sent its requests in
-    the last ``window_s``, counted in ``bucket_s`` buckets, as of the last request
+    the last ``window_s``, counted in buckets of ``slice_s``, as of the last request
     counted. Read as a mapping (absent: no request in the window) at each decision;
     ``add`` is O(1) but for the bucket that falls out of the window."""
 
-    __slots__ = ("_buckets", "_first_s", "_last_s", "_totals", "bucket_s", "span")
+    __slots__ = ("_buckets", "_first_s", "_last_s", "_totals", "slice_s", "span")
 
-    def __init__(self, *, window_s: float = RECENT_WINDOW_S, bucket_s: float = 60.0) -> None:
-        if bucket_s <= 0 or window_s < bucket_s:
-            raise ValueError(f"recent rates: bucket {bucket_s} s must be within {window_s} s")
-        self.bucket_s = bucket_s
+    def __init__(self, *, window_s: float = RECENT_WINDOW_S, slice_s: float = 60.0) -> None:
+        if slice_s <= 0 or window_s < slice_s:
+            raise ValueError(f"recent rates: a bucket of {slice_s} s must be within {window_s} s")
+        self.slice_s = slice_s
         #: Buckets kept: the current one and those within the window before it.
-        self.span = math.ceil(window_s / bucket_s)
+        self.span = math.ceil(window_s / slice_s)
         self._buckets: deque[tuple[int, dict[str, int]]] = deque()
         self._totals: dict[str, int] = {}
         self._first_s = math.inf
@@ -67,7 +67,7 @@ class RecentRates(Mapping[str, float]):
 
     def add(self, adapter: str, now_s: float) -> None:
         """A request for ``adapter`` was sent at ``now_s`` (the router's clock)."""
-        bucket = math.floor(now_s / self.bucket_s)
+        bucket = math.floor(now_s / self.slice_s)
         buckets = self._buckets
         if not buckets or bucket > buckets[-1][0]:
             buckets.append((bucket, {}))
@@ -91,8 +91,8 @@ class RecentRates(Mapping[str, float]):
     def _span_s(self) -> float:
         """Seconds the counts cover: from the oldest bucket kept (or the first request,
         if later) to the last request; at least one bucket."""
-        start_s = max(self._first_s, self._buckets[0][0] * self.bucket_s)
-        return max(self.bucket_s, self._last_s - start_s)
+        start_s = max(self._first_s, self._buckets[0][0] * self.slice_s)
+        return max(self.slice_s, self._last_s - start_s)
 
     def __getitem__(self, adapter: str) -> float:
         return self._totals[adapter] / self._span_s()

@@ -143,7 +143,7 @@ def test_a_bad_forecast_rate_names_the_adapter_and_the_field(value: object, mess
 
 
 def test_recent_rates_count_the_last_window_only() -> None:
-    rates = RecentRates(window_s=600.0, bucket_s=60.0)
+    rates = RecentRates(window_s=600.0, slice_s=60.0)
     for second in range(0, 600, 2):  # "a" every 2 s for 10 minutes
         rates.add("a", float(second))
     assert rates.get("a") == pytest.approx(0.5, rel=0.01)
@@ -157,7 +157,7 @@ def test_recent_rates_count_the_last_window_only() -> None:
 def test_recent_rates_keep_every_request_of_the_window_and_none_older(
     times: list[float],
 ) -> None:
-    rates = RecentRates(window_s=600.0, bucket_s=60.0)
+    rates = RecentRates(window_s=600.0, slice_s=60.0)
     for now_s in sorted(times):
         rates.add("a", now_s)
     last_s = max(times)
