@@ -101,17 +101,29 @@ class PodLedger:
         least recently used unpinned one. None with a free slot, or when that slot is
         held by an unloaded name's entry (a vLLM ghost: evicting it loses nothing)."""
         residency = self.residency
+        active = self._active
+        pinned = residency.pinned
+        if len(active) == self.max_loras:  # no ghost slot: the mirror has the GPU's order
+            first: AdapterId | None = None
+            for name in active:
+                if name in pinned:
+                    continue
+                if name not in busy:
+                    return name
+                if first is None:
+                    first = name
+            return first
         entries = residency.gpu_entries()
         if len(entries) < self.max_loras:
             return None
         fallback: tuple[str, bool] | None = None
-        for name, listed in entries:
-            if name in residency.pinned:
+        for entry, listed in entries:
+            if entry in pinned:
                 continue
-            if name not in busy:
-                return AdapterId(name) if listed else None
+            if entry not in busy:
+                return AdapterId(entry) if listed else None
             if fallback is None:
-                fallback = (name, listed)
+                fallback = (entry, listed)
         return AdapterId(fallback[0]) if fallback is not None and fallback[1] else None
 
     @property
