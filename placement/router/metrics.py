@@ -20,7 +20,7 @@ from placement.settings import RouterSettings
 TTFT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 6.4, 12.8)
 
 #: Adapter load buckets in seconds: from host RAM a few ms, from storage 85-670 ms
-#: (seed 000), a slow bucket store or a stalled pod seconds.
+#: (docs/background.md), a slow bucket store or a stalled pod seconds.
 LOAD_BUCKETS_S = (0.005, 0.025, 0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 6.4, 12.8, 30.0)
 #: Request queue buckets in seconds: most requests wait for nothing (under 1 ms).
 QUEUE_BUCKETS_S = (0.001, 0.005, 0.025, 0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 6.4, 12.8)

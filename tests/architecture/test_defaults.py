@@ -53,10 +53,6 @@ UNRELATED = {
     ("policies/eviction.py", "policy"): "the eviction policy, not RouterSettings.policy",
     ("placement/demo/run.py", "lead_s"): "wall seconds the demo's controller runs first",
     ("placement/demo/traffic.py", "concurrency"): "the demo's requests in flight, not calls",
-    ("placement/demo/run.py", "replicate_share"): (
-        "the demo's own value (emulated pods never fail, so no availability replicas); "
-        "it writes it into its controller.yaml, which overrides the tree"
-    ),
 }
 
 
