@@ -6,7 +6,8 @@ into at most ``max_loads`` Load/Warmup actions on the pods the plan would send t
 traffic to, at a bounded cost: it never displaces a pinned adapter, nor one busier
 than the adapter it brings (both counting the traffic this event foresees for them).
 Adapters come only from the catalog, through pipelines.yaml or an event model, never
-from the event itself.
+from the event itself. A login's preloads go first to its tenant's zone, when it has
+one: the one zone of the pods its adapters are pinned to (``tenant_zone``).
 
 No IO, no clock, no logging: the webhook parses the event, the controller runs the
 actions.
@@ -284,6 +285,15 @@ def _group_pods(
     }
 
 
+def tenant_zone(tenant: TenantId, catalog: Catalog, fleet: Fleet) -> str | None:
+    """The zone of the pods the tenant's adapters are pinned to, when that is one zone."""
+    zone_of = {pod.name: pod.zone for pod in fleet.pods}
+    zones = {
+        zone_of.get(pod) for a in catalog.adapters if a.tenant == tenant for pod in a.pinned_pods
+    }
+    return next(iter(zones)) if len(zones) == 1 else None
+
+
 def event_preloads(
     event: Event,
     predictions: tuple[Prediction, ...],
@@ -300,6 +310,7 @@ def event_preloads(
     adapters = catalog.by_name()
     expected_rps = _expected_rps(ranked, busy_rps)
     current = dict(views)
+    zone = tenant_zone(event.tenant, catalog, fleet) if event.kind is EventKind.LOGIN else None
     chosen: set[PodId] = set()
     actions: list[Action] = []
     loads = 0
@@ -314,6 +325,7 @@ def event_preloads(
         candidates = sorted(
             (v for name, v in current.items() if name in pool_pods),
             key=lambda v: (
+                zone is not None and v.pod.zone != zone,
                 _preference(v, adapter.name, plan=plan, chosen=chosen, group_pods=group_pods),
                 v.pod.name,
             ),
