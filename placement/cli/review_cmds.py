@@ -31,6 +31,7 @@ from placement.plan import Plan
 from placement.review.diff import PlanReview, human_bytes, review_plan
 from placement.review.replay import ReplayComparison, compare_replays, last_day
 from placement.review.report import render_html
+from placement.review.slo import attainment_lines
 from placement.settings import Settings
 
 #: The controller's state directory (``placement.adapters.statedir``): the published
@@ -236,10 +237,18 @@ def review(
     console.print(pods_table(result, changed_only=False))
     print_changes(console, result)
     console.print(adapters_table(result, changed_only=False, limit=None if all_adapters else top))
+    request_log = load_request_log(log) if log is not None else None
+    replay, note = (
+        _replay(new, base, request_log, context) if request_log is not None else (None, None)
+    )
+    if replay is not None:
+        console.print("[bold]SLO attainment per tenant[/] (replay of the log's last day)")
+        for line in attainment_lines(replay.before_tenants, replay.after_tenants):
+            console.print(line, highlight=False)
     if html is None:
         return
-    request_log = load_request_log(log) if log is not None else None
-    replay, note = _replay(new, base, request_log, context)
+    if request_log is None:
+        note = "No replay: it needs --log, --catalog and --fleet."
     page = render_html(
         result,
         new,

@@ -153,6 +153,9 @@ def test_the_html_review_shows_attainment_per_tenant_before_and_after(tmp_path: 
         args += [f"--{option}", str(tmp_path / f"{option}.yaml")]
     result = runner.invoke(app, [*args, "--log", str(tmp_path / "requests.csv")])
     assert result.exit_code == 0, result.output
+    # The text review says the same, one line per tenant.
+    text = result.stdout.split("SLO attainment per tenant")[1]
+    assert "acme:" in text and "bolt:" in text and "promise 97%" in text
     page = report.read_text()
     section = page.split("SLO attainment per tenant")[1].split("<h2>")[0]
     assert "against the 97% promise" in section
