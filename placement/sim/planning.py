@@ -51,6 +51,9 @@ class ReplayPlanning:
     #: preloaded and routed by weight; the rest stay with the routers' LRU.
     hot_min_rps: float = 0.0
     description: str = ""
+    #: The oracle's planner: it knows the future, so it plans without availability
+    #: replicas, which only guard against what it would foresee (None: ``planner``).
+    bound_planner: Planner | None = None
 
 
 class ReplayHistory:

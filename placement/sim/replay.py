@@ -99,7 +99,7 @@ def _router(
         oracle = ReplayPlanning(
             fleet=planning.fleet,
             forecaster=TrueDemand(history),
-            planner=planning.planner,
+            planner=planning.bound_planner or planning.planner,
             hot_min_rps=planning.hot_min_rps,
             description="the true future demand",
         )

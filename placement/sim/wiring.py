@@ -53,6 +53,13 @@ def replay_planning(
         if planner == "greedy"
         else SolverPlanner(catalog, settings=tuned, clock=None)
     )
+    # The oracle's bound: the same planner without availability replicas.
+    unreplicated = replace(tuned, planner=replace(tuned.planner, replicate_share=1.0))
+    bound: Planner = (
+        GreedyPlanner(catalog, settings=unreplicated, clock=None)
+        if planner == "greedy"
+        else SolverPlanner(catalog, settings=unreplicated, clock=None)
+    )
     forecaster = ModelForecaster(settings=tuned.forecast, catalog=catalog, model=forecast_model)
     described = "solver's greedy" if planner == "greedy" else "CP-SAT solver"
     return ReplayPlanning(
@@ -61,4 +68,5 @@ def replay_planning(
         planner=chosen,
         hot_min_rps=settings.sim.plan_hot_min_rps,
         description=f"{forecast_model} forecast (placement.forecast), {described} plan",
+        bound_planner=bound,
     )
