@@ -12,7 +12,7 @@ no fixtures (fixtures live in the conftest.py files).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
 from typing import Any
@@ -32,6 +32,7 @@ from placement.domain import (
     Tier,
 )
 from placement.plan import AdapterPlan, Plan, PodPlan, Preload, SolverReport
+from placement.sizing import BUILTIN_MODELS
 from placement.solver.problem import Demand
 
 MIB = 1 << 20
@@ -258,3 +259,59 @@ class FakeClock:
 
     def wall(self) -> datetime:
         return datetime.fromtimestamp(self.now_s, UTC)
+
+
+def replay_fleet(
+    count: int = 1, *, max_loras: int = 4, max_cpu_loras: int = 8, model: str = BASE
+) -> Fleet:
+    """One vLLM pool of ``count`` pods of ``model``'s real dimensions, for the replay."""
+    pods = tuple(
+        Pod(
+            name=PodId(f"pod-{i}"),
+            pool=PoolId("p"),
+            url=f"http://127.0.0.1:{18000 + i}",
+            engine=Engine.VLLM,
+            max_loras=max_loras,
+            max_cpu_loras=max_cpu_loras,
+            max_lora_rank=64,
+            hbm_adapter_bytes=1024 * MIB,
+            host_adapter_bytes=4096 * MIB,
+            capacity_rps=10,
+        )
+        for i in range(count)
+    )
+    pool = Pool(
+        name=PoolId("p"),
+        base_model=model,
+        served_model_name=model,
+        engine=Engine.VLLM,
+        max_lora_rank=64,
+        dims=BUILTIN_MODELS[model],
+        pods=pods,
+    )
+    return Fleet(pools=(pool,))
+
+
+def replay_catalog(
+    size_bytes: Mapping[str, int],
+    *,
+    model: str = BASE,
+    tenant_of: Callable[[str], TenantId | None] = lambda name: None,
+) -> Catalog:
+    """Rank-16 q/v adapters of the given sizes, in name order, for the replay."""
+    return Catalog(
+        adapters=tuple(
+            Adapter(
+                name=AdapterId(name),
+                base_model=model,
+                rank=16,
+                alpha=16.0,
+                target_modules=("q_proj", "v_proj"),
+                dtype="float16",
+                source=f"/adapters/{name}",
+                size_bytes=size,
+                tenant=tenant_of(name),
+            )
+            for name, size in sorted(size_bytes.items())
+        )
+    )

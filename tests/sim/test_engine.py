@@ -10,15 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from placement.domain import (
-    Adapter,
-    AdapterId,
     Catalog,
-    Engine,
     Fleet,
-    Pod,
-    PodId,
-    Pool,
-    PoolId,
 )
 from placement.settings import LoadCostSettings, Settings, SimSettings
 from placement.sim.engine import COLD_LOAD, CPU_HIT, GPU_HIT, FleetReplay
@@ -27,8 +20,8 @@ from placement.sim.replay import ReplayResult, run_policy
 from placement.sim.routers import POLICIES, REACTIVE
 from placement.sim.wiring import replay_planning
 from placement.sim.workload import SimWorkload
-from placement.sizing import BUILTIN_MODELS
 from policies.eviction import EvictionPolicy
+from tests import factories
 
 MB = 1_000_000
 GiB = 1 << 30
@@ -52,49 +45,11 @@ def workload(
 
 
 def fleet_of(count: int, *, max_loras: int = 4, max_cpu_loras: int = 8) -> Fleet:
-    pods = tuple(
-        Pod(
-            name=PodId(f"pod-{i}"),
-            pool=PoolId("p"),
-            url=f"http://127.0.0.1:{18000 + i}",
-            engine=Engine.VLLM,
-            max_loras=max_loras,
-            max_cpu_loras=max_cpu_loras,
-            max_lora_rank=64,
-            hbm_adapter_bytes=GiB,
-            host_adapter_bytes=4 * GiB,
-            capacity_rps=10,
-        )
-        for i in range(count)
-    )
-    pool = Pool(
-        name=PoolId("p"),
-        base_model=MODEL,
-        served_model_name=MODEL,
-        engine=Engine.VLLM,
-        max_lora_rank=64,
-        dims=BUILTIN_MODELS[MODEL],
-        pods=pods,
-    )
-    return Fleet(pools=(pool,))
+    return factories.replay_fleet(count, max_loras=max_loras, max_cpu_loras=max_cpu_loras)
 
 
 def catalog_of(load: SimWorkload) -> Catalog:
-    return Catalog(
-        adapters=tuple(
-            Adapter(
-                name=AdapterId(name),
-                base_model=MODEL,
-                rank=16,
-                alpha=16.0,
-                target_modules=("q_proj", "v_proj"),
-                dtype="float16",
-                source=f"/adapters/{name}",
-                size_bytes=size,
-            )
-            for name, size in sorted(load.size_bytes.items())
-        )
-    )
+    return factories.replay_catalog(load.size_bytes)
 
 
 def replay(

@@ -14,18 +14,12 @@ import pytest
 from placement.domain import (
     Action,
     ActionKind,
-    Adapter,
     AdapterId,
     Catalog,
-    Engine,
     Fleet,
     Pipeline,
     Pipelines,
     PipelineStep,
-    Pod,
-    PodId,
-    Pool,
-    PoolId,
     TenantId,
 )
 from placement.forecast.event_preloads import Event, EventKind
@@ -37,9 +31,9 @@ from placement.sim.replay import ReplayResult, pod_specs, run_policy
 from placement.sim.routers import REACTIVE, ReactiveRouter
 from placement.sim.wiring import replay_planning
 from placement.sim.workload import SimWorkload
-from placement.sizing import BUILTIN_MODELS
 from policies.eviction import EvictionPolicy
 from policies.routing import RouteDecision
+from tests import factories
 
 MB = 1_000_000
 GiB = 1 << 30
@@ -62,49 +56,12 @@ def workload(arrivals: list[tuple[float, str, str | None]]) -> SimWorkload:
 
 
 def fleet_of(count: int = 1) -> Fleet:
-    pods = tuple(
-        Pod(
-            name=PodId(f"pod-{i}"),
-            pool=PoolId("p"),
-            url=f"http://127.0.0.1:{18000 + i}",
-            engine=Engine.VLLM,
-            max_loras=4,
-            max_cpu_loras=8,
-            max_lora_rank=64,
-            hbm_adapter_bytes=GiB,
-            host_adapter_bytes=4 * GiB,
-            capacity_rps=10,
-        )
-        for i in range(count)
-    )
-    pool = Pool(
-        name=PoolId("p"),
-        base_model=MODEL,
-        served_model_name=MODEL,
-        engine=Engine.VLLM,
-        max_lora_rank=64,
-        dims=BUILTIN_MODELS[MODEL],
-        pods=pods,
-    )
-    return Fleet(pools=(pool,))
+    return factories.replay_fleet(count)
 
 
 def catalog_of(load: SimWorkload) -> Catalog:
-    return Catalog(
-        adapters=tuple(
-            Adapter(
-                name=AdapterId(name),
-                base_model=MODEL,
-                rank=16,
-                alpha=16.0,
-                target_modules=("q_proj", "v_proj"),
-                dtype="float16",
-                source=f"/adapters/{name}",
-                size_bytes=size,
-                tenant=TENANT if name.startswith("acme") else None,
-            )
-            for name, size in sorted(load.size_bytes.items())
-        )
+    return factories.replay_catalog(
+        load.size_bytes, tenant_of=lambda name: TENANT if name.startswith("acme") else None
     )
 
 

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 import placement.cli  # noqa: F401  (registers the commands)
 from placement.cli.app import app
-from placement.domain import Adapter, AdapterId, Catalog, Engine, Fleet, Pod, PodId, Pool, PoolId
+from placement.domain import Catalog, Fleet
 from placement.errors import InputError
 from placement.settings import Settings
 from placement.sim.faults import (
@@ -28,7 +28,7 @@ from placement.sim.faults import (
 from placement.sim.replay import ReplayResult, run_policy
 from placement.sim.wiring import replay_planning
 from placement.sim.workload import SimWorkload
-from placement.sizing import BUILTIN_MODELS
+from tests import factories
 
 MB = 1_000_000
 GiB = 1 << 30
@@ -49,50 +49,11 @@ def workload(arrivals: list[tuple[float, str]]) -> SimWorkload:
 
 
 def fleet_of(count: int) -> Fleet:
-    pods = tuple(
-        Pod(
-            name=PodId(f"pod-{i}"),
-            pool=PoolId("p"),
-            url=f"http://127.0.0.1:{18000 + i}",
-            engine=Engine.VLLM,
-            max_loras=4,
-            max_cpu_loras=8,
-            max_lora_rank=64,
-            hbm_adapter_bytes=GiB,
-            host_adapter_bytes=4 * GiB,
-            capacity_rps=10,
-        )
-        for i in range(count)
-    )
-    dims = BUILTIN_MODELS[MODEL]
-    pool = Pool(
-        name=PoolId("p"),
-        base_model=MODEL,
-        served_model_name=MODEL,
-        engine=Engine.VLLM,
-        max_lora_rank=64,
-        dims=dims,
-        pods=pods,
-    )
-    return Fleet(pools=(pool,))
+    return factories.replay_fleet(count)
 
 
 def catalog_of(load: SimWorkload) -> Catalog:
-    return Catalog(
-        adapters=tuple(
-            Adapter(
-                name=AdapterId(name),
-                base_model=MODEL,
-                rank=16,
-                alpha=16.0,
-                target_modules=("q_proj", "v_proj"),
-                dtype="float16",
-                source=f"/adapters/{name}",
-                size_bytes=size,
-            )
-            for name, size in sorted(load.size_bytes.items())
-        )
-    )
+    return factories.replay_catalog(load.size_bytes)
 
 
 ONE_ADAPTER = workload([(float(t), "a") for t in range(0, 120, 2)])
