@@ -9,7 +9,7 @@ from types import MappingProxyType
 
 import pytest
 
-from placement.domain import AdapterId, Engine, Fleet, Pod, PodId, Pool, PoolId, Tier
+from placement.domain import AdapterId, Fleet, PodId, Tier
 from placement.errors import SolverError
 from placement.inputs.request_log import RequestLog
 from placement.plan import AdapterPlan, Plan, PodPlan
@@ -25,9 +25,9 @@ from placement.sim.planning import (
 from placement.sim.replay import pod_specs
 from placement.sim.routers import PlannedRouter
 from placement.sim.workload import SimWorkload
-from placement.sizing import BUILTIN_MODELS
 from placement.solver.problem import Demand
 from policies.eviction import EvictionPolicy
+from tests import factories
 
 START = datetime(2026, 3, 10, 9, 0, 30, tzinfo=UTC)
 MODEL = "llama-3.1-8b"
@@ -46,31 +46,7 @@ def workload(arrivals: list[tuple[float, str]]) -> SimWorkload:
 
 
 def two_pods() -> Fleet:
-    pods = tuple(
-        Pod(
-            name=PodId(f"pod-{i}"),
-            pool=PoolId("p"),
-            url=f"http://127.0.0.1:{18000 + i}",
-            engine=Engine.VLLM,
-            max_loras=2,
-            max_cpu_loras=4,
-            max_lora_rank=64,
-            hbm_adapter_bytes=1 << 30,
-            host_adapter_bytes=4 << 30,
-            capacity_rps=10.0,
-        )
-        for i in range(2)
-    )
-    pool = Pool(
-        name=PoolId("p"),
-        base_model=MODEL,
-        served_model_name=MODEL,
-        engine=Engine.VLLM,
-        max_lora_rank=64,
-        dims=BUILTIN_MODELS[MODEL],
-        pods=pods,
-    )
-    return Fleet(pools=(pool,))
+    return factories.replay_fleet(2, max_loras=2, max_cpu_loras=4)
 
 
 def plan_of(hot: Mapping[str, tuple[str, ...]]) -> Plan:

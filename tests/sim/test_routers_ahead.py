@@ -8,7 +8,7 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
 
-from placement.domain import AdapterId, Engine, Fleet, Pod, PodId, Pool, PoolId, Tier
+from placement.domain import AdapterId, Fleet, PodId, Tier
 from placement.inputs.request_log import RequestLog
 from placement.plan import AdapterPlan, Plan, PodPlan
 from placement.settings import Settings
@@ -17,10 +17,10 @@ from placement.sim.planning import RecentFloor, ReplayHistory, ReplayPlanning
 from placement.sim.replay import pod_specs
 from placement.sim.routers import PlannedRouter, ReactiveRouter
 from placement.sim.workload import SimWorkload
-from placement.sizing import BUILTIN_MODELS
 from placement.solver.problem import Demand
 from policies.eviction import EvictionPolicy
 from policies.routing import RouteReason
+from tests import factories
 
 START = datetime(2026, 3, 10, 9, 0, 0, tzinfo=UTC)
 MODEL = "llama-3.1-8b"
@@ -28,31 +28,7 @@ NAMES = ("busy", "idle", "x", "y", "new", "fresh")
 
 
 def fleet_of_two() -> Fleet:
-    pods = tuple(
-        Pod(
-            name=PodId(f"pod-{i}"),
-            pool=PoolId("p"),
-            url=f"http://pod-{i}.test",
-            engine=Engine.VLLM,
-            max_loras=2,
-            max_cpu_loras=4,
-            max_lora_rank=64,
-            hbm_adapter_bytes=1 << 30,
-            host_adapter_bytes=4 << 30,
-            capacity_rps=10.0,
-        )
-        for i in range(2)
-    )
-    pool = Pool(
-        name=PoolId("p"),
-        base_model=MODEL,
-        served_model_name=MODEL,
-        engine=Engine.VLLM,
-        max_lora_rank=64,
-        dims=BUILTIN_MODELS[MODEL],
-        pods=pods,
-    )
-    return Fleet(pools=(pool,))
+    return factories.replay_fleet(2, max_loras=2, max_cpu_loras=4)
 
 
 def empty_plan(
