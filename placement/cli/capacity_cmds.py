@@ -13,7 +13,7 @@ import typer
 from rich.table import Table
 
 from placement.cli.app import app, err, out, report_errors
-from placement.cli.replay_cmds import figures_window
+from placement.cli.replay_cmds import figures_window, parse_moment
 from placement.domain import Fleet
 from placement.errors import InputError, Problem
 from placement.inputs import load_catalog, load_fleet
@@ -67,12 +67,11 @@ def sliced_log(log: RequestLog, start: str | None, end: str | None, history: str
     if start is None:
         return log
     try:
-        lo = pd.Timestamp(start) - pd.Timedelta(history)
-        hi = pd.Timestamp(end) if end is not None else None
+        back = pd.Timedelta(history)
     except ValueError as exc:
-        raise InputError([Problem(source="--from/--to/--history", message=str(exc))]) from None
-    if lo.tzinfo is None:
-        raise InputError([Problem(source="--from", message="give a time with its offset")])
+        raise InputError([Problem(source="--history", message=str(exc))]) from None
+    lo = parse_moment(start, "--from") - back
+    hi = parse_moment(end, "--to") if end is not None else None
     ts = log.frame["ts"]
     keep = ts >= lo if hi is None else (ts >= lo) & (ts < hi)
     return replace(log, frame=log.frame.loc[keep].reset_index(drop=True))

@@ -8,14 +8,13 @@ from pathlib import Path
 from typing import Annotated
 
 import numpy as np
-import pandas as pd
 import typer
 import yaml
 from rich.table import Table
 
 from placement.cli.app import app, err, out, report_errors
 from placement.cli.capacity_cmds import sliced_log
-from placement.cli.replay_cmds import figures_window
+from placement.cli.replay_cmds import figures_window, parse_moment
 from placement.domain import Catalog, Fleet
 from placement.errors import InputError, Problem
 from placement.forecast.pins import PinRules, PoolPins, recommend_pins
@@ -29,18 +28,6 @@ from placement.sim.workload import SimWorkload, workload_from_log
 
 recommend = typer.Typer(help="Recommendations from request logs.", no_args_is_help=True)
 app.add_typer(recommend, name="recommend")
-
-
-def _moment(option: str, value: str | None) -> pd.Timestamp | None:
-    if value is None:
-        return None
-    try:
-        moment = pd.Timestamp(value)
-    except ValueError as exc:
-        raise InputError([Problem(source=option, message=str(exc))]) from None
-    if moment.tzinfo is None:
-        raise InputError([Problem(source=option, message=f"give {value!r} with its offset")])
-    return moment
 
 
 def pinned_catalog_yaml(catalog_path: Path, pools: list[PoolPins]) -> str:
@@ -119,7 +106,7 @@ def pins(
     parsed_fleet = load_fleet(fleet)
     parsed_catalog = load_catalog(catalog, fleet=parsed_fleet)
     request_log = load_request_log(log)
-    end = _moment("--until", until)
+    end = parse_moment(until, "--until") if until is not None else None
     hourly = request_log.counts(3600)
     if end is not None:
         hourly = hourly[hourly["ts"] < end]

@@ -82,7 +82,8 @@ def _check_planning(planner: str, forecast_model: str) -> None:
         raise InputError(problems)
 
 
-def _moment(text: str, option: str) -> pd.Timestamp:
+def parse_moment(text: str, option: str) -> pd.Timestamp:
+    """An option's ISO time with its offset, or one line saying what is wrong."""
     try:
         moment: pd.Timestamp | None = pd.Timestamp(text)
     except ValueError:
@@ -107,8 +108,8 @@ def figures_window(
     if start is None and end is None:
         return None
     origin = pd.Timestamp(workload.start)
-    lo = (_moment(start, "--from") - origin).total_seconds() if start is not None else 0.0
-    hi = (_moment(end, "--to") - origin).total_seconds() if end is not None else math.inf
+    lo = (parse_moment(start, "--from") - origin).total_seconds() if start is not None else 0.0
+    hi = (parse_moment(end, "--to") - origin).total_seconds() if end is not None else math.inf
     if hi <= lo:
         raise InputError([Problem(source="--to", message="--to must be after --from")])
     if hi < 0.0 or lo > workload.duration_s:
