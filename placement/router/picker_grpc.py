@@ -63,6 +63,7 @@ from envoy.type.v3 import http_status_pb2
 
 from placement.router.core import Router
 from placement.router.endpoint_picking import GatewayRequest, Picked, Refused
+from placement.router.picker_health import add_health
 
 log = logging.getLogger("lorafleet.router")
 
@@ -330,7 +331,8 @@ class ExternalProcessor:
 
 
 class EndpointPickerServer:
-    """The gRPC server of the endpoint picker, started on the router's event loop."""
+    """The gRPC server of the endpoint picker, started on the router's event loop:
+    ext_proc and ``grpc.health.v1.Health`` (``router.picker_health``) on one port."""
 
     def __init__(self, router: Router, *, host: str, port: int) -> None:
         self.router = router
@@ -344,6 +346,7 @@ class EndpointPickerServer:
         ext_proc_grpc.add_ExternalProcessorServicer_to_server(
             ExternalProcessor(self.router), server
         )
+        add_health(self.router, server)  # on the same port, as gateways probe it
         port = int(server.add_insecure_port(self.address))
         if port == 0:
             raise OSError(f"the endpoint picker cannot listen on {self.address}")
