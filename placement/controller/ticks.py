@@ -1,8 +1,10 @@
 """The controller's ticks: ingest, forecast, plan and apply, timed preloads, watchdog.
 
-Each tick is a plain coroutine over ports (``ControllerPorts``) and the controller's
-own state, so tests call a tick directly with in-memory twins and a fake clock; the
-scheduler wiring (``placement.controller.schedule``) only decides when ticks run.
+``Controller`` adds the ticks to ``placement.controller.runtime.ControllerRuntime``
+(the state, the lease, the guards, the saved state). Each tick is a plain coroutine
+over ports (``ControllerPorts``) and the controller's own state, so tests call a tick
+directly with in-memory twins and a fake clock; the scheduler wiring
+(``placement.controller.schedule``) only decides when ticks run.
 
 Rules every tick keeps:
 
@@ -19,6 +21,10 @@ Rules every tick keeps:
   watchdog and the webhook), so the ledger always matches what was sent.
 - After every change on the pods, the last plan and the ledger are saved
   (``StateStore``); a restarted controller loads them and sends no load twice.
+- The catalog may change under a running controller: each ingest re-reads the file
+  when its bytes changed and resolves the adapters the traffic names but the catalog
+  lacks (``placement.controller.surprises``); a bad new catalog is refused and the
+  last good one kept.
 
 The decisions themselves are the pure modules' (``solver``, ``reconcile``,
 ``events``); this module sequences them and does the IO through the ports.
@@ -27,196 +33,32 @@ The decisions themselves are the pure modules' (``solver``, ``reconcile``,
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
-from placement.actuation.executor import Ledger
 from placement.controller.ports import (
     DONE_PRELOADS_KEPT,
-    Backoff,
-    ControllerObserver,
-    ControllerPorts,
-    ControllerState,
-    Job,
     TickOutcome,
-    fleet_from_discovery,
     preload_key,
     tiers_moved,
 )
+from placement.controller.runtime import ControllerRuntime
 from placement.domain import Action, AdapterId, Fleet, Load, PodId, Pool, Warmup
 from placement.errors import (
     ForecastError,
-    KubeError,
-    LeadershipLostError,
     LorafleetError,
-    PlanError,
 )
 from placement.forecast.event_preloads import Event, EventDecision, PodView, event_preloads
 from placement.forecast.scoring import IssuedForecast, score_due
 from placement.inputs.request_log import RequestLog
-from placement.plan import Plan, plan_from_json, plan_to_json
-from placement.ports import StoredState
 from placement.residency import EngineModel, engine_model
-from placement.settings import Settings
 
 logger = logging.getLogger(__name__)
 
 
-class Controller:
-    """The state and the ticks; built by the entry point, driven by the scheduler."""
-
-    def __init__(
-        self,
-        ports: ControllerPorts,
-        *,
-        settings: Settings,
-        clock: Callable[[], float],
-        metrics: ControllerObserver | None = None,
-    ) -> None:
-        self.ports = ports
-        self.settings = settings
-        self.clock = clock
-        self.state = ControllerState()
-        self.metrics = metrics or ControllerObserver()
-        self._actuation = asyncio.Lock()
-        self._background: set[asyncio.Task[None]] = set()
-        #: The ticks in flight, cancelled when the lease is lost.
-        self._running: set[asyncio.Task[TickOutcome]] = set()
-        self._fleet = ports.fleet if ports.discovery is None else Fleet(pools=())
-        #: Forecasts whose window has not passed yet: scored at a later forecast tick.
-        self._issued: list[IssuedForecast] = []
-
-    # --- helpers ---------------------------------------------------------------
-
-    def now(self) -> datetime:
-        return datetime.fromtimestamp(self.clock(), UTC)
-
-    @property
-    def fleet(self) -> Fleet:
-        """The fleet as last discovered (or the fleet file, locally)."""
-        return self._fleet
-
-    def is_leader(self) -> bool:
-        elector = self.ports.elector
-        return elector is None or elector.is_leader()
-
-    async def guarded(self, job: Job, tick: Callable[[], Awaitable[TickOutcome]]) -> TickOutcome:
-        """Run one tick if this replica leads and the job is not backing off.
-
-        Whatever the tick raises is caught here: a lost lease makes it STANDBY, any
-        other exception FAILED (logged, counted, backed off). Only the cancellation of
-        the caller itself (a shutdown) goes through."""
-        if job is not Job.LEASE and not self.is_leader():
-            return self._observed(job, TickOutcome.STANDBY)
-        cfg = self.settings.controller
-        now_s = self.clock()
-        backoff = self.state.backoff.get(job, Backoff())
-        if not backoff.due(now_s, max_s=cfg.backoff_max_s):
-            return self._observed(job, TickOutcome.BACKING_OFF)
-        task = asyncio.get_running_loop().create_task(_outcome_of(tick))
-        self._running.add(task)
-        try:
-            outcome = await task
-        except asyncio.CancelledError:
-            current = asyncio.current_task()
-            if current is not None and current.cancelling():
-                raise  # we are being stopped, not the tick
-            logger.warning("%s tick stopped: this replica lost the lease", job)
-            return self._observed(job, TickOutcome.STANDBY)
-        except LeadershipLostError as exc:
-            logger.warning("%s tick stopped before writing: %s", job, exc)
-            return self._observed(job, TickOutcome.STANDBY)
-        except Exception as exc:  # the loop never dies: every failure backs off
-            self.state.backoff[job] = backoff.failed(
-                str(exc), now_s=now_s, base_s=cfg.backoff_base_s, max_s=cfg.backoff_max_s
-            )
-            self.metrics.error(job.value, exc)
-            expected = isinstance(exc, LorafleetError | OSError)
-            logger.warning(
-                "%s tick failed (%d in a row): %s: %s",
-                job,
-                backoff.failures + 1,
-                type(exc).__name__,
-                exc,
-                exc_info=not expected,
-            )
-            return self._observed(job, TickOutcome.FAILED)
-        finally:
-            self._running.discard(task)
-        self.state.backoff.pop(job, None)
-        return self._observed(job, outcome)
-
-    def stop_jobs(self) -> int:
-        """Cancel every tick in flight and every event's preloads (the lease was lost),
-        but not the caller's own tick; how many were cancelled."""
-        current = asyncio.current_task()
-        doomed = [t for t in (*self._running, *self._background) if t is not current]
-        for task in doomed:
-            task.cancel()
-        return len(doomed)
-
-    def _fence(self) -> None:
-        """Before every write: LeadershipLostError unless we lead with time to spare."""
-        elector = self.ports.elector
-        if elector is not None:
-            elector.fence(margin_s=self.settings.controller.api_timeout_s)
-
-    def _observed(self, job: Job, outcome: TickOutcome) -> TickOutcome:
-        self.metrics.tick(job, outcome, backoff=self.state.backoff.get(job))
-        return outcome
-
-    # --- restart ---------------------------------------------------------------
-
-    async def resume(self) -> None:
-        """Load the last plan and the ledger; a standby does this again when it leads."""
-        stored = await asyncio.to_thread(self.ports.state.load)
-        if stored.plan_json is not None:
-            try:
-                self.state.plan = plan_from_json(stored.plan_json, source="saved state")
-            except PlanError as exc:
-                logger.warning("saved plan unreadable, starting without one: %s", exc)
-        if stored.ledger_json is not None:
-            try:
-                raw = json.loads(stored.ledger_json)
-                ledger = Ledger.from_dict(raw.get("ledger", {}))
-                done = [str(k) for k in raw.get("done_preloads", [])]
-            except (ValueError, TypeError, AttributeError, RecursionError) as exc:
-                # Reconcile still sees what each pod registers: nothing is loaded twice,
-                # at worst some adapters are warmed again.
-                logger.warning("saved ledger unreadable, starting with an empty one: %s", exc)
-                return
-            self.state.ledger, self.state.done_preloads = ledger, done
-
-    async def persist(self) -> None:
-        ledger = {"ledger": self.state.ledger.to_dict(), "done_preloads": self.state.done_preloads}
-        plan = self.state.plan
-        stored = StoredState(
-            plan_json=plan_to_json(plan) if plan is not None else None,
-            ledger_json=json.dumps(ledger, sort_keys=True),
-        )
-        self._fence()
-        await asyncio.to_thread(self.ports.state.save, stored)
-
-    # --- ticks -------------------------------------------------------------------
-
-    async def lease(self) -> TickOutcome:
-        elector = self.ports.elector
-        if elector is None:
-            return TickOutcome.IDLE
-        was_leader = elector.is_leader()
-        leads = await asyncio.to_thread(elector.tick)
-        if not leads:
-            stopped = self.stop_jobs()
-            if was_leader or stopped:
-                logger.warning(
-                    "%s lost the lease: %d jobs in flight stopped", elector.identity, stopped
-                )
-        if leads and not was_leader:
-            await self.resume()  # the previous leader's last plan and ledger
-        return TickOutcome.DONE if leads else TickOutcome.STANDBY
+class Controller(ControllerRuntime):
+    """The ticks; built by the entry point, driven by the scheduler."""
 
     async def ingest(self) -> TickOutcome:
         history = await asyncio.to_thread(self.ports.history)
@@ -464,42 +306,6 @@ class Controller:
                 pinned = frozenset() if vllm else catalog_pins | ledger.pins(pod.name)
             views[pod.name] = PodView(pod=pod, registered=registered, hot=hot, pinned=pinned)
         return views
-
-    # --- cluster side effects ----------------------------------------------------
-
-    async def discover(self) -> None:
-        discovery = self.ports.discovery
-        if discovery is None:
-            return
-        pods = await asyncio.to_thread(discovery.list_pods)
-        fleet = fleet_from_discovery(self.ports.fleet, pods)
-        if not fleet.pods:
-            # Planning for no pods would publish an all-cold plan: keep the last one.
-            raise KubeError("the pod selector matched no ready pod of a known pool")
-        self._fleet = fleet
-
-    async def publish_hot_sets(self, plan: Plan) -> None:
-        """Publish each discovered pod's hot set (for people: ``kubectl get configmap``);
-        a failure is logged and counted, the plan stays published."""
-        board = self.ports.hot_sets
-        if board is None:
-            return
-        hot_sets = {
-            pod.name: plan.pods[pod.name].hot if pod.name in plan.pods else ()
-            for pod in self.fleet.pods
-        }
-        try:
-            self._fence()
-            await asyncio.to_thread(board.publish_hot_sets, hot_sets, plan_id=plan.id)
-        except LeadershipLostError:
-            raise
-        except Exception as exc:
-            self.metrics.error("hot_sets", exc)
-            logger.warning("could not publish the hot sets of plan %s: %s", plan.id, exc)
-
-
-async def _outcome_of(tick: Callable[[], Awaitable[TickOutcome]]) -> TickOutcome:
-    return await tick()
 
 
 def _only(fleet: Fleet, names: set[PodId]) -> Fleet:
