@@ -15,9 +15,14 @@ Then the war story's two fixes (``war_story_windows``: 8 slots per pod; the top 
 production adapters pinned) as what-if runs of EPP and lorafleet, beside the unfixed
 runs, in Thursday's windows 08:00-10:15 and 14:30-15:30 (EDT).
 
+After the main table, issue 17's targets for lorafleet (``scenario_claims``): the share
+of the gap from the best reactive policy to the oracle it closes, in loads and TTFT p95,
+its GPU hits below the oracle's, and the event targets.
+
 Runs are spread over ``--jobs`` processes; each loads a scenario once.
 
-    .venv/bin/python bench/scenario_table.py [--scenario NAME ...] [--jobs 2] [--markdown]
+    .venv/bin/python bench/scenario_table.py [--scenario NAME ...] [--policy NAME ...]
+        [--no-fixes] [--jobs 2] [--markdown] [--rows FILE]
 """
 
 from __future__ import annotations
@@ -28,13 +33,15 @@ import json
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import war_story_windows as ws
+from scenario_claims import POLICIES, SERVEGEN, WAR_STORY, Check, Row, judge
+from scenario_render import BEFORE, CASCADE, FIXED_POLICIES, FIXES, SCENARIOS, table
 
 from placement.cli.replay_cmds import replay_events
 from placement.domain import Catalog, Fleet, Pipelines
@@ -50,16 +57,8 @@ from placement.sim.wiring import replay_planning
 from placement.sim.workload import SimWorkload, workload_from_log
 
 DATA = Path("data")
-SERVEGEN = "servegen-m-mid"
-SCENARIOS = ("code-assistant", "legal-research", "saas-50", "war-story", SERVEGEN)
-POLICIES = ("round-robin", "epp", "llm-d", "bounded", "lorafleet", "oracle")
-AFFINITY = ("epp", "llm-d", "bounded", "lorafleet", "oracle")
-REACTIVE = ("round-robin", "epp", "llm-d", "bounded")
-WAR_STORY = "war-story"
-FIXES = ("8 slots", "top 10 pinned")
-FIXED_POLICIES = ("epp", "lorafleet")
-BEFORE, CASCADE = "before 08:00-10:15", "cascade 14:30-15:30"
-FIRST = "first_request_ttft_p95_ms"
+#: What the tests and other scripts use through this module.
+__all__ = ["Check", "Row", "judge", "main", "run_all", "table", "tasks_for"]
 
 
 # --- the inputs ---------------------------------------------------------------------
@@ -122,19 +121,6 @@ class Task:
     scenario: str
     policy: str
     fix: str = ""
-
-
-@dataclass(frozen=True, kw_only=True)
-class Row:
-    """One run's figures, plain values (they cross a process boundary)."""
-
-    scenario: str
-    policy: str
-    fix: str
-    metrics: dict[str, float]
-    events: dict[str, float] = field(default_factory=dict)
-    figures: dict[str, float] = field(default_factory=dict)
-    wall_s: float = 0.0
 
 
 def variant(
@@ -242,293 +228,22 @@ def scenario_figures(
     return figures
 
 
-# --- the claims ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True, kw_only=True)
-class Check:
-    """One figure of a claim: ``rule`` is "about", "at most" or "at least"."""
-
-    label: str
-    key: str
-    claim: float
-    rule: str
-    unit: str = ""
-    slack: float = 0.3
-
-    def holds(self, measured: float) -> bool:
-        if self.rule == "at least":
-            return measured >= self.claim
-        if self.rule == "at most":
-            return measured <= self.claim * (1.0 + self.slack)
-        return abs(measured - self.claim) <= self.slack * self.claim
-
-    def show(self, value: float) -> str:
-        if self.unit == "%":
-            return f"{value:.1%}"
-        if self.unit == "ms":
-            return f"{value:,.0f} ms"
-        return f"{value:.3g}{self.unit}"
-
-
-@dataclass(frozen=True, kw_only=True)
-class Claim:
-    scenario: str
-    policies: tuple[str, ...]
-    words: str
-    checks: tuple[Check, ...]
-
-
-def _war_story_checks() -> tuple[Check, ...]:
-    rules = {"hit": ("at least", "%"), "swaps": ("about", "/s/pod"), "ttft_p95_ms": ("about", "ms")}
-    rules["critical_pods"] = ("about", " pods")
-    return tuple(
-        Check(
-            label=words,
-            key=f"{window}|{key}",
-            claim=value,
-            rule=rules[key][0],
-            unit=rules[key][1],
-        )
-        for window, key, value, words in ws.ARTICLE
-        if key in rules
-    )
-
-
-CLAIMS = (
-    Claim(
-        scenario="code-assistant",
-        policies=("round-robin",),
-        words="round-robin: swaps on 45% of requests, p99 1.1 s",
-        checks=(
-            Check(label="swaps", key="miss_share", claim=0.45, rule="about", unit="%"),
-            Check(label="p99", key="ttft_p99_ms", claim=1100.0, rule="about", unit="ms"),
-        ),
-    ),
-    Claim(
-        scenario="code-assistant",
-        policies=AFFINITY,
-        words="adapter affinity: swaps on 7% of requests, p99 320 ms",
-        checks=(
-            Check(label="swaps", key="miss_share", claim=0.07, rule="at most", unit="%"),
-            Check(label="p99", key="ttft_p99_ms", claim=320.0, rule="at most", unit="ms"),
-        ),
-    ),
-    Claim(
-        scenario="legal-research",
-        policies=REACTIVE,
-        words="no preloading: the first query after a 9 AM login waits 1.2 s",
-        checks=(
-            Check(
-                label="first p95",
-                key="first_request_ttft_p95_ms",
-                claim=1200.0,
-                rule="about",
-                unit="ms",
-            ),
-        ),
-    ),
-    Claim(
-        scenario="legal-research",
-        policies=("lorafleet", "oracle"),
-        words="preloading at 9 AM: the first query 180 ms, the session's under 200 ms",
-        checks=(
-            Check(
-                label="first p95",
-                key="first_request_ttft_p95_ms",
-                claim=180.0,
-                rule="at most",
-                unit="ms",
-            ),
-            Check(
-                label="p95", key="ttft_p95_ms", claim=200.0, rule="at most", unit="ms", slack=0.0
-            ),
-        ),
-    ),
-    Claim(
-        scenario="saas-50",
-        policies=("round-robin",),
-        words="round-robin: 84% of requests need a swap",
-        checks=(Check(label="swaps", key="miss_share", claim=0.84, rule="about", unit="%"),),
-    ),
-    Claim(
-        scenario="saas-50",
-        policies=AFFINITY,
-        words="the top 10 customers (70% of traffic) pinned on 4 pods",
-        checks=(
-            Check(label="top-10 share", key="top10_share", claim=0.70, rule="about", unit="%"),
-            Check(
-                label="pods with 90% of top 10",
-                key="top10_pods",
-                claim=4.0,
-                rule="at most",
-                slack=0.0,
-            ),
-            Check(label="top-10 GPU hits", key="top10_hit", claim=0.99, rule="at least", unit="%"),
-        ),
-    ),
-    Claim(
-        scenario=WAR_STORY,
-        policies=("epp",),
-        words="the article's EPP timeline (residency left out: see the calibration)",
-        checks=_war_story_checks(),
-    ),
-)
-
-
-def claims_for(scenario: str, policy: str) -> list[Claim]:
-    return [c for c in CLAIMS if c.scenario == scenario and policy in c.policies]
-
-
-def value_of(row: Row, key: str) -> float | None:
-    """A figure of the row: scenario figures, then event figures, then the metrics."""
-    for source in (row.figures, row.events, row.metrics):
-        if key in source:
-            return source[key]
-    return None
-
-
-def judge(row: Row) -> tuple[str, str]:
-    """(the claim with each figure measured, whether it holds: yes, no or k of n)."""
-    claims = claims_for(row.scenario, row.policy)
-    if not claims:
-        if row.scenario == WAR_STORY:
-            return "(the article's figures are EPP's)", "-"
-        return "(no claim for this policy)", "-"
-    words, held, total = [], 0, 0
-    for claim in claims:
-        parts = []
-        for check in claim.checks:
-            measured = value_of(row, check.key)
-            if measured is None:
-                parts.append(f"{check.label}: not measured")
-                continue
-            ok = check.holds(measured)
-            held, total = held + ok, total + 1
-            mark = "holds" if ok else "fails"
-            parts.append(
-                f"{check.label} {check.rule} {check.show(check.claim)}:"
-                f" {check.show(measured)} {mark}"
-            )
-        words.append(f"{claim.words} [{'; '.join(parts)}]")
-    verdict = "yes" if held == total else "no" if held == 0 else f"{held} of {total}"
-    return " ".join(words), verdict
-
-
-# --- the tables ---------------------------------------------------------------------
-
-
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value:,.0f}"
-
-
-def login_figure(e: Mapping[str, float]) -> str:
-    """The first request after each login, each tenant's login surges, the cold loads."""
-    surges = [
-        f"{key.split('.', 1)[1]} {value:,.0f} ms"
-        for key, value in e.items()
-        if key.startswith("login_surge_ttft_p95_ms.")
-    ]
-    cold = e.get("cold_loads_on_critical_path")
-    return (
-        f"first request after a login: p95 {_ms(e.get(FIRST))} ms,"
-        f" on GPU {e.get('first_request_gpu_share', 0.0):.0%} of {e.get('count', 0):.0f}"
-        + (f"; login surge p95: {', '.join(surges)}" if surges else "")
-        + (f"; cold loads on the critical path {cold:,.0f}" if cold is not None else "")
-        + f"; preloads {e.get('preloads', 0):,.0f}"
-    )
-
-
-def scenario_figure(row: Row) -> str:
-    """The figure the scenario's claim is about, in words."""
-    f = row.figures
-    if row.scenario == "legal-research":
-        return login_figure(row.events)
-    if row.scenario == "saas-50":
-        return (
-            f"swaps {f['miss_share']:.1%}; top 10: {f['top10_share']:.0%} of requests,"
-            f" {f['top10_hit']:.1%} GPU hits, 90% on {f['top10_pods']:.0f} pods"
-        )
-    if row.scenario == WAR_STORY:
-        shed = row.metrics.get("shed", 0.0) / max(row.metrics["requests"], 1.0)
-        return "; ".join(
-            [
-                f"{window.split()[-1]}: {f[window + '|hit']:.1%} hits,"
-                f" {f[window + '|swaps']:.3f} swaps/s/pod,"
-                f" p95 {_ms(f[window + '|ttft_p95_ms'])} ms"
-                for window in (BEFORE, CASCADE)
-            ]
-            + [f"shed {shed:.2%} of the run"]
-        )
-    p99 = f" p99 {_ms(row.metrics.get('ttft_p99_ms'))} ms" if row.scenario != SERVEGEN else ""
-    return f"swaps {f['miss_share']:.1%}{p99}"
-
-
-def render(header: Sequence[str], lines: Iterable[Sequence[str]], *, markdown: bool) -> str:
-    rows = [list(header), *[list(line) for line in lines]]
-    if markdown:
-        out = ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
-        out += ["| " + " | ".join(cells) + " |" for cells in rows[1:]]
-        return "\n".join(out)
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows)
-
-
-def main_table(rows: Sequence[Row], *, markdown: bool) -> str:
-    header = (
-        "scenario", "policy", "GPU hits", "loads", "loads/pod/s", "TTFT p50/p95 ms",
-        "figure", "the seed's claim", "holds",
-    )  # fmt: skip
-    lines = []
-    for row in rows:
-        m = row.metrics
-        claim, verdict = judge(row)
-        lines.append(
-            (
-                row.scenario,
-                row.policy,
-                f"{m['gpu_hit_rate']:.1%}",
-                f"{m['loads']:,.0f}",
-                f"{m['loads_per_pod_s']:.4f}",
-                f"{_ms(m['ttft_p50_ms'])} / {_ms(m['ttft_p95_ms'])}",
-                scenario_figure(row),
-                claim,
-                verdict,
-            )
-        )
-    return render(header, lines, markdown=markdown)
-
-
-def fixes_table(rows: Sequence[Row], *, markdown: bool) -> str:
-    header = ["policy", "fix"]
-    for window in (BEFORE, CASCADE):
-        span = window.split()[-1]
-        header += [f"{span} GPU hits", f"{span} swaps/s/pod", f"{span} TTFT p95 ms"]
-    lines = []
-    for row in rows:
-        cells = [row.policy, row.fix or "none (as shipped)"]
-        for window in (BEFORE, CASCADE):
-            f = row.figures
-            cells += [
-                f"{f[window + '|hit']:.1%}",
-                f"{f[window + '|swaps']:.3f}",
-                _ms(f[window + "|ttft_p95_ms"]),
-            ]
-        lines.append(cells)
-    return render(header, lines, markdown=markdown)
-
-
 # --- the run ------------------------------------------------------------------------
 
 
-def tasks_for(scenarios: Sequence[str]) -> list[Task]:
+def tasks_for(
+    scenarios: Sequence[str], policies: Sequence[str] = POLICIES, *, fixes: bool = True
+) -> list[Task]:
     """Every run, in the order they are worth having when a busy machine cannot finish:
     the small scenarios, EPP on the war story with its fixes, saas-50, lorafleet on the
     war story with its fixes, ServeGen, then the war story's other policies."""
-    tasks = [Task(scenario=name, policy=policy) for name in scenarios for policy in POLICIES]
-    if WAR_STORY in scenarios:
+    tasks = [Task(scenario=name, policy=policy) for name in scenarios for policy in policies]
+    if WAR_STORY in scenarios and fixes:
         tasks += [
-            Task(scenario=WAR_STORY, policy=p, fix=fix) for p in FIXED_POLICIES for fix in FIXES
+            Task(scenario=WAR_STORY, policy=p, fix=fix)
+            for p in FIXED_POLICIES
+            if p in policies
+            for fix in FIXES
         ]
 
     def rank(task: Task) -> tuple[int, int]:
@@ -575,24 +290,13 @@ def read_rows(path: Path) -> list[Row]:
     return [Row(**json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
 
 
-def table(rows: Sequence[Row], *, markdown: bool) -> str:
-    """The scenario table, then (with the war story) its fixes beside the unfixed runs."""
-    main = [row for row in rows if not row.fix]
-    main.sort(key=lambda r: (SCENARIOS.index(r.scenario), POLICIES.index(r.policy)))
-    parts = [main_table(main, markdown=markdown)]
-    fixes = [r for r in rows if r.scenario == WAR_STORY and r.policy in FIXED_POLICIES]
-    if any(row.fix for row in fixes):
-        fixes.sort(key=lambda r: (FIXED_POLICIES.index(r.policy), ("", *FIXES).index(r.fix)))
-        parts.append(
-            "The war story's fixes (Thursday, EDT; the same 3-day log replayed whole):\n\n"
-            + fixes_table(fixes, markdown=markdown)
-        )
-    return "\n\n".join(parts)
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--scenario", action="append", choices=SCENARIOS, default=None)
+    parser.add_argument(
+        "--policy", action="append", choices=POLICIES, default=None, help="default: all six"
+    )
+    parser.add_argument("--no-fixes", action="store_true", help="skip the war story's fixes")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--markdown", action="store_true")
     parser.add_argument("--data", type=Path, default=DATA)
@@ -603,7 +307,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     scenarios = args.scenario or list(SCENARIOS)
     kept = len(read_rows(args.rows)) if args.rows is not None and args.rows.exists() else 0
     began = time.perf_counter()
-    rows = run_all(tasks_for(scenarios), data=args.data, jobs=args.jobs, rows_path=args.rows)
+    tasks = tasks_for(scenarios, args.policy or POLICIES, fixes=not args.no_fixes)
+    rows = run_all(tasks, data=args.data, jobs=args.jobs, rows_path=args.rows)
     print(table(rows, markdown=args.markdown))
     wall_s = time.perf_counter() - began
     ran = f"{len(rows)} runs" + (f" ({kept} read from {args.rows})" if kept else "")

@@ -66,12 +66,16 @@ def test_every_policy_gets_a_row_with_its_claim(bench: ModuleType, legal_slice: 
         assert "9 AM" in claim
         assert "first p95" in claim
         assert verdict in ("yes", "no") or verdict.endswith(" of 2")
-    text = bench.table(rows, markdown=True)
-    lines = text.splitlines()
+    main, targets = bench.table(rows, markdown=True).split("\n\n", 1)
+    lines = main.splitlines()
     assert lines[0].startswith("| scenario | policy | GPU hits |")
     assert "the seed's claim" in lines[0]
     assert len(lines) == 2 + len(bench.POLICIES)
     assert all(line.count("|") == lines[0].count("|") for line in lines)
+    assert "issue 17's targets" in targets
+    target_lines = [line for line in targets.splitlines() if line.startswith("| legal-research")]
+    assert len(target_lines) == 1
+    assert "first on GPU" in target_lines[0]  # the scenario's logins, judged for lorafleet
 
 
 @pytest.mark.parametrize(
@@ -135,3 +139,30 @@ def test_a_pinned_adapter_is_never_evicted(bench: ModuleType, pinned: bool) -> N
     )
     hot = [o for o, name in zip(result.log.outcome, names, strict=True) if name == "hot"]
     assert all(o == GPU_HIT for o in hot) is pinned
+
+
+def _row(claims: ModuleType, policy: str, hits: float, loads: float, p95: float) -> object:
+    metrics = {"gpu_hit_rate": hits, "loads": loads, "ttft_p95_ms": p95}
+    return claims.Row(scenario="s", policy=policy, fix="", metrics=metrics)
+
+
+def test_the_gap_is_measured_from_the_best_reactive_policy(bench: ModuleType) -> None:
+    """bounded beats EPP on hits, so the gap is bounded's: lorafleet closes 3,000 of its
+    4,000 loads (75%) and 50 of its 100 ms (50%), 0.5 point below the oracle: holds."""
+    claims = sys.modules["scenario_claims"]
+    rows = [
+        _row(claims, "epp", 0.90, 20_000, 400.0),
+        _row(claims, "bounded", 0.94, 10_000, 300.0),
+        _row(claims, "lorafleet", 0.955, 7_000, 250.0),
+        _row(claims, "oracle", 0.96, 6_000, 200.0),
+    ]
+    (gap,) = claims.gap_figures(rows)
+    assert gap.reactive == "bounded"
+    assert gap.loads_closed == pytest.approx(0.75)
+    assert gap.p95_closed == pytest.approx(0.5)
+    assert gap.verdict() == "yes"
+    worse = [*rows[:2], _row(claims, "lorafleet", 0.93, 12_000, 310.0), rows[3]]
+    (gap,) = claims.gap_figures(worse)
+    assert gap.loads_closed == pytest.approx(-0.5)
+    assert gap.verdict() == "no"
+    assert claims.closed(100.0, 90.0, 100.0) is None  # no gap to close
