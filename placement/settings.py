@@ -204,6 +204,19 @@ class InputSettings:
 
 @dataclass(frozen=True, kw_only=True)
 class ExecutorSettings:
+    #: Where an adapter the catalog lacks is loaded from: a source with ``{name}`` in
+    #: it (``s3://adapters/{name}``), each expansion checked as a catalog source is.
+    #: None: an adapter seen in traffic but not in the catalog stays unplanned.
+    adapter_source_template: str | None = None
+    #: What an adapter resolved through the template is taken to be until the catalog
+    #: lists it: its rank, its size (a rank-16 adapter of a 70B model's q and v
+    #: projections is about 50 MB) and its class (experiment: the last to keep a slot).
+    unannounced_rank: int = 16
+    unannounced_size_bytes: int = 50 * MB
+    unannounced_class: str = "experiment"
+    #: At most this many unannounced adapters are planned (the busiest first); the
+    #: rest stay unplanned, so a flood of made-up names cannot swell the solve.
+    unannounced_max: int = 200
     per_action_deadline_s: float = 30.0
     max_concurrency: int = 32
     max_attempts: int = 4

@@ -23,6 +23,7 @@ webhook:
   burst: 40
 intervals: {plan_s: 120}          # optional: ingest_s, forecast_s, plan_s, watchdog_s
 inputs: {adapter_roots: [/adapters], adapter_schemes: [s3, gs]}   # optional
+inputs: {adapter_source_template: "s3://adapters/{name}"}         # optional: see below
 planner: {replicate_share: 1.0}   # optional: the PlannerSettings an operator tunes
 max_loads_per_event: 4            # optional
 forecast_model: level-profile     # a models/ forecaster, or same-hour
@@ -35,6 +36,11 @@ the lease timings, ``api_timeout_s``, the webhook's ``source_header``,
 holds the only defaults. The lease
 timings are checked together, as client-go checks them: the API timeout is shorter
 than the renew deadline, which is shorter than the lease.
+
+With ``inputs.adapter_source_template`` set, an adapter the traffic names but the
+catalog lacks is planned at the next forecast, loaded from the template's source
+(``placement.controller.surprises``); the catalog file itself is re-read whenever
+it changes, without a restart.
 
 The webhook secret (``read_secret``) must be at least 32 bytes and not the
 placeholder ``deploy/base/webhook-secret.yaml`` ships: the controller refuses to start
@@ -58,9 +64,11 @@ from pydantic import (
 
 from models.registry import forecaster_named
 from placement.errors import InputError, Problem
+from placement.inputs.catalog import as_adapter_class
 from placement.inputs.fields import parse_yaml
 from placement.inputs.files import read_text
-from placement.settings import ControllerSettings, Settings
+from placement.inputs.sources import check_source_template
+from placement.settings import ControllerSettings, InputSettings, Settings
 
 #: The value ``deploy/base/webhook-secret.yaml`` ships, to be replaced in an overlay.
 PLACEHOLDER_SECRET = b"replace-me-with-a-random-32-byte-value"
@@ -152,10 +160,28 @@ class IntervalsConfig(_Section):
 
 
 class InputsConfig(_Section):
-    """What catalog sources may be (``InputSettings``), None unless set."""
+    """What catalog sources may be, and where an adapter the catalog lacks is loaded
+    from (``InputSettings``), each None unless set. The template is checked here: it
+    holds ``{name}`` and gives a source the roots and schemes allow."""
 
     adapter_roots: tuple[str, ...] | None = None
     adapter_schemes: tuple[str, ...] | None = None
+    adapter_source_template: str | None = None
+    unannounced_rank: int | None = Field(default=None, ge=1)
+    unannounced_size_bytes: int | None = Field(default=None, ge=1)
+    unannounced_class: str | None = None
+    unannounced_max: int | None = Field(default=None, ge=0)
+
+    @model_validator(mode="after")
+    def _template_and_class(self) -> InputsConfig:
+        rules = replace(InputSettings(), **self.model_dump(exclude_none=True))
+        if rules.adapter_source_template is not None:
+            try:
+                check_source_template(rules.adapter_source_template, rules=rules)
+            except ValueError as exc:
+                raise ValueError(f"adapter_source_template: {exc}") from None
+        as_adapter_class(rules.unannounced_class)  # ValueError naming the classes
+        return self
 
 
 class ControllerConfig(_Section):

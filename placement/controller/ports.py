@@ -121,8 +121,28 @@ class Leadership(Protocol):
     def release(self) -> None: ...
 
 
+class CatalogSource(Protocol):
+    """The catalog file (``placement.inputs.catalog.CatalogFile``): a new catalog when it
+    changed, None when not; InputError, naming what is wrong, for a bad new version."""
+
+    def poll(self) -> Catalog | None: ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class CatalogBound:
+    """The ports built over one catalog, built again when the catalog changes."""
+
+    forecaster: DemandForecaster
+    planner: Planner
+    actuator: Actuator
+    predictor: Predictor
+    learn_predictor: Callable[[RequestLog], Predictor] | None = None
+
+
 @dataclass(frozen=True, kw_only=True)
 class ControllerPorts:
+    #: The catalog in force: the file's adapters, then the unannounced ones resolved
+    #: through ``InputSettings.adapter_source_template``.
     catalog: Catalog
     #: The fleet file: the pods themselves locally; on Kubernetes, per pool the budgets
     #: (its first pod's) that discovered pods of that pool inherit.
@@ -140,6 +160,11 @@ class ControllerPorts:
     #: Learns event models (transitions, login affinities) from each new history;
     #: until it has, and when it fails, ``predictor`` answers events alone.
     learn_predictor: Callable[[RequestLog], Predictor] | None = None
+    #: Re-read at each ingest; None: the catalog is fixed for the process's life.
+    catalog_file: CatalogSource | None = None
+    #: The catalog-bound ports over a new catalog; InputError when it cannot serve
+    #: (pipelines.yaml names an adapter it lacks). None: only ``catalog`` changes.
+    rebind: Callable[[Catalog], CatalogBound] | None = None
 
 
 @dataclass(kw_only=True)
@@ -154,6 +179,14 @@ class ControllerState:
     ledger: Ledger = field(default_factory=Ledger)
     done_preloads: list[str] = field(default_factory=list)
     backoff: dict[Job, Backoff] = field(default_factory=dict)
+    #: The catalog file's adapters as last read well (None: not read since start).
+    declared: Catalog | None = None
+    #: Set by an ingest that changed the catalog: forecast (then plan) at once.
+    forecast_now: bool = False
+    #: Why the catalog file's current version is refused (None: it is in force).
+    catalog_problem: str | None = None
+    #: Names in traffic the catalog lacks that the last ingest left unplanned.
+    unplanned: frozenset[AdapterId] = frozenset()
 
 
 def fleet_from_discovery(template: Fleet, pods: tuple[DiscoveredPod, ...]) -> Fleet:

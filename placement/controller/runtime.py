@@ -2,8 +2,10 @@
 
 ``ControllerRuntime`` owns what is not one tick's work: the ports, the state, the lease
 (``lease``), the backoff and supervision of each run (``guarded``), the write fence
-(``_fence``), the saved plan and ledger (``resume``, ``persist``), the pods discovered
-(``discover``) and the hot sets published (``publish_hot_sets``). The ticks that use
+(``_fence``), the saved plan and ledger (``resume``, ``persist``), the catalog in
+force (``refresh_catalog``: the file re-read, the traffic's unannounced adapters
+added, the catalog-bound ports rebuilt), the pods discovered (``discover``) and the
+hot sets published (``publish_hot_sets``). The ticks that use
 them are ``placement.controller.ticks.Controller``'s; the rules both keep are in that
 module's docstring. No decisions here.
 """
@@ -13,12 +15,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import replace
 from datetime import UTC, datetime
 
 from placement.actuation.executor import Ledger
 from placement.controller.ports import (
     Backoff,
+    CatalogBound,
     ControllerObserver,
     ControllerPorts,
     ControllerState,
@@ -26,9 +30,11 @@ from placement.controller.ports import (
     TickOutcome,
     fleet_from_discovery,
 )
-from placement.domain import Fleet
-from placement.errors import KubeError, LeadershipLostError, LorafleetError, PlanError
+from placement.controller.surprises import catalog_with_traffic, traffic_by_name
+from placement.domain import AdapterId, Fleet
+from placement.errors import InputError, KubeError, LeadershipLostError, LorafleetError, PlanError
 from placement.forecast.scoring import IssuedForecast
+from placement.inputs.request_log import RequestLog
 from placement.plan import Plan, plan_from_json, plan_to_json
 from placement.ports import StoredState
 from placement.settings import Settings
@@ -50,7 +56,7 @@ class ControllerRuntime:
         self.ports = ports
         self.settings = settings
         self.clock = clock
-        self.state = ControllerState()
+        self.state = ControllerState(declared=ports.catalog)
         self.metrics = metrics or ControllerObserver()
         self._actuation = asyncio.Lock()
         self._background: set[asyncio.Task[None]] = set()
@@ -191,6 +197,68 @@ class ControllerRuntime:
 
     # --- cluster side effects ----------------------------------------------------
 
+    # --- the catalog in force ----------------------------------------------------
+
+    async def refresh_catalog(self, history: RequestLog) -> None:
+        """The catalog file re-read if it changed, plus the adapters the traffic names
+        that it lacks (``placement.controller.surprises``); the catalog-bound ports
+        rebuilt when the result differs. A bad file, or a catalog the ports cannot be
+        built over, is refused: logged and counted (``lorafleet_controller_errors``,
+        task ``catalog``) once per version, the last good one kept."""
+        declared = self.state.declared or self.ports.catalog
+        source = self.ports.catalog_file
+        fresh = None
+        if source is not None:
+            try:
+                fresh = await asyncio.to_thread(source.poll)
+            except InputError as exc:
+                self._refuse_catalog(exc)
+        candidate = fresh or declared
+        fleet = self.fleet if self.fleet.pools else self.ports.fleet
+        traffic = await asyncio.to_thread(traffic_by_name, history)
+        rules = self.settings.inputs
+        update = catalog_with_traffic(candidate, traffic, fleet=fleet, rules=rules)
+        if update.catalog != self.ports.catalog:
+            rebind = self.ports.rebind
+            try:
+                bound = rebind(update.catalog) if rebind is not None else None
+            except InputError as exc:
+                self._refuse_catalog(exc)
+                return
+            before = self.ports.catalog.names()
+            self.ports = _rebound(replace(self.ports, catalog=update.catalog), bound)
+            self.state.forecast_now = True
+            now = update.catalog.names()
+            logger.info(
+                "catalog in force: %d adapters (%d from the source template); added %s, removed %s",
+                len(now),
+                len(update.unannounced),
+                ", ".join(sorted(now - before)[:10]) or "none",
+                ", ".join(sorted(before - now)[:10]) or "none",
+            )
+        if fresh is not None:
+            self.state.declared = fresh
+            self.state.catalog_problem = None
+        self._note_unplanned(update.unplanned)
+
+    def _refuse_catalog(self, exc: InputError) -> None:
+        """Log and count a refused catalog once, however many ingests find it."""
+        if self.state.catalog_problem != str(exc):
+            logger.warning("new catalog refused, the last good one stays in force: %s", exc)
+            self.metrics.error("catalog", exc)
+        self.state.catalog_problem = str(exc)
+
+    def _note_unplanned(self, unplanned: Mapping[AdapterId, str]) -> None:
+        """Log the names in traffic left unplanned, once each."""
+        seen = self.state.unplanned
+        new = {name: why for name, why in unplanned.items() if name not in seen}
+        self.state.unplanned = frozenset(unplanned)
+        if new:
+            shown = "; ".join(f"{name}: {why}" for name, why in list(new.items())[:5])
+            logger.warning(
+                "%d adapters in traffic not in the catalog stay unplanned: %s", len(new), shown
+            )
+
     async def discover(self) -> None:
         discovery = self.ports.discovery
         if discovery is None:
@@ -224,3 +292,17 @@ class ControllerRuntime:
 
 async def _outcome_of(tick: Callable[[], Awaitable[TickOutcome]]) -> TickOutcome:
     return await tick()
+
+
+def _rebound(ports: ControllerPorts, bound: CatalogBound | None) -> ControllerPorts:
+    """``ports`` with the catalog-bound ones ``bound`` gives (as they were without)."""
+    if bound is None:
+        return ports
+    return replace(
+        ports,
+        forecaster=bound.forecaster,
+        planner=bound.planner,
+        actuator=bound.actuator,
+        predictor=bound.predictor,
+        learn_predictor=bound.learn_predictor,
+    )

@@ -7,8 +7,9 @@ themselves (``placement.controller.ticks``) do the work and keep their own backo
 - ``lease``: every ``lease_retry_period_s`` (acquire, renew, take over); a new leader
   without a forecast brings ``ingest`` forward to now;
 - ``ingest``, ``forecast``, ``plan``, ``watchdog``: at their intervals; the first
-  history brings the first forecast forward, and a forecast that moves adapters
-  between tiers (the first one included) brings the next ``plan`` run forward to now;
+  history, and an ingest that changed the catalog, bring the forecast forward, and a
+  forecast that moves adapters between tiers (the first one included) brings the
+  next ``plan`` run forward to now;
 - ``preload@<time>``: one date trigger per time the look-ahead plan preloads at.
 
 ``serve`` runs the scheduler and the webhook/metrics app in one event loop.
@@ -152,9 +153,11 @@ class Schedule:
         return outcome
 
     async def ingest(self) -> TickOutcome:
-        """The ingest tick; the first history brings the first forecast forward to now."""
+        """The ingest tick; the first history, or a catalog that changed (an edit, an
+        unannounced adapter in the traffic), brings the next forecast forward to now."""
         outcome = await self.controller.ingest()
-        if outcome is TickOutcome.DONE and self.controller.state.demand is None:
+        state = self.controller.state
+        if outcome is TickOutcome.DONE and (state.demand is None or state.forecast_now):
             self.scheduler.modify_job(Job.FORECAST.value, next_run_time=self.wall_now())
         return outcome
 

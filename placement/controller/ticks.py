@@ -71,6 +71,11 @@ class Controller(ControllerRuntime):
                 history.skipped_rows,
                 "; ".join(str(p) for p in history.skipped[:3]),
             )
+        try:
+            await self.refresh_catalog(history)
+        except Exception as exc:  # the catalog in force stays; ingest stands
+            self.metrics.error("catalog", exc)
+            logger.warning("catalog not refreshed: %s", exc, exc_info=True)
         self.metrics.ingested(history, catalog=self.ports.catalog, fleet=self.fleet, now=self.now())
         learn = self.ports.learn_predictor
         if learn is not None:
@@ -86,6 +91,7 @@ class Controller(ControllerRuntime):
         history = self.state.history
         if history is None:
             return TickOutcome.IDLE
+        self.state.forecast_now = False
         await self.discover()
         now = self.now()
         validity_s = self.settings.planner.validity_s

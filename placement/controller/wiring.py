@@ -1,10 +1,13 @@
 """The controller's composition root: every port wired to its real adapter.
 
 ``build`` reads nothing itself but the parsed ``controller.yaml`` (and the webhook
-secret from the environment it names); it picks Kubernetes or state-directory adapters,
-the history source, the forecaster, the planner and the actuator, and returns the
-schedule and the ASGI app to serve. ``placement.cli.controller_cmds`` only parses the
-command line and runs what this builds.
+secret from the environment it names) and the inputs it names; it picks Kubernetes
+or state-directory adapters, the history source, the forecaster, the planner and the
+actuator, and returns the schedule and the ASGI app to serve. The controller gets
+the catalog file to re-read and ``bound``, which builds the catalog-bound ports
+(forecaster, planner, actuator, event predictors) over a new catalog.
+``placement.cli.controller_cmds`` only parses the command line and runs what this
+builds.
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ from placement.controller.live_ports import (
     ReusingForecaster,
     SeasonalForecaster,
 )
-from placement.controller.ports import ControllerPorts, HistorySource, Leadership
+from placement.controller.ports import CatalogBound, ControllerPorts, HistorySource, Leadership
 from placement.controller.schedule import Schedule, add_process_routes
 from placement.controller.ticks import Controller
 from placement.controller.webhook import EventRejected, create_webhook_app
@@ -68,6 +71,7 @@ from placement.forecast.event_preloads import (
 )
 from placement.forecast.forecaster import ModelForecaster, learn_events
 from placement.inputs import load_catalog, load_fleet, load_pipelines
+from placement.inputs.catalog import CatalogFile
 from placement.inputs.request_log import RequestLog
 from placement.ports import HotSetBoard, PlanStore, PodDiscovery, StateStore
 from placement.settings import Settings
@@ -230,30 +234,45 @@ def build(
     the jobs in flight (a hung one fails /healthz); tests pass a fake one."""
     settings = settings_for(config)
     fleet = load_fleet(config.fleet)
+    catalog_file = CatalogFile(config.catalog, fleet=fleet, rules=settings.inputs)
     catalog = load_catalog(config.catalog, fleet=fleet, rules=settings.inputs)
     pipelines = load_pipelines(config.pipelines, catalog=catalog) if config.pipelines else None
     clock, to_wall = _clocks(config.clock)
-    declared = pipeline_predictor(pipelines or Pipelines(), catalog)
     secret = read_secret(config.webhook, dict(os.environ))
     identity = config.identity or os.environ.get("POD_NAME") or socket.gethostname()
     cluster = _cluster(config, settings, identity=identity)
     registry = CollectorRegistry()
+    rng = random.Random()
+
+    def bound(over: Catalog) -> CatalogBound:
+        """The ports over one catalog; pipelines.yaml is checked against it again."""
+        pipes = load_pipelines(config.pipelines, catalog=over) if config.pipelines else None
+        declared = pipeline_predictor(pipes or Pipelines(), over)
+        return CatalogBound(
+            forecaster=_forecaster(config, settings, over),
+            planner=SolverPlanner(over, settings=settings, clock=clock),
+            actuator=EngineActuator(catalog=over, http=http, settings=settings, rng=rng),
+            predictor=declared,
+            learn_predictor=_event_learner(pipes, over, declared) if config.learn_events else None,
+        )
+
+    first = bound(catalog)
     ports = ControllerPorts(
         catalog=catalog,
         fleet=fleet,
         history=_history(config, settings),
-        forecaster=_forecaster(config, settings, catalog),
-        planner=SolverPlanner(catalog, settings=settings, clock=clock),
-        actuator=EngineActuator(catalog=catalog, http=http, settings=settings, rng=random.Random()),
+        forecaster=first.forecaster,
+        planner=first.planner,
+        actuator=first.actuator,
         plans=cluster.plans,
         state=cluster.state,
-        predictor=declared,
-        learn_predictor=_event_learner(pipelines, catalog, declared)
-        if config.learn_events
-        else None,
+        predictor=first.predictor,
+        learn_predictor=first.learn_predictor,
         discovery=cluster.discovery,
         hot_sets=cluster.hot_sets,
         elector=cluster.elector,
+        catalog_file=catalog_file,
+        rebind=bound,
     )
     observer = PrometheusObserver(registry, bucket_s=settings.forecast.bucket_s)
     # With the period known before any plan, LorafleetPlanStale fires until one is out.

@@ -1,7 +1,15 @@
-"""Parse catalog.yaml: adapters, their sizes, pins and replication, checked against the fleet."""
+"""Parse catalog.yaml: adapters, their sizes, pins and replication, checked against the fleet.
+
+Also owns the two ways the catalog changes while a process runs: ``CatalogFile``
+re-reads the file when its bytes change (an edit, or the kubelet swapping a mounted
+ConfigMap's files), refusing a bad version with the problems the first read would
+have named; and ``unannounced_adapter`` is the entry an adapter the catalog lacks
+gets from ``InputSettings.adapter_source_template`` and the ``unannounced_*`` defaults.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections import Counter
 from collections.abc import Mapping
@@ -19,7 +27,7 @@ from placement.domain import (
     PodId,
     TenantId,
 )
-from placement.errors import Problem
+from placement.errors import InputError, Problem
 from placement.inputs.fields import (
     Reader,
     as_dns_name,
@@ -31,7 +39,8 @@ from placement.inputs.fields import (
     parse_bytes,
     raise_errors,
 )
-from placement.inputs.sources import check_source
+from placement.inputs.files import read_text
+from placement.inputs.sources import check_source, source_from_template
 from placement.settings import InputSettings
 
 
@@ -259,3 +268,62 @@ def load_catalog(
     catalog, problems = parse_catalog(Path(path), fleet, rules=rules)
     raise_errors(problems)
     return catalog
+
+
+def unannounced_adapter(name: str, *, base_model: str, rules: InputSettings) -> Adapter:
+    """The catalog entry of an adapter seen in traffic but not in the catalog: its
+    source from ``rules.adapter_source_template``, its rank, size and class from the
+    ``unannounced_*`` settings. ValueError saying why when there is none to give (no
+    template, a name that is no DNS label, a source the rules refuse)."""
+    template = rules.adapter_source_template
+    if template is None:
+        raise ValueError("no adapter_source_template is set")
+    source = source_from_template(template, name, rules=rules)
+    rank = rules.unannounced_rank
+    return Adapter(
+        name=AdapterId(name),
+        base_model=base_model,
+        rank=rank,
+        alpha=float(rank),
+        target_modules=("q_proj", "v_proj"),
+        dtype="float16",
+        source=source,
+        size_bytes=rules.unannounced_size_bytes,
+        adapter_class=as_adapter_class(rules.unannounced_class),
+    )
+
+
+class CatalogFile:
+    """catalog.yaml, re-read whenever its bytes change.
+
+    ``poll`` returns the catalog on the first call and whenever the file's content
+    differs from the last version read, None while it is the same, and raises
+    ``InputError`` (the problems naming the file, the entry or the line) for a
+    version that cannot be read or parsed: the caller keeps the catalog it had. A bad
+    version is parsed once; until the file changes again, ``poll`` raises the same
+    error without reading the YAML again.
+    """
+
+    def __init__(
+        self, path: str | os.PathLike[str], *, fleet: Fleet | None, rules: InputSettings
+    ) -> None:
+        self.path = Path(path)
+        self._fleet = fleet
+        self._rules = rules
+        self._digest: str | None = None
+        self._error: InputError | None = None
+
+    def poll(self) -> Catalog | None:
+        digest = hashlib.sha256(read_text(self.path).encode()).hexdigest()
+        if digest == self._digest:
+            if self._error is not None:
+                raise self._error
+            return None
+        self._digest = digest
+        try:
+            catalog = load_catalog(self.path, fleet=self._fleet, rules=self._rules)
+        except InputError as exc:
+            self._error = exc
+            raise
+        self._error = None
+        return catalog

@@ -11,6 +11,11 @@ fetch from the cloud's metadata service (``http://169.254.169.254/...``). Accept
   default), whose host is not a link-local address (169.254.0.0/16, fe80::/10) or a
   cloud metadata name.
 
+An adapter the catalog lacks may be resolved through ``adapter_source_template``
+(``s3://adapters/{name}``): ``source_from_template`` fills in its name, which must be a
+DNS label (so it can add no ``/``, ``..`` or host of its own), and checks the result
+as any source; ``check_source_template`` checks the template itself at start-up.
+
 Pure: string checks only, no file system and no name resolution.
 """
 
@@ -21,6 +26,7 @@ import posixpath
 import re
 from urllib.parse import urlsplit
 
+from placement.inputs.fields import is_dns_label
 from placement.settings import InputSettings
 
 MAX_SOURCE_CHARS = 1024
@@ -39,6 +45,10 @@ METADATA_HOSTS = frozenset(
     }
 )
 _LINK_LOCAL = (ipaddress.ip_network("169.254.0.0/16"), ipaddress.ip_network("fe80::/10"))
+#: What a source template must hold, once or more: the adapter's name.
+NAME_FIELD = "{name}"
+#: The name a template is tried with at start-up.
+_PROBE_NAME = "example-adapter"
 
 
 def check_source(source: str, *, rules: InputSettings) -> str:
@@ -59,6 +69,32 @@ def check_source(source: str, *, rules: InputSettings) -> str:
         f"{source[:80]!r} is neither an absolute path under {_roots(rules)}, a Hugging Face "
         f"repository id (org/name), nor a URL with scheme {_schemes(rules)}"
     )
+
+
+def check_source_template(template: str, *, rules: InputSettings) -> str:
+    """``template`` when every adapter name fills it into a source an engine may be
+    given, else ValueError saying why not (no ``{name}``, another ``{...}``, or a
+    source ``check_source`` refuses)."""
+    if NAME_FIELD not in template:
+        raise ValueError(f"{template[:80]!r} holds no {NAME_FIELD} for the adapter's name")
+    rest = template.replace(NAME_FIELD, "")
+    if "{" in rest or "}" in rest:
+        raise ValueError(f"{template[:80]!r}: only {NAME_FIELD} may stand in braces")
+    check_source(template.replace(NAME_FIELD, _PROBE_NAME), rules=rules)
+    return template
+
+
+def source_from_template(template: str, name: str, *, rules: InputSettings) -> str:
+    """The source ``template`` gives adapter ``name``, else ValueError saying why none:
+    a name that is not a DNS label (it would change the source's shape), or a source
+    ``check_source`` refuses."""
+    if not is_dns_label(name):
+        raise ValueError(
+            f"{name[:80]!r} is not a DNS label (lower-case letters, digits and '-', at "
+            f"most 63): no source is made from it"
+        )
+    check_source_template(template, rules=rules)
+    return check_source(template.replace(NAME_FIELD, name), rules=rules)
 
 
 def _check_url(source: str, scheme: str, *, rules: InputSettings) -> str:
