@@ -200,10 +200,6 @@ class InputSettings:
     adapter_roots: tuple[str, ...] = ("/adapters",)
     #: URL schemes handed to the engines as they are (besides file:// under a root).
     adapter_schemes: tuple[str, ...] = ("s3", "gs")
-
-
-@dataclass(frozen=True, kw_only=True)
-class ExecutorSettings:
     #: Where an adapter the catalog lacks is loaded from: a source with ``{name}`` in
     #: it (``s3://adapters/{name}``), each expansion checked as a catalog source is.
     #: None: an adapter seen in traffic but not in the catalog stays unplanned.
@@ -217,6 +213,10 @@ class ExecutorSettings:
     #: At most this many unannounced adapters are planned (the busiest first); the
     #: rest stay unplanned, so a flood of made-up names cannot swell the solve.
     unannounced_max: int = 200
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExecutorSettings:
     per_action_deadline_s: float = 30.0
     max_concurrency: int = 32
     max_attempts: int = 4
