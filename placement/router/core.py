@@ -29,7 +29,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -64,6 +64,16 @@ class AdapterInfo:
     size_bytes: Mapping[AdapterId, int] = field(default_factory=dict)
     #: Pool of each adapter's base model, for adapters the plan does not place.
     pools: Mapping[AdapterId, PoolId] = field(default_factory=dict)
+    #: The source of an adapter the catalog lacks (``adapter_source_template``), or
+    #: None when none can be made for it; None: such adapters are unknown.
+    resolve: Callable[[AdapterId], str | None] | None = None
+
+    def source_of(self, adapter: AdapterId) -> str | None:
+        """Where to load ``adapter`` from: the catalog's source, else the template's."""
+        source = self.sources.get(adapter)
+        if source is None and self.resolve is not None:
+            return self.resolve(adapter)
+        return source
 
 
 class Router:
@@ -225,7 +235,7 @@ class Router:
         topology, adapter = self.topology, AdapterId(model)
         if model in topology.base_pool or adapter in topology.adapter_pool:
             return True
-        if adapter in self.adapters.sources:
+        if self.adapters.source_of(adapter) is not None:
             return True
         plan = topology.plan
         if plan is not None and adapter in plan.adapters:
@@ -261,6 +271,12 @@ class Router:
         upstreams = await self.pod_source.upstreams()
         if upstreams != self.topology_upstreams():
             self._swap(upstreams, self.topology.plan)
+
+    def use_adapters(self, adapters: AdapterInfo) -> None:
+        """A new catalog's facts (its file changed): sources, sizes and pools from now on."""
+        self.adapters = adapters
+        self.picker.adapter_bytes = dict(adapters.size_bytes)
+        self._swap(self.topology_upstreams(), self.topology.plan)
 
     def topology_upstreams(self) -> tuple[Upstream, ...]:
         return tuple(state.upstream for state in self.topology.pods.values())
@@ -392,8 +408,9 @@ class Router:
     # -- coalesced loads -------------------------------------------------------------
 
     def needs_load(self, state: LivePod, adapter: AdapterId) -> bool:
-        """The pod does not know the adapter and the catalog says where to load it from."""
-        return not state.ledger.is_listed(adapter) and adapter in self.adapters.sources
+        """The pod does not know the adapter and the catalog (or the source template)
+        says where to load it from."""
+        return not state.ledger.is_listed(adapter) and self.adapters.source_of(adapter) is not None
 
     async def load(self, state: LivePod, adapter: AdapterId) -> None:
         """Load ``adapter`` on the pod once, however many requests wait for it.
@@ -421,7 +438,7 @@ class Router:
     ) -> None:
         client = self.engine_client(state.upstream)
         try:
-            lora_path = self.adapters.sources[adapter]
+            lora_path = self.adapters.source_of(adapter) or self.adapters.sources[adapter]
             started_s = self.timer()
             loaded = await client.load(adapter, lora_path=lora_path)
             # "Already loaded" read nothing: the pod held the weights in host RAM.
