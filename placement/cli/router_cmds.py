@@ -14,13 +14,15 @@ from placement.cli.app import app, err, report_errors
 from placement.clock import Clock, clock_from_options
 from placement.domain import Catalog, Fleet
 from placement.errors import InputError, Problem
-from placement.inputs import load_catalog, load_fleet
+from placement.inputs import load_fleet
+from placement.inputs.catalog import CatalogFile
+from placement.inputs.sources import check_source_template
 from placement.router.asgi import RouterApp
 from placement.router.picking import POLICIES
 from placement.router.sources import FilePlanSource, PlanSource, PodSource
 from placement.router.wiring import RouterWithPicker, build_router, run_router, write_port_file
 from placement.router.workers import serve_workers, worker_log_path
-from placement.settings import Settings
+from placement.settings import InputSettings, Settings
 
 CONFIGMAP_PREFIX = "configmap:"
 
@@ -66,6 +68,15 @@ def _picker_address(spec: str, host: str) -> tuple[str, int]:
     return name, int(port)
 
 
+def _with_template(settings: Settings, template: str) -> InputSettings:
+    """The input rules with ``--adapter-source-template``, checked against them."""
+    try:
+        check_source_template(template, rules=settings.inputs)
+    except ValueError as exc:
+        raise InputError([Problem(source="--adapter-source-template", message=str(exc))]) from None
+    return replace(settings.inputs, adapter_source_template=template)
+
+
 def _clock(start: datetime | None, speed: float, origin_s: float | None) -> Clock:
     if start is not None and start.tzinfo is None:
         start = start.replace(tzinfo=UTC)
@@ -88,7 +99,15 @@ def router(
     ] = None,
     namespace: Annotated[str, typer.Option(help="namespace for --selector")] = "default",
     catalog: Annotated[
-        Path | None, typer.Option(help="catalog.yaml: lets the router load cold adapters")
+        Path | None,
+        typer.Option(help="catalog.yaml: lets the router load cold adapters (re-read on change)"),
+    ] = None,
+    adapter_source_template: Annotated[
+        str | None,
+        typer.Option(
+            help="where to load an adapter the catalog lacks from, e.g. s3://adapters/{name}; "
+            "none: such a name is answered 404 (with a catalog)"
+        ),
     ] = None,
     request_log: Annotated[
         Path | None,
@@ -165,6 +184,8 @@ def router(
         if value is not None
     }
     settings = replace(settings, router=replace(settings.router, **given))
+    if adapter_source_template is not None:
+        settings = replace(settings, inputs=_with_template(settings, adapter_source_template))
     policy = settings.router.policy
     if policy not in POLICIES:
         raise InputError(
@@ -184,9 +205,12 @@ def router(
         raise InputError([Problem(source="--picker-port-file", message=message)])
     picker = _picker_address(endpoint_picker, host) if endpoint_picker is not None else None
     parsed_fleet = load_fleet(fleet) if fleet is not None else None
-    parsed_catalog: Catalog | None = (
-        load_catalog(catalog, fleet=parsed_fleet) if catalog is not None else None
+    catalog_file = (
+        CatalogFile(catalog, fleet=parsed_fleet, rules=settings.inputs)
+        if catalog is not None
+        else None
     )
+    parsed_catalog: Catalog | None = catalog_file.poll() if catalog_file is not None else None
     pod_source = (
         _selector_source(selector, namespace, parsed_fleet) if selector is not None else None
     )
@@ -206,6 +230,7 @@ def router(
                 pod_source=pod_source,
                 plan=_plan_source(plan),
                 catalog=parsed_catalog,
+                catalog_file=catalog_file,
                 request_log=log_path,
                 settings=settings,
                 clock=clock_,
@@ -225,6 +250,7 @@ def router(
         pod_source=pod_source,
         plan=_plan_source(plan),
         catalog=parsed_catalog,
+        catalog_file=catalog_file,
         request_log=request_log,
         settings=settings,
         clock=_clock(clock_start, clock_speed, clock_origin),

@@ -4,20 +4,32 @@
 and raises ``PlanError`` when the source is missing or unreadable, so the router keeps
 its last good plan and says why. ``PodSource.upstreams`` returns the pods to route to.
 The Kubernetes versions (a ConfigMap, a label selector) are in ``router.kube_sources``.
+
+The catalog changes too: ``CatalogWatchingPlanSource`` re-reads the catalog file at
+each plan poll and hands a changed one to the router (a bad one is logged once and
+the last good one kept). ``TemplateSources`` is where an adapter the catalog lacks
+is loaded from, through ``InputSettings.adapter_source_template``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from placement.domain import Fleet
-from placement.errors import PlanError
+from placement.domain import AdapterId, Catalog, Fleet
+from placement.errors import InputError, PlanError
+from placement.inputs.catalog import CatalogFile
+from placement.inputs.sources import source_from_template
 from placement.plan import Plan, plan_from_json
 from placement.router.state import Upstream, upstreams_from_fleet
+from placement.settings import InputSettings
+
+log = logging.getLogger("lorafleet.router")
 
 
 class PlanSource(Protocol):
@@ -117,3 +129,60 @@ class FleetPodSource:
 
     async def upstreams(self) -> tuple[Upstream, ...]:
         return self._upstreams
+
+
+class TemplateSources:
+    """The source ``rules.adapter_source_template`` gives an adapter name, or None when
+    it gives none (a name that is not a DNS label, a source the rules refuse); each
+    answer kept, up to ``MAX_REMEMBERED`` names, so a request pays the check once."""
+
+    MAX_REMEMBERED = 4096
+
+    def __init__(self, template: str, *, rules: InputSettings) -> None:
+        self.template = template
+        self._rules = rules
+        self._known: dict[AdapterId, str | None] = {}
+
+    def __call__(self, adapter: AdapterId) -> str | None:
+        if adapter in self._known:
+            return self._known[adapter]
+        try:
+            source: str | None = source_from_template(self.template, adapter, rules=self._rules)
+        except ValueError:
+            source = None
+        if len(self._known) >= self.MAX_REMEMBERED:
+            self._known.clear()
+        self._known[adapter] = source
+        return source
+
+
+class CatalogWatchingPlanSource:
+    """A plan source that also re-reads the catalog file at each poll: a changed
+    catalog goes to ``on_catalog`` (the router's ``use_adapters``, set by the wiring);
+    a bad one is logged once, and the catalog in force stays. The plan's own poll
+    answers as the wrapped source's does."""
+
+    def __init__(self, plans: PlanSource, catalog: CatalogFile) -> None:
+        self._plans = plans
+        self._catalog = catalog
+        self._problem: str | None = None
+        self.on_catalog: Callable[[Catalog], None] | None = None
+
+    @property
+    def description(self) -> str:
+        return self._plans.description
+
+    async def poll(self) -> Plan | None:
+        try:
+            fresh = await asyncio.to_thread(self._catalog.poll)
+        except InputError as exc:
+            if self._problem != str(exc):
+                log.warning("new catalog refused, the last good one stays in force: %s", exc)
+            self._problem = str(exc)
+        else:
+            if fresh is not None and self.on_catalog is not None:
+                self.on_catalog(fresh)
+                log.info("catalog re-read: %d adapters", len(fresh.adapters))
+            if fresh is not None:
+                self._problem = None
+        return await self._plans.poll()

@@ -31,6 +31,7 @@ from prometheus_client import CollectorRegistry
 
 from placement.clock import Clock
 from placement.domain import AdapterId, Catalog, Fleet, PoolId
+from placement.inputs.catalog import CatalogFile
 from placement.inputs.files import write_atomically
 from placement.plan import Plan
 from placement.router.asgi import RouterApp
@@ -38,19 +39,27 @@ from placement.router.core import AdapterInfo, Router
 from placement.router.lean_http import LeanHttpToolsProtocol
 from placement.router.reqlog import RequestLogSink, open_request_log
 from placement.router.sources import (
+    CatalogWatchingPlanSource,
     FilePlanSource,
     FleetPodSource,
     PlanSource,
     PodSource,
     StaticPlanSource,
+    TemplateSources,
 )
 from placement.settings import Settings
 
 T = TypeVar("T")
 
 
-def adapter_info_from_catalog(catalog: Catalog, fleet: Fleet | None = None) -> AdapterInfo:
-    """Load paths, sizes and (given the fleet) the pool of each adapter's base model."""
+def adapter_info_from_catalog(
+    catalog: Catalog,
+    fleet: Fleet | None = None,
+    *,
+    resolve: Callable[[AdapterId], str | None] | None = None,
+) -> AdapterInfo:
+    """Load paths, sizes and (given the fleet) the pool of each adapter's base model;
+    ``resolve`` gives the source of an adapter the catalog lacks (the template's)."""
     pools: dict[AdapterId, PoolId] = {}
     if fleet is not None:
         for adapter in catalog.adapters:
@@ -61,6 +70,7 @@ def adapter_info_from_catalog(catalog: Catalog, fleet: Fleet | None = None) -> A
         sources={a.name: a.source for a in catalog.adapters},
         size_bytes={a.name: a.size_bytes for a in catalog.adapters},
         pools=pools,
+        resolve=resolve,
     )
 
 
@@ -75,28 +85,46 @@ def build_router(
     request_log: str | os.PathLike[str] | RequestLogSink | None = None,
     engine_http: httpx.AsyncClient | None = None,
     clock: Clock = time.time,
+    catalog_file: CatalogFile | None = None,
 ) -> RouterApp:
     """A ready ASGI app. ``plan`` is a path (watched), a Plan, a PlanSource, or None
     (consistent hashing only). Give ``fleet`` or a ``pod_source``. ``clock`` stamps
     the request log and times residencies (a warped clock in demos); ``engine_http``
-    is the client for scrapes and loads (the router makes one if not given)."""
+    is the client for scrapes and loads (the router makes one if not given). Given
+    ``catalog_file`` (the one ``catalog`` was read from), the router re-reads it at
+    each plan poll; with ``settings.inputs.adapter_source_template``, it loads an
+    adapter the catalog lacks from the template's source."""
     settings = settings or Settings()
     if pod_source is None:
         if fleet is None:
             raise ValueError("build_router needs a fleet or a pod_source")
         pod_source = FleetPodSource(fleet)
+    template = settings.inputs.adapter_source_template
+    resolve = TemplateSources(template, rules=settings.inputs) if template else None
+    plan_source = _plan_source(plan)
+    watching = None
+    if catalog_file is not None:
+        plan_source = watching = CatalogWatchingPlanSource(plan_source, catalog_file)
+    if catalog is not None:
+        adapters: AdapterInfo | None = adapter_info_from_catalog(catalog, fleet, resolve=resolve)
+    else:
+        adapters = AdapterInfo(resolve=resolve) if resolve is not None else None
     router = Router(
-        plan_source=_plan_source(plan),
+        plan_source=plan_source,
         pod_source=pod_source,
         settings=settings.router,
         load_cost=settings.load_cost,
         registry=registry,
         request_log=_sink(request_log, rotate_bytes=settings.router.log_rotate_bytes),
         plan_expected=plan is not None and settings.router.policy == "plan",
-        adapters=adapter_info_from_catalog(catalog, fleet) if catalog is not None else None,
+        adapters=adapters,
         engine_http=engine_http,
         clock=clock,
     )
+    if watching is not None:
+        watching.on_catalog = lambda fresh: router.use_adapters(
+            adapter_info_from_catalog(fresh, fleet, resolve=resolve)
+        )
     return RouterApp(router)
 
 

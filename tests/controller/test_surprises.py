@@ -228,7 +228,7 @@ async def test_a_catalog_edit_is_picked_up_at_the_next_ingest(
     assert not rig.placed("new-one")
     rig.catalog_path.write_text("adapters:\n" + entry("a0") + entry("a1") + entry("new-one"))
     assert await rig.cycle() == [TickOutcome.DONE] * 3
-    assert rig.controller.ports.catalog.by_name()["new-one"].adapter_class is (
+    assert rig.controller.ports.catalog.by_name()[AdapterId("new-one")].adapter_class is (
         AdapterClass.PRODUCTION
     )
     assert "new-one" in rig.hot() and "new-one" in rig.listed()  # production: a GPU slot
@@ -265,11 +265,11 @@ async def test_an_adapter_the_catalog_adds_later_takes_its_declared_entry(
     rig = make_rig()
     rig.rates["ab-variant-7"] = 9
     await rig.cycle()
-    assert rig.controller.ports.catalog.by_name()["ab-variant-7"].rank == 8
+    assert rig.controller.ports.catalog.by_name()[AdapterId("ab-variant-7")].rank == 8
     rig.catalog_path.write_text(
         "adapters:\n" + entry("a0") + entry("a1") + entry("ab-variant-7", rank=16)
     )
     await rig.cycle()
-    announced = rig.controller.ports.catalog.by_name()["ab-variant-7"]
+    announced = rig.controller.ports.catalog.by_name()[AdapterId("ab-variant-7")]
     assert (announced.rank, announced.adapter_class) == (16, AdapterClass.PRODUCTION)
     assert len(rig.controller.ports.catalog.adapters) == 3
