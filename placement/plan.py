@@ -35,6 +35,10 @@ class PodPlan:
     hbm_bytes_used: int = 0
     host_bytes_used: int = 0
     expected_rps: float = 0.0
+    #: GPU slots the plan leaves to the engine's dynamic cache (the tail reserve): the
+    #: router and the replay never fill them with planned adapters, so ``hot`` holds at
+    #: most the pod's slots less these, pins excepted. 0 in plans written before it.
+    reserved_slots: int = 0
 
     @property
     def registered(self) -> tuple[AdapterId, ...]:
@@ -137,17 +141,7 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         "created_at": _iso(plan.created_at),
         "valid_from": _iso(plan.valid_from),
         "valid_until": _iso(plan.valid_until),
-        "pods": {
-            pod_id: {
-                "hot": list(pod.hot),
-                "warm": list(pod.warm),
-                "pinned": list(pod.pinned),
-                "hbm_bytes_used": pod.hbm_bytes_used,
-                "host_bytes_used": pod.host_bytes_used,
-                "expected_rps": round(pod.expected_rps, 6),
-            }
-            for pod_id, pod in sorted(plan.pods.items())
-        },
+        "pods": {pod_id: _pod_dict(pod) for pod_id, pod in sorted(plan.pods.items())},
         "adapters": {name: _adapter_dict(entry) for name, entry in sorted(plan.adapters.items())},
         "preloads": [
             {"at": _iso(p.at), "pod": p.pod, "adapter": p.adapter, "reason": p.reason}
@@ -163,6 +157,21 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         },
         "why": dict(sorted(plan.why.items())),
     }
+
+
+def _pod_dict(pod: PodPlan) -> dict[str, Any]:
+    written: dict[str, Any] = {
+        "hot": list(pod.hot),
+        "warm": list(pod.warm),
+        "pinned": list(pod.pinned),
+        "hbm_bytes_used": pod.hbm_bytes_used,
+        "host_bytes_used": pod.host_bytes_used,
+        "expected_rps": round(pod.expected_rps, 6),
+    }
+    # Optional (schema 1 grew it): a plan without a tail reserve writes none.
+    if pod.reserved_slots:
+        written["reserved_slots"] = pod.reserved_slots
+    return written
 
 
 def _adapter_dict(entry: AdapterPlan) -> dict[str, Any]:
@@ -251,7 +260,16 @@ def _read_pod(reader: _Reader, raw: object, where: str) -> PodPlan:
             reader.number(pod.get("host_bytes_used", 0), f"{where}.host_bytes_used")
         ),
         expected_rps=reader.number(pod.get("expected_rps", 0.0), f"{where}.expected_rps"),
+        reserved_slots=_slots(reader, pod.get("reserved_slots", 0), f"{where}.reserved_slots"),
     )
+
+
+def _slots(reader: _Reader, raw: object, where: str) -> int:
+    """A count of GPU slots: a whole number, not negative."""
+    number = reader.number(raw, where)
+    if number < 0 or number != int(number):
+        raise reader.fail(where, f"expected a whole number of slots, got {raw}")
+    return int(number)
 
 
 def _read_adapter(reader: _Reader, raw: object, where: str) -> AdapterPlan:

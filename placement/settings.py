@@ -88,6 +88,10 @@ class PlannerSettings:
     #: The GPU-residency promise: this share of a tenant's adapter-bearing requests is
     #: served by an adapter already on the GPU (``lorafleet review`` reports it).
     gpu_residency_target: float = 0.97
+    #: The tail reserve: at most this many GPU slots per pod left to the dynamic cache
+    #: for adapters the plan does not place, priced by the forecast's spread against the
+    #: planned adapters they would displace (placement.solver.reserve); 0: none.
+    tail_reserve_max_slots: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from functools import cached_property
 from types import MappingProxyType
@@ -35,6 +35,7 @@ from placement.domain import (
     Tier,
 )
 from placement.settings import PlannerSettings, Settings
+from placement.solver.reserve import choose_reserve, reserve_cap
 from policies.tiering import ProposedTier, TieringRule, TierProposal, propose_tiers
 
 
@@ -58,6 +59,9 @@ class PodClass:
     hbm_bytes: int
     host_bytes: int
     capacity_rps: float
+    #: GPU slots per pod kept for the dynamic cache (``placement.solver.reserve``);
+    #: ``max_loras`` is what is left to plan, the pod's own limit less this.
+    reserved_slots: int = 0
 
     @property
     def size(self) -> int:
@@ -367,7 +371,7 @@ def _pool_problem(
         candidates.append(candidate)
     problem = PoolProblem(
         pool=pool.name,
-        classes=classes,
+        classes=_reserve_tail(classes, candidates, settings=settings),
         candidates=tuple(candidates),
         current_hot=cur_hot,
         current_registered=cur_reg,
@@ -381,6 +385,37 @@ def _pool_problem(
         zones=MappingProxyType({pod.name: pod.zone for pod in ready_pods if pod.zone}),
     )
     return problem, broken
+
+
+def _reserve_tail(
+    classes: tuple[PodClass, ...], candidates: list[Candidate], *, settings: Settings
+) -> tuple[PodClass, ...]:
+    """The classes less the slots per pod the tail reserve keeps for the dynamic cache
+    (none when ``tail_reserve_max_slots`` is 0)."""
+    limit = settings.planner.tail_reserve_max_slots
+    if limit <= 0 or not candidates:
+        return classes
+    named = _named_pins_per_pod(classes, candidates)
+    choice = choose_reserve(classes, candidates, limit=limit, named_pins=named)
+    reserved = []
+    for cls in classes:
+        kept = min(
+            choice.slots_per_pod,
+            reserve_cap(cls, named_pins=named.get(cls.key, 0), limit=limit),
+        )
+        reserved.append(replace(cls, max_loras=cls.max_loras - kept, reserved_slots=kept))
+    return tuple(reserved)
+
+
+def _named_pins_per_pod(
+    classes: tuple[PodClass, ...], candidates: list[Candidate]
+) -> dict[str, int]:
+    """Per class key, the most adapters pinned by name to one of its pods."""
+    per_pod: dict[PodId, int] = {}
+    for candidate in candidates:
+        for pod in candidate.pinned_pods:
+            per_pod[pod] = per_pod.get(pod, 0) + 1
+    return {cls.key: max((per_pod.get(p, 0) for p in cls.pods), default=0) for cls in classes}
 
 
 def _named_pin_problems(

@@ -53,6 +53,7 @@ def pod_plans(solution: PoolSolution) -> dict[PodId, PodPlan]:
     hot_rps = sum(by_name[a].mean_rps for a in assignment.hot)
     cold_rps = sum(c.mean_rps for c in problem.candidates) - hot_rps
     spread = cold_rps / max(1, len(problem.pods))
+    class_of = problem.class_of()
     plans = {}
     for pod in problem.pods:
         hot = sorted(a for a, held in assignment.hot.items() if pod in held)
@@ -64,6 +65,7 @@ def pod_plans(solution: PoolSolution) -> dict[PodId, PodPlan]:
             hbm_bytes_used=sum(by_name[a].size_bytes for a in hot),
             host_bytes_used=sum(by_name[a].size_bytes for a in (*hot, *warm)),
             expected_rps=loads[pod] + spread,
+            reserved_slots=class_of[pod].reserved_slots,
         )
     return plans
 
