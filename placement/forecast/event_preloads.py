@@ -4,7 +4,11 @@ An event (``document.uploaded`` for tenant acme, or acme logging in) predicts
 adapters likely to be requested soon. ``event_preloads`` turns those predictions
 into at most ``max_loads`` Load/Warmup actions on the pods the plan would send the
 traffic to, at a bounded cost: it never displaces a pinned adapter, nor one busier
-than the adapter it brings (both counting the traffic this event foresees for them).
+than the adapter it brings (both counting the traffic this event foresees for them,
+and the displaced one its recent use: an adapter last asked for ``idle_s`` ago is
+taken as busy at one request per that time, ``MIN_WINDOW_S`` at least). Under the
+engine's LRU a preload behind adapters in use is the next victim, evicted before its
+request comes: the replays of legal-research counted such preloads unused.
 Adapters come only from the catalog, through pipelines.yaml or an event model, never
 from the event itself. A login's preloads go first to its tenant's zone, when it has
 one: the one zone of the pods its adapters are pinned to (``tenant_zone``).
@@ -86,6 +90,9 @@ class PodView:
     #: Adapters on GPU slots, least recently used first (the one a new one displaces).
     hot: tuple[AdapterId, ...] = ()
     pinned: frozenset[AdapterId] = frozenset()
+    #: Seconds since each adapter on a GPU slot was last asked for (or landed), where
+    #: the caller knows it; an adapter absent is judged by ``busy_rps`` alone.
+    idle_s: Mapping[AdapterId, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -235,6 +242,15 @@ def _has_free_slot(view: PodView) -> bool:
     return len(view.hot) < view.pod.max_loras
 
 
+def displaced_rps(view: PodView, adapter: AdapterId, expected_rps: float) -> float:
+    """What displacing ``adapter`` from ``view`` gives up: its expected traffic, or its
+    recent use (one request per ``idle_s``, ``MIN_WINDOW_S`` at least), the higher."""
+    idle_s = view.idle_s.get(adapter)
+    if idle_s is None:
+        return expected_rps
+    return max(expected_rps, 1.0 / max(idle_s, MIN_WINDOW_S))
+
+
 def _expected_rps(
     ranked: tuple[Prediction, ...], busy_rps: Mapping[AdapterId, float]
 ) -> dict[AdapterId, float]:
@@ -265,7 +281,7 @@ def _place(
         displaced = victim(view)
         if displaced is None:
             why = "every candidate pod's GPU slots hold pinned adapters"
-        elif expected_rps.get(displaced, 0.0) >= incoming_rps:
+        elif displaced_rps(view, displaced, expected_rps.get(displaced, 0.0)) >= incoming_rps:
             why = f"it would displace {displaced}, which is at least as busy"
         else:
             return view, ""
@@ -350,6 +366,13 @@ def event_preloads(
 def _after_warmup(view: PodView, adapter: AdapterId) -> PodView:
     displaced = None if _has_free_slot(view) else victim(view)
     hot = tuple(a for a in (*view.hot, adapter) if a != displaced)
+    idle_s = {a: s for a, s in view.idle_s.items() if a != displaced}
+    if view.idle_s:
+        idle_s[adapter] = 0.0  # loading for this event: as busy as an adapter gets
     return PodView(
-        pod=view.pod, registered=view.registered | {adapter}, hot=hot, pinned=view.pinned
+        pod=view.pod,
+        registered=view.registered | {adapter},
+        hot=hot,
+        pinned=view.pinned,
+        idle_s=idle_s,
     )

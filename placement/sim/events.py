@@ -102,23 +102,31 @@ class EventController:
         *,
         plan: Plan | None,
         busy_rps: Mapping[str, float],
+        now_s: float | None = None,
     ) -> tuple[Action, ...]:
+        """The event's Load/Warmup actions. ``now_s`` is the replay's moment; without it,
+        the latest request any pod admitted stands for it (never later than the true
+        moment, so no adapter looks idler than it is)."""
         decision = event_preloads(
             event,
             self.predictor(event),
             catalog=self.catalog,
             fleet=self.fleet,
             plan=plan,
-            views=self.views(pods),
+            views=self.views(pods, now_s=now_s),
             busy_rps={AdapterId(name): rps for name, rps in busy_rps.items()},
             max_loads=self.max_loads,
         )
         return decision.actions
 
-    def views(self, pods: Sequence[SimPod]) -> dict[PodId, PodView]:
+    def views(self, pods: Sequence[SimPod], *, now_s: float | None = None) -> dict[PodId, PodView]:
         """Each pod as its engine model has it, as the controller's ``_views`` reads its
         ledger: the names it lists, its GPU slots least recently used first (a slot an
-        unloaded name's entry holds as ``?unloaded-N``) and its pins."""
+        unloaded name's entry holds as ``?unloaded-N``) and its pins; and how long each
+        adapter on a slot has been idle at ``now_s`` (0 while a request for it runs or
+        waits), see ``decide``."""
+        if now_s is None:
+            now_s = max((s for pod in pods for s in pod.last_used.values()), default=0.0)
         by_name = {str(pod.name): pod for pod in self.fleet.pods}
         views: dict[PodId, PodView] = {}
         for sim_pod in pods:
@@ -135,5 +143,19 @@ class EventController:
                 registered=frozenset(AdapterId(name) for name in model.listed),
                 hot=hot,
                 pinned=frozenset(AdapterId(name) for name in model.pinned),
+                idle_s=_idle_s(sim_pod, now_s),
             )
         return views
+
+
+def _idle_s(pod: SimPod, now_s: float) -> dict[AdapterId, float]:
+    """Seconds since each adapter on the pod's GPU slots was last used or landed; 0 for
+    one a request runs on or waits for, and for one still loading."""
+    idle: dict[AdapterId, float] = {}
+    for name, landed_s in pod.gpu_adapters.items():
+        busy = name in pod.running_adapters or name in pod.waiting_adapters
+        last_s = max(pod.last_used.get(name, landed_s), landed_s)
+        idle[AdapterId(name)] = 0.0 if busy else max(0.0, now_s - last_s)
+    for name in pod.loading:
+        idle[AdapterId(name)] = 0.0
+    return idle
