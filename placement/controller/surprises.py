@@ -9,6 +9,11 @@ Without a template, or for a name no source can be made from (not a DNS label, a
 source the rules refuse, no pool to serve it, over ``unannounced_max``), the name
 stays unplanned and ``CatalogUpdate.unplanned`` says why.
 
+A forecast fitted on days of history has nothing to say about a name that appeared
+an hour ago (``level-profile`` gives it zero: no profile yet), so ``newcomer_floor``
+lifts each newcomer's demand (first request within the last day) to what it has done
+since it appeared: its mean rate and the 90th percentile of its buckets.
+
 Names of the fleet's base models (requests to the base model itself) are never
 adapters. Pure: a history frame, a catalog, a fleet and the rules in, a catalog out;
 the controller's ingest (``placement.controller.ticks``) does the reading and swapping.
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 
 import pandas as pd
 
@@ -25,6 +31,11 @@ from placement.domain import Adapter, AdapterId, Catalog, Fleet, Pool
 from placement.inputs.catalog import unannounced_adapter
 from placement.inputs.request_log import RequestLog
 from placement.settings import InputSettings
+from placement.solver.problem import Demand
+
+#: A name first seen less than this long ago is a newcomer: a day, the period of the
+#: profiles the forecasters learn.
+NEWCOMER_S = 86_400
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -115,3 +126,36 @@ def _pool_for(pods: frozenset[str], fleet: Fleet) -> Pool | None:
     if len(fleet.pools) == 1:
         return fleet.pools[0]
     return None
+
+
+def newcomer_floor(
+    demand: Mapping[AdapterId, Demand],
+    history: RequestLog,
+    *,
+    now: datetime,
+    bucket_s: int,
+    window_s: int,
+) -> dict[AdapterId, Demand]:
+    """``demand`` with each newcomer's at least its recent traffic: the requests of the
+    last ``window_s`` (or since it appeared, if later) over that time, and the 90th
+    percentile of its ``bucket_s`` buckets there."""
+    counts = history.counts(bucket_s)
+    floored = dict(demand)
+    if counts.empty:
+        return floored
+    end = pd.Timestamp(now)
+    first = counts.groupby("adapter", observed=True)["ts"].min()
+    newcomers = first[first > end - pd.Timedelta(seconds=NEWCOMER_S)]
+    for name, since in newcomers.items():
+        start = max(since, (end - pd.Timedelta(seconds=window_s)).floor(f"{bucket_s}s"))
+        mine = counts[(counts["adapter"] == name) & (counts["ts"] >= start) & (counts["ts"] < end)]
+        if mine.empty:
+            continue
+        span_s = max(float(bucket_s), (end - start).total_seconds())
+        mean_rps = float(mine["requests"].sum()) / span_s
+        q90_rps = float(mine["requests"].quantile(0.9)) / bucket_s
+        old = floored.get(AdapterId(str(name)), Demand(mean_rps=0.0, q90_rps=0.0))
+        floored[AdapterId(str(name))] = Demand(
+            mean_rps=max(old.mean_rps, mean_rps), q90_rps=max(old.q90_rps, q90_rps, mean_rps)
+        )
+    return floored

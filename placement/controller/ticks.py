@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
@@ -44,6 +45,7 @@ from placement.controller.ports import (
     tiers_moved,
 )
 from placement.controller.runtime import ControllerRuntime
+from placement.controller.surprises import newcomer_floor
 from placement.domain import Action, AdapterId, Fleet, Load, PodId, Pool, Warmup
 from placement.errors import (
     ForecastError,
@@ -53,6 +55,7 @@ from placement.forecast.event_preloads import Event, EventDecision, PodView, eve
 from placement.forecast.scoring import IssuedForecast, score_due
 from placement.inputs.request_log import RequestLog
 from placement.residency import EngineModel, engine_model
+from placement.solver.problem import Demand
 
 logger = logging.getLogger(__name__)
 
@@ -95,9 +98,7 @@ class Controller(ControllerRuntime):
         await self.discover()
         now = self.now()
         validity_s = self.settings.planner.validity_s
-        demand = await asyncio.to_thread(
-            self.ports.forecaster, history, start=now, duration_s=validity_s
-        )
+        demand = await asyncio.to_thread(self._forecast, history, start=now)
         if not any(d.mean_rps > 0 for d in demand.values()):
             # An empty or stale history would plan everything cold: keep the last plan.
             raise ForecastError("the history shows no traffic for the coming window")
@@ -106,9 +107,7 @@ class Controller(ControllerRuntime):
             history, IssuedForecast(issued_at=now, duration_s=validity_s, demand=demand)
         )
         window = _next_window(now, validity_s)
-        ahead = await asyncio.to_thread(
-            self.ports.forecaster, history, start=window, duration_s=validity_s
-        )
+        ahead = await asyncio.to_thread(self._forecast, history, start=window)
         current = self.state.plan
         self.state.lookahead = await asyncio.to_thread(
             self.ports.planner, ahead, fleet=self.fleet, valid_from=window, current=current
@@ -118,6 +117,19 @@ class Controller(ControllerRuntime):
         )
         self.state.replan_now = tiers_moved(current, now_plan)
         return TickOutcome.DONE
+
+    def _forecast(self, history: RequestLog, *, start: datetime) -> Mapping[AdapterId, Demand]:
+        """The forecaster's demand for the window from ``start``, each newcomer's at
+        least its traffic since it appeared (``surprises.newcomer_floor``)."""
+        validity_s = self.settings.planner.validity_s
+        demand = self.ports.forecaster(history, start=start, duration_s=validity_s)
+        return newcomer_floor(
+            demand,
+            history,
+            now=self.now(),
+            bucket_s=self.settings.forecast.bucket_s,
+            window_s=validity_s,
+        )
 
     async def _score_forecasts(self, history: RequestLog, issued: IssuedForecast) -> None:
         """The online forecast score: the forecasts whose window the history now covers,
