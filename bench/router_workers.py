@@ -10,12 +10,17 @@ Per run: requests/s (wall), the router's CPU (parent and workers, from /proc), r
 per router CPU second, the busiest worker's CPU share, and the capacity the workers
 would have with a core each (requests over the busiest worker's CPU seconds: the
 figure that scales with workers when the machine is not shared), the workers' CPU share
-when idle (their scrapes and polls, measured for ``--idle-s`` before the trace), and
-the loads the pods made (their ``/admin/stats`` counters). Extra loads: those of N
-workers less those of 1. The routing policy decides where a busy planned adapter
-spills, and where a hashed one goes, from each worker's own queue counts, so with
-``--unplanned N`` (adapters outside the plan) or long queues loads can differ between
-runs of one worker count too; by default every adapter is planned.
+when idle (their scrapes and polls, measured for ``--idle-s`` before the trace), the
+rate the workers would carry at saturation with a core each (``saturation_rps_core_each``:
+each worker's core spends its idle share on its rounds and the rest on requests at its
+own CPU per request, less its idle rounds during the trace; the router saturates when
+the worker with the largest share of the requests does, so the kernel's uneven split of
+the connections counts), and the loads and GPU activations the pods made (their
+``/admin/stats`` counters). Extra loads: those of N workers less those of 1 (the
+workers' claims, ``router.load_claims``, make a cold adapter's first load agree across
+workers). With ``--unplanned N`` (adapters outside the plan, hashed by each worker's own
+queue counts) or long queues, loads can differ between runs of one worker count too; by
+default every adapter is planned.
 
     .venv/bin/python -m bench.router_workers [--workers 1,2] [--requests 3000]
         [--connections 32] [--unplanned 0] [--idle-s 2]
@@ -88,9 +93,9 @@ async def _drive(url: str, trace: list[str], connections: int) -> tuple[float, i
         return time.perf_counter() - started, ok
 
 
-async def _pods_admin(ports: list[int], action: str) -> int:
-    """Restart every pod empty (``restart``) or sum their loads (``loads``)."""
-    total = 0
+async def _pods_admin(ports: list[int], action: str) -> dict[str, int]:
+    """Restart every pod empty (``restart``) or sum their counters (``counters``)."""
+    total: dict[str, int] = {}
     async with aiohttp.ClientSession() as session:
         for port in ports:
             base = f"http://127.0.0.1:{port}/admin"
@@ -100,7 +105,8 @@ async def _pods_admin(ports: list[int], action: str) -> int:
             else:
                 async with session.get(f"{base}/stats") as reply:
                     stats = await reply.json()
-                total += int(stats["counters"].get("loads", 0))
+                for name, count in stats["counters"].items():
+                    total[name] = total.get(name, 0) + int(count)
     return total
 
 
@@ -119,18 +125,23 @@ async def _ready(url: str, deadline_s: float) -> None:
 
 def _run(workers: int, args: argparse.Namespace, tmp: Path, ports: list[int]) -> dict[str, Any]:
     asyncio.run(_pods_admin(ports, "restart"))
-    loads_before = asyncio.run(_pods_admin(ports, "loads"))  # counters outlive restarts
+    before_run = asyncio.run(_pods_admin(ports, "counters"))  # counters outlive restarts
     port_file = tmp / f"router-{workers}.port"
     command = [
         str(LORAFLEET), "router", "--fleet", str(tmp / "fleet.yaml"),
         "--plan", str(tmp / "plan.json"), "--catalog", str(tmp / "catalog.yaml"),
         "--port", "0", "--port-file", str(port_file), "--workers", str(workers),
     ]  # fmt: skip
-    router = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    errors = (tmp / f"router-{workers}.stderr").open("wb")
+    router = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=errors)
     try:
-        (port,) = _ports_in(port_file, router)
-        url = f"http://127.0.0.1:{port}"
-        asyncio.run(_ready(url, time.monotonic() + 60))
+        try:
+            (port,) = _ports_in(port_file, router)
+            url = f"http://127.0.0.1:{port}"
+            asyncio.run(_ready(url, time.monotonic() + 60))
+        except RuntimeError:
+            tail = (tmp / f"router-{workers}.stderr").read_text(errors="replace")[-3000:]
+            raise RuntimeError(f"router --workers {workers} did not start:\n{tail}") from None
         pids = [router.pid, *_children(router.pid)]
         # What the workers spend with no requests (their scrapes and plan polls), per
         # second, to tell it from what the requests cost.
@@ -141,13 +152,19 @@ def _run(workers: int, args: argparse.Namespace, tmp: Path, ports: list[int]) ->
         before = {pid: _cpu_s(pid) for pid in pids}
         seconds, ok = asyncio.run(_drive(url, args.trace, args.connections))
         spent = {pid: _cpu_s(pid) - before[pid] for pid in pids}
-        loads = asyncio.run(_pods_admin(ports, "loads")) - loads_before
+        after_run = asyncio.run(_pods_admin(ports, "counters"))
     finally:
         router.terminate()
         router.wait(timeout=60)
+        errors.close()
     cpu_s = sum(spent.values())
     workers_only = pids[1:] or pids
     busiest_s = max(spent[pid] for pid in workers_only)
+    # At saturation each worker's core does its idle rounds and its share of the
+    # requests (the kernel's split of the connections, as in this run): the router
+    # saturates when the worker with the most request CPU does.
+    request_cpu_s = {pid: max(1e-9, spent[pid] - idle_rate[pid] * seconds) for pid in pids}
+    saturation_rps = min(ok * (1.0 - idle_rate[pid]) / request_cpu_s[pid] for pid in workers_only)
     return {
         "workers": workers,
         "requests_ok": ok,
@@ -157,8 +174,13 @@ def _run(workers: int, args: argparse.Namespace, tmp: Path, ports: list[int]) ->
         "worker_cpu_s": [round(spent[pid], 3) for pid in pids[1:]] or [round(cpu_s, 3)],
         "busiest_worker_cpu_share": busiest_s / seconds,
         "capacity_rps_core_each": ok / busiest_s,
+        "saturation_rps_core_each": saturation_rps,
+        "request_cpu_us": 1e6 * sum(request_cpu_s[pid] for pid in workers_only) / ok,
         "idle_cpu_share": sum(idle_rate.values()),
-        "pod_loads": loads,
+        **{
+            f"pod_{name}": after_run.get(name, 0) - before_run.get(name, 0)
+            for name in ("loads", "gpu_activations", "gpu_evictions")
+        },
     }
 
 
@@ -198,7 +220,13 @@ def main() -> None:
     base = runs[0]
     for run in runs:
         run["capacity_over_first"] = run["capacity_rps_core_each"] / base["capacity_rps_core_each"]
+        run["saturation_over_first"] = (
+            run["saturation_rps_core_each"] / base["saturation_rps_core_each"]
+        )
         run["extra_loads_over_first"] = run["pod_loads"] - base["pod_loads"]
+        run["extra_activations_over_first"] = (
+            run["pod_gpu_activations"] - base["pod_gpu_activations"]
+        )
         print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in run.items()}))
 
 

@@ -26,9 +26,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -38,6 +40,7 @@ import uvicorn
 
 from placement.router.asgi import RouterApp
 from placement.router.lean_http import LeanHttpToolsProtocol
+from placement.router.load_claims import LoadClaims, WorkerPicker
 
 
 def worker_log_path(path: Path, worker: int) -> Path:
@@ -81,6 +84,17 @@ class _Worker(uvicorn.Server):
             os.close(self._ready_fd)
 
 
+def share_loads(app: RouterApp, claims_dir: Path, *, workers: int) -> None:
+    """Make ``app`` one of ``workers``: its cold loads follow the workers' claims in
+    ``claims_dir``, its victims are weighed by the router's rates. A claim lasts two
+    listing periods: by then every worker's listing shows the adapter."""
+    router = app.router
+    settings = router.settings
+    ttl_s = 2.0 * settings.scrape_interval_s * settings.listing_every_scrapes
+    claims = LoadClaims(claims_dir, ttl_s=ttl_s)
+    router.picker = WorkerPicker(router.picker, claims, workers=workers)
+
+
 def _run_worker(app: RouterApp, sock: socket.socket, ready_fd: int) -> None:
     """Serve ``app`` on ``sock`` until a signal ends uvicorn."""
     config = uvicorn.Config(
@@ -112,6 +126,26 @@ def serve_workers(
     if workers < 1:
         raise ValueError(f"--workers must be at least 1, not {workers}")
     held = bind(host, port, listen=not REUSE_PORT)
+    claims_dir = Path(tempfile.mkdtemp(prefix="lorafleet-claims-")) if workers > 1 else None
+    try:
+        return _fork_and_wait(
+            make_app, held, host=host, workers=workers, claims_dir=claims_dir,
+            on_listening=on_listening,
+        )  # fmt: skip
+    finally:
+        if claims_dir is not None:
+            shutil.rmtree(claims_dir, ignore_errors=True)
+
+
+def _fork_and_wait(
+    make_app: Callable[[int], RouterApp],
+    held: socket.socket,
+    *,
+    host: str,
+    workers: int,
+    claims_dir: Path | None,
+    on_listening: Callable[[int], None] | None,
+) -> int:
     bound = int(held.getsockname()[1])
     ready_read, ready_write = os.pipe()
     children: list[int] = []
@@ -125,7 +159,10 @@ def serve_workers(
                 if REUSE_PORT:  # a listening socket of this worker's own
                     sock = bind(host, bound, listen=True)
                     held.close()
-                _run_worker(make_app(worker), sock, ready_write)
+                app = make_app(worker)
+                if claims_dir is not None:
+                    share_loads(app, claims_dir, workers=workers)
+                _run_worker(app, sock, ready_write)
             except BaseException:
                 traceback.print_exc()
                 status = 1

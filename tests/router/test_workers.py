@@ -5,14 +5,19 @@ workers loads each adapter once per pod."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
+from types import MappingProxyType
 
 import httpx
+import pytest
 
-from placement.domain import AdapterId
-from placement.plan import plan_to_json
-from placement.router.workers import worker_log_path
+from placement.domain import AdapterId, PodId, Tier
+from placement.plan import AdapterPlan, plan_to_json
+from placement.router.load_claims import LoadClaims
+from placement.router.workers import share_loads, worker_log_path
 
 from .conftest import catalog_of, emulated, plan_of, router_for
 from .processes import RouterProcess, start_router, wait_for
@@ -122,3 +127,95 @@ def test_a_worker_told_already_loaded_learns_the_pod_from_its_listing() -> None:
         assert pod.ledger.is_listed(AdapterId("cold-1"))
         assert _complete(second.url, "cold-1") == 200
         assert pods.counter("loads") == 2
+
+
+# --- claims: the first worker's choice of pod for a cold load holds -----------------
+
+
+def test_a_claim_is_the_first_workers_pod_until_it_is_stale(tmp_path: Path) -> None:
+    now_s = [time.time()]
+    claims = LoadClaims(tmp_path, ttl_s=4.0, clock=lambda: now_s[0])
+    assert claims.claim("org/cold-0", PodId("pod-1")) == "pod-1"
+    assert claims.claim("org/cold-0", PodId("pod-0")) == "pod-1"
+    assert claims.claim("cold-1", PodId("pod-0")) == "pod-0"
+    now_s[0] += 5.0  # older than two listing periods: every worker's listing shows it
+    assert claims.claim("org/cold-0", PodId("pod-0")) == "pod-0"
+    assert claims.claim("org/cold-0", PodId("pod-1")) == "pod-0"
+
+
+def test_a_worker_loads_a_cold_adapter_where_another_worker_claimed_it(
+    tmp_path: Path,
+) -> None:
+    """Two workers' states that would load one adapter on two pods (here they read
+    different plans: one polled a newer one): the second follows the first's claim, and
+    its load there is the engine's "already loaded"."""
+    catalog = catalog_of(ADAPTERS)
+    with (
+        emulated(2, max_loras=4, max_cpu_loras=8) as pods,
+        router_for(pods.domain, plan=plan_of({"cold-0": ["pod-1"]}), catalog=catalog) as first,
+        router_for(pods.domain, plan=plan_of({"cold-0": ["pod-0"]}), catalog=catalog) as second,
+    ):
+        for worker in (first, second):
+            share_loads(worker.app, tmp_path, workers=2)
+        assert _complete(first.url, "cold-0") == 200
+        assert _complete(second.url, "cold-0") == 200
+        assert [pods.stats(p)["counters"].get("loads", 0) for p in ("pod-0", "pod-1")] == [0, 1]
+        served = [pods.stats(p)["counters"].get("requests", 0) for p in ("pod-0", "pod-1")]
+        assert served == [0, 2]
+        pod_1 = second.router.topology.pods[PodId("pod-1")]
+        assert pod_1.ledger.is_listed(AdapterId("cold-0"))  # told "already loaded"
+
+
+def test_a_workers_first_load_of_a_planned_adapter_goes_to_its_planned_pod(
+    tmp_path: Path,
+) -> None:
+    """A worker that sees the planned pod busier (its own requests there) would spill
+    the first load elsewhere; another worker's view differs, so workers load a cold
+    planned adapter where the plan puts it."""
+    catalog = catalog_of(ADAPTERS)
+    with (
+        emulated(2, max_loras=4, max_cpu_loras=8) as pods,
+        router_for(pods.domain, plan=plan_of({"cold-0": ["pod-0"]}), catalog=catalog) as one,
+    ):
+        router = one.router
+        planned = router.topology.pods[PodId("pod-0")]
+        planned.begin(None)  # a request of this worker's in flight there
+        spilled = router.picker.pick(router.topology, "cold-0")
+        assert spilled.pod is not None and (spilled.pod.pod_id, spilled.reason) == (
+            "pod-1",
+            "spill",
+        )
+        share_loads(one.app, tmp_path, workers=2)
+        assert _complete(one.url, "cold-0") == 200
+        planned.end(None)
+        served = [pods.stats(p)["counters"].get("requests", 0) for p in ("pod-0", "pod-1")]
+        assert served == [1, 0]
+        assert [pods.stats(p)["counters"].get("loads", 0) for p in ("pod-0", "pod-1")] == [1, 0]
+
+
+def test_a_workers_victims_are_weighed_by_the_routers_rates_not_its_share(
+    tmp_path: Path,
+) -> None:
+    """Each of N workers counts about 1/N of the requests: the recent rate that caps a
+    victim's forecast is read N times over."""
+    plan = replace(plan_of({"cold-0": ["pod-0"]}), adapters=MappingProxyType({
+        AdapterId("cold-0"): AdapterPlan(
+            tier=Tier.HOT, pods=MappingProxyType({PodId("pod-0"): 1.0}), mean_rps=5.0
+        )
+    }))  # fmt: skip
+    with (
+        emulated(1, max_loras=4, max_cpu_loras=8) as pods,
+        router_for(pods.domain, plan=plan, catalog=catalog_of(ADAPTERS)) as one,
+    ):
+        assert _complete(one.url, "cold-0") == 200
+        assert _complete(one.url, "cold-0") == 200
+        topology = one.router.topology
+        own = topology.recent.get("cold-0")
+        assert own > 0.0
+        share_loads(one.app, tmp_path, workers=3)
+        victims = one.router.picker._victims_for(topology)
+        assert victims is not None and victims.recent_rps is not None
+        assert victims.recent_rps.get("cold-0") == pytest.approx(3 * own)
+        assert victims.recent_rps["cold-0"] == pytest.approx(3 * own)
+        assert victims.recent_rps.get("cold-1", -1.0) == -1.0
+        assert list(victims.recent_rps) == ["cold-0"]
