@@ -40,6 +40,11 @@ Owns the metric names (the ``--json`` keys) and their definitions:
 - ``convoy``: a cascade happened: some window had at least ``convoy_loads_per_pod_s``
   loads per pod per second while half or more of the pods were loading at once.
 
+Two figures beside them, for the questions a replay's totals do not answer:
+``storage_read_bound`` (how few storage reads the fleet's host places allow at all,
+``cold_loads`` can be read against it) and ``after_pod_loss`` (the requests arriving
+just after each pod restart or outage of ``--faults``: what availability replicas are for).
+
 With a ``window`` (replay seconds, ``lorafleet replay --from/--to``) every figure is of
 that window alone, the replay having run the whole log: requests arriving in it, loads
 starting in it, stays on a GPU slot ending in it (evicted, or still there when the
@@ -48,6 +53,7 @@ replay ended), rates over its length.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -56,6 +62,7 @@ from placement.forecast.event_preloads import EventKind
 from placement.settings import SimSettings
 from placement.sim.engine import COLD_LOAD, CPU_HIT, GPU_HIT, REJECTED, SimLog
 from placement.sim.events import SimEvent
+from placement.sim.faults import DOWN, RESTART, FaultStep
 from placement.sim.pods import SimPod
 from placement.sim.workload import SimWorkload
 
@@ -272,4 +279,55 @@ def event_metrics_by_kind(
             log, workload, {k for k in log.events if kind_of.get(k) is kind}
         )
         for kind in (EventKind.PIPELINE, EventKind.LOGIN)
+    }
+
+
+def storage_read_bound(adapters: Sequence[str], places: int) -> int:
+    """The fewest storage reads a policy that reads an adapter only when a request asks
+    for it can make: Belady's misses (evict the adapter asked for again furthest in the
+    future) over one cache of ``places`` adapters, the fleet's host places
+    (``max_cpu_loras`` summed over its pods). Splitting the places among pods and an
+    engine's LRU only add reads. Only a load ahead of need (a preload) does better on
+    the critical path, and only by knowing which adapter comes next."""
+    if places <= 0:
+        return len(adapters)
+    next_use = [0] * len(adapters)
+    seen: dict[str, int] = {}
+    for i in range(len(adapters) - 1, -1, -1):
+        next_use[i] = seen.get(adapters[i], len(adapters))
+        seen[adapters[i]] = i
+    held: dict[str, int] = {}  # adapter -> its next use; the heap may hold stale entries
+    heap: list[tuple[int, str]] = []
+    reads = 0
+    for i, adapter in enumerate(adapters):
+        if adapter not in held:
+            reads += 1
+            while len(held) >= places:
+                furthest, name = heapq.heappop(heap)
+                if held.get(name) == -furthest:
+                    del held[name]
+        held[adapter] = next_use[i]
+        heapq.heappush(heap, (-next_use[i], adapter))
+    return reads
+
+
+def after_pod_loss(
+    log: SimLog, arrival_s: Sequence[float], steps: Sequence[FaultStep], *, after_s: float
+) -> Metrics:
+    """The requests arriving within ``after_s`` of a pod's loss (a restart, or an
+    outage's start): ``requests``, ``served_share``, ``gpu_hit_rate`` and
+    ``cold_loads_on_critical_path`` of the served ones, and their ``ttft_p95_ms``."""
+    arrivals = np.asarray(arrival_s, dtype=float)
+    lost = sorted(step.at_s for step in steps if step.kind in (RESTART, DOWN))
+    inside = _within(arrivals, [(at_s, at_s + after_s) for at_s in lost]) if lost else arrivals < 0
+    outcome = np.asarray(log.outcome, dtype=np.int8)[inside]
+    served = outcome != REJECTED
+    count = int(served.sum())
+    return {
+        "pod_losses": len(lost),
+        "requests": len(outcome),
+        "served_share": round(count / max(len(outcome), 1), 6),
+        "gpu_hit_rate": round(float((outcome == GPU_HIT).sum()) / max(count, 1), 6),
+        "cold_loads_on_critical_path": int((outcome == COLD_LOAD).sum()),
+        "ttft_p95_ms": round(_pct(np.asarray(log.ttft_ms, dtype=float)[inside][served], 95), 3),
     }
