@@ -36,6 +36,7 @@ EXPERTS = (
     "recent-days",
     "anchored-median",
     "anchored-profile",
+    "shaped-persistence",
 )
 #: The naive forecasts a blend is shrunk toward: within an hour, and beyond.
 NAIVE_SHORT = ("persistence",)
@@ -48,6 +49,8 @@ ANCHOR_PROFILE = 36
 ANCHOR_MEDIAN = 6
 #: A re-anchored profile moves at most this many times above its past level.
 MAX_RATIO = 20.0
+#: ``shaped-persistence`` reads the 7-day profile smoothed over +-this many buckets.
+SHAPE_WIDTH = 2
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -162,6 +165,8 @@ def _expert(lags: Lags, name: str, origins: IntArray, rows: IntArray, horizon: i
         return anchored(lags, origins, rows, profile="median", width=ANCHOR_MEDIAN)
     if name == "anchored-profile":
         return anchored(lags, origins, rows, profile="mean", width=ANCHOR_PROFILE)
+    if name == "shaped-persistence":
+        return shaped_persistence(lags, origins, rows)
     raise KeyError(f"unknown expert {name!r}; known: {', '.join(EXPERTS)}")
 
 
@@ -207,3 +212,28 @@ def anchored(
     no_profile = values[rows].sum(axis=1, keepdims=True) <= 0
     recent = _flat(actual / width, rows.shape[1])
     return np.where(no_profile, recent, ahead)
+
+
+def shaped_persistence(lags: Lags, origins: IntArray, rows: IntArray) -> FloatArray:
+    """The last bucket, moved along the adapter's daily shape: times the smoothed 7-day
+    profile ahead over the same profile at the last bucket.
+
+    The profile is the same-bucket 7-day mean, averaged over +-``SHAPE_WIDTH`` buckets;
+    both ends of the ratio get half the adapter's 7-day mean per bucket (one request does
+    not rescale a quiet adapter), and the ratio is capped. Without a past day the ratio
+    is 1: persistence.
+    """
+    cum, last = lags.cum_mean, len(lags.cum_mean) - 1
+
+    def smoothed(local: IntArray) -> FloatArray:
+        low = np.clip(local - SHAPE_WIDTH, 0, last)
+        high = np.clip(local + SHAPE_WIDTH + 1, 0, last)
+        total = cum[high] - cum[low]
+        return np.asarray(total / np.maximum(high - low, 1)[..., None], dtype=np.float64)
+
+    ahead = smoothed(rows)  # (origin, step, adapter)
+    now = smoothed(origins - 1 - lags.t0)[:, None, :]
+    smooth = 0.5 * lags.level(origins, DAYS * lags.per_day)[:, None, :] + 1e-9
+    ratio = np.clip((ahead + smooth) / (now + smooth), 1.0 / MAX_RATIO, MAX_RATIO)
+    last_bucket = lags.counts[np.maximum(origins - 1, 0)][:, None, :]
+    return np.asarray(last_bucket * ratio, dtype=np.float64)

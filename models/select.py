@@ -45,6 +45,8 @@ BoolArray = npt.NDArray[np.bool_]
 #: How far a changed adapter's forecast follows its new level ([stopped, other changes])
 #: when the backtest saw too few changes to learn it.
 FOLLOW = np.array([1.0, 0.5])
+#: Experts that read the daily shape (the same as persistence without a past day).
+SHAPED = ("shaped-persistence",)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,7 +57,12 @@ class Selecting:
     band_edges: tuple[int, ...] = (6, 36)
     #: Stacked experts of the first band (the first is its naive forecast) and beyond
     #: (the first two are the naive ones).
-    short_experts: tuple[str, ...] = ("persistence", "mean-3", "median-6")
+    short_experts: tuple[str, ...] = (
+        "persistence",
+        "mean-3",
+        "median-6",
+        "shaped-persistence",
+    )
     day_experts: tuple[str, ...] = ("yesterday", "median-7d", "yesterday-near", "recent-days")
     #: Stacking weights move in steps of 1/grid.
     short_grid: int = 10
@@ -128,6 +135,8 @@ class Selecting:
             # daily (a login at 09:00) or runs on: yesterday joins persistence as naive.
             hedge = per_day <= n < self.min_days * per_day
             experts = self.short_experts
+            if n < per_day:  # no day to shape by: the shaped experts are persistence
+                experts = tuple(e for e in experts if e not in SHAPED)
             if hedge:
                 experts = (experts[0], "yesterday", *experts[1:])
             plans.append(
