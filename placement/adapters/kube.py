@@ -3,8 +3,9 @@
 Owns: discovering serving pods by label selector, the plan ConfigMap (current and
 previous, for ``lorafleet rollback``, in one object so that a publish and a rollback
 are each one conditional write), the controller's state ConfigMap, the hot-sets
-ConfigMap (each pod's hot set, for people: the controller patches no pod), and the
-coordination.k8s.io/v1 Lease used for leader election.
+ConfigMap (each pod's hot set, for people: the controller patches no pod), a key of
+a ConfigMap people write (the catalog, read with its resourceVersion:
+``KubeConfigMapKey``), and the coordination.k8s.io/v1 Lease used for leader election.
 It must not decide anything: what to publish, when to act and who leads are the
 caller's (``placement.controller.ticks``, ``placement.controller.leader``).
 
@@ -326,6 +327,28 @@ _OWNED = {"app.kubernetes.io/managed-by": "lorafleet"}
 
 def _data(configmap: client.V1ConfigMap | None) -> dict[str, str]:
     return dict(configmap.data or {}) if configmap is not None else {}
+
+
+class KubeConfigMapKey:
+    """One key of a ConfigMap people write (``catalog.yaml`` of the inputs), read with
+    the object's resourceVersion, so a reader can tell a change without comparing text."""
+
+    def __init__(self, api: client.ApiClient, *, target: KubeTarget, name: str, key: str) -> None:
+        self._maps = _ConfigMaps(api, target=target, name=name)
+        self.key = key
+        self.description = f"configmap {target.namespace}/{name} key {key}"
+
+    def read(self) -> tuple[str, str]:
+        """The object's resourceVersion and the key's text; KubeError when the
+        ConfigMap or the key is missing."""
+        configmap = self._maps.read()
+        if configmap is None:
+            raise KubeError(f"{self.description}: no such configmap")
+        text = _data(configmap).get(self.key)
+        if text is None:
+            raise KubeError(f"{self.description}: the configmap has no such key")
+        meta = configmap.metadata
+        return str(meta.resource_version if meta is not None else ""), text
 
 
 class KubePlanStore:

@@ -5,7 +5,7 @@ field (``kubernetes.namespace: Field required``); relative paths are resolved
 against the file's directory. Reads the file only; wiring is the CLI's.
 
 ```yaml
-catalog: catalog.yaml
+catalog: catalog.yaml             # or kubernetes.catalog_configmap: re-read on change
 fleet: fleet.yaml                 # on Kubernetes: per pool, the budgets of its pods
 pipelines: pipelines.yaml         # optional
 history:
@@ -108,6 +108,11 @@ class KubernetesConfig(_Section):
     state_configmap: str = "lorafleet-state"
     hot_sets_configmap: str = "lorafleet-hot-sets"
     lease_name: str = "lorafleet-controller"
+    #: Read the catalog from this ConfigMap's ``catalog_key`` (re-read when its
+    #: resourceVersion changes) instead of the ``catalog`` file; the Role must grant
+    #: get on it.
+    catalog_configmap: str | None = Field(default=None, min_length=1, max_length=253)
+    catalog_key: str = "catalog.yaml"
     #: An API server URL (a proxy, a test server); else in-cluster or kubeconfig.
     api_host: str | None = None
 
@@ -185,7 +190,8 @@ class InputsConfig(_Section):
 
 
 class ControllerConfig(_Section):
-    catalog: Path
+    #: The catalog file; or, on Kubernetes, ``kubernetes.catalog_configmap``.
+    catalog: Path | None = None
     fleet: Path
     pipelines: Path | None = None
     history: HistoryConfig
@@ -240,6 +246,9 @@ class ControllerConfig(_Section):
     def _where_state_lives(self) -> ControllerConfig:
         if self.kubernetes is None and self.state_dir is None:
             raise ValueError("without a kubernetes section, state_dir is required")
+        in_configmap = self.kubernetes is not None and self.kubernetes.catalog_configmap
+        if (self.catalog is None) == (not in_configmap):
+            raise ValueError("give exactly one of catalog or kubernetes.catalog_configmap")
         return self
 
 

@@ -8,6 +8,8 @@
 - ``SeasonalForecaster``: the same window on each of the last days, averaged (mean)
   and its 90th percentile across days (q90); no fitting (``forecast_model: same-hour``).
 - history sources: a request-log file, or Prometheus (``placement.adapters.prom``).
+- ``ConfigMapCatalog``: the catalog as a ConfigMap's key, re-read when its
+  resourceVersion changes (the file is ``placement.inputs.catalog.CatalogFile``).
 - ``PrometheusObserver``: the ticks' outcomes and ``placement.metrics.ControllerMetrics``.
 
 No decisions here: each class adapts one module's API to one port.
@@ -31,18 +33,20 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from placement.actuation.apply import apply_plan, lora_paths, make_clients
 from placement.actuation.executor import ApplyReport, Executor, Ledger, Sleep
 from placement.actuation.reconcile import depends_on
+from placement.adapters.kube import KubeConfigMapKey
 from placement.adapters.live_request_log import LiveRequestLog
 from placement.adapters.prom import PromHistorySource
 from placement.controller.ports import Backoff, ControllerObserver, Job, TickOutcome
 from placement.domain import Action, AdapterId, Catalog, Fleet, PodId
-from placement.errors import EngineError, InputError
+from placement.errors import EngineError, InputError, KubeError, Problem
 from placement.forecast.demand import demand_from_forecast
 from placement.forecast.forecaster import ModelForecaster
 from placement.forecast.scoring import ForecastScore
+from placement.inputs.catalog import catalog_from_text
 from placement.inputs.request_log import RequestLog, load_request_log
 from placement.metrics import ControllerMetrics, FleetMetrics
 from placement.plan import Plan
-from placement.settings import Settings
+from placement.settings import InputSettings, Settings
 from placement.solver.problem import Demand
 
 DAY_S = 86_400
@@ -229,6 +233,41 @@ def combined(history: RequestLog, live: RequestLog, *, bucket_s: int) -> Request
         skipped=live.skipped,
         skipped_rows=live.skipped_rows,
     )
+
+
+class ConfigMapCatalog:
+    """The catalog port over a ConfigMap's key (``kubernetes.catalog_configmap``): a new
+    catalog when the object's resourceVersion changed and its text differs; the last
+    bad version's InputError again until it changes; a ConfigMap that cannot be read
+    an InputError naming it (the catalog in force stays)."""
+
+    def __init__(self, key: KubeConfigMapKey, *, fleet: Fleet, rules: InputSettings) -> None:
+        self._key = key
+        self._fleet = fleet
+        self._rules = rules
+        self._version: str | None = None
+        self._text: str | None = None
+        self._error: InputError | None = None
+
+    def poll(self) -> Catalog | None:
+        where = self._key.description
+        try:
+            version, text = self._key.read()
+        except KubeError as exc:
+            raise InputError([Problem(source=where, message=str(exc))]) from None
+        if version == self._version or text == self._text:
+            self._version = version
+            if self._error is not None:
+                raise self._error
+            return None
+        self._version, self._text = version, text
+        try:
+            catalog = catalog_from_text(text, source=where, fleet=self._fleet, rules=self._rules)
+        except InputError as exc:
+            self._error = exc
+            raise
+        self._error = None
+        return catalog
 
 
 class PrometheusHistory:

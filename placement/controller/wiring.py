@@ -28,6 +28,7 @@ from kubernetes import client
 from prometheus_client import CollectorRegistry
 
 from placement.adapters.kube import (
+    KubeConfigMapKey,
     KubeHotSets,
     KubeLeaseStore,
     KubePlanStore,
@@ -48,6 +49,7 @@ from placement.controller.config import (
 )
 from placement.controller.leader import LeaderElector
 from placement.controller.live_ports import (
+    ConfigMapCatalog,
     EngineActuator,
     FileHistory,
     PrometheusHistory,
@@ -55,11 +57,17 @@ from placement.controller.live_ports import (
     ReusingForecaster,
     SeasonalForecaster,
 )
-from placement.controller.ports import CatalogBound, ControllerPorts, HistorySource, Leadership
+from placement.controller.ports import (
+    CatalogBound,
+    CatalogSource,
+    ControllerPorts,
+    HistorySource,
+    Leadership,
+)
 from placement.controller.schedule import Schedule, add_process_routes
 from placement.controller.ticks import Controller
 from placement.controller.webhook import EventRejected, create_webhook_app
-from placement.domain import Catalog, Pipelines
+from placement.domain import Catalog, Fleet, Pipelines
 from placement.forecast.demand import DemandForecaster
 from placement.forecast.event_preloads import (
     Event,
@@ -70,7 +78,7 @@ from placement.forecast.event_preloads import (
     pipeline_predictor,
 )
 from placement.forecast.forecaster import ModelForecaster, learn_events
-from placement.inputs import load_catalog, load_fleet, load_pipelines
+from placement.inputs import load_fleet, load_pipelines
 from placement.inputs.catalog import CatalogFile
 from placement.inputs.request_log import RequestLog
 from placement.ports import HotSetBoard, PlanStore, PodDiscovery, StateStore
@@ -96,6 +104,22 @@ def _target(section: KubernetesConfig, *, api_timeout_s: float) -> KubeTarget:
         hot_sets_configmap=section.hot_sets_configmap,
         request_timeout_s=api_timeout_s,
     )
+
+
+def _catalog_source(config: ControllerConfig, settings: Settings, fleet: Fleet) -> CatalogSource:
+    """The catalog file, or the ConfigMap's key ``kubernetes.catalog_configmap`` names."""
+    kube = config.kubernetes
+    if kube is not None and kube.catalog_configmap:
+        target = _target(kube, api_timeout_s=settings.controller.api_timeout_s)
+        key = KubeConfigMapKey(
+            connect(host=kube.api_host),
+            target=target,
+            name=kube.catalog_configmap,
+            key=kube.catalog_key,
+        )
+        return ConfigMapCatalog(key, fleet=fleet, rules=settings.inputs)
+    assert config.catalog is not None  # the config's validator requires one of the two
+    return CatalogFile(config.catalog, fleet=fleet, rules=settings.inputs)
 
 
 def settings_for(config: ControllerConfig) -> Settings:
@@ -234,8 +258,9 @@ def build(
     the jobs in flight (a hung one fails /healthz); tests pass a fake one."""
     settings = settings_for(config)
     fleet = load_fleet(config.fleet)
-    catalog_file = CatalogFile(config.catalog, fleet=fleet, rules=settings.inputs)
-    catalog = load_catalog(config.catalog, fleet=fleet, rules=settings.inputs)
+    catalog_file = _catalog_source(config, settings, fleet)
+    catalog = catalog_file.poll()
+    assert catalog is not None  # a source's first poll answers its catalog
     pipelines = load_pipelines(config.pipelines, catalog=catalog) if config.pipelines else None
     clock, to_wall = _clocks(config.clock)
     secret = read_secret(config.webhook, dict(os.environ))

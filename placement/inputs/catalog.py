@@ -37,7 +37,9 @@ from placement.inputs.fields import (
     as_text,
     load_yaml,
     parse_bytes,
+    parse_yaml,
     raise_errors,
+    reader_for,
 )
 from placement.inputs.files import read_text
 from placement.inputs.sources import check_source, source_from_template
@@ -56,7 +58,7 @@ def _resolve_size(
     raw: Mapping[str, Any],
     *,
     entry: str,
-    base: Path,
+    base: Path | None,
     fleet: Fleet | None,
     rank: int,
     targets: tuple[str, ...],
@@ -66,7 +68,8 @@ def _resolve_size(
     if raw.get("size_bytes") is not None:
         return reader.get(raw, "size_bytes", parse_bytes, entry=entry)
     source = str(raw.get("source", ""))
-    local = base / source if source and "://" not in source else None
+    # A PEFT directory beside the file; a catalog read from elsewhere (a ConfigMap) has none.
+    local = base / source if base is not None and source and "://" not in source else None
     if local is not None and local.is_dir():
         try:
             return sizing.peft_adapter_size(local).bytes
@@ -102,7 +105,7 @@ def _adapter(
     raw: Any,
     *,
     index: int,
-    base: Path,
+    base: Path | None,
     fleet: Fleet | None,
     rules: InputSettings,
 ) -> Adapter | None:
@@ -243,10 +246,30 @@ def parse_catalog(
     """The catalog and every problem in it; ``rules`` (default: the settings tree's)
     say what an adapter's ``source`` may be (``placement.inputs.sources``)."""
     reader, adapters_raw = load_yaml(path, "adapters")
+    return _catalog_of(reader, adapters_raw, base=path.parent, fleet=fleet, rules=rules)
+
+
+def catalog_from_text(
+    text: str, *, source: str, fleet: Fleet | None, rules: InputSettings | None = None
+) -> Catalog:
+    """A catalog given as text (a ConfigMap's key), ``source`` naming it in problems;
+    InputError on any. Its local sources have no directory to be sized from."""
+    reader, adapters_raw = reader_for(Path(source), parse_yaml(text, source=source), "adapters")
+    catalog, problems = _catalog_of(reader, adapters_raw, base=None, fleet=fleet, rules=rules)
+    raise_errors(problems)
+    return catalog
+
+
+def _catalog_of(
+    reader: Reader,
+    adapters_raw: list[Any],
+    *,
+    base: Path | None,
+    fleet: Fleet | None,
+    rules: InputSettings | None,
+) -> tuple[Catalog, list[Problem]]:
     adapters = [
-        _adapter(
-            reader, raw, index=i, base=path.parent, fleet=fleet, rules=rules or InputSettings()
-        )
+        _adapter(reader, raw, index=i, base=base, fleet=fleet, rules=rules or InputSettings())
         for i, raw in enumerate(adapters_raw)
     ]
     catalog = Catalog(adapters=tuple(a for a in adapters if a is not None))

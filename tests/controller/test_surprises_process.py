@@ -207,3 +207,43 @@ def test_a_bad_template_is_refused_at_start_naming_its_field(
         load_controller_config(path)
     assert "inputs" in str(raised.value) and "adapter_source_template" in str(raised.value)
     assert expected in str(raised.value)
+
+
+def inputs_configmap(catalog_text: str) -> dict[str, object]:
+    return {"metadata": {"name": "lorafleet-inputs"}, "data": {"catalog.yaml": catalog_text}}
+
+
+async def test_a_catalog_in_a_configmap_is_re_read_when_its_version_changes(
+    tmp_path: Path,
+    fake_api: FakeApiServer,
+    pods: tuple[EmulatedFleet, httpx.AsyncClient],
+) -> None:
+    _, http = pods
+    path = write_inputs(tmp_path, fake_api.url, template=None)
+    body = path.read_text().replace("catalog: catalog.yaml\n", "")
+    body = body.replace("api_host:", "catalog_configmap: lorafleet-inputs, api_host:")
+    path.write_text(body)
+    (tmp_path / "catalog.yaml").unlink()  # the ConfigMap is the only catalog
+    fake_api.put("configmaps", inputs_configmap("adapters:\n" + entry("a0")))
+    schedule, _ = build(load_controller_config(path), http=http)
+    controller = schedule.controller
+    assert controller.ports.catalog.names() == {"a0"}
+    await ticks(controller, Job.LEASE, Job.INGEST)
+    fake_api.put("configmaps", inputs_configmap("adapters:\n" + entry("a0") + entry("a1")))
+    assert await ticks(controller, Job.INGEST) == [TickOutcome.DONE]
+    assert controller.ports.catalog.names() == {"a0", "a1"}
+    fake_api.put("configmaps", inputs_configmap("adapters:\n" + entry("a1", rank="x")))
+    fake_api.inject("GET", "configmaps", 500)
+    assert await ticks(controller, Job.INGEST, Job.INGEST) == [TickOutcome.DONE] * 2
+    assert controller.ports.catalog.names() == {"a0", "a1"}  # the last good one
+    problem = controller.state.catalog_problem
+    assert problem is not None
+    assert "configmap lf/lorafleet-inputs key catalog.yaml" in problem
+    assert "adapter a1: rank" in problem
+
+
+def test_the_catalog_comes_from_one_place(tmp_path: Path) -> None:
+    path = write_inputs(tmp_path, "http://127.0.0.1:1", template=None)
+    path.write_text(path.read_text().replace("api_host:", "catalog_configmap: inputs, api_host:"))
+    with pytest.raises(InputError, match=r"one of catalog or kubernetes\.catalog_configmap"):
+        load_controller_config(path)
