@@ -273,3 +273,29 @@ async def test_an_adapter_the_catalog_adds_later_takes_its_declared_entry(
     announced = rig.controller.ports.catalog.by_name()[AdapterId("ab-variant-7")]
     assert (announced.rank, announced.adapter_class) == (16, AdapterClass.PRODUCTION)
     assert len(rig.controller.ports.catalog.adapters) == 3
+
+
+async def test_an_ingest_that_changes_the_catalog_brings_the_forecast_forward(
+    make_rig: Callable[..., Rig],
+) -> None:
+    from placement.controller.schedule import Schedule
+
+    rig = make_rig()
+    clock = rig.controller.clock
+    assert isinstance(clock, FakeClock)
+    await rig.cycle()  # a forecast exists: an unchanged ingest leaves the schedule be
+    schedule = Schedule(rig.controller, settings=SETTINGS.controller, wall=clock)
+    schedule.scheduler.start(paused=True)
+    try:
+        forecast_at = schedule.scheduler.get_job("forecast").next_run_time
+        clock.advance(30)
+        assert await schedule._run(Job.INGEST, schedule.ingest) is TickOutcome.DONE
+        assert schedule.scheduler.get_job("forecast").next_run_time == forecast_at
+        rig.rates["ab-variant-7"] = 9
+        clock.advance(30)
+        assert await schedule._run(Job.INGEST, schedule.ingest) is TickOutcome.DONE
+        assert schedule.scheduler.get_job("forecast").next_run_time == schedule.wall_now()
+        assert await schedule._run(Job.FORECAST, schedule.forecast) is TickOutcome.DONE
+        assert rig.controller.state.forecast_now is False
+    finally:
+        schedule.scheduler.shutdown(wait=False)
