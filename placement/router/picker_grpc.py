@@ -78,6 +78,13 @@ _FULL_DUPLEX = processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED
 _OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
 _CONTINUE_HEADERS = ext_proc.HeadersResponse()
 _CONTINUE_BODY = ext_proc.BodyResponse()
+# Answers that never change, built once (gRPC only serializes what it is given).
+_REQUEST_TRAILERS = ext_proc.ProcessingResponse(request_trailers=ext_proc.TrailersResponse())
+_RESPONSE_TRAILERS = ext_proc.ProcessingResponse(response_trailers=ext_proc.TrailersResponse())
+_RESPONSE_HEADERS_CONTINUE = ext_proc.ProcessingResponse(response_headers=_CONTINUE_HEADERS)
+_REQUEST_HEADERS_CONTINUE = ext_proc.ProcessingResponse(request_headers=_CONTINUE_HEADERS)
+_REQUEST_BODY_CONTINUE = ext_proc.ProcessingResponse(request_body=_CONTINUE_BODY)
+_RESPONSE_BODY_CONTINUE = ext_proc.ProcessingResponse(response_body=_CONTINUE_BODY)
 
 
 def _header_value(header: Any) -> bytes:
@@ -108,43 +115,63 @@ def _subset(message: Any) -> frozenset[str] | None:
     return frozenset(part.strip() for part in value.string_value.split(",") if part.strip())
 
 
+class RoutedAnswers:
+    """The responses naming endpoints, built once per list of endpoints: without a new
+    body they are the same message for every request sent there (gRPC only serializes
+    them), so most requests reuse one. Bounded: cleared when it holds ``limit``."""
+
+    def __init__(self, limit: int = 4096) -> None:
+        self.limit = limit
+        self._built: dict[tuple[tuple[str, ...], bool], Any] = {}
+
+    def answer(self, picked: Picked, *, on_body: bool) -> Any:
+        if picked.body is not None:
+            return _routed(picked, on_body=on_body)
+        key = (picked.endpoints, on_body)
+        built = self._built.get(key)
+        if built is None:
+            if len(self._built) >= self.limit:
+                self._built.clear()
+            built = self._built[key] = _routed(picked, on_body=on_body)
+        return built
+
+
 def _routed(picked: Picked, *, on_body: bool) -> Any:
     """The response carrying the endpoints: the headers' (or, not in full duplex, the
-    buffered body's, which may also replace the body)."""
+    buffered body's, which may also replace the body). Built by field paths: nested
+    constructors copy each sub-message, several times slower."""
     value = ",".join(picked.endpoints)
-    headers = [_set_header(DESTINATION, value.encode())]
-    body_mutation = None
+    response = ext_proc.ProcessingResponse()
+    answer = response.request_body if on_body else response.request_headers
+    common = answer.response
+    common.clear_route_cache = True
+    headers = common.header_mutation.set_headers
+    _add_header(headers, DESTINATION, value.encode())
     if picked.body is not None:
-        headers.append(_set_header("content-length", str(len(picked.body)).encode()))
+        _add_header(headers, "content-length", str(len(picked.body)).encode())
         if on_body:
-            body_mutation = ext_proc.BodyMutation(body=picked.body)
-    common = ext_proc.CommonResponse(
-        header_mutation=ext_proc.HeaderMutation(set_headers=headers),
-        body_mutation=body_mutation,
-        clear_route_cache=True,
-    )
-    if on_body:
-        response = ext_proc.ProcessingResponse(request_body=ext_proc.BodyResponse(response=common))
-    else:
-        response = ext_proc.ProcessingResponse(
-            request_headers=ext_proc.HeadersResponse(response=common)
-        )
+            common.body_mutation.body = picked.body
     response.dynamic_metadata.fields[LB_NAMESPACE].struct_value.fields[
         DESTINATION
     ].string_value = value
     return response
 
 
+def _add_header(headers: Any, key: str, value: bytes) -> None:
+    option = headers.add()
+    option.header.key = key
+    option.header.raw_value = value
+    option.append_action = _OVERWRITE
+
+
 def _streamed_body(body: bytes, *, end: bool, request: bool) -> Any:
     """A body chunk sent back in full-duplex mode (the gateway sends only what we do)."""
-    streamed = ext_proc.StreamedBodyResponse(body=body, end_of_stream=end)
-    common = ext_proc.CommonResponse(
-        body_mutation=ext_proc.BodyMutation(streamed_response=streamed)
-    )
-    answer = ext_proc.BodyResponse(response=common)
-    if request:
-        return ext_proc.ProcessingResponse(request_body=answer)
-    return ext_proc.ProcessingResponse(response_body=answer)
+    response = ext_proc.ProcessingResponse()
+    answer = response.request_body if request else response.response_body
+    streamed = answer.response.body_mutation.streamed_response
+    streamed.body = body
+    streamed.end_of_stream = end
+    return response
 
 
 def immediate(refused: Refused) -> Any:
@@ -171,8 +198,9 @@ def immediate(refused: Refused) -> Any:
 class _Stream:
     """One ``Process`` stream: one HTTP request, its body and its answer."""
 
-    def __init__(self, router: Router) -> None:
+    def __init__(self, router: Router, routes: RoutedAnswers) -> None:
         self.router = router
+        self.routes = routes
         self.request: GatewayRequest | None = None
         self.duplex = True
         self.chunks: list[bytes] = []
@@ -201,23 +229,28 @@ class _Stream:
         if kind == "response_body":
             return self._response_body(message.response_body)
         if kind == "request_trailers":
-            return [ext_proc.ProcessingResponse(request_trailers=ext_proc.TrailersResponse())]
+            return [_REQUEST_TRAILERS]
         if kind == "response_trailers":
-            return [ext_proc.ProcessingResponse(response_trailers=ext_proc.TrailersResponse())]
+            return [_RESPONSE_TRAILERS]
         return []  # request_body: ``body`` answers it, after the decision
 
     def _request_headers(self, headers: Any) -> list[Any]:
         if self.request is not None:
             raise ValueError("request headers twice in one stream")
-        pairs = [
-            (header.key.lower().encode("latin-1", "replace"), _header_value(header))
-            for header in headers.headers.headers
-        ]
-        path = next((v for k, v in pairs if k == b":path"), b"/").decode("latin-1")
-        self.request = GatewayRequest(
-            self.router, pairs, path=path.split("?", 1)[0], subset=self.subset
-        )
-        length = next((v for k, v in pairs if k == b"content-length"), b"")
+        pairs: list[tuple[bytes, bytes]] = []
+        path: bytes | None = None
+        length: bytes | None = None
+        for header in headers.headers.headers:  # one pass: the pairs, the path, the size
+            key = header.key.lower().encode("latin-1", "replace")
+            value = header.raw_value or _header_value(header)
+            if key == b":path" and path is None:
+                path = value
+            elif key == b"content-length" and length is None:
+                length = value
+            pairs.append((key, value))
+        target = (path or b"/").decode("latin-1").split("?", 1)[0]
+        self.request = GatewayRequest(self.router, pairs, path=target, subset=self.subset)
+        length = length or b""
         refused = self.request.too_large(int(length)) if length.isdigit() else None
         if refused is not None:
             return self._end(immediate(refused))
@@ -226,7 +259,7 @@ class _Stream:
             return self._decided(self.request.decide_without_body(), on_body=False)
         if self.duplex:
             return []  # the answer waits for the body (the model is in it)
-        return [ext_proc.ProcessingResponse(request_headers=_CONTINUE_HEADERS)]
+        return [_REQUEST_HEADERS_CONTINUE]
 
     async def body(self, chunk: Any) -> list[Any]:
         """A request body chunk; the decision once the body is whole."""
@@ -242,7 +275,7 @@ class _Stream:
         self.chunks.append(chunk.body)
         if not chunk.end_of_stream:
             # Not in full duplex, each chunk the gateway streams wants its answer.
-            return [] if self.duplex else [ext_proc.ProcessingResponse(request_body=_CONTINUE_BODY)]
+            return [] if self.duplex else [_REQUEST_BODY_CONTINUE]
         body = b"".join(self.chunks)
         self.chunks = []
         self.decided = True
@@ -258,7 +291,7 @@ class _Stream:
     def _decided(self, decision: Picked | Refused, *, on_body: bool) -> list[Any]:
         if isinstance(decision, Refused):
             return self._end(immediate(decision))
-        return [_routed(decision, on_body=on_body)]
+        return [self.routes.answer(decision, on_body=on_body)]
 
     def _end(self, response: Any) -> list[Any]:
         self.done = True  # an immediate response ends the request
@@ -279,14 +312,14 @@ class _Stream:
                 request.response_status(int(status), content_type=content_type)
             if message.response_headers.end_of_stream:
                 request.response_bytes(b"", end=True)
-        return [ext_proc.ProcessingResponse(response_headers=_CONTINUE_HEADERS)]
+        return [_RESPONSE_HEADERS_CONTINUE]
 
     def _response_body(self, chunk: Any) -> list[Any]:
         if self.request is not None:
             self.request.response_bytes(chunk.body, end=chunk.end_of_stream)
         if self.duplex:
             return [_streamed_body(chunk.body, end=chunk.end_of_stream, request=False)]
-        return [ext_proc.ProcessingResponse(response_body=_CONTINUE_BODY)]
+        return [_RESPONSE_BODY_CONTINUE]
 
     def finish(self) -> None:
         if self.request is not None:
@@ -298,13 +331,14 @@ class ExternalProcessor:
 
     def __init__(self, router: Router) -> None:
         self.router = router
+        self.routes = RoutedAnswers()
 
     async def Process(  # noqa: N802 (the gRPC method's name)
         self, requests: AsyncIterator[Any], context: Any
     ) -> None:
         """One stream, read and written through ``context`` (cheaper per message in
         grpc.aio than iterating ``requests`` and yielding)."""
-        stream = _Stream(self.router)
+        stream = _Stream(self.router, self.routes)
         try:
             while True:
                 message = await context.read()
