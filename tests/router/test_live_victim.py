@@ -27,7 +27,7 @@ from placement.plan import (
 )
 from placement.residency import EngineModel
 from placement.router.ledger import PodLedger
-from placement.router.state import RecentRates
+from placement.router.recent_rates import RecentRates
 from policies.routing import VictimWorth
 
 from .conftest import catalog_of, emulated, router_for

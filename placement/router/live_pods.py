@@ -1,0 +1,284 @@
+"""The live state of each pod the router reaches, and its pool's candidate index.
+
+``Upstream`` is one pod as the router reaches it. ``LivePod`` is the mutable part per
+pod: the last scrape, the router's own requests in flight, the ledger and the loads in
+progress; a pod that stays in the fleet keeps its ``LivePod`` across topology swaps
+(``router.state``).
+
+Each pool keeps a ``PoolIndex``: which of its pods hold or load each adapter, its
+least-queued pods and its least-KV pod, so that the picker hands a decision the few
+candidates ``policies.candidates`` chooses instead of the whole pool. A ``LivePod``
+updates its pool's holders itself when its ledger or its loads change; the scraper
+refreshes the queue and KV rankings after each round.
+
+No IO here: the scraper and the proxy fill these in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Collection
+from dataclasses import dataclass
+
+from yarl import URL
+
+from placement.domain import AdapterId, Engine, PodId, PoolId
+from placement.ports import PodMetrics
+from placement.residency import engine_model
+from placement.router.ledger import PodLedger
+from placement.router.recent_rates import RecentRates
+from policies import candidates as prefilter
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Upstream:
+    """One pod as the router reaches it."""
+
+    pod: PodId
+    pool: PoolId
+    url: str
+    engine: Engine
+    #: The pool's served base model: SGLang needs ``<base>:<adapter>`` as the model.
+    served_model: str
+    max_loras: int
+    max_cpu_loras: int
+
+
+class LivePod:
+    """The live, mutable state of one pod.
+
+    It is also ``policies.routing.PodLike`` as plain attributes, kept current as the
+    state changes, so that a routing decision over 64 pods reads fields, not
+    properties, and copies nothing.
+    """
+
+    __slots__ = (
+        "busy",
+        "failures",
+        "free_slots",
+        "gpu_adapters",
+        "gpu_util",
+        "health_probed",
+        "healthy",
+        "held",
+        "held_version",
+        "index",
+        "inflight",
+        "inflight_at_scrape",
+        "kv_usage",
+        "last_used_s",
+        "ledger",
+        "listing_due",
+        "loading",
+        "max_loras",
+        "metrics",
+        "metrics_missing",
+        "pod_id",
+        "position",
+        "queue_depth",
+        "recent",
+        "registered",
+        "running",
+        "running_adapters",
+        "service_ms",
+        "upstream",
+        "urls",
+        "victim_last_used_s",
+        "waiting_adapters",
+    )
+
+    def __init__(self, upstream: Upstream, *, recent: RecentRates | None = None) -> None:
+        self.upstream = upstream
+        #: The router's recent rates, which every request sent here counts in.
+        self.recent = RecentRates() if recent is None else recent
+        self.ledger = PodLedger(
+            engine_model(upstream.engine),
+            max_loras=upstream.max_loras,
+            max_cpu_loras=upstream.max_cpu_loras,
+        )
+        #: Unknown pods are given the benefit of the doubt until the first scrape.
+        self.healthy = True
+        self.failures = 0
+        self.metrics = PodMetrics()
+        #: SGLang without --enable-metrics: ``/metrics`` answers 404, ``/health`` decides.
+        self.metrics_missing = False
+        #: Whether ``/health`` was asked since ``/metrics`` went missing.
+        self.health_probed = False
+        #: Read ``/v1/models`` at the next scrape: someone else loaded an adapter here.
+        self.listing_due = False
+        self.inflight = 0
+        self.inflight_at_scrape = 0
+        #: The router's requests in flight here per adapter: the engine evicts none of
+        #: these while it has another choice (the ledger's ``busy``).
+        self.busy: dict[AdapterId, int] = {}
+        #: Moving average of time to first byte, the per-request service estimate.
+        self.service_ms = 50.0
+        #: Adapters being brought onto this pod, each with the future its waiters share.
+        self.loading: dict[AdapterId, asyncio.Future[None]] = {}
+        #: When each adapter was last routed here, on the router's clock.
+        self.last_used_s: dict[AdapterId, float] = {}
+        #: The pod's URL per path, parsed once (the proxy's upstream calls reuse them).
+        self.urls: dict[str, URL] = {}
+        # policies.routing.PodLike:
+        self.pod_id: str = upstream.pod
+        self.max_loras = self.ledger.max_loras
+        #: Live views of the ledger's LRUs (least recently used first), not copies.
+        self.gpu_adapters: Collection[str] = self.ledger.active_view
+        self.registered: Collection[str] = self.ledger.registered_view
+        self.gpu_util = 0.0  # neither engine exports it; scorers that use it see an idle GPU
+        self.queue_depth = 0
+        self.running = 0
+        self.kv_usage = 0.0
+        self.running_adapters: Collection[str] = frozenset()
+        self.waiting_adapters: Collection[str] = frozenset()
+        self.free_slots = self.max_loras
+        self.victim_last_used_s = 0.0
+        #: The pool's index this pod reports its adapters to, its position there, and
+        #: what it reported (host RAM, GPU and loading), as of the ledger's version.
+        self.index: PoolIndex | None = None
+        self.position = 0
+        self.held: frozenset[str] = frozenset()
+        self.held_version = -1
+
+    def url_of(self, path: str) -> URL:
+        """``path`` on this pod, parsed once per path."""
+        url = self.urls.get(path)
+        if url is None:
+            url = self.urls[path] = URL(self.upstream.url + path)
+        return url
+
+    def attach(self, index: PoolIndex, position: int) -> None:
+        """Report to ``index`` (a new topology's) from now on, at ``position``."""
+        self.index, self.position = index, position
+        self.held, self.held_version = frozenset(), -1
+        self._reindex()
+
+    def _reindex(self) -> None:
+        index = self.index
+        if index is None:
+            return
+        self.held_version = self.ledger.version
+        now = frozenset(self.registered).union(self.gpu_adapters, self.loading)
+        if now == self.held:
+            return
+        for adapter in self.held - now:
+            index.drop(adapter, self.position)
+        for adapter in now - self.held:
+            index.add(adapter, self.position)
+        self.held = now
+
+    def start_loading(self, adapter: AdapterId, done: asyncio.Future[None]) -> None:
+        self.loading[adapter] = done
+        self._reindex()
+
+    def stop_loading(self, adapter: AdapterId) -> None:
+        if self.loading.pop(adapter, None) is not None:
+            self._reindex()
+
+    def sync(self) -> None:
+        """Recompute the fields derived from the ledger; call after changing it."""
+        if self.ledger.version != self.held_version:
+            self._reindex()
+        self.free_slots = self.ledger.free_slots()
+        victim = next(iter(self.gpu_adapters), None)
+        #: When the adapter this pod would evict next was last routed here.
+        self.victim_last_used_s = (
+            0.0 if victim is None else self.last_used_s.get(AdapterId(victim), 0.0)
+        )
+
+    def note_use(self, adapter: AdapterId, now_s: float) -> None:
+        """A request for ``adapter`` is sent here: the engine activates it."""
+        self.ledger.activate(adapter, busy=self.busy.keys())
+        self.last_used_s[adapter] = now_s
+        self.recent.add(adapter, now_s)
+        if len(self.last_used_s) > 4 * self.ledger.max_cpu_loras + 64:
+            self.last_used_s = {a: self.last_used_s.get(a, 0.0) for a in self.ledger.active_view}
+        self.sync()
+
+    def begin(self, adapter: AdapterId | None = None) -> None:
+        """A request (for ``adapter``, None: the base model) was sent to the pod."""
+        self.inflight += 1
+        if adapter is not None:
+            self.busy[adapter] = self.busy.get(adapter, 0) + 1
+        self._requeue()
+
+    def end(self, adapter: AdapterId | None = None) -> None:
+        self.inflight -= 1
+        if adapter is not None:
+            left = self.busy.pop(adapter, 1) - 1
+            if left > 0:
+                self.busy[adapter] = left
+        self._requeue()
+
+    def _requeue(self) -> None:
+        #: Waiting at the pod: the last scrape, plus what the router sent since.
+        self.queue_depth = self.metrics.waiting + max(0, self.inflight - self.inflight_at_scrape)
+
+    def queue_len(self) -> float:
+        return self.queue_depth
+
+    def observe(self, metrics: PodMetrics) -> None:
+        self.metrics = metrics
+        self.inflight_at_scrape = self.inflight
+        self.running = metrics.running
+        self.kv_usage = metrics.kv_usage
+        self.running_adapters = metrics.running_adapters
+        self.waiting_adapters = metrics.waiting_adapters
+        self._requeue()
+        self.sync()
+
+    def observe_ttfb(self, ms: float) -> None:
+        self.service_ms += 0.1 * (ms - self.service_ms)
+
+
+class PoolIndex:
+    """A pool's indexes for the candidate pre-filter (``policies.candidates``).
+
+    ``holders`` is kept current by the pods themselves (``LivePod.sync``, loads);
+    ``refresh`` re-ranks the queues and KV use: the scraper calls it after a round and
+    when a pod leaves the rotation. Between refreshes the least-queued few may be
+    stale; the decision still reads their live queues.
+    """
+
+    __slots__ = ("holders", "least_kv", "least_queued", "positions", "states", "width")
+
+    def __init__(self, states: tuple[LivePod, ...], *, width: int) -> None:
+        self.states = states
+        self.width = width
+        self.positions = {state.pod_id: i for i, state in enumerate(states)}
+        self.holders: dict[str, set[int]] = {}
+        self.least_queued: tuple[int, ...] = ()
+        self.least_kv: int | None = None
+        for i, state in enumerate(states):
+            state.attach(self, i)
+        self.refresh()
+
+    def add(self, adapter: str, position: int) -> None:
+        held = self.holders.get(adapter)
+        if held is None:
+            self.holders[adapter] = {position}
+        else:
+            held.add(position)
+
+    def drop(self, adapter: str, position: int) -> None:
+        held = self.holders.get(adapter)
+        if held is not None:
+            held.discard(position)
+            if not held:
+                del self.holders[adapter]
+
+    def refresh(self) -> None:
+        self.least_queued = prefilter.least_queued(self.states, count=self.width)
+        self.least_kv = prefilter.least_kv(self.states)
+
+    def candidates(self, adapter: str, named: Collection[str] = ()) -> list[LivePod]:
+        """The pods a decision for ``adapter`` needs, in pool order; ``named``: pods it
+        must see (the plan's, the ring's owners)."""
+        return prefilter.candidates(
+            self.states,
+            holders=self.holders.get(adapter, ()),
+            least_queued=self.least_queued,
+            least_kv=self.least_kv,
+            named=named,
+            positions=self.positions,
+        )
