@@ -18,6 +18,12 @@ in).
 
     .venv/bin/python -m bench.solver_overload            # seed 7, limit 10 s
     .venv/bin/python -m bench.solver_overload --seed 3 --time-limit 30
+    .venv/bin/python -m bench.solver_overload --diagnose  # where the gap comes from
+
+``--diagnose`` says where the gap lies: stage 1 alone, given 30 s and no gap limit
+(whether its relaxation is proven, so more solver time cannot raise the bound), and
+which per-pod limit binds on each pod of the ``after`` plan (GPU slots, adapter bytes
+within the smallest adapter's size, q90 within 0.3 rps of the limit).
 
 Built with ``tests.factories``, hence ``-m`` from the repository root.
 """
@@ -25,18 +31,23 @@ Built with ``tests.factories``, hence ``-m`` from the repository root.
 from __future__ import annotations
 
 import argparse
+import math
 import time
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 import numpy as np
+from ortools.sat.python import cp_model
 from scipy.optimize import linprog
 
 from placement.domain import AdapterId, Catalog, Fleet
 from placement.settings import Settings
 from placement.sizing import BUILTIN_MODELS, adapter_bytes
 from placement.solver import Solution, build_problem, options_from, solve
+from placement.solver.choose import greedy_assignment
 from placement.solver.problem import Demand, PlacementProblem, PoolProblem
+from placement.solver.solution import PoolSolution
+from placement.solver.solve import solve_stage1
 from tests import factories
 
 POOLS = (("pool-8b", "llama-3.1-8b", 2048), ("pool-70b", "llama-3.1-70b", 512))
@@ -158,10 +169,53 @@ def report(runs: list[Run], knapsack: dict[str, float]) -> None:
     print("gap*: against the best valid bound of this run (every bound here is valid)")
 
 
+def binding(solution_pool: PoolSolution) -> dict[str, int]:
+    """Pods of the plan by the per-pod limits that bind on them."""
+    problem, assignment = solution_pool.problem, solution_pool.assignment
+    by_name = {c.name: c for c in problem.candidates}
+    smallest = min((c.size_bytes for c in problem.candidates), default=0)
+    kinds: dict[str, int] = {}
+    for cls in problem.classes:
+        limit = cls.capacity_rps * problem.headroom
+        for pod in cls.pods:
+            held = [a for a, pods in assignment.hot.items() if pod in pods]
+            mean = sum(assignment.weights[a][pod] * by_name[a].mean_rps for a in held)
+            spread_sq = sum(
+                (assignment.weights[a][pod] * (by_name[a].q90_rps - by_name[a].mean_rps)) ** 2
+                for a in held
+            )
+            tags = [
+                tag
+                for tag, binds in (
+                    ("slots", len(held) >= cls.max_loras),
+                    ("bytes", cls.hbm_bytes - sum(by_name[a].size_bytes for a in held) < smallest),
+                    ("q90", mean + math.sqrt(spread_sq) > limit - 0.3),
+                )
+                if binds
+            ]
+            kind = "+".join(tags) or "none"
+            kinds[kind] = kinds.get(kind, 0) + 1
+    return kinds
+
+
+def diagnose(problem: PlacementProblem, after: Run) -> None:
+    for pool, solved in zip(problem.pools, after.solution.pools, strict=True):
+        options = replace(options_from(problem, time_limit_s=30.0), gap_limit=0.0)
+        fallback = greedy_assignment(pool)
+        status, _, bound, wall_s = solve_stage1(pool, options, fallback)
+        print(
+            f"{pool.pool}: stage 1 alone {cp_model.CpSolver().status_name(status)}, bound"
+            f" {bound:.1f} in {wall_s:.1f} s (the plan's bound {solved.report.bound:.1f});"
+            f" {len(solved.assignment.hot)} adapters hot; pods by binding limit:"
+            f" {binding(solved)}"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--time-limit", type=float, default=10.0)
+    parser.add_argument("--diagnose", action="store_true")
     args = parser.parse_args()
     catalog, fleet, demand = generate(args.seed)
     problem = build_problem(
@@ -184,6 +238,8 @@ def main() -> None:
         run(problem, "after", time_limit_s=args.time_limit, per_pod=True),
     ]
     report(runs, knapsack)
+    if args.diagnose:
+        diagnose(problem, runs[-1])
 
 
 if __name__ == "__main__":
