@@ -9,7 +9,9 @@ started: nothing scrapes, every pod stays healthy), requests drawing adapters un
 2. ``GatewayRequest``: what the picker does per request without the transport: the
    front door (JSON, names), the pick, the fallback, the admission into the ledger and
    the log row; thread CPU time;
-3. gRPC: one ext_proc stream per request over a real ``grpc.aio`` channel to the
+3. the picker's ``_Stream`` without gRPC: a stream's two messages translated, decided
+   and answered, the answers serialized as gRPC would; thread CPU time;
+4. gRPC: one ext_proc stream per request over a real ``grpc.aio`` channel to the
    picker's server (its own thread and event loop), as a gateway in FULL_DUPLEX_STREAMED
    mode drives it: headers, body, then the headers' and the body's answers, then the
    close; wall time from the first write to the endpoint read (what the gateway waits
@@ -18,7 +20,7 @@ started: nothing scrapes, every pod stays healthy), requests drawing adapters un
    the server's GIL, as this bench did first), on the same cores: Envoy's C++ client
    costs less, so this overstates what a gateway adds. Streams run one at a time, or
    ``--concurrency`` at once (then per-stream wall times include queueing);
-4. the same streams against a trivial ext_proc server (the same messages, one fixed
+5. the same streams against a trivial ext_proc server (the same messages, one fixed
    endpoint, no decision): what grpc.aio and the Python client cost by themselves.
 
 "added" is the gRPC endpoint latency's p50 minus the bare decision's p50, with the
@@ -55,7 +57,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_proc_gr
 from bench.routing_latency import make_topology, measure
 from placement.router.core import Router
 from placement.router.endpoint_picking import GatewayRequest
-from placement.router.picker_grpc import EndpointPickerServer
+from placement.router.picker_grpc import EndpointPickerServer, RoutedAnswers, _Stream
 from placement.router.sources import StaticPlanSource
 from placement.router.state import Topology, Upstream
 from placement.settings import RouterSettings
@@ -313,9 +315,28 @@ def main() -> None:
         request.finish()
         return decision
 
+    routes = RoutedAnswers()
+    messages = {name: stream_messages(body_of(name)) for name in set(requests)}
+
+    async def translated(name: str) -> object:
+        """One stream's messages through the picker's ``_Stream``, without gRPC: the
+        translation, the decision, and the answers serialized as gRPC would."""
+        stream = _Stream(router, routes)
+        first, last = messages[name]
+        stream.note(first)
+        answers = stream.answer(first)
+        stream.note(last)
+        answers += await stream.body(last.request_body)
+        for answer in answers:
+            answer.SerializeToString()
+        stream.finish()
+        return answers
+
     loop = asyncio.new_event_loop()
     measure_async(loop, in_process, requests[:1000])
     gate_p50, gate_p99 = measure_async(loop, in_process, requests)
+    measure_async(loop, translated, requests[:1000])
+    stream_p50, stream_p99 = measure_async(loop, translated, requests)
     loop.close()
 
     floor = run_streams(None, requests, concurrency=args.concurrency, client_process=client_process)
@@ -330,6 +351,7 @@ def main() -> None:
     rows = [
         ("Picker.pick (thread CPU)", (bare_p50, bare_p99)),
         ("GatewayRequest decide+finish (thread CPU)", (gate_p50, gate_p99)),
+        ("the stream's messages, no gRPC (thread CPU)", (stream_p50, stream_p99)),
         ("gRPC to the endpoint, picker (wall)", picker.picked),
         ("gRPC to the endpoint, trivial server (wall)", floor.picked),
         ("gRPC to the stream's end, picker (wall)", picker.ended),

@@ -5,7 +5,7 @@ router in another, and drives both from this process with aiohttp, so every figu
 comes with its baseline from the same run (calling the emulated pod directly). Both
 children bind port 0 and write the ports they were given to a file this process reads.
 
-    .venv/bin/python -m bench.router_overhead [--seconds 4] [--rate 500]
+    .venv/bin/python -m bench.router_overhead [--seconds 4] [--rate 500] [--profile PATH]
 
 Targets: added latency p50 <= 1 ms and p99 <= 5 ms at 500 req/s; a routing
 decision <= 50 us p99 with 64 pods; >= 2,000 req/s through one router process; the
@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import json
 import os
+import pstats
 import random
 import statistics
 import subprocess
@@ -233,6 +234,12 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--rate", type=float, default=500.0)
     parser.add_argument("--pods", type=int, default=4)
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        help="run the router under cProfile, write its stats here and print where its "
+        "time goes (the CPU figures of such a run are the profiler's, not the router's)",
+    )
     args = parser.parse_args()
 
     decision = _decision_us()
@@ -253,7 +260,7 @@ def main() -> None:
                 [
                     sys.executable,
                     "-c",
-                    ROUTER_SCRIPT,
+                    ROUTER_SCRIPT if args.profile is None else _profiled(args.profile),
                     ",".join(map(str, pod_ports)),
                     str(router_file),
                     str(plan_path),
@@ -269,6 +276,53 @@ def main() -> None:
                 if child is not None:
                     child.terminate()
                     child.wait()
+    if args.profile is not None:
+        _print_profile(args.profile)
+
+
+def _profiled(path: Path) -> str:
+    """The router's script under cProfile (its main thread: the event loop), the stats
+    written when it ends."""
+    # From the serving on (not the imports), in CPU time (a shared machine's preemption
+    # is not the router's); uvicorn raises SIGTERM again once it has shut down: here
+    # that ends the script, and the stats are written.
+    assert "\nrun_router(" in ROUTER_SCRIPT
+    script = ROUTER_SCRIPT.replace("\nrun_router(", "\n_profile.enable()\nrun_router(")
+    return (
+        "import cProfile, signal, time\n"
+        "def _end(*_):\n    raise SystemExit(0)\n"
+        "signal.signal(signal.SIGTERM, _end)\n"
+        "_profile = cProfile.Profile(time.thread_time)\n"
+        f"try:\n    exec({script!r})\n"
+        f"finally:\n    _profile.disable()\n    _profile.dump_stats({str(path)!r})\n"
+    )
+
+
+#: Where a function's own time goes, by the file it is in (first match).
+_AREAS = (
+    ("lorafleet", "/placement/"),
+    ("lorafleet policies", "/policies/"),
+    ("aiohttp (upstream client)", "/aiohttp/"),
+    ("uvicorn, httptools (server)", "uvicorn"),
+    ("asyncio", "/asyncio/"),
+    ("prometheus_client", "prometheus_client"),
+)
+
+
+def _print_profile(path: Path) -> None:
+    stats = pstats.Stats(str(path))
+    own: dict[str, float] = {}
+    total = 0.0
+    for (filename, _line, _name), (_cc, _nc, tottime, _ct, _callers) in stats.stats.items():  # type: ignore[attr-defined]
+        area = next((label for label, part in _AREAS if part in filename), None)
+        if area is None:
+            area = "C (sockets, parsers, builtins)" if filename == "~" else "other Python"
+        own[area] = own.get(area, 0.0) + tottime
+        total += tottime
+    print("router's own CPU time by area (cProfile, main thread, while serving):")
+    for area, seconds in sorted(own.items(), key=lambda item: -item[1]):
+        print(f"  {area:34s} {seconds:7.2f} s  {100 * seconds / total:5.1f}%")
+    stats.sort_stats("tottime").print_stats(25)
 
 
 async def _run(
