@@ -3,7 +3,8 @@
 Owns the periodic work: scraping every pod's ``/metrics`` (health and live load),
 reading each pod's ``/v1/models`` now and then (to correct the ledger), watching the
 plan source and the pod source, and flushing the request log. The plan or the pods
-change by building a new ``Topology`` and swapping one reference.
+change by building a new ``Topology`` and swapping one reference. The scrape round
+over the pods is here; one pod's scrape is ``router.scraping``'s (``PodScraper``).
 
 Each loop only waits and calls one round: ``scrape_all``, ``refresh_plan``,
 ``refresh_pods``, the log's ``flush``. Tests call those rounds themselves, with the
@@ -15,10 +16,6 @@ counted, the pod out of the rotation until a good scrape) and the other pods are
 scraped all the same. ``problems`` says what fails the health check (a loop that
 ended or is stuck) and ``not_ready`` what keeps the router out of a Service (no plan
 yet where one is expected, no healthy pod).
-
-An SGLang pod started without ``--enable-metrics`` answers 404 on ``/metrics``: it stays
-in the rotation, judged by ``/health``, with ``lorafleet_router_pod_metrics_missing``
-set and one warning naming the pod and the flag.
 
 Must not parse client requests or answer them: that is ``router.asgi``.
 """
@@ -36,19 +33,18 @@ import aiohttp
 import httpx
 from prometheus_client import CollectorRegistry
 
-from placement.adapters.metrics_text import parse_sglang_metrics, parse_vllm_metrics
-from placement.adapters.sglang import SglangClient, metrics_missing_message
+from placement.adapters.sglang import SglangClient
 from placement.adapters.vllm import VllmClient
 from placement.clock import Clock
 from placement.domain import AdapterId, Engine, PoolId
 from placement.errors import EngineError, PlanError
 from placement.metrics import FleetMetrics
 from placement.plan import Plan
-from placement.ports import PodMetrics
 from placement.router.loops import Sleep, Supervisor
 from placement.router.metrics import RouterMetrics
 from placement.router.picking import Picker
 from placement.router.reqlog import RequestLogger, RequestLogSink
+from placement.router.scraping import PodScraper
 from placement.router.sources import PlanSource, PodSource
 from placement.router.state import LivePod, Topology, Upstream, build_topology
 from placement.settings import LoadCostSettings, RouterSettings
@@ -145,6 +141,14 @@ class Router:
         )
         self.engine_http = engine_http
         self._owns_engine_http = engine_http is None
+        self.scraper = PodScraper(
+            settings=self.settings,
+            metrics=self.metrics,
+            fleet_metrics=self.fleet_metrics,
+            clock=clock,
+            engine_http=self._engine_http,
+            engine_client=self.engine_client,
+        )
         self._scrapes = 0
         self._loads: set[asyncio.Task[None]] = set()
 
@@ -297,103 +301,17 @@ class Router:
         self._scrapes += 1
         listing = self._scrapes % self.settings.listing_every_scrapes == 1
         states = list(self.topology.pods.values())
-        await asyncio.gather(*(self._scrape(state, listing=listing) for state in states))
+        await asyncio.gather(*(self.scraper.scrape(state, listing=listing) for state in states))
         for view in self.topology.pools.values():
             view.index.refresh()  # the queues and KV use the pre-filter ranks
 
-    async def _scrape(self, state: LivePod, *, listing: bool) -> None:
-        upstream = state.upstream
-        try:
-            text = await self._metrics_text(state)
-            if text is None:  # SGLang without --enable-metrics: /health decides
-                await self._probe_health(state, due=listing or not state.healthy)
-                state.observe(PodMetrics())
-            else:
-                sglang = upstream.engine is Engine.SGLANG
-                parse = parse_sglang_metrics if sglang else parse_vllm_metrics
-                state.observe(parse(text, pod=upstream.pod))
-            if listing or not state.healthy or state.listing_due:
-                await self._read_listing(state)
-        except httpx.TimeoutException:
-            # A slow answer may be our own loop being busy: two in a row take it out.
-            state.failures += 1
-            if state.failures >= 2:
-                self.mark_unhealthy(state, "scrapes timed out twice")
-            return
-        except (httpx.HTTPError, httpx.InvalidURL, EngineError) as exc:
-            self.mark_unhealthy(state, str(exc) or type(exc).__name__)
-            return
-        except Exception as exc:  # anything else is this pod's alone: the round goes on
-            log.warning(
-                "scraping pod %s raised %s: %s",
-                upstream.pod,
-                type(exc).__name__,
-                exc,
-                exc_info=True,
-            )
-            self.metrics.loop_errors.labels(loop="scrape", error=type(exc).__name__).inc()
-            self.mark_unhealthy(state, f"{type(exc).__name__}: {exc}")
-            return
-        if not state.healthy:
-            log.info("pod %s is back", upstream.pod)
-        state.healthy = True
-        state.failures = 0
-        self.fleet_metrics.observe_gpu(upstream.pod, state.ledger.active_view, now_s=self.clock())
-        self.metrics.pod_healthy.labels(pod=upstream.pod).set(1)
-        self.metrics.queue_depth.labels(pod=upstream.pod).set(state.queue_len())
-
     def mark_unhealthy(self, state: LivePod, why: str) -> None:
-        if state.healthy:
-            log.warning("pod %s leaves the rotation: %s", state.upstream.pod, why)
-        state.healthy = False
-        state.failures += 1
-        if state.index is not None:
-            state.index.refresh()  # the least-KV pod must be a healthy one
-        # A pod out of the rotation may come back empty: its adapters' stays end here.
-        self.fleet_metrics.pod_emptied(state.upstream.pod, now_s=self.clock())
-        self.metrics.pod_healthy.labels(pod=state.upstream.pod).set(0)
-
-    async def _metrics_text(self, state: LivePod) -> str | None:
-        """The pod's ``/metrics`` text; None for an SGLang pod without the route."""
-        upstream = state.upstream
-        http = self._engine_http()
-        timeout_s = self.settings.scrape_timeout_s
-        response = await http.get(upstream.url + "/metrics", timeout=timeout_s)
-        missing = response.status_code == 404 and upstream.engine is Engine.SGLANG
-        if missing != state.metrics_missing:
-            state.metrics_missing = missing
-            state.health_probed = False
-            self.metrics.metrics_missing.labels(pod=upstream.pod).set(1 if missing else 0)
-            if missing:  # once per pod, until its /metrics comes back
-                log.warning(metrics_missing_message(upstream.pod))
-        if missing:
-            return None
-        if response.status_code != 200:
-            raise EngineError(f"/metrics answered {response.status_code}", pod=upstream.pod)
-        return response.text
-
-    async def _probe_health(self, state: LivePod, *, due: bool) -> None:
-        """Judge a pod without ``/metrics`` by ``/health``: on listing rounds and while
-        it is out of the rotation (SGLang's ``/health`` runs a one-token generation, so
-        not every scrape); in between, its answering 404 shows the server is up."""
-        if not due and state.health_probed:
-            return
-        upstream = state.upstream
-        timeout_s = self.settings.health_timeout_s
-        response = await self._engine_http().get(upstream.url + "/health", timeout=timeout_s)
-        state.health_probed = True
-        if response.status_code != 200:
-            raise EngineError(f"/health answered {response.status_code}", pod=upstream.pod)
+        """Take ``state``'s pod out of the rotation until a good scrape, saying ``why``."""
+        self.scraper.mark_unhealthy(state, why)
 
     def _engine_http(self) -> httpx.AsyncClient:
         assert self.engine_http is not None, "pass engine_http, or start() the router"
         return self.engine_http
-
-    async def _read_listing(self, state: LivePod) -> None:
-        registered = await self.engine_client(state.upstream).registered()
-        state.listing_due = False
-        state.ledger.reconcile_listing(registered.adapters)
-        state.sync()
 
     def engine_client(self, upstream: Upstream) -> VllmClient | SglangClient:
         kind = SglangClient if upstream.engine is Engine.SGLANG else VllmClient

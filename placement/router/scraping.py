@@ -1,0 +1,150 @@
+"""Scraping one pod for the router: its health, its live load and its adapter listing.
+
+``PodScraper.scrape`` reads a pod's ``/metrics`` (parsed as its engine writes them),
+and now and then its ``/v1/models`` (to correct the ledger); a pod whose scrape fails
+leaves the rotation (``mark_unhealthy``) until a good scrape. One pod's failure of any
+kind is that pod's alone: it is logged with the pod's name and counted, and the caller
+(``Router.scrape_all``, the scrape round) goes on with the other pods.
+
+An SGLang pod started without ``--enable-metrics`` answers 404 on ``/metrics``: it stays
+in the rotation, judged by ``/health``, with ``lorafleet_router_pod_metrics_missing``
+set and one warning naming the pod and the flag.
+
+Must not schedule rounds or swap the topology: that is ``router.core``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import httpx
+
+from placement.adapters.metrics_text import parse_sglang_metrics, parse_vllm_metrics
+from placement.adapters.sglang import SglangClient, metrics_missing_message
+from placement.adapters.vllm import VllmClient
+from placement.clock import Clock
+from placement.domain import Engine
+from placement.errors import EngineError
+from placement.metrics import FleetMetrics
+from placement.ports import PodMetrics
+from placement.router.live_pods import LivePod, Upstream
+from placement.router.metrics import RouterMetrics
+from placement.settings import RouterSettings
+
+log = logging.getLogger("lorafleet.router")
+
+
+class PodScraper:
+    """Scrapes one pod at a time for a router, with the router's settings, metrics and
+    clock. ``engine_http`` gives the client to the pods (the router's, made at its
+    start); ``engine_client`` makes a pod's engine client (for the listing)."""
+
+    def __init__(
+        self,
+        *,
+        settings: RouterSettings,
+        metrics: RouterMetrics,
+        fleet_metrics: FleetMetrics,
+        clock: Clock,
+        engine_http: Callable[[], httpx.AsyncClient],
+        engine_client: Callable[[Upstream], VllmClient | SglangClient],
+    ) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.fleet_metrics = fleet_metrics
+        self.clock = clock
+        self._engine_http = engine_http
+        self.engine_client = engine_client
+
+    async def scrape(self, state: LivePod, *, listing: bool) -> None:
+        """Scrape ``state``'s pod once (with its ``/v1/models`` too when ``listing``, when
+        it is out of the rotation, or when its listing is due), and judge its health."""
+        upstream = state.upstream
+        try:
+            text = await self._metrics_text(state)
+            if text is None:  # SGLang without --enable-metrics: /health decides
+                await self._probe_health(state, due=listing or not state.healthy)
+                state.observe(PodMetrics())
+            else:
+                sglang = upstream.engine is Engine.SGLANG
+                parse = parse_sglang_metrics if sglang else parse_vllm_metrics
+                state.observe(parse(text, pod=upstream.pod))
+            if listing or not state.healthy or state.listing_due:
+                await self._read_listing(state)
+        except httpx.TimeoutException:
+            # A slow answer may be our own loop being busy: two in a row take it out.
+            state.failures += 1
+            if state.failures >= 2:
+                self.mark_unhealthy(state, "scrapes timed out twice")
+            return
+        except (httpx.HTTPError, httpx.InvalidURL, EngineError) as exc:
+            self.mark_unhealthy(state, str(exc) or type(exc).__name__)
+            return
+        except Exception as exc:  # anything else is this pod's alone: the round goes on
+            log.warning(
+                "scraping pod %s raised %s: %s",
+                upstream.pod,
+                type(exc).__name__,
+                exc,
+                exc_info=True,
+            )
+            self.metrics.loop_errors.labels(loop="scrape", error=type(exc).__name__).inc()
+            self.mark_unhealthy(state, f"{type(exc).__name__}: {exc}")
+            return
+        if not state.healthy:
+            log.info("pod %s is back", upstream.pod)
+        state.healthy = True
+        state.failures = 0
+        self.fleet_metrics.observe_gpu(upstream.pod, state.ledger.active_view, now_s=self.clock())
+        self.metrics.pod_healthy.labels(pod=upstream.pod).set(1)
+        self.metrics.queue_depth.labels(pod=upstream.pod).set(state.queue_len())
+
+    def mark_unhealthy(self, state: LivePod, why: str) -> None:
+        if state.healthy:
+            log.warning("pod %s leaves the rotation: %s", state.upstream.pod, why)
+        state.healthy = False
+        state.failures += 1
+        if state.index is not None:
+            state.index.refresh()  # the least-KV pod must be a healthy one
+        # A pod out of the rotation may come back empty: its adapters' stays end here.
+        self.fleet_metrics.pod_emptied(state.upstream.pod, now_s=self.clock())
+        self.metrics.pod_healthy.labels(pod=state.upstream.pod).set(0)
+
+    async def _metrics_text(self, state: LivePod) -> str | None:
+        """The pod's ``/metrics`` text; None for an SGLang pod without the route."""
+        upstream = state.upstream
+        http = self._engine_http()
+        timeout_s = self.settings.scrape_timeout_s
+        response = await http.get(upstream.url + "/metrics", timeout=timeout_s)
+        missing = response.status_code == 404 and upstream.engine is Engine.SGLANG
+        if missing != state.metrics_missing:
+            state.metrics_missing = missing
+            state.health_probed = False
+            self.metrics.metrics_missing.labels(pod=upstream.pod).set(1 if missing else 0)
+            if missing:  # once per pod, until its /metrics comes back
+                log.warning(metrics_missing_message(upstream.pod))
+        if missing:
+            return None
+        if response.status_code != 200:
+            raise EngineError(f"/metrics answered {response.status_code}", pod=upstream.pod)
+        return response.text
+
+    async def _probe_health(self, state: LivePod, *, due: bool) -> None:
+        """Judge a pod without ``/metrics`` by ``/health``: on listing rounds and while
+        it is out of the rotation (SGLang's ``/health`` runs a one-token generation, so
+        not every scrape); in between, its answering 404 shows the server is up."""
+        if not due and state.health_probed:
+            return
+        upstream = state.upstream
+        timeout_s = self.settings.health_timeout_s
+        response = await self._engine_http().get(upstream.url + "/health", timeout=timeout_s)
+        state.health_probed = True
+        if response.status_code != 200:
+            raise EngineError(f"/health answered {response.status_code}", pod=upstream.pod)
+
+    async def _read_listing(self, state: LivePod) -> None:
+        registered = await self.engine_client(state.upstream).registered()
+        state.listing_due = False
+        state.ledger.reconcile_listing(registered.adapters)
+        state.sync()
