@@ -131,12 +131,9 @@ class WorkerPicker(Picker):
     worker's share of them (``FleetRates``)."""
 
     def __init__(self, picker: Picker, claims: LoadClaims, *, workers: int) -> None:
-        super().__init__(
-            settings=picker.settings,
-            load_cost=picker.load_cost,
-            adapter_bytes=picker.adapter_bytes,
-            prefilter=picker.prefilter,
-        )
+        # The worker's own picker taken over as it was built (settings, sizes, classes,
+        # caches), whatever its constructor takes: no second copy of its arguments here.
+        vars(self).update(vars(picker))
         self.claims = claims
         self.workers = workers
         self._scaled: tuple[VictimWorth | None, VictimWorth | None] = (None, None)
