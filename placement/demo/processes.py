@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -52,6 +53,7 @@ class LocalProcesses:
         *,
         ready_url: str | None = None,
         timeout_s: float = 60.0,
+        env: dict[str, str] | None = None,
     ) -> Child:
         log_path = self.workdir / f"{name}.log"
         handle = log_path.open("wb")
@@ -62,7 +64,7 @@ class LocalProcesses:
             stdin=subprocess.DEVNULL,
             start_new_session=True,
             cwd=self.workdir,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
         )
         handle.close()
         child = Child(name=name, process=process, log_path=log_path)
@@ -94,6 +96,22 @@ class LocalProcesses:
             time.sleep(0.1)
         raise ProcessError(
             f"{child.name} did not write {path} within {timeout_s:.0f} s:\n{child.tail()}"
+        )
+
+    def wait_for_line(self, child: Child, pattern: re.Pattern[str], *, timeout_s: float) -> str:
+        """The first match of ``pattern`` in ``child``'s log (its group 1 when it has
+        one), once written; a ProcessError if the child exits first or time runs out."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            _raise_if_exited(child)
+            with contextlib.suppress(FileNotFoundError):
+                found = pattern.search(child.log_path.read_text(errors="replace"))
+                if found is not None:
+                    return found.group(1) if pattern.groups else found.group(0)
+            time.sleep(0.1)
+        raise ProcessError(
+            f"{child.name} did not log {pattern.pattern!r} within {timeout_s:.0f} s:\n"
+            f"{child.tail()}"
         )
 
     def stop(self, child: Child, *, grace_s: float = 5.0) -> None:

@@ -10,9 +10,10 @@ import httpx
 import pytest
 
 from placement.demo.processes import local_processes
-from placement.demo.run import DemoOptions, Prepared, start_pods
+from placement.demo.setup import PodTimings, Prepared, start_pods
 from placement.domain import AdapterStorage
 from placement.inputs import load_fleet
+from placement.settings import Settings
 
 pytestmark = pytest.mark.slow
 
@@ -38,7 +39,8 @@ def _prepared(workdir: Path) -> Prepared:
 
 def test_the_demos_pods_read_from_the_scenario_pools_storage(tmp_path: Path) -> None:
     with local_processes(tmp_path) as processes:
-        prepared = start_pods(DemoOptions(scenario=LEGAL), _prepared(tmp_path), processes)
+        timings = PodTimings.replayed(Settings(), prompt_tokens=2500)
+        prepared = start_pods(timings, _prepared(tmp_path), processes)
         assert len(prepared.pod_urls) == 4
         for url in prepared.pod_urls:
             stats = httpx.get(f"{url}/admin/stats", timeout=5).json()

@@ -1,13 +1,17 @@
-"""The whole loop on one machine, as `make demo` runs it, on a shorter trace.
+"""The whole loop on one machine, as `make demo` runs it, on shorter windows.
 
 Emulated pods, the controller and the router run as real local processes; the same
-requests go through the router with the openai client under each policy, and the
-figures come from the pods' counters and the router's request log.
+requests go through the router with the openai client under each policy, at the log's
+real density, and the figures come from the pods' counters and the router's request
+log. A second, sparser window (legal research at its 9 AM login) checks that the
+scenario's events reach the controller's webhook and that the controller preloads a
+login's adapters before the login's first request.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -17,18 +21,31 @@ from pathlib import Path
 
 import pytest
 
+from placement.demo.measure import PolicyResult, first_after_events
 from placement.demo.processes import local_processes
-from placement.demo.run import DemoOptions, PolicyResult, run_demo
+from placement.demo.run import DemoOptions, prepare, run_demo
+from placement.inputs import load_request_log
 
 pytestmark = pytest.mark.slow
 
-SHORT = DemoOptions(
-    window_hours=(9.0, 13.0),
-    requests_per_policy=400,
-    wall_s_per_policy=10.0,
-    lead_s=8.0,
-    plan_every_s=3,
+LEGAL = Path(__file__).resolve().parents[2] / "data" / "legal-research"
+
+#: The war story's Thursday at 08:55 EDT, every request (about 28 a second), after 10 s
+#: of warm-up: 30 s measured per policy.
+SHORT = DemoOptions(window_hours=(8 + 55 / 60, 8 + 55.5 / 60), warmup_s=10.0, lead_s=15.0)
+
+#: Legal research's Wednesday, 08:53-08:55 New York time, four times faster than real
+#: time: firm-east's first login of the day (08:53:12) and its first requests, on the
+#: two adapters pipelines.yaml names for it, which the night left in object storage.
+LOGIN = DemoOptions(
+    scenario=LEGAL,
+    window_hours=(8 + 53 / 60, 8 + 55 / 60),
+    warmup_s=0.0,
+    speed=4.0,
+    lead_s=15.0,
+    policies=("epp", "lorafleet"),
 )
+LOGIN_ADAPTERS = {"ny-jurisdiction-v3", "federal-law-v5"}
 
 
 def _processes_in(folder: Path) -> list[int]:
@@ -45,24 +62,30 @@ def _processes_in(folder: Path) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, PolicyResult]:
+def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, PolicyResult]]:
     folder = tmp_path_factory.mktemp("demo")
     with local_processes(folder) as processes:
         outcome = run_demo(SHORT, folder, processes, lambda stage: None)
     assert _processes_in(folder) == []
-    return {result.policy: result for result in outcome}
+    return folder, {result.policy: result for result in outcome}
 
 
-def test_every_request_is_answered_under_every_policy(results: dict[str, PolicyResult]) -> None:
+def test_every_request_is_answered_under_every_policy(
+    demo: tuple[Path, dict[str, PolicyResult]],
+) -> None:
+    results = demo[1]
     assert set(results) == {"round-robin", "epp", "lorafleet"}
     for result in results.values():
-        assert result.requests == SHORT.requests_per_policy
+        assert result.sent > 800  # 40 s of the log at its density, not thinned
+        assert result.logged == result.sent
         assert result.errors == 0
+        assert 0.6 * result.sent < result.requests < 0.9 * result.sent  # the warm-up's not
 
 
 def test_round_robin_thrashes_where_the_adapter_aware_policies_do_not(
-    results: dict[str, PolicyResult],
+    demo: tuple[Path, dict[str, PolicyResult]],
 ) -> None:
+    results = demo[1]
     spray, epp, planned = results["round-robin"], results["epp"], results["lorafleet"]
     for aware in (epp, planned):
         assert aware.gpu_hit_rate > spray.gpu_hit_rate + 0.2
@@ -70,8 +93,47 @@ def test_round_robin_thrashes_where_the_adapter_aware_policies_do_not(
         assert aware.ttft_p50_ms < spray.ttft_p50_ms
 
 
+@pytest.fixture(scope="module")
+def login(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, PolicyResult]]:
+    folder = tmp_path_factory.mktemp("login")
+    with local_processes(folder) as processes:
+        outcome = run_demo(LOGIN, folder, processes, lambda stage: None)
+    return folder, {result.policy: result for result in outcome}
+
+
+def test_the_logins_reach_the_webhook_and_the_controller_answers_for_their_adapters(
+    login: tuple[Path, dict[str, PolicyResult]],
+) -> None:
+    folder, results = login
+    answers = [json.loads(line) for line in (folder / "events-lorafleet.jsonl").open()]
+    assert [a["event_id"] for a in answers if a["kind"] == "login"] == ["login-000041"]
+    for answer in answers:
+        assert answer["status"] == 202, answer
+        # Each of the login's adapters is preloaded now, or already on a GPU (the plan's
+        # look-ahead put it there): the controller looked at both.
+        preloaded = {p.split("/")[1] for p in answer["preloads"]}
+        hot = {a for a, why in answer["skipped"].items() if why.startswith("already hot")}
+        assert preloaded | hot == LOGIN_ADAPTERS, answer
+    assert results["lorafleet"].events.accepted == results["lorafleet"].events.delivered == 1
+    assert results["epp"].events.delivered == 0  # no controller behind a reactive policy
+
+
+def test_a_logins_first_requests_find_their_adapters_on_a_gpu_only_under_lorafleet(
+    login: tuple[Path, dict[str, PolicyResult]],
+) -> None:
+    folder, _results = login
+    prepared = prepare(LOGIN, folder)
+    firsts = [s for s in prepared.shots if s.event_id == "login-000041"]
+    assert {s.adapter for s in firsts} == LOGIN_ADAPTERS
+    found = {}
+    for policy in LOGIN.policies:
+        log = load_request_log(folder / f"requests-{policy}.jsonl").frame
+        found[policy] = first_after_events(log, firsts, start=prepared.start, speed=LOGIN.speed)
+    assert found == {"epp": (2, 0), "lorafleet": (2, 2)}
+
+
 def test_ctrl_c_leaves_no_process_behind(tmp_path: Path) -> None:
-    command = [sys.executable, "-m", "placement", "demo", "--requests", "300", "--seconds", "60",
+    command = [sys.executable, "-m", "placement", "demo", "--minutes", "1",
                "--workdir", str(tmp_path)]  # fmt: skip
     log = (tmp_path / "demo-stderr.txt").open("wb")
     # A shell that starts a job in the background (CI runners, nohup) ignores SIGINT in
