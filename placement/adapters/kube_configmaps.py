@@ -1,0 +1,230 @@
+"""The ConfigMaps of the cluster ports: the plan (current and previous, for ``lorafleet
+rollback``, in one object so that a publish and a rollback are each one conditional
+write), the controller's state, the hot sets (each pod's hot set, for people: the
+controller patches no pod), and a key of a ConfigMap people write (the catalog, read
+with its resourceVersion: ``KubeConfigMapKey``).
+
+Every ConfigMap write replaces the object at the resourceVersion it was read at: a
+write racing another (a rollback, a new leader) fails with ``KubeConflictError``
+instead of overwriting it. Given a ``term`` (the leader's fencing token, see
+``placement.controller.leader``), a write also stamps it on the object
+(``lorafleet.io/leader-term``) and refuses, with ``LeadershipLostError``, an object a
+later term wrote: a deposed leader that wakes up from a pause cannot overwrite its
+successor. A write whose data would not fit a ConfigMap is refused before it is sent.
+
+Must not decide what to publish or when: that is the caller's
+(``placement.controller.ticks``). Import these from ``placement.adapters.kube``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from kubernetes import client
+
+from placement.adapters.kube_api import OWNED_LABELS, KubeTarget, not_found, translated
+from placement.domain import AdapterId, PodId
+from placement.errors import KubeError, LeadershipLostError, PlanError
+from placement.plan import Plan, plan_from_json, plan_to_json
+from placement.ports import PLAN_ID_ANNOTATION, StoredState, hot_set_entries
+
+#: A ConfigMap holds at most 1 MiB; leave room for its metadata.
+CONFIGMAP_DATA_LIMIT_BYTES = 1_000_000
+PLAN_KEY = "plan.json"
+PREVIOUS_PLAN_KEY = "previous.json"
+STATE_PLAN_KEY = "last-plan.json"
+STATE_LEDGER_KEY = "ledger.json"
+
+#: The fencing token of the leader that last wrote a ConfigMap.
+TERM_ANNOTATION = "lorafleet.io/leader-term"
+#: The leader's fencing token now; None when it does not lead.
+Term = Callable[[], float | None]
+
+
+class _ConfigMaps:
+    """Read-modify-write of one ConfigMap's data, guarded by its resourceVersion and,
+    given a ``term``, by the writer's fencing token."""
+
+    def __init__(
+        self, api: client.ApiClient, *, target: KubeTarget, name: str, term: Term | None = None
+    ) -> None:
+        self._core = client.CoreV1Api(api)
+        self._target = target
+        self.name = name
+        self._term = term
+
+    def _stamp(self, existing: client.V1ConfigMap | None) -> dict[str, str]:
+        """Our term's annotation; LeadershipLostError when a later term wrote last."""
+        if self._term is None:
+            return {}
+        ours = self._term()
+        if ours is None:
+            raise LeadershipLostError(f"configmap {self.name}: this replica does not lead")
+        meta = existing.metadata if existing is not None else None
+        written = ((meta.annotations if meta is not None else None) or {}).get(TERM_ANNOTATION)
+        try:
+            theirs = float(written) if written is not None else None
+        except ValueError:
+            theirs = None
+        if theirs is not None and theirs > ours:
+            raise LeadershipLostError(
+                f"configmap {self.name} was written by a later leader (term {theirs:.6f} > "
+                f"ours {ours:.6f}): not overwriting it"
+            )
+        return {TERM_ANNOTATION: f"{ours:.6f}"}
+
+    def read(self) -> client.V1ConfigMap | None:
+        try:
+            with translated(f"read configmap {self.name}"):
+                return self._core.read_namespaced_config_map(
+                    self.name, self._target.namespace, _request_timeout=self._timeout
+                )
+        except KubeError as exc:
+            if not_found(exc):
+                return None
+            raise
+
+    def write(
+        self,
+        existing: client.V1ConfigMap | None,
+        data: dict[str, str],
+        *,
+        annotations: dict[str, str] | None = None,
+    ) -> None:
+        annotations = {**(annotations or {}), **self._stamp(existing)}
+        size = sum(len(key) + len(value.encode()) for key, value in data.items())
+        if size > CONFIGMAP_DATA_LIMIT_BYTES:
+            raise KubeError(
+                f"configmap {self.name}: {size} bytes of data exceed the "
+                f"{CONFIGMAP_DATA_LIMIT_BYTES} a ConfigMap can hold"
+            )
+        ns = self._target.namespace
+        if existing is None:
+            body = client.V1ConfigMap(
+                metadata=client.V1ObjectMeta(
+                    name=self.name, namespace=ns, labels=OWNED_LABELS, annotations=annotations
+                ),
+                data=data,
+            )
+            with translated(f"create configmap {self.name}"):
+                self._core.create_namespaced_config_map(ns, body, _request_timeout=self._timeout)
+            return
+        existing.data = data
+        if annotations and existing.metadata is not None:
+            existing.metadata.annotations = {**(existing.metadata.annotations or {}), **annotations}
+        with translated(f"replace configmap {self.name}"):
+            self._core.replace_namespaced_config_map(
+                self.name, ns, existing, _request_timeout=self._timeout
+            )
+
+    @property
+    def _timeout(self) -> float:
+        return self._target.request_timeout_s
+
+
+def _data(configmap: client.V1ConfigMap | None) -> dict[str, str]:
+    return dict(configmap.data or {}) if configmap is not None else {}
+
+
+class KubeHotSets:
+    """Each pod's hot set in one ConfigMap: ``kubectl get configmap lorafleet-hot-sets
+    -o yaml`` shows, per pod, ``<count> <digest> <adapters>``, and the plan id in the
+    ``lorafleet.io/plan-id`` annotation. One write per plan, no pod patched."""
+
+    def __init__(
+        self, api: client.ApiClient, *, target: KubeTarget, term: Term | None = None
+    ) -> None:
+        self._maps = _ConfigMaps(api, target=target, name=target.hot_sets_configmap, term=term)
+
+    def publish_hot_sets(
+        self, hot_sets: Mapping[PodId, tuple[AdapterId, ...]], *, plan_id: str
+    ) -> None:
+        self._maps.write(
+            self._maps.read(), hot_set_entries(hot_sets), annotations={PLAN_ID_ANNOTATION: plan_id}
+        )
+
+
+class KubeConfigMapKey:
+    """One key of a ConfigMap people write (``catalog.yaml`` of the inputs), read with
+    the object's resourceVersion, so a reader can tell a change without comparing text."""
+
+    def __init__(self, api: client.ApiClient, *, target: KubeTarget, name: str, key: str) -> None:
+        self._maps = _ConfigMaps(api, target=target, name=name)
+        self.key = key
+        self.description = f"configmap {target.namespace}/{name} key {key}"
+
+    def read(self) -> tuple[str, str]:
+        """The object's resourceVersion and the key's text; KubeError when the
+        ConfigMap or the key is missing."""
+        configmap = self._maps.read()
+        if configmap is None:
+            raise KubeError(f"{self.description}: no such configmap")
+        text = _data(configmap).get(self.key)
+        if text is None:
+            raise KubeError(f"{self.description}: the configmap has no such key")
+        meta = configmap.metadata
+        return str(meta.resource_version if meta is not None else ""), text
+
+
+class KubePlanStore:
+    """The plan ConfigMap: ``plan.json`` is current, ``previous.json`` the one before."""
+
+    def __init__(
+        self, api: client.ApiClient, *, target: KubeTarget, term: Term | None = None
+    ) -> None:
+        self._maps = _ConfigMaps(api, target=target, name=target.plan_configmap, term=term)
+
+    def publish(self, plan: Plan) -> None:
+        existing = self._maps.read()
+        data = _data(existing)
+        new = {PLAN_KEY: plan_to_json(plan)}
+        if PLAN_KEY in data:
+            new[PREVIOUS_PLAN_KEY] = data[PLAN_KEY]
+        self._maps.write(existing, new)
+
+    def current(self) -> Plan | None:
+        return self._plan(PLAN_KEY)
+
+    def previous(self) -> Plan | None:
+        return self._plan(PREVIOUS_PLAN_KEY)
+
+    def rollback(self) -> Plan:
+        existing = self._maps.read()
+        data = _data(existing)
+        if PREVIOUS_PLAN_KEY not in data or PLAN_KEY not in data:
+            raise PlanError(f"configmap {self._maps.name} has no previous plan to roll back to")
+        restored = plan_from_json(data[PREVIOUS_PLAN_KEY], source=self._source(PREVIOUS_PLAN_KEY))
+        self._maps.write(
+            existing, {PLAN_KEY: data[PREVIOUS_PLAN_KEY], PREVIOUS_PLAN_KEY: data[PLAN_KEY]}
+        )
+        return restored
+
+    def _plan(self, key: str) -> Plan | None:
+        text = _data(self._maps.read()).get(key)
+        return None if text is None else plan_from_json(text, source=self._source(key))
+
+    def _source(self, key: str) -> str:
+        return f"configmap {self._maps.name}/{key}"
+
+
+class KubeStateStore:
+    """The controller's state ConfigMap: the last good plan and the ledger of loads."""
+
+    def __init__(
+        self, api: client.ApiClient, *, target: KubeTarget, term: Term | None = None
+    ) -> None:
+        self._maps = _ConfigMaps(api, target=target, name=target.state_configmap, term=term)
+
+    def load(self) -> StoredState:
+        data = _data(self._maps.read())
+        return StoredState(
+            plan_json=data.get(STATE_PLAN_KEY), ledger_json=data.get(STATE_LEDGER_KEY)
+        )
+
+    def save(self, state: StoredState) -> None:
+        data = {}
+        if state.plan_json is not None:
+            data[STATE_PLAN_KEY] = state.plan_json
+        if state.ledger_json is not None:
+            data[STATE_LEDGER_KEY] = state.ledger_json
+        self._maps.write(self._maps.read(), data)
