@@ -5,6 +5,7 @@ workers loads each adapter once per pod."""
 from __future__ import annotations
 
 import asyncio
+import tempfile
 import time
 from collections import Counter
 from dataclasses import replace
@@ -13,6 +14,8 @@ from types import MappingProxyType
 
 import httpx
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from placement.domain import AdapterId, PodId, Tier
 from placement.plan import AdapterPlan, plan_to_json
@@ -219,3 +222,30 @@ def test_a_workers_victims_are_weighed_by_the_routers_rates_not_its_share(
         assert victims.recent_rps["cold-0"] == pytest.approx(3 * own)
         assert victims.recent_rps.get("cold-1", -1.0) == -1.0
         assert list(victims.recent_rps) == ["cold-0"]
+
+
+@given(
+    steps=st.lists(
+        st.tuples(
+            st.sampled_from(["a", "b", "org/a"]),
+            st.sampled_from(["pod-0", "pod-1", "pod-2"]),
+            st.floats(min_value=0.0, max_value=3.0),
+        ),
+        max_size=30,
+    )
+)
+def test_claims_agree_on_the_first_pod_until_it_is_stale(
+    steps: list[tuple[str, str, float]],
+) -> None:
+    """Whatever the workers ask and when: a claim answers the pod of the last claim
+    made while none was fresh, and a claim older than its ttl gives way."""
+    with tempfile.TemporaryDirectory() as directory:
+        now_s = [1000.0]
+        claims = LoadClaims(Path(directory), ttl_s=4.0, clock=lambda: now_s[0])
+        held: dict[str, tuple[str, float]] = {}
+        for adapter, pod, wait_s in steps:
+            now_s[0] += wait_s
+            first = held.get(adapter)
+            if first is None or now_s[0] - first[1] >= 4.0:
+                first = held[adapter] = (pod, now_s[0])
+            assert claims.claim(adapter, PodId(pod)) == first[0]
