@@ -6,8 +6,9 @@ every ``long_every`` buckets for the day. For each adapter it then
 
 1. stacks a few experts: the convex weights, on a grid, with the lowest absolute error
    per step of the first hour (persistence, the last half hour's mean, the last hour's
-   median) and per band beyond (yesterday, the 7-day median, yesterday smoothed over
-   neighbouring buckets, the recent days weighted toward yesterday);
+   median, the last bucket moved along the adapter's daily shape) and per band beyond
+   (yesterday, the 7-day median, yesterday smoothed over neighbouring buckets, the
+   recent days weighted toward yesterday);
 2. shrinks those weights toward its naive target (persistence within the hour; beyond,
    yesterday and the 7-day median mixed by 1/error**2, which is the better of the two
    when one is clearly better) in proportion to the evidence against the naive target:
@@ -65,7 +66,7 @@ class Selecting:
     )
     day_experts: tuple[str, ...] = ("yesterday", "median-7d", "yesterday-near", "recent-days")
     #: Stacking weights move in steps of 1/grid.
-    short_grid: int = 10
+    short_grid: int = 5
     day_grid: int = 5
     days: int = 7
     short_every: int = 1

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from models.experts import Lags, expert_means
+from models.experts import EXPERTS, Lags, expert_means
+from models.select import Selecting
+from models.series import CountPanel
 
-from .conftest import PER_DAY, daily_rate
+from .conftest import BUCKET_S, PER_DAY, START_S, daily_rate
 
 HOUR = 6
 
@@ -44,3 +46,17 @@ def test_without_a_past_day_shaped_persistence_is_persistence() -> None:
     counts = np.random.default_rng(1).poisson(20.0, PER_DAY - 10).astype(np.float64)
     persistence, shaped = _shaped(counts, len(counts))
     np.testing.assert_allclose(shaped, persistence)
+
+
+def test_auto_weighs_the_shaped_persistence_where_the_day_moves_and_levels_wander() -> None:
+    rng = np.random.default_rng(3)
+    days = 9
+    levels = np.exp(np.cumsum(rng.normal(0.0, 0.3, days)))  # each day's level wanders
+    rate = np.concatenate([level * daily_rate(400.0, base=20.0) for level in levels])
+    counts = rng.poisson(rate).astype(np.float64)
+    panel = CountPanel(
+        start_s=START_S, bucket_s=BUCKET_S, adapters=("adapter-0",), counts=counts[:, None]
+    )
+    weights = Selecting().fit(panel).weights
+    shaped = weights[HOUR - 1, EXPERTS.index("shaped-persistence"), 0]
+    assert shaped >= 0.5  # the last step of the first hour leans on the shape
