@@ -14,7 +14,11 @@ Under the plan policy a load's LRU victim is weighed as the replay weighs it
 forecast it was solved from), capped by the rate the router sent it lately
 (``Topology.recent``), the victim being the one the pod's ledger (the engine model)
 would evict: pins, ghost slots and requests in flight as the engine has them. A plan
-without forecast rates weighs no victim.
+without forecast rates weighs no victim. With the catalog's classes
+(``adapter_classes``) the victim's worth is scaled by its class, and a load on a full
+pod whose victim is of a higher class than an adapter idle beside it names the
+warm-ups (``Choice.refresh``) that the proxy sends there first, each a short request
+that refreshes its adapter's LRU place (and is applied to the ledger as one).
 
 Under the plan policy the policy sees only the candidates of the pool's index
 (``policies.candidates``: the plan's pods or the ring's owners, the pods holding or
@@ -80,6 +84,8 @@ class Choice:
     reason: str = ""
     unplanned: bool = False
     reject: str | None = None
+    #: Warm-ups to send to ``pod`` before the request, in order (``RouteDecision.refresh``).
+    refresh: tuple[AdapterId, ...] = ()
 
 
 def _ledger_victim(pod: PodLike) -> str | None:
@@ -99,9 +105,16 @@ class Picker:
         settings: RouterSettings,
         load_cost: LoadCostSettings,
         adapter_bytes: Mapping[AdapterId, int] | None = None,
+        adapter_classes: Mapping[AdapterId, float] | None = None,
         prefilter: bool = True,
     ) -> None:
         self.settings = settings
+        #: Each adapter's class weight (``AdapterClass.weight``); kept only when some
+        #: adapter is not production (else no class to keep apart).
+        classes = {str(name): weight for name, weight in (adapter_classes or {}).items()}
+        self.class_weight: Mapping[str, float] = (
+            classes if any(weight < 1.0 for weight in classes.values()) else {}
+        )
         self.prefilter = prefilter
         self.load_cost = load_cost
         self.adapter_bytes = dict(adapter_bytes or {})
@@ -158,7 +171,13 @@ class Picker:
         if weights is None and choice.pod is not None:
             plan = topology.plan
             unplanned = plan is None or adapter not in plan.adapters
-            return Choice(choice.pod, choice.outcome, choice.reason, unplanned=unplanned)
+            return Choice(
+                choice.pod,
+                choice.outcome,
+                choice.reason,
+                unplanned=unplanned,
+                refresh=choice.refresh,
+            )
         return choice
 
     def _victims_for(self, topology: Topology) -> VictimWorth | None:
@@ -169,12 +188,13 @@ class Picker:
             return victims
         forecast = {} if topology.plan is None else topology.plan.forecast_rps()
         victims = None
-        if any(rate > 0.0 for rate in forecast.values()):
+        if self.class_weight or any(rate > 0.0 for rate in forecast.values()):
             victims = VictimWorth(
                 forecast_rps={str(name): rate for name, rate in forecast.items()},
                 recent_rps=topology.recent,
                 victim_horizon_s=self.settings.victim_horizon_s,
                 victim_of=_ledger_victim,
+                class_weight=self.class_weight,
             )
         self._victims = (topology, victims)
         return victims
@@ -200,7 +220,8 @@ class Picker:
         if base:
             return Choice(state, None, reason="base")
         outcome = Outcome.COLD_LOAD if adapter in state.loading else state.ledger.classify(adapter)
-        return Choice(state, outcome, reason=str(decision.reason))
+        refresh = tuple(AdapterId(name) for name in decision.refresh)
+        return Choice(state, outcome, reason=str(decision.reason), refresh=refresh)
 
     def _fallback(self, pool: PoolView) -> HashFallback:
         key = (id(pool.ring), pool.pool)

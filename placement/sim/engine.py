@@ -47,10 +47,13 @@ from policies.eviction import (
 )
 from policies.routing import RouteDecision, RouteReason
 
-DONE, LOAD_DONE, RETRY, PLAN, EVENT, FAULT = 0, 1, 2, 3, 4, 5
+DONE, LOAD_DONE, RETRY, PLAN, EVENT, FAULT, WARMUP_DONE = 0, 1, 2, 3, 4, 5, 6
 GPU_HIT, CPU_HIT, COLD_LOAD, REJECTED = 0, 1, 2, -1
 #: A request waiting on memory pressure is rejected after this many retries.
 MAX_RETRIES = 200
+#: A warm-up's prompt and output tokens: the engine clients' warm-up ("warm-up",
+#: ``max_tokens`` 1, placement/adapters/vllm.py).
+WARMUP_TOKENS = (3, 1)
 
 
 class SimRouter(Protocol):
@@ -97,6 +100,10 @@ class SimLog:
     #: The requests the router refused outright (REJECT, a 503: EPP's saturation or
     #: the memory-pressure reject tier): shed, never served.
     shed: list[int] = field(default_factory=list)
+    #: Class warm-ups sent (``RouteDecision.refresh``): each a short request that took
+    #: a place in its pod's batch and refreshed its adapter's LRU place. One whose
+    #: adapter had left the GPU by its turn is dropped (it would load: not sent).
+    warmups: int = 0
 
 
 class FleetReplay:
@@ -178,6 +185,8 @@ class FleetReplay:
                     self._event(router, r, now_s)
                 elif kind == FAULT:
                     self._fault(router, p, r, now_s)
+                elif kind == WARMUP_DONE:
+                    self._warmup_done(p, now_s)
                 else:
                     self._plan(router, now_s, scheduled=True)
                 continue
@@ -241,6 +250,7 @@ class FleetReplay:
             pod.queue_depth = 0
             pod.waiting_adapters.clear()
             pod.event_wanted.clear()
+            pod.warmups.clear()
             for r in queued:
                 self.log.outcome[r] = REJECTED
                 self.log.pod[r] = -1
@@ -285,6 +295,9 @@ class FleetReplay:
             used = pod.preloaded.pop(adapter, None)
             if used is not None:
                 self.log.preload_used[used] = True
+        for name in decision.refresh:  # class warm-ups go ahead of the request
+            pod.warmups.add(name)
+            pod.queue.append(-1 - self._code(name))
         pod.queue.append(r)
         pod.queue_depth += 1
         waiting = pod.waiting_adapters
@@ -299,6 +312,14 @@ class FleetReplay:
         while queue and pod.load_adapter is None and pod.healthy:
             r = queue[0]
             adapter = adapters[r] if r >= 0 else self.preload_names[-1 - r]
+            if r < 0 and adapter in pod.warmups:
+                if adapter in pod.gpu_adapters and pod.running >= max_seqs:
+                    return  # a warm-up is a request: it waits for room in the batch
+                queue.popleft()
+                pod.warmups.discard(adapter)
+                if adapter in pod.gpu_adapters:
+                    self._warm_up(pod, p, adapter, now_s)
+                continue
             wanted = r < 0 and adapter in pod.event_wanted
             if wanted:
                 pod.event_wanted.discard(adapter)  # event_preloads chose what it displaces
@@ -364,6 +385,30 @@ class FleetReplay:
         if self._track_recent:
             self._remember(pod, adapter, now_s)
         heappush(self.heap, (end_s, DONE, p, r))
+
+    def _warm_up(self, pod: SimPod, p: int, adapter: str, now_s: float) -> None:
+        """A class warm-up reaches the batch: a short request for ``adapter`` (on its
+        GPU slot) that refreshes its LRU place and holds a batch place while it runs."""
+        sim = self.sim
+        pod.running += 1
+        pod.gpu_util = min(1.0, pod.running / sim.max_num_seqs)
+        prompt_tokens, output_tokens = WARMUP_TOKENS
+        step_ms = sim.decode_ms_per_step * (
+            1.0 + sim.batch_step_slowdown * pod.running / sim.max_num_seqs
+        )
+        end_s = now_s + (prompt_tokens * sim.prefill_ms_per_token + output_tokens * step_ms) / 1e3
+        pod.busy_until = max(pod.busy_until, end_s)
+        pod.touch(adapter)
+        pod.last_used[adapter] = now_s
+        self.log.warmups += 1
+        heappush(self.heap, (end_s, WARMUP_DONE, p, -1))
+
+    def _warmup_done(self, p: int, now_s: float) -> None:
+        pod = self.pods[p]
+        pod.running -= 1
+        if pod.load_adapter is None:
+            pod.gpu_util = pod.running / self.sim.max_num_seqs
+        self._pump(p, now_s)
 
     def _remember(self, pod: SimPod, adapter: str, now_s: float) -> None:
         recent = pod.recent.get(adapter)

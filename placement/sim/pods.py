@@ -80,6 +80,7 @@ class SimPod:
         "uses",
         "victim_cost",
         "waiting_adapters",
+        "warmups",
     )
 
     def __init__(self, spec: PodSpec) -> None:
@@ -118,6 +119,9 @@ class SimPod:
         self.planned: frozenset[str] = frozenset()
         #: Adapters an event's Warmup queued here and not yet started.
         self.event_wanted: set[str] = set()
+        #: Adapters a route's class warm-ups queued here and not yet sent: a request
+        #: refreshing an adapter on its GPU slot (``RouteDecision.refresh``).
+        self.warmups: set[str] = set()
         #: Adapters an event preloaded here, no request having reached them yet (each
         #: with its index in the log's ``preload_used``); an eviction drops them.
         self.preloaded: dict[str, int] = {}
@@ -200,6 +204,7 @@ class SimPod:
         self.loading.clear()
         self.preloaded.clear()
         self.event_wanted.clear()
+        self.warmups.clear()
         self.free_slots = self.max_loras
 
     def touch(self, adapter: str) -> None:

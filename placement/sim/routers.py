@@ -5,8 +5,10 @@ Reactive baselines (``round-robin``, ``least-loaded``, ``epp``, ``llm-d``, ``has
 ``lorafleet`` replans every ``plan_interval_s`` (and early when unplanned demand
 appears) from the history seen so far, preloads the planned adapters no pod holds, and
 routes by ``route_plan``: bounded affinity, a due load sent to the plan's pods, and
-each load's LRU victim weighed by the forecast (it cannot choose the victim: vLLM
-evicts by LRU and has no pin over HTTP, so it chooses the pod); ``oracle`` does the
+each load's LRU victim weighed by its idle time there and its class (it cannot
+choose the victim: vLLM evicts by LRU and has no pin over HTTP, so it chooses the pod,
+and sends the warm-ups that keep a higher class off the victim's place, which the
+engine runs as requests); ``oracle`` does the
 same from the true future demand on an engine that evicts by Belady and keeps the
 plan's whole hot set, a bound.
 
@@ -20,7 +22,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from placement.domain import Action, AdapterId, PodId, Tier
+from placement.domain import Action, AdapterId, Catalog, PodId, Tier
 from placement.errors import LorafleetError
 from placement.forecast.event_preloads import Event
 from placement.plan import Plan
@@ -84,6 +86,13 @@ def costs_for(replay: FleetReplay, settings: Settings) -> Costs:
         no_load_kv_usage=settings.router.no_load_kv_usage,
         reject_kv_usage=settings.router.reject_kv_usage,
     )
+
+
+def class_weights(catalog: Catalog) -> dict[str, float]:
+    """Each adapter's class weight (``AdapterClass.weight``) for ``PlannedRouter``; empty
+    when every adapter is production (no class to keep apart)."""
+    weights = {str(a.name): a.adapter_class.weight for a in catalog.adapters}
+    return weights if any(weight < 1.0 for weight in weights.values()) else {}
 
 
 class DecayedCounts:
@@ -195,8 +204,12 @@ class PlannedRouter(_Base):
         planning: ReplayPlanning,
         history: ReplayHistory,
         events: EventController | None = None,
+        class_weight: Mapping[str, float] | None = None,
     ) -> None:
         super().__init__(name, replay, settings, eviction)
+        #: Each adapter's class weight (the catalog's ``class``, ``AdapterClass.weight``);
+        #: None or empty: every adapter production, no class warm-ups.
+        self.class_weight: Mapping[str, float] = class_weight or {}
         #: The webhook path (None: events are not delivered to this policy).
         self.events = events
         self.last_plan: Plan | None = None
@@ -222,6 +235,7 @@ class PlannedRouter(_Base):
         self.plan_sources: dict[str, int] = {}
 
     def route(self, adapter: str, now_s: float) -> RouteDecision:
+        """``route_plan`` with the latest forecast's victims (and the warm-ups it names)."""
         ctx = replace(self.context(adapter, now_s), victims=self.victims)
         return route_plan(ctx, self.weights.get(adapter), fallback=self.fallback, tail=True)
 
@@ -242,13 +256,14 @@ class PlannedRouter(_Base):
             self.history.log_until(now_s), start=moment, duration_s=int(sim.plan_horizon_s)
         )
         replay.forecast_rps = {str(name): entry.mean_rps for name, entry in demand.items()}
-        # A victim is worth what both the forecast and the last minutes say
-        # (VictimWorth.rate, the live router's rule too).
+        # A victim is worth what its idle time on its pod says (victim_worth_s); the
+        # forecast capped by the last minutes (VictimWorth.rate) is the fallback.
         recent = self.history.rates(max(0.0, now_s - RECENT_S), now_s)
         self.victims = VictimWorth(
             forecast_rps=replay.forecast_rps,
             recent_rps={str(name): rate for name, rate in recent.items()},
             victim_horizon_s=self.settings.router.victim_horizon_s,
+            class_weight=self.class_weight,
         )
         self.known = frozenset(str(name) for name, entry in demand.items() if entry.q90_rps > 0)
         self.unplanned = DecayedCounts(sim.rate_window_s)

@@ -1,5 +1,6 @@
-"""lorafleet in the replay: after a plan it weighs a load's victim by the forecast it
-planned with, on the engine's LRU (it chooses the pod, never the victim)."""
+"""lorafleet in the replay: after a plan it prices a load's victim (by its idle time on
+its pod, and its class) on the engine's LRU: it chooses the pod, never the victim, and
+names the warm-ups that keep a higher class off the victim's place."""
 
 from __future__ import annotations
 
@@ -82,8 +83,16 @@ def test_bounded_affinity_evicts_the_adapter_idle_longest() -> None:
     assert bounded.route("new", 100.0).pod_id == "pod-0"
 
 
-def test_lorafleet_loads_where_the_forecast_says_the_victim_is_not_needed() -> None:
+def test_lorafleet_prices_a_victim_used_a_moment_ago_above_a_short_queue() -> None:
+    # pod-0's victim "busy" was used half a second ago, pod-1's "idle" 50 s ago, and
+    # pod-1 has one request queued: bounded affinity takes the shorter queue and evicts
+    # "busy"; lorafleet prices the eviction (a reuse within the horizon is near certain
+    # for "busy") and loads on pod-1.
     replay, settings, planning = full_pods()
+    replay.pods[0].last_used["busy"] = 99.5
+    replay.pods[1].queue_depth = 1
+    bounded = ReactiveRouter("bounded", replay, settings, EvictionPolicy.LRU)
+    assert bounded.route("new", 100.0).pod_id == "pod-0"
     lorafleet = PlannedRouter(
         "lorafleet",
         replay,
@@ -92,10 +101,29 @@ def test_lorafleet_loads_where_the_forecast_says_the_victim_is_not_needed() -> N
         planning=planning,
         history=ReplayHistory(replay.workload),
     )
-    assert lorafleet.route("new", 100.0).pod_id == "pod-0"  # no forecast yet: bounded
+    assert lorafleet.route("new", 100.0).pod_id == "pod-0"  # no plan yet: bounded
     lorafleet.plan(100.0, replay)
     decision = lorafleet.route("new", 100.0)
     assert (decision.pod_id, decision.reason) == ("pod-1", RouteReason.GENERAL_POOL)
+
+
+def test_lorafleet_sends_class_warm_ups_with_a_load_that_would_evict_production() -> None:
+    # pod-0 holds "busy" (production, its LRU victim) and "x" (batch); pod-1 has a long
+    # queue. The load goes to pod-0 with a warm-up of "busy", so "x" is evicted.
+    replay, settings, planning = full_pods()
+    replay.pods[1].queue_depth = 40
+    lorafleet = PlannedRouter(
+        "lorafleet",
+        replay,
+        settings,
+        EvictionPolicy.LRU,
+        planning=planning,
+        history=ReplayHistory(replay.workload),
+        class_weight={"x": 0.5, "y": 0.5},
+    )
+    lorafleet.plan(100.0, replay)
+    decision = lorafleet.route("new", 100.0)
+    assert (decision.pod_id, decision.refresh) == ("pod-0", ("busy",))
 
 
 def hot_plan(
