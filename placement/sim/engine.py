@@ -10,7 +10,7 @@ preload does the same. The engine evicts the least recently used adapter with no
 request running or queued, as vLLM's LRU does: a plan's hot set has no protection
 from it (vLLM has no pin over HTTP). Another ``EvictionPolicy`` stands for an engine
 that would evict otherwise (counterfactual: it protects the plan's hot set), its
-victim passed to the model. A load drains the batch first (up to
+victim passed to the model (``placement.sim.eviction_choice``). A load drains the batch first (up to
 ``max_drain_ms``) and the pod admits nothing new until the weights are in: that is
 the convoy effect. The step cost rises with batch size and distinct adapters.
 
@@ -23,8 +23,6 @@ Owns no IO and no wall clock.
 
 from __future__ import annotations
 
-import math
-from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass, field
 from heapq import heappop, heappush
@@ -32,19 +30,13 @@ from typing import Protocol
 
 from placement.domain import Action, ActionKind
 from placement.forecast.event_preloads import Event
-from placement.residency import Effects
 from placement.settings import LoadCostSettings, SimSettings
 from placement.sim.events import SimEvent
+from placement.sim.eviction_choice import EngineEviction
 from placement.sim.faults import DOWN, RESTART, FaultSchedule
 from placement.sim.pods import PodSpec, SimPod, lru_victim
 from placement.sim.workload import SimWorkload
-from policies.eviction import (
-    CacheEntry,
-    EvictionContext,
-    EvictionPolicy,
-    EvictionSettings,
-    choose_victim,
-)
+from policies.eviction import EvictionPolicy, EvictionSettings
 from policies.routing import RouteDecision, RouteReason
 
 DONE, LOAD_DONE, RETRY, PLAN, EVENT, FAULT, WARMUP_DONE = 0, 1, 2, 3, 4, 5, 6
@@ -106,7 +98,7 @@ class SimLog:
     warmups: int = 0
 
 
-class FleetReplay:
+class FleetReplay(EngineEviction):
     """One replay of one workload under one router."""
 
     def __init__(
@@ -469,95 +461,6 @@ class FleetReplay:
         if spec.storage_bytes_per_s is None:
             return 1000.0 * size_bytes / self.load_cost.storage_to_host_bytes_per_s
         return spec.first_byte_ms + 1000.0 * size_bytes / spec.storage_bytes_per_s
-
-    def _fetch(self, pod: SimPod, adapter: str, now_s: float) -> Effects:
-        """The engine model's load or request for ``adapter``, with the victim it evicts
-        if the slots are full: under LRU the engine's own, skipping adapters in use
-        while it has another choice; under another policy that policy's, passed to the
-        model as the only one it may take."""
-        busy: set[str]
-        if pod.free_slots > 0 or self.router_eviction is EvictionPolicy.LRU:
-            busy = {*pod.running_adapters, *pod.waiting_adapters}
-        else:
-            victim = self._victim(pod, now_s)
-            busy = {name for name in pod.gpu_adapters if name != victim}
-        return pod.fetch(adapter, busy=busy, now_s=now_s)
-
-    def _victim(self, pod: SimPod, now_s: float) -> str | None:
-        if self.router_eviction is EvictionPolicy.BELADY:
-            return self._belady_victim(pod)[0]
-        return choose_victim(self._eviction_context(pod, now_s))
-
-    def _victim_cost(self, pod: SimPod) -> float:
-        """When Belady's victim on ``pod`` would have been last used, were it LRU's: now
-        minus its wait to the next request, so routers compare pods on one scale."""
-        if pod.free_slots > 0:
-            return -math.inf
-        victim, next_s = self._belady_victim(pod)
-        if victim is None:
-            return math.inf
-        return 2.0 * self.now_s - next_s
-
-    def _belady_victim(self, pod: SimPod) -> tuple[str | None, float]:
-        """``choose_victim`` for Belady without building entries: the idle unpinned
-        adapter used furthest in the future (else the busy one), and that time."""
-        assert self._next_use is not None
-        best: tuple[str | None, float] = (None, -math.inf)
-        busy: tuple[str | None, float] = (None, -math.inf)
-        now_s = self.now_s
-        for adapter in pod.gpu_adapters:
-            if adapter in pod.planned:
-                continue
-            times = self._next_use.get(adapter, ())
-            k = bisect_right(times, now_s)
-            next_s = times[k] if k < len(times) else math.inf
-            idle = adapter not in pod.running_adapters and adapter not in pod.waiting_adapters
-            chosen = best if idle else busy
-            if chosen[0] is None or next_s > chosen[1]:
-                if idle:
-                    best = (adapter, next_s)
-                else:
-                    busy = (adapter, next_s)
-        return best if best[0] is not None else busy
-
-    def _eviction_context(self, pod: SimPod, now_s: float) -> EvictionContext:
-        size = self.workload.size_bytes
-        entries = [
-            CacheEntry(
-                adapter=adapter,
-                last_used_s=pod.last_used.get(adapter, loaded_at),
-                uses=pod.uses.get(adapter, 0),
-                recent_uses_s=pod.recent.get(adapter, ()),
-                size_bytes=size.get(adapter, 0),
-                pinned=adapter in pod.planned,
-                in_use=adapter in pod.running_adapters or adapter in pod.waiting_adapters,
-                forecast_rps=self.forecast_rps.get(adapter, 0.0),
-            )
-            for adapter, loaded_at in pod.gpu_adapters.items()
-        ]
-        return EvictionContext(
-            entries=entries,
-            now_s=now_s,
-            policy=self.router_eviction,
-            settings=self.eviction_settings,
-            next_use_s=self._next_uses(pod, now_s),
-        )
-
-    def _next_uses(self, pod: SimPod, now_s: float) -> dict[str, float]:
-        if self._next_use is None:
-            return {}
-        result: dict[str, float] = {}
-        for adapter in pod.gpu_adapters:
-            times = self._next_use.get(adapter, [])
-            k = bisect_right(times, now_s)
-            result[adapter] = times[k] if k < len(times) else math.inf
-        return result
-
-    def _arrivals_by_adapter(self) -> dict[str, list[float]]:
-        by_adapter: dict[str, list[float]] = {}
-        for moment, adapter in zip(self.workload.arrival_s, self.workload.adapters, strict=True):
-            by_adapter.setdefault(adapter, []).append(moment)
-        return by_adapter
 
     def _load_done(self, p: int, now_s: float) -> None:
         pod = self.pods[p]

@@ -1,0 +1,125 @@
+"""The replay engine's victim when the GPU slots are full: the engine's own LRU, or a
+counterfactual eviction policy (``--eviction``), or Belady's for the oracle.
+
+``EngineEviction`` is a part of ``FleetReplay`` (placement.sim.engine): it reads the
+replay's pods, clock, workload and forecast, and passes the model of
+``placement.residency`` the one victim it may take (under LRU the model chooses, with
+the adapters in use as busy). Owns no IO and no wall clock; mutates nothing but the
+pod it fetches to.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+
+from placement.residency import Effects
+from placement.sim.pods import SimPod
+from placement.sim.workload import SimWorkload
+from policies.eviction import (
+    CacheEntry,
+    EvictionContext,
+    EvictionPolicy,
+    EvictionSettings,
+    choose_victim,
+)
+
+
+class EngineEviction:
+    """Victim choice for ``FleetReplay``; the attributes are the replay's."""
+
+    workload: SimWorkload
+    eviction_settings: EvictionSettings
+    router_eviction: EvictionPolicy
+    forecast_rps: dict[str, float]
+    now_s: float
+    _next_use: dict[str, list[float]] | None
+
+    def _fetch(self, pod: SimPod, adapter: str, now_s: float) -> Effects:
+        """The engine model's load or request for ``adapter``, with the victim it evicts
+        if the slots are full: under LRU the engine's own, skipping adapters in use
+        while it has another choice; under another policy that policy's, passed to the
+        model as the only one it may take."""
+        busy: set[str]
+        if pod.free_slots > 0 or self.router_eviction is EvictionPolicy.LRU:
+            busy = {*pod.running_adapters, *pod.waiting_adapters}
+        else:
+            victim = self._victim(pod, now_s)
+            busy = {name for name in pod.gpu_adapters if name != victim}
+        return pod.fetch(adapter, busy=busy, now_s=now_s)
+
+    def _victim(self, pod: SimPod, now_s: float) -> str | None:
+        if self.router_eviction is EvictionPolicy.BELADY:
+            return self._belady_victim(pod)[0]
+        return choose_victim(self._eviction_context(pod, now_s))
+
+    def _victim_cost(self, pod: SimPod) -> float:
+        """When Belady's victim on ``pod`` would have been last used, were it LRU's: now
+        minus its wait to the next request, so routers compare pods on one scale."""
+        if pod.free_slots > 0:
+            return -math.inf
+        victim, next_s = self._belady_victim(pod)
+        if victim is None:
+            return math.inf
+        return 2.0 * self.now_s - next_s
+
+    def _belady_victim(self, pod: SimPod) -> tuple[str | None, float]:
+        """``choose_victim`` for Belady without building entries: the idle unpinned
+        adapter used furthest in the future (else the busy one), and that time."""
+        assert self._next_use is not None
+        best: tuple[str | None, float] = (None, -math.inf)
+        busy: tuple[str | None, float] = (None, -math.inf)
+        now_s = self.now_s
+        for adapter in pod.gpu_adapters:
+            if adapter in pod.planned:
+                continue
+            times = self._next_use.get(adapter, ())
+            k = bisect_right(times, now_s)
+            next_s = times[k] if k < len(times) else math.inf
+            idle = adapter not in pod.running_adapters and adapter not in pod.waiting_adapters
+            chosen = best if idle else busy
+            if chosen[0] is None or next_s > chosen[1]:
+                if idle:
+                    best = (adapter, next_s)
+                else:
+                    busy = (adapter, next_s)
+        return best if best[0] is not None else busy
+
+    def _eviction_context(self, pod: SimPod, now_s: float) -> EvictionContext:
+        size = self.workload.size_bytes
+        entries = [
+            CacheEntry(
+                adapter=adapter,
+                last_used_s=pod.last_used.get(adapter, loaded_at),
+                uses=pod.uses.get(adapter, 0),
+                recent_uses_s=pod.recent.get(adapter, ()),
+                size_bytes=size.get(adapter, 0),
+                pinned=adapter in pod.planned,
+                in_use=adapter in pod.running_adapters or adapter in pod.waiting_adapters,
+                forecast_rps=self.forecast_rps.get(adapter, 0.0),
+            )
+            for adapter, loaded_at in pod.gpu_adapters.items()
+        ]
+        return EvictionContext(
+            entries=entries,
+            now_s=now_s,
+            policy=self.router_eviction,
+            settings=self.eviction_settings,
+            next_use_s=self._next_uses(pod, now_s),
+        )
+
+    def _next_uses(self, pod: SimPod, now_s: float) -> dict[str, float]:
+        if self._next_use is None:
+            return {}
+        result: dict[str, float] = {}
+        for adapter in pod.gpu_adapters:
+            times = self._next_use.get(adapter, [])
+            k = bisect_right(times, now_s)
+            result[adapter] = times[k] if k < len(times) else math.inf
+        return result
+
+    def _arrivals_by_adapter(self) -> dict[str, list[float]]:
+        by_adapter: dict[str, list[float]] = {}
+        for moment, adapter in zip(self.workload.arrival_s, self.workload.adapters, strict=True):
+            by_adapter.setdefault(adapter, []).append(moment)
+        return by_adapter
