@@ -44,6 +44,7 @@ from placement.router.loops import Sleep, Supervisor
 from placement.router.metrics import RouterMetrics
 from placement.router.picking import Picker
 from placement.router.reqlog import RequestLogger, RequestLogSink
+from placement.router.scrape_http import AiohttpScrapes, HttpxScrapes, ScrapeHttp
 from placement.router.scraping import PodScraper
 from placement.router.sources import PlanSource, PodSource
 from placement.router.state import LivePod, Topology, Upstream, build_topology
@@ -77,7 +78,8 @@ class Router:
 
     ``engine_http`` reaches the pods for scrapes, listings and loads (absolute URLs, so
     one client, or one test transport, serves the fleet); without one the router makes
-    its own at ``start`` and closes it at ``stop``, and never closes one it was given.
+    its own at ``start`` for loads, scrapes on an aiohttp session of its own
+    (``AiohttpScrapes``), closes both at ``stop``, and never closes one it was given.
     ``clock`` gives the epoch seconds the router decides and stamps by (a request's
     arrival in the log, when an adapter was last routed, residencies); ``timer`` only
     measures latencies (time to first byte) and times the loops' rounds (a round stuck
@@ -141,13 +143,16 @@ class Router:
         )
         self.engine_http = engine_http
         self._owns_engine_http = engine_http is None
+        #: What the scrapes read the pods with: the given client's, else made by start.
+        self.scrape_http: ScrapeHttp | None = (
+            HttpxScrapes(engine_http) if engine_http is not None else None
+        )
         self.scraper = PodScraper(
             settings=self.settings,
             metrics=self.metrics,
             fleet_metrics=self.fleet_metrics,
             clock=clock,
-            engine_http=self._engine_http,
-            engine_client=self.engine_client,
+            http=self._scrape_http,
         )
         self._scrapes = 0
         self._loads: set[asyncio.Task[None]] = set()
@@ -178,6 +183,8 @@ class Router:
             most = self.settings.max_connections
             limits = httpx.Limits(max_connections=most, max_keepalive_connections=most)
             self.engine_http = httpx.AsyncClient(limits=limits)
+        if self.scrape_http is None:
+            self.scrape_http = AiohttpScrapes()
         settings, supervisor = self.settings, self.supervisor
         loops = (
             ("pods", settings.pods_poll_s, f"pod source {self.pod_source.description}",
@@ -216,9 +223,14 @@ class Router:
                 await self.session.close()
         finally:
             self.session = None
-            if self._owns_engine_http and self.engine_http is not None:
-                http, self.engine_http = self.engine_http, None
-                await http.aclose()
+            try:
+                if self._owns_engine_http and self.scrape_http is not None:
+                    scrapes, self.scrape_http = self.scrape_http, None
+                    await scrapes.close()
+            finally:
+                if self._owns_engine_http and self.engine_http is not None:
+                    http, self.engine_http = self.engine_http, None
+                    await http.aclose()
 
     def problems(self) -> list[str]:
         """What fails the health check: a loop that ended, or one stuck in a round."""
@@ -312,6 +324,10 @@ class Router:
     def _engine_http(self) -> httpx.AsyncClient:
         assert self.engine_http is not None, "pass engine_http, or start() the router"
         return self.engine_http
+
+    def _scrape_http(self) -> ScrapeHttp:
+        assert self.scrape_http is not None, "pass engine_http, or start() the router"
+        return self.scrape_http
 
     def engine_client(self, upstream: Upstream) -> VllmClient | SglangClient:
         kind = SglangClient if upstream.engine is Engine.SGLANG else VllmClient

@@ -10,6 +10,12 @@ An SGLang pod started without ``--enable-metrics`` answers 404 on ``/metrics``: 
 in the rotation, judged by ``/health``, with ``lorafleet_router_pod_metrics_missing``
 set and one warning naming the pod and the flag.
 
+The reads go through a ``ScrapeHttp`` (``router.scrape_http``): aiohttp in a running
+router, the given httpx client where a test passes one. A read past its timeout
+(``scrape_timeout_s``, ``health_timeout_s``) counts a failure, and two in a row take
+the pod out; a listing past ``load_timeout_s``, or any other failure, takes it out at
+once.
+
 Must not schedule rounds or swap the topology: that is ``router.core``.
 """
 
@@ -18,18 +24,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-import httpx
-
 from placement.adapters.metrics_text import parse_sglang_metrics, parse_vllm_metrics
-from placement.adapters.sglang import SglangClient, metrics_missing_message
-from placement.adapters.vllm import VllmClient
+from placement.adapters.sglang import metrics_missing_message
 from placement.clock import Clock
 from placement.domain import Engine
-from placement.errors import EngineError
+from placement.errors import EngineError, RetryableEngineError
 from placement.metrics import FleetMetrics
 from placement.ports import PodMetrics
-from placement.router.live_pods import LivePod, Upstream
+from placement.router.live_pods import LivePod
 from placement.router.metrics import RouterMetrics
+from placement.router.scrape_http import ScrapeHttp, ScrapeTimeoutError, listing_of
 from placement.settings import RouterSettings
 
 log = logging.getLogger("lorafleet.router")
@@ -37,8 +41,8 @@ log = logging.getLogger("lorafleet.router")
 
 class PodScraper:
     """Scrapes one pod at a time for a router, with the router's settings, metrics and
-    clock. ``engine_http`` gives the client to the pods (the router's, made at its
-    start); ``engine_client`` makes a pod's engine client (for the listing)."""
+    clock. ``http`` gives what the pods are read with (the router's, made at its
+    start)."""
 
     def __init__(
         self,
@@ -47,15 +51,13 @@ class PodScraper:
         metrics: RouterMetrics,
         fleet_metrics: FleetMetrics,
         clock: Clock,
-        engine_http: Callable[[], httpx.AsyncClient],
-        engine_client: Callable[[Upstream], VllmClient | SglangClient],
+        http: Callable[[], ScrapeHttp],
     ) -> None:
         self.settings = settings
         self.metrics = metrics
         self.fleet_metrics = fleet_metrics
         self.clock = clock
-        self._engine_http = engine_http
-        self.engine_client = engine_client
+        self._http = http
 
     async def scrape(self, state: LivePod, *, listing: bool) -> None:
         """Scrape ``state``'s pod once (with its ``/v1/models`` too when ``listing``, when
@@ -72,13 +74,13 @@ class PodScraper:
                 state.observe(parse(text, pod=upstream.pod))
             if listing or not state.healthy or state.listing_due:
                 await self._read_listing(state)
-        except httpx.TimeoutException:
+        except ScrapeTimeoutError:
             # A slow answer may be our own loop being busy: two in a row take it out.
             state.failures += 1
             if state.failures >= 2:
                 self.mark_unhealthy(state, "scrapes timed out twice")
             return
-        except (httpx.HTTPError, httpx.InvalidURL, EngineError) as exc:
+        except EngineError as exc:
             self.mark_unhealthy(state, str(exc) or type(exc).__name__)
             return
         except Exception as exc:  # anything else is this pod's alone: the round goes on
@@ -114,10 +116,11 @@ class PodScraper:
     async def _metrics_text(self, state: LivePod) -> str | None:
         """The pod's ``/metrics`` text; None for an SGLang pod without the route."""
         upstream = state.upstream
-        http = self._engine_http()
         timeout_s = self.settings.scrape_timeout_s
-        response = await http.get(upstream.url + "/metrics", timeout=timeout_s)
-        missing = response.status_code == 404 and upstream.engine is Engine.SGLANG
+        answer = await self._http().get(
+            upstream.url, "/metrics", pod=upstream.pod, timeout_s=timeout_s
+        )
+        missing = answer.status == 404 and upstream.engine is Engine.SGLANG
         if missing != state.metrics_missing:
             state.metrics_missing = missing
             state.health_probed = False
@@ -126,9 +129,9 @@ class PodScraper:
                 log.warning(metrics_missing_message(upstream.pod))
         if missing:
             return None
-        if response.status_code != 200:
-            raise EngineError(f"/metrics answered {response.status_code}", pod=upstream.pod)
-        return response.text
+        if answer.status != 200:
+            raise EngineError(f"/metrics answered {answer.status}", pod=upstream.pod)
+        return answer.text
 
     async def _probe_health(self, state: LivePod, *, due: bool) -> None:
         """Judge a pod without ``/metrics`` by ``/health``: on listing rounds and while
@@ -138,13 +141,31 @@ class PodScraper:
             return
         upstream = state.upstream
         timeout_s = self.settings.health_timeout_s
-        response = await self._engine_http().get(upstream.url + "/health", timeout=timeout_s)
+        # Until it answers, the pod is not probed: a probe that timed out is asked
+        # again at the next scrape, so two in a row take it out (a hung /health, as a
+        # stuck generation would leave it, must not pass for a healthy pod).
+        state.health_probed = False
+        answer = await self._http().get(
+            upstream.url, "/health", pod=upstream.pod, timeout_s=timeout_s
+        )
         state.health_probed = True
-        if response.status_code != 200:
-            raise EngineError(f"/health answered {response.status_code}", pod=upstream.pod)
+        if answer.status != 200:
+            raise EngineError(f"/health answered {answer.status}", pod=upstream.pod)
 
     async def _read_listing(self, state: LivePod) -> None:
-        registered = await self.engine_client(state.upstream).registered()
+        """The pod's ``/v1/models``, read into the ledger. Its timeout is a load's, as
+        the engine clients' (a slow listing takes the pod out, as their errors do)."""
+        upstream = state.upstream
+        try:
+            answer = await self._http().get(
+                upstream.url,
+                "/v1/models",
+                pod=upstream.pod,
+                timeout_s=self.settings.load_timeout_s,
+            )
+        except ScrapeTimeoutError:
+            raise RetryableEngineError("GET /v1/models timed out", pod=upstream.pod) from None
+        registered = listing_of(answer, pod=upstream.pod)
         state.listing_due = False
         state.ledger.reconcile_listing(registered.adapters)
         state.sync()
