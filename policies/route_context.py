@@ -86,8 +86,8 @@ class PodSnapshot:
 class VictimWorth:
     """What a load weighs its victim by (``policies.victims.victim_worth_s``): a load
     that evicts pays, besides its own cost, the chance that the victim is asked for
-    again within ``victim_horizon_s`` times a reload, by the rate its idle time on its
-    pod implies when the caller's ``now_s`` gives it, else by its forecast.
+    again within ``victim_horizon_s`` times a reload: by its forecast rate, fading as
+    the victim idles on its pod (when the caller's ``now_s`` says for how long).
 
     A victim's forecast rate is the lower of its forecast and its recent rate
     (``rate``): a forecast the traffic does not bear out (yesterday's pattern) protects

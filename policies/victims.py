@@ -72,24 +72,28 @@ def victim_after(pod: PodLike, victims: VictimWorth, refresh: Sequence[str]) -> 
     return lru_victim(pod) if victims.victim_of is None else victims.victim_of(pod)
 
 
+#: How many inter-arrival times the forecast counts for in a victim's rate: its weight
+#: against the victim's idle time on its pod (``victim_worth_s``).
+PRIOR_GAPS = 1.0
+
+
 def victim_worth_s(pod: PodLike, ctx: RoutingContext, *, refresh: Sequence[str] = ()) -> float:
     """What evicting ``pod``'s next victim (after ``refresh``) is expected to cost: the
     chance that it is asked for there within ``victim_horizon_s``, times a reload from
-    host RAM (its load penalty), times its class weight. 0 with a free slot.
+    host RAM (its load penalty), times its class weight. 0 with a free slot, or for a
+    victim without a forecast.
 
-    The chance is that of a Poisson stream at the rate the victim's idle time on this
-    pod implies (one request per idle time since its last use there, the engine LRU's
-    own evidence, priced rather than only ordered), when the caller's clock gives it
-    (``now_s`` after ``victim_last_used_s``); otherwise, and for a victim a warm-up
-    uncovers, its forecast rate (``VictimWorth.rate``) shared among the pods holding
-    it. The forecast is not the first choice because it measured worse where traffic
-    comes in sessions: on legal-research (seed 1, greedy planner) the forecast's rate
-    gave 8,164 loads, the idle rate with the forecast as a floor 7,746, the idle rate
-    alone 7,214, bounded affinity 7,296; on the war story (Thursday 09:00-13:00) 23,324,
-    23,285 and bounded 23,533. An adapter's LRU copy on one pod is the copy its traffic
-    does not reach, so its fleet rate overstates what losing that copy costs. Where
-    arrivals are Poisson the forecast did better (ServeGen m-mid: 34,882 loads with the
-    idle rate, bounded 37,923; docs/benchmarks.md has 29,354 with the forecast).
+    The chance treats the victim's requests on this pod as a Poisson stream whose rate
+    is uncertain: a Gamma prior worth ``PRIOR_GAPS`` inter-arrival times at its forecast
+    rate (``VictimWorth.rate``, shared among the pods holding it), updated by the time
+    it has now idled there (``now_s - victim_last_used_s``, none without the caller's
+    clock). With prior shape a and rate b (a / share) and idle time t, the chance of a
+    request within horizon H is 1 - ((b + t) / (b + t + H)) ** a: the forecast while
+    the victim was used a moment ago, fading as it idles (a session's adapter is asked
+    for again soon after a use and seldom after a pause, which its mean rate cannot
+    say). Measured (greedy planner): legal-research 7,241 loads (the forecast alone
+    8,164, the idle time alone 7,214, bounded affinity 7,296); war story Thursday
+    09:00-13:00 21,144 (22,555, 23,285; bounded 23,533).
     """
     victims = ctx.victims
     if victims is None or pod.free_slots > 0:
@@ -97,13 +101,11 @@ def victim_worth_s(pod: PodLike, ctx: RoutingContext, *, refresh: Sequence[str] 
     victim = victim_after(pod, victims, refresh)
     if victim is None:
         return 0.0
-    idle_s = ctx.now_s - pod.victim_last_used_s
-    if idle_s > 0.0 and not refresh:
-        rate = 1.0 / idle_s
-    else:
-        copies = sum(1 for other in ctx.pods if victim in other.gpu_adapters)
-        rate = victims.rate(victim) / max(1, copies)
-    if rate <= 0.0:
+    copies = sum(1 for other in ctx.pods if victim in other.gpu_adapters)
+    share = victims.rate(victim) / max(1, copies)
+    if share <= 0.0:
         return 0.0
-    reuse = -math.expm1(-rate * victims.victim_horizon_s)
+    idle_s = 0.0 if refresh else max(0.0, ctx.now_s - pod.victim_last_used_s)
+    prior_s = PRIOR_GAPS / share + idle_s
+    reuse = 1.0 - math.pow(prior_s / (prior_s + victims.victim_horizon_s), PRIOR_GAPS)
     return reuse * ctx.warm_load_s * ctx.load_penalty_factor * victims.weight(victim)

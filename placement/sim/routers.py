@@ -5,7 +5,8 @@ Reactive baselines (``round-robin``, ``least-loaded``, ``epp``, ``llm-d``, ``has
 ``lorafleet`` replans every ``plan_interval_s`` (and early when unplanned demand
 appears) from the history seen so far, preloads the planned adapters no pod holds, and
 routes by ``route_plan``: bounded affinity, a due load sent to the plan's pods, and
-each load's LRU victim weighed by its idle time there and its class (it cannot
+each load's LRU victim weighed by the forecast (fading as it idles there) and by its
+class (it cannot
 choose the victim: vLLM evicts by LRU and has no pin over HTTP, so it chooses the pod,
 and sends the warm-ups that keep a higher class off the victim's place, which the
 engine runs as requests); ``oracle`` does the
@@ -256,8 +257,9 @@ class PlannedRouter(_Base):
             self.history.log_until(now_s), start=moment, duration_s=int(sim.plan_horizon_s)
         )
         replay.forecast_rps = {str(name): entry.mean_rps for name, entry in demand.items()}
-        # A victim is worth what its idle time on its pod says (victim_worth_s); the
-        # forecast capped by the last minutes (VictimWorth.rate) is the fallback.
+        # A victim is worth what both the forecast and the last minutes say
+        # (VictimWorth.rate, the live router's rule too), fading as it idles on its
+        # pod (victim_worth_s).
         recent = self.history.rates(max(0.0, now_s - RECENT_S), now_s)
         self.victims = VictimWorth(
             forecast_rps=replay.forecast_rps,

@@ -1,6 +1,7 @@
-"""lorafleet in the replay: after a plan it prices a load's victim (by its idle time on
-its pod, and its class) on the engine's LRU: it chooses the pod, never the victim, and
-names the warm-ups that keep a higher class off the victim's place."""
+"""lorafleet in the replay: after a plan it weighs a load's victim by the forecast it
+planned with (fading as the victim idles on its pod) and by its class, on
+the engine's LRU: it chooses the pod, never the victim, and names the warm-ups that keep
+a higher class off the victim's place."""
 
 from __future__ import annotations
 
@@ -83,16 +84,8 @@ def test_bounded_affinity_evicts_the_adapter_idle_longest() -> None:
     assert bounded.route("new", 100.0).pod_id == "pod-0"
 
 
-def test_lorafleet_prices_a_victim_used_a_moment_ago_above_a_short_queue() -> None:
-    # pod-0's victim "busy" was used half a second ago, pod-1's "idle" 50 s ago, and
-    # pod-1 has one request queued: bounded affinity takes the shorter queue and evicts
-    # "busy"; lorafleet prices the eviction (a reuse within the horizon is near certain
-    # for "busy") and loads on pod-1.
+def test_lorafleet_loads_where_the_forecast_says_the_victim_is_not_needed() -> None:
     replay, settings, planning = full_pods()
-    replay.pods[0].last_used["busy"] = 99.5
-    replay.pods[1].queue_depth = 1
-    bounded = ReactiveRouter("bounded", replay, settings, EvictionPolicy.LRU)
-    assert bounded.route("new", 100.0).pod_id == "pod-0"
     lorafleet = PlannedRouter(
         "lorafleet",
         replay,
@@ -101,7 +94,7 @@ def test_lorafleet_prices_a_victim_used_a_moment_ago_above_a_short_queue() -> No
         planning=planning,
         history=ReplayHistory(replay.workload),
     )
-    assert lorafleet.route("new", 100.0).pod_id == "pod-0"  # no plan yet: bounded
+    assert lorafleet.route("new", 100.0).pod_id == "pod-0"  # no forecast yet: bounded
     lorafleet.plan(100.0, replay)
     decision = lorafleet.route("new", 100.0)
     assert (decision.pod_id, decision.reason) == ("pod-1", RouteReason.GENERAL_POOL)
