@@ -32,7 +32,7 @@ No IO, no clock, no await.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from placement.domain import AdapterId, Outcome, PodId, PoolId
@@ -107,8 +107,12 @@ class Picker:
         adapter_bytes: Mapping[AdapterId, int] | None = None,
         adapter_classes: Mapping[AdapterId, float] | None = None,
         prefilter: bool = True,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         self.settings = settings
+        #: The router's clock (the one ``LivePod.note_use`` is given): a victim's worth
+        #: fades with its idle time on its pod. None: the forecast alone counts.
+        self.clock = clock
         #: Each adapter's class weight (``AdapterClass.weight``); kept only when some
         #: adapter is not production (else no class to keep apart).
         classes = {str(name): weight for name, weight in (adapter_classes or {}).items()}
@@ -155,6 +159,7 @@ class Picker:
             reject_kv_usage=self.settings.reject_kv_usage,
             per_request_s=self.settings.per_request_s,
             victims=self._victims_for(topology) if planned else None,
+            now_s=self.clock() if planned and self.clock is not None else 0.0,
         )
         if model == pool.served_model:
             return self._decided(topology, route_least_loaded(context), adapter, base=True)
