@@ -262,8 +262,6 @@ class SimSettings:
     #: triggers an early replan (event-triggered preloads), at most once per interval.
     event_replan_requests: int = 10
     event_replan_min_gap_s: float = 60.0
-    #: GPU slots per pod the plan leaves free, so a pinned hot set never blocks the tail.
-    tail_slots: int = 1
     #: Adapters forecast below this rate are not planned hot: LRU serves them better
     #: than a guess (twelve requests a minute).
     plan_hot_min_rps: float = 0.2
