@@ -26,7 +26,7 @@ from placement.settings import Settings
 from placement.sim.engine import COLD_LOAD, CPU_HIT, GPU_HIT
 from placement.sim.events import EventController, SimEvent, sim_events
 from placement.sim.faults import FaultSchedule, parse_inline, parse_yaml, schedule
-from placement.sim.replay import ReplayResult, check_policies, run_replay
+from placement.sim.replay import AFTER_POD_LOSS_S, ReplayResult, check_policies, run_replay
 from placement.sim.routers import PLANNED, POLICIES
 from placement.sim.wiring import PLANNERS, replay_planning
 from placement.sim.workload import SimWorkload, workload_from_log
@@ -191,6 +191,8 @@ def _json(result: ReplayResult) -> dict[str, object]:
             "login_surge_ttft_p95_ms": result.login_surge_ttft_p95_ms,
             "by_kind": result.event_figures_by_kind,
         }
+    if result.after_pod_loss is not None:
+        payload["after_pod_loss"] = result.after_pod_loss
     return payload
 
 
@@ -351,3 +353,13 @@ def replay(
     # Nineteen columns: wider than a default pipe, so never squeeze them into 80.
     console.width = max(console.width, 200)
     console.print(_table(results))
+    for result in results:
+        if result.after_pod_loss is not None:
+            lost = result.after_pod_loss
+            console.print(
+                f"{result.policy}: in the {AFTER_POD_LOSS_S / 60:.0f} min after each of"
+                f" {lost['pod_losses']} pod losses, {lost['requests']:,} requests:"
+                f" {lost['served_share']:.1%} served, {lost['gpu_hit_rate']:.1%} GPU hits,"
+                f" {lost['cold_loads_on_critical_path']:,} cold loads on the critical path,"
+                f" TTFT p95 {lost['ttft_p95_ms']:,.0f} ms"
+            )

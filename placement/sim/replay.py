@@ -20,6 +20,7 @@ from placement.sim.events import EventController, SimEvent
 from placement.sim.faults import FaultSchedule
 from placement.sim.figures import (
     Metrics,
+    after_pod_loss,
     compute_metrics,
     event_metrics,
     event_metrics_by_kind,
@@ -30,6 +31,9 @@ from placement.sim.pods import PodSpec
 from placement.sim.routers import PLANNED, POLICIES, PlannedRouter, ReactiveRouter
 from placement.sim.workload import SimWorkload
 from policies.eviction import EvictionPolicy, EvictionSettings
+
+#: What availability replicas are for: the requests in the ten minutes after a pod loss.
+AFTER_POD_LOSS_S = 600.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,6 +50,9 @@ class ReplayResult:
     event_figures_by_kind: dict[str, Metrics] = field(default_factory=dict)
     #: With events: ``surge_ttft_p95_ms`` per tenant.
     login_surge_ttft_p95_ms: dict[str, float] = field(default_factory=dict)
+    #: With faults (``--faults``): the requests arriving within ``AFTER_POD_LOSS_S`` of
+    #: each restart or outage start (``figures.after_pod_loss``); None otherwise.
+    after_pod_loss: Metrics | None = None
 
 
 def pod_specs(fleet: Fleet) -> list[PodSpec]:
@@ -156,6 +163,11 @@ def run_policy(
         tenants = {str(a.name): str(a.tenant) for a in controller.catalog.adapters if a.tenant}
         surges = surge_ttft_p95_ms(log, workload, events, adapter_tenants=tenants, window=window_s)
     sources = router.plan_sources if isinstance(router, PlannedRouter) else {}
+    lost = (
+        after_pod_loss(log, workload.arrival_s, faults.steps, after_s=AFTER_POD_LOSS_S)
+        if faults is not None and faults.steps
+        else None
+    )
     return ReplayResult(
         policy=name,
         eviction=router.eviction,
@@ -166,6 +178,7 @@ def run_policy(
         event_figures=figures,
         event_figures_by_kind=by_kind,
         login_surge_ttft_p95_ms=surges,
+        after_pod_loss=lost,
     )
 
 

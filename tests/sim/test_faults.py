@@ -189,6 +189,15 @@ def test_cli_takes_an_inline_spec_and_a_yaml_file(tmp_path: Path) -> None:
     from_file = CliRunner().invoke(app, [*base, str(tmp_path / "faults.yaml")])
     assert inline.exit_code == 0, inline.output
     assert json.loads(inline.stdout) == json.loads(from_file.stdout)
+    # The requests after the two pod losses (one restart at 1 min, one outage at 2 min):
+    # all 300 arrive within 10 minutes of the first, 180 of them after the second.
+    lost = json.loads(inline.stdout)["policies"]["epp"]["after_pod_loss"]
+    assert lost["pod_losses"] == 2
+    assert lost["requests"] == 300 - 60
+    assert 0.0 < lost["served_share"] <= 1.0
+    text = CliRunner().invoke(app, [*base[:-2], "--faults", "restart=pod-0@1m"])
+    assert text.exit_code == 0, text.output
+    assert "after each of 1 pod losses, 240 requests" in text.output
     bad = CliRunner().invoke(app, [*base, "restart=pod-7@1m"])
     assert bad.exit_code == 2
     assert "no pod 'pod-7'" in bad.output
