@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import resource
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -13,21 +14,25 @@ import typer
 from rich.table import Table
 
 from placement.cli.app import app, err, out, report_errors
-from placement.cli.replay_cmds import figures_window, parse_moment
+from placement.cli.replay_cmds import figures_window, parse_moment, replay_events
+from placement.cli.size_cmds import base_model
 from placement.domain import Fleet
 from placement.errors import InputError, Problem
-from placement.inputs import load_catalog, load_fleet
+from placement.inputs import load_catalog, load_fleet, parse_bytes
+from placement.inputs.pipelines import load_pipelines
 from placement.inputs.request_log import RequestLog, load_request_log
-from placement.ledgers import builtin_base, gpu_bytes, ledgers
+from placement.ledgers import gpu_bytes, ledgers
 from placement.settings import Settings
 from placement.sim.capacity import (
     GridJob,
     Shape,
     ShapeResult,
     default_grid,
+    past_counts,
     recommend,
     replay_grid,
 )
+from placement.sim.events import SimEvent
 from placement.sim.routers import POLICIES
 from placement.sim.wiring import PLANNERS
 from placement.sim.workload import workload_from_log
@@ -62,30 +67,62 @@ def _grid(fleet: Fleet, slots: str | None, pods: str | None, host: str | None) -
     ]
 
 
-def sliced_log(log: RequestLog, start: str | None, end: str | None, history: str) -> RequestLog:
-    """Only the requests the figures and the forecaster's history need."""
-    if start is None:
-        return log
+def _span(text: str, option: str) -> pd.Timedelta:
     try:
-        back = pd.Timedelta(history)
+        span = pd.Timedelta(text)
     except ValueError as exc:
-        raise InputError([Problem(source="--history", message=str(exc))]) from None
-    lo = parse_moment(start, "--from") - back
+        raise InputError([Problem(source=option, message=f"{text!r}: {exc}")]) from None
+    if span < pd.Timedelta(0):
+        raise InputError([Problem(source=option, message=f"{text!r} is negative")])
+    return span
+
+
+def split_log(
+    log: RequestLog, start: str | None, end: str | None, *, history: str, warmup: str
+) -> tuple[RequestLog, RequestLog | None]:
+    """The requests replayed (from ``warmup`` before ``start`` to ``end``) and the log
+    before them that the forecaster sees as counts (``history`` before ``start`` on)."""
+    if start is None:
+        return log, None
+    back = _span(history, "--history")
+    lead = min(_span(warmup, "--warmup"), back)
+    first = parse_moment(start, "--from")
     hi = parse_moment(end, "--to") if end is not None else None
     ts = log.frame["ts"]
-    keep = ts >= lo if hi is None else (ts >= lo) & (ts < hi)
-    return replace(log, frame=log.frame.loc[keep].reset_index(drop=True))
+    keep = ts >= first - lead if hi is None else (ts >= first - lead) & (ts < hi)
+    before = (ts >= first - back) & (ts < first - lead)
+    replayed = replace(log, frame=log.frame.loc[keep].reset_index(drop=True))
+    if not before.any():
+        return replayed, None
+    return replayed, replace(log, frame=log.frame.loc[before].reset_index(drop=True))
 
 
-def _kv_tokens(fleet: Fleet, gpu: str | None, quant: str) -> dict[int, int | None]:
+def _cpu_s() -> float:
+    """CPU seconds of this process and its finished children (the grid's replays)."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def _kv_tokens(
+    fleet: Fleet, gpu: str | None, quant: str, config: Path | None
+) -> dict[int, int | None]:
     if gpu is None:
         return {}
     pool = fleet.pools[0]
     try:
-        model = builtin_base(pool.base_model)
-        device = gpu_bytes(gpu)
+        model = base_model(None if config is not None else pool.base_model, config)
     except SizingError as exc:
-        raise InputError([Problem(source="--gpu", message=str(exc))]) from None
+        source = "--config" if config is not None else "--gpu"
+        raise InputError([Problem(source=source, message=str(exc))]) from None
+    try:
+        device = parse_bytes(gpu)
+    except ValueError:
+        try:
+            device = gpu_bytes(gpu)
+        except SizingError as exc:
+            message = str(exc).replace("give --gpu-bytes, e.g. 80GiB", "give --gpu 80GiB")
+            raise InputError([Problem(source="--gpu", message=message)]) from None
     found: dict[int, int | None] = {}
     for slots in range(1, 129):
         try:
@@ -169,10 +206,25 @@ def capacity(
         str | None, typer.Option("--to", help="figures up to this time (ISO, with offset)")
     ] = None,
     history: Annotated[
-        str, typer.Option(help="with --from: the log replayed before it, e.g. 1D, 12h")
-    ] = "1D",
-    gpu: Annotated[str | None, typer.Option(help="GPU, to price slots in KV tokens")] = None,
+        str, typer.Option(help="with --from: the log the forecaster sees before it, e.g. 7D")
+    ] = "7D",
+    warmup: Annotated[
+        str, typer.Option(help="with --from: the part of --history replayed, e.g. 1h")
+    ] = "1h",
+    events: Annotated[
+        Path | None, typer.Option(help="event log delivered to lorafleet's controller")
+    ] = None,
+    pipelines: Annotated[
+        Path | None, typer.Option(help="pipelines.yaml, for the events' pipeline triggers")
+    ] = None,
+    gpu: Annotated[
+        str | None, typer.Option(help="GPU (h100-80gb) or its bytes (80GiB): slots in KV tokens")
+    ] = None,
     quant: Annotated[str, typer.Option(help="base weights' quantisation, with --gpu")] = "fp16",
+    config: Annotated[
+        Path | None,
+        typer.Option(help="with --gpu: the base model's config.json, when it is not built in"),
+    ] = None,
     jobs: Annotated[int, typer.Option(help="replays run at once")] = 2,
     plot: Annotated[Path | None, typer.Option(help="write hit rate vs slots and pods (PNG)")] = (
         None
@@ -194,8 +246,26 @@ def capacity(
     parsed_fleet = load_fleet(fleet)
     parsed_catalog = load_catalog(catalog, fleet=parsed_fleet)
     shapes = _grid(parsed_fleet, slots, pods, host_slots)
-    request_log = sliced_log(load_request_log(log), window_from, window_to, history)
-    workload = workload_from_log(request_log, parsed_catalog, bucket_s=settings.forecast.bucket_s)
+    kv = _kv_tokens(parsed_fleet, gpu, quant, config)
+    replayed, before = split_log(
+        load_request_log(log), window_from, window_to, history=history, warmup=warmup
+    )
+    bucket_s = settings.forecast.bucket_s
+    workload = workload_from_log(replayed, parsed_catalog, bucket_s=bucket_s)
+    delivered: tuple[SimEvent, ...] = ()
+    parsed_pipelines = (
+        load_pipelines(pipelines, catalog=parsed_catalog) if pipelines is not None else None
+    )
+    if events is not None:
+        found, _ = replay_events(
+            events,
+            workload,
+            catalog=parsed_catalog,
+            fleet=parsed_fleet,
+            pipelines=parsed_pipelines,
+            settings=settings,
+        )
+        delivered = tuple(found)
     job = GridJob(
         workload=workload,
         fleet=parsed_fleet,
@@ -203,9 +273,11 @@ def capacity(
         policy=grid_policy,
         planner=planner,
         window_s=figures_window(workload, window_from, window_to),
+        past=None if before is None else past_counts(before, bucket_s),
+        events=delivered,
+        pipelines=parsed_pipelines,
     )
-    kv = _kv_tokens(parsed_fleet, gpu, quant)
-    started = time.monotonic()
+    started, cpu_before = time.monotonic(), _cpu_s()
     results = replay_grid(
         job,
         parsed_catalog,
@@ -224,6 +296,9 @@ def capacity(
             "policy": grid_policy,
             "grid": [result.as_dict() for result in sorted(results, key=lambda r: r.shape)],
             "wall_s": round(time.monotonic() - started, 1),
+            # The replays' CPU time: the grid's wall time on idle cores is about this
+            # divided by --jobs, whatever else the machine was running.
+            "cpu_s": round(_cpu_s() - cpu_before, 1),
         }
         out().print_json(json.dumps(payload))
         return
@@ -235,4 +310,7 @@ def capacity(
         f"{shape.max_cpu_loras} host slots: {chosen.result.gpu_hit_rate:.2%} GPU hits, "
         f"TTFT p95 {chosen.result.ttft_p95_ms:.0f} ms ({chosen.reason})"
     )
-    err().print(f"{len(results)} shapes replayed in {time.monotonic() - started:.0f} s")
+    err().print(
+        f"{len(results)} shapes replayed in {time.monotonic() - started:.0f} s"
+        f" ({_cpu_s() - cpu_before:.0f} CPU s)"
+    )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -13,14 +14,15 @@ import yaml
 from rich.table import Table
 
 from placement.cli.app import app, err, out, report_errors
-from placement.cli.capacity_cmds import sliced_log
+from placement.cli.capacity_cmds import split_log
 from placement.cli.replay_cmds import figures_window, parse_moment
 from placement.domain import Catalog, Fleet
 from placement.errors import InputError, Problem
 from placement.forecast.pins import PinRules, PoolPins, recommend_pins
 from placement.inputs import load_catalog, load_fleet
-from placement.inputs.request_log import load_request_log
+from placement.inputs.request_log import RequestLog, load_request_log
 from placement.settings import Settings
+from placement.sim.capacity import PastHistory, past_counts
 from placement.sim.engine import GPU_HIT
 from placement.sim.replay import run_policy
 from placement.sim.wiring import replay_planning
@@ -31,12 +33,14 @@ app.add_typer(recommend, name="recommend")
 
 
 def pinned_catalog_yaml(catalog_path: Path, pools: list[PoolPins]) -> str:
-    """The catalog file with each recommended pin as ``pinned: true`` on its pods."""
+    """The catalog file with each recommended pin pinned on its pods, by name."""
     raw = yaml.safe_load(catalog_path.read_text())
-    pods = {pin.adapter: pin.pods for pool in pools for pin in pool.pins}
+    pins = {pin.adapter: pin for pool in pools for pin in pool.pins}
+    pods = {name: pin.pods for name, pin in pins.items()}
     for entry in raw.get("adapters", []):
         if isinstance(entry, dict) and entry.get("name") in pods:
-            entry["pinned"] = True
+            named = list(pins[entry["name"]].pod_ids)
+            entry["pinned"] = named or True
             entry["min_replicas"] = pods[entry["name"]]
             entry["max_replicas"] = max(int(entry.get("max_replicas", 0)), pods[entry["name"]])
     return yaml.safe_dump(raw, sort_keys=False)
@@ -49,6 +53,7 @@ def _check(
     pinned: set[str],
     window_s: tuple[float, float] | None,
     planner: str,
+    past: RequestLog | None,
 ) -> dict[str, dict[str, float]]:
     """lorafleet replayed with each catalog: hit rates overall and of the unpinned rest."""
     settings = Settings()
@@ -59,6 +64,8 @@ def _check(
     figures = {}
     for label, catalog in catalogs.items():
         planning = replay_planning(catalog, fleet, settings=settings, planner=planner)
+        if past is not None:
+            planning = replace(planning, forecaster=PastHistory(planning.forecaster, past))
         result = run_policy(
             "lorafleet", workload, fleet, settings=settings, planning=planning, window_s=window_s
         )
@@ -90,8 +97,14 @@ def pins(
     ] = None,
     check_to: Annotated[str | None, typer.Option(help="... to this time")] = None,
     history: Annotated[
-        str, typer.Option(help="with --check-from: the log replayed before it, e.g. 1D, 12h")
-    ] = "1D",
+        str, typer.Option(help="with --check-from: the log the forecaster sees before it")
+    ] = "7D",
+    warmup: Annotated[
+        str, typer.Option(help="with --check-from: the part of --history replayed, e.g. 1h")
+    ] = "1h",
+    pods_per_pin: Annotated[
+        int, typer.Option(help="pods each pin is held on (0: enough to carry its peak hour)")
+    ] = 1,
     planner: Annotated[str, typer.Option(help="lorafleet's planner in the check")] = "greedy",
     write_catalog: Annotated[
         Path | None, typer.Option(help="write the catalog with the pins here")
@@ -103,6 +116,8 @@ def pins(
         raise InputError(
             [Problem(source="--max-pins/--min-share", message="give max_pins >= 0, share < 1")]
         )
+    if pods_per_pin < 0:
+        raise InputError([Problem(source="--pods-per-pin", message="give 0 or more pods")])
     parsed_fleet = load_fleet(fleet)
     parsed_catalog = load_catalog(catalog, fleet=parsed_fleet)
     request_log = load_request_log(log)
@@ -113,7 +128,10 @@ def pins(
     if hourly.empty:
         raise InputError([Problem(source="--until", message="no request before that time")])
     pools = recommend_pins(
-        hourly, parsed_catalog, parsed_fleet, PinRules(max_pins=max_pins, min_share=min_share)
+        hourly,
+        parsed_catalog,
+        parsed_fleet,
+        PinRules(max_pins=max_pins, min_share=min_share, pods_per_pin=pods_per_pin or None),
     )
     text = pinned_catalog_yaml(catalog, pools)
     if write_catalog is not None:
@@ -126,6 +144,7 @@ def pins(
                     {
                         "adapter": pin.adapter,
                         "pods": pin.pods,
+                        "pod_ids": list(pin.pod_ids),
                         "share": round(pin.share, 4),
                         "active_share": round(pin.active_share, 3),
                         "peak_rps": round(pin.peak_rps, 3),
@@ -148,11 +167,10 @@ def pins(
             path.write_text(text)
             with_pins = load_catalog(path, fleet=parsed_fleet)
         settings = Settings()
-        workload = workload_from_log(
-            sliced_log(request_log, check_from, check_to, history),
-            parsed_catalog,
-            bucket_s=settings.forecast.bucket_s,
+        replayed, before = split_log(
+            request_log, check_from, check_to, history=history, warmup=warmup
         )
+        workload = workload_from_log(replayed, parsed_catalog, bucket_s=settings.forecast.bucket_s)
         window = figures_window(workload, check_from, check_to)
         err().print("replaying lorafleet without and with the pins ...")
         report["check"] = _check(
@@ -162,6 +180,7 @@ def pins(
             pinned,
             window,
             planner,
+            None if before is None else past_counts(before, settings.forecast.bucket_s),
         )
     if as_json:
         out().print_json(json.dumps(report))

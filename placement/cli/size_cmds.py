@@ -51,7 +51,8 @@ def _size_of_catalog(catalog: Path, fleet: Path | None, budget: str) -> dict[str
     }
 
 
-def _base_model(base: str | None, config: Path | None) -> ledger.BaseModel:
+def base_model(base: str | None, config: Path | None) -> ledger.BaseModel:
+    """A built-in base model by name, or one read from a model's ``config.json``."""
     if config is not None:
         try:
             parsed = json.loads(config.read_text())
@@ -167,7 +168,7 @@ def size(
                         | ledger.ledgers(
                             ledger.builtin_base(pool.base_model)
                             if config is None
-                            else _base_model(None, config),
+                            else base_model(None, config),
                             device_bytes=device,
                             quant=quant,
                             max_loras=max(pod.max_loras for pod in pool.pods),
@@ -184,7 +185,7 @@ def size(
             else:
                 report = dict(
                     ledger.ledgers(
-                        _base_model(base, config),
+                        base_model(base, config),
                         device_bytes=device,
                         quant=quant,
                         max_loras=max_loras,

@@ -12,22 +12,34 @@ rank cap, so slots are paid for in KV tokens).
 money), then fewest GPU slots (they cost KV cache), then fewest host slots. When no
 shape meets them it returns the best shape found (highest hit rate, then lowest TTFT
 p95) and says so. Pure apart from the process pool in ``replay_grid``.
+
+Only the requests from a short warm-up before the figures' window on are replayed one
+by one (the cost of a grid is the replay's per-request routing, times the shapes); the
+log before them reaches the forecaster as counts (``PastHistory``), as a controller's
+history would, so a long history costs a replan a little and the replay nothing.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
+from datetime import datetime
 
-from placement.domain import Catalog, Fleet, PodId
+import pandas as pd
+
+from placement.domain import AdapterId, Catalog, Fleet, Pipelines, PodId
 from placement.errors import InputError, Problem
+from placement.forecast.demand import DemandForecaster
+from placement.inputs.request_log import RequestLog
 from placement.settings import Settings
+from placement.sim.events import EventController, SimEvent
 from placement.sim.replay import run_policy
 from placement.sim.wiring import replay_planning
 from placement.sim.workload import SimWorkload
+from placement.solver.problem import Demand
 
 
 @dataclass(frozen=True, kw_only=True, order=True)
@@ -110,6 +122,31 @@ def default_grid(fleet: Fleet) -> list[Shape]:
     return [Shape(pods=n, max_loras=s, max_cpu_loras=max(host, s)) for n in counts for s in slots]
 
 
+class PastHistory:
+    """A forecaster that also sees ``past``, the counts of the log before the replayed
+    requests: the replay's own history is appended to them at each replan."""
+
+    def __init__(self, forecaster: DemandForecaster, past: RequestLog) -> None:
+        self.forecaster = forecaster
+        self.past = past
+
+    def __call__(
+        self, history: RequestLog, *, start: datetime, duration_s: int
+    ) -> Mapping[AdapterId, Demand]:
+        frame = pd.concat(
+            [self.past.frame, history.frame[["ts", "adapter", "requests"]]], ignore_index=True
+        )
+        joined = RequestLog(frame=frame, aggregated=True, source=history.source)
+        return self.forecaster(joined, start=start, duration_s=duration_s)
+
+
+def past_counts(log: RequestLog, bucket_s: int) -> RequestLog:
+    """``log`` as counts per adapter per ``bucket_s``: what ``PastHistory`` prepends."""
+    counts = log.counts(bucket_s)
+    counts["adapter"] = counts["adapter"].astype(str)
+    return RequestLog(frame=counts, aggregated=True, source=log.source)
+
+
 @dataclass(frozen=True, kw_only=True)
 class GridJob:
     """Everything one process needs to replay one shape."""
@@ -120,11 +157,28 @@ class GridJob:
     policy: str
     planner: str
     window_s: tuple[float, float] | None
+    #: The log before ``workload``, as counts the forecaster sees (None: none).
+    past: RequestLog | None = None
+    #: Events delivered to lorafleet's controller, and the pipelines they trigger.
+    events: tuple[SimEvent, ...] = ()
+    pipelines: Pipelines | None = None
 
 
 def replay_shape(job: GridJob, shape: Shape, catalog: Catalog) -> ShapeResult:
     fleet = reshape(job.fleet, shape)
     planning = replay_planning(catalog, fleet, settings=job.settings, planner=job.planner)
+    if job.past is not None and not job.past.frame.empty:
+        planning = replace(planning, forecaster=PastHistory(planning.forecaster, job.past))
+    controller = (
+        EventController.build(
+            catalog,
+            fleet,
+            job.pipelines or Pipelines(),
+            max_loads=job.settings.controller.max_loads_per_event,
+        )
+        if job.events
+        else None
+    )
     result = run_policy(
         job.policy,
         job.workload,
@@ -132,6 +186,8 @@ def replay_shape(job: GridJob, shape: Shape, catalog: Catalog) -> ShapeResult:
         settings=job.settings,
         planning=planning,
         window_s=job.window_s,
+        events=job.events,
+        controller=controller,
     )
     figures = result.metrics
     return ShapeResult(

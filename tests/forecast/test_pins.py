@@ -34,17 +34,37 @@ def setup() -> Fleet:
     return factories.fleet(factories.pool("p", 4, max_loras=4, capacity_rps=4.0))
 
 
-def test_the_heaviest_steady_production_adapters_are_pinned_on_enough_pods() -> None:
+def test_the_heaviest_steady_production_adapters_are_pinned_one_pod_each() -> None:
     counts = hourly({"big": [36_000], "mid": [3_600], "tail": [10], "bursty": [0, 0, 0, 20_000]})
     catalog = factories.catalog(*(factories.adapter(n) for n in ("big", "mid", "tail", "bursty")))
     (pool,) = recommend_pins(counts, catalog, setup())
     by_name = {pin.adapter: pin for pin in pool.pins}
     assert list(by_name) == ["big", "mid"]
-    # 10 req/s at peak on pods of 4 req/s at 80%: 4 pods; 1 req/s: the 2-pod minimum.
-    assert by_name["big"].pods == 4 and by_name["mid"].pods == 2
+    # A pin keeps one copy warm; the routing and the plan carry the peak.
+    assert by_name["big"].pod_ids == ("p-0",) and by_name["mid"].pod_ids == ("p-1",)
     assert "bursty" in pool.passed_over and "busy hours" in pool.passed_over["bursty"]
     assert "tail" not in by_name
-    assert pool.pinned_slots == 6 and pool.slots == 16
+    assert pool.pinned_slots == 2 and pool.slots == 16
+    # Pins that carry their peak: 10 req/s on pods of 4 req/s at 80% is 4 pods; 1 req/s
+    # the 2-pod minimum.
+    (peak,) = recommend_pins(counts, catalog, setup(), PinRules(pods_per_pin=None))
+    assert [pin.pods for pin in peak.pins] == [4, 2] and peak.pinned_slots == 6
+
+
+def test_each_pin_names_its_pods_the_least_pinned_first_and_leaves_every_pod_a_slot() -> None:
+    counts = hourly({"big": [36_000], "mid": [3_600], "low": [3_000], "last": [2_500]})
+    catalog = factories.catalog(*(factories.adapter(n) for n in ("big", "mid", "low", "last")))
+    rules = PinRules(max_slot_share=1.0, pods_per_pin=None)
+    (pool,) = recommend_pins(counts, catalog, setup(), rules)
+    pods = {pin.adapter: pin.pod_ids for pin in pool.pins}
+    assert pods["big"] == ("p-0", "p-1", "p-2", "p-3")
+    # Two pins each on the four pods: the next pins take the least pinned pods in turn.
+    assert pods["mid"] == ("p-0", "p-1") and pods["low"] == ("p-2", "p-3")
+    assert pods["last"] == ("p-0", "p-1")
+    assert all(len(pin.pod_ids) == pin.pods for pin in pool.pins)
+    # Four slots a pod: at most three pins on one.
+    per_pod = [sum(name in pin.pod_ids for pin in pool.pins) for name in ("p-0", "p-1")]
+    assert max(per_pod) <= 3
 
 
 def test_experiments_and_batch_jobs_are_never_pinned() -> None:
@@ -121,8 +141,8 @@ def test_the_cli_pins_saas_50s_top_ten_and_writes_them_in_the_catalog(tmp_path: 
     assert pool["pinned_slots"] <= pool["slots"] / 2
     written = {entry["name"]: entry for entry in yaml.safe_load(out.read_text())["adapters"]}
     for pin in pool["pins"]:
-        assert written[pin["adapter"]]["pinned"] is True
-        assert written[pin["adapter"]]["min_replicas"] == pin["pods"] >= 2
+        assert written[pin["adapter"]]["pinned"] == pin["pod_ids"]
+        assert written[pin["adapter"]]["min_replicas"] == pin["pods"] == 1
     assert not any(
         entry.get("pinned") for name, entry in written.items() if not name.startswith("support-0")
     )

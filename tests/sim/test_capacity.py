@@ -6,24 +6,30 @@ import json
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
 from placement.cli.app import app
-from placement.domain import Fleet
+from placement.cli.capacity_cmds import split_log
+from placement.domain import AdapterId, Fleet
 from placement.errors import InputError
 from placement.inputs import load_fleet
+from placement.inputs.request_log import RequestLog
 from placement.settings import Settings
 from placement.sim.capacity import (
     GridJob,
+    PastHistory,
     Shape,
     ShapeResult,
     default_grid,
+    past_counts,
     recommend,
     replay_grid,
     reshape,
 )
 from placement.sim.workload import SimWorkload
+from placement.solver.problem import Demand
 from tests import factories
 
 FLEET = """
@@ -176,3 +182,49 @@ def test_the_cli_refuses_bad_grids_in_one_line() -> None:
     assert "--slots" in result.stderr and "Traceback" not in result.output
     result = CliRunner().invoke(app, [*base, "--target-hit", "1.5"])
     assert result.exit_code == 2 and "--target-hit" in result.stderr
+
+
+def _per_minute(start: str, minutes: int, adapter: str) -> RequestLog:
+    ts = pd.date_range(start, periods=minutes, freq="min", tz="UTC")
+    frame = pd.DataFrame({"ts": ts, "adapter": adapter, "requests": 1})
+    return RequestLog(frame=frame, aggregated=True)
+
+
+def test_the_forecaster_sees_the_past_before_the_replayed_history() -> None:
+    seen: list[RequestLog] = []
+
+    def forecaster(
+        history: RequestLog, *, start: datetime, duration_s: int
+    ) -> dict[AdapterId, Demand]:
+        seen.append(history)
+        return {}
+
+    past = _per_minute("2026-03-09T00:00", 120, "old")
+    replayed = _per_minute("2026-03-09T02:00", 30, "new")
+    PastHistory(forecaster, past)(
+        replayed, start=datetime(2026, 3, 9, 2, 30, tzinfo=UTC), duration_s=60
+    )
+    (history,) = seen
+    assert history.aggregated and len(history.frame) == 150
+    assert history.frame.groupby("adapter")["requests"].sum().to_dict() == {"new": 30, "old": 120}
+
+
+def test_only_the_warm_up_is_replayed_and_the_history_before_it_is_counted() -> None:
+    ts = pd.date_range("2026-03-09T00:00", periods=48 * 60, freq="min", tz="UTC")
+    log = RequestLog(frame=pd.DataFrame({"ts": ts, "adapter": "a"}), aggregated=False)
+    replayed, before = split_log(
+        log, "2026-03-10T12:00:00+00:00", "2026-03-10T14:00:00+00:00", history="1D", warmup="1h"
+    )
+    assert replayed.frame["ts"].min() == pd.Timestamp("2026-03-10T11:00", tz="UTC")
+    assert len(replayed.frame) == 3 * 60
+    assert before is not None
+    assert before.frame["ts"].min() == pd.Timestamp("2026-03-09T12:00", tz="UTC")
+    assert before.frame["ts"].max() == pd.Timestamp("2026-03-10T10:59", tz="UTC")
+    counts = past_counts(before, 900)
+    assert counts.aggregated and int(counts.frame["requests"].sum()) == 23 * 60
+    # A warm-up longer than the history is the history; without --from the log is whole.
+    whole, none = split_log(log, "2026-03-10T12:00:00+00:00", None, history="2h", warmup="5h")
+    assert whole.frame["ts"].min() == pd.Timestamp("2026-03-10T10:00", tz="UTC") and none is None
+    assert split_log(log, None, None, history="1D", warmup="1h") == (log, None)
+    with pytest.raises(InputError, match="--warmup"):
+        split_log(log, "2026-03-10T12:00:00+00:00", None, history="1D", warmup="-1h")
