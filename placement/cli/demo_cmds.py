@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import tempfile
+from datetime import date, datetime
 from pathlib import Path
 from typing import Annotated
 
@@ -33,7 +34,8 @@ DEFAULT_MINUTES = 1.5
 def results_table(results: list[PolicyResult], *, title: str) -> Table:
     table = Table(title=title, title_justify="left")
     columns = ("policy", "requests", "errors", "GPU hit", "GPU loads", "loads/pod/s",
-               "residency p50", "residency p95", "TTFT p50", "TTFT p95", "after event")  # fmt: skip
+               "residency p50", "residency p95", "TTFT p50", "TTFT p95", "after event",
+               "sent late p95")  # fmt: skip
     for column in columns:
         table.add_column(column, justify="left" if column == "policy" else "right")
     for result in results:
@@ -49,6 +51,7 @@ def results_table(results: list[PolicyResult], *, title: str) -> Table:
             f"{result.ttft_p50_ms:.0f} ms",
             f"{result.ttft_p95_ms:.0f} ms",
             _after_event(result),
+            f"{result.late_p95_ms / 1000:.1f} s",
         )
     return table
 
@@ -75,6 +78,7 @@ def _options(
     *,
     scenario: Path,
     start: str,
+    day: date | None,
     minutes: float,
     warmup: float,
     speed: float,
@@ -95,6 +99,7 @@ def _options(
     return DemoOptions(
         scenario=scenario,
         window_hours=(opened, opened + minutes / 60),
+        day=day,
         warmup_s=warmup,
         speed=speed,
         max_requests=requests,
@@ -119,6 +124,10 @@ def demo(
     start: Annotated[
         str, typer.Option(help="local time on the scenario's last day the measured window opens")
     ] = DEFAULT_START,
+    day: Annotated[
+        datetime | None,
+        typer.Option(formats=["%Y-%m-%d"], help="the window's local day (default: the log's last)"),
+    ] = None,
     minutes: Annotated[
         float, typer.Option(min=0.1, max=60, help="minutes of the scenario measured")
     ] = DEFAULT_MINUTES,
@@ -145,6 +154,7 @@ def demo(
     options = _options(
         scenario=scenario,
         start=start,
+        day=day.date() if day is not None else None,
         minutes=minutes,
         warmup=warmup,
         speed=speed,
@@ -193,7 +203,6 @@ def _reading(
         else f"thinned at random to {options.max_requests:,} requests"
     )
     clock = "real time" if options.speed == 1 else f"{options.speed:g}x real time"
-    late = max((r.late_p95_ms for r in results), default=0.0)
     events = next((r.events for r in results if r.events.delivered), None)
     delivered = (
         f" Events: {events.delivered} sent to the controller's webhook, {events.accepted} "
@@ -207,6 +216,7 @@ def _reading(
         f"after {options.warmup_s:g} s of warm-up per policy that is not measured, on "
         f"{clock}. GPU hit: the adapter was on a GPU slot when the request was admitted "
         "(router ledger). GPU loads, loads/pod/s and residency: the pods' own counters, in "
-        f"wall seconds. TTFT: the router's log. The client sent 95% of requests within "
-        f"{late:.0f} ms of their time.{delivered}"
+        "wall seconds. TTFT: the router's log. Sent late p95: how far behind its schedule "
+        "the client sent the 95th percentile request (over a second: this machine did not "
+        f"keep up, and the window's edges blur).{delivered}"
     )

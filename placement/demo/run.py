@@ -31,7 +31,7 @@ import secrets
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from datetime import datetime, timedelta
+from datetime import date, datetime, timedelta
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
@@ -63,7 +63,7 @@ from placement.demo.traffic import (
 from placement.demo.traffic import select as select_shots
 from placement.inputs import load_catalog, load_fleet, load_request_log
 from placement.inputs.events import load_events
-from placement.inputs.request_log import RequestLog, write_request_log
+from placement.inputs.request_log import RequestLog, request_log_from_frame, write_request_log
 from placement.settings import Settings
 from placement.synth.scenario import load_scenario
 
@@ -83,6 +83,8 @@ class DemoOptions:
     #: Local hours of the scenario's last day that are measured: on the war story's
     #: Thursday, 15:00-15:01:30 EDT, the cascade's densest minutes (67 requests/s).
     window_hours: tuple[float, float] = (15.0, 15.025)
+    #: The local day of the window; None: the log's last day.
+    day: date | None = None
     #: Scenario seconds before the window replayed first and not measured: each policy
     #: meets the window with the pods it filled, not with empty ones.
     warmup_s: float = 30.0
@@ -110,9 +112,14 @@ class DemoOptions:
 def _window(
     options: DemoOptions, last_ts: pd.Timestamp, timezone: str
 ) -> tuple[datetime, datetime]:
-    midnight = last_ts.tz_convert(ZoneInfo(timezone)).normalize()
-    start = midnight + pd.Timedelta(hours=options.window_hours[0])
-    end = midnight + pd.Timedelta(hours=options.window_hours[1])
+    zone = ZoneInfo(timezone)
+    if options.day is None:
+        midnight = last_ts.tz_convert(zone).normalize()
+    else:
+        midnight = pd.Timestamp(options.day).tz_localize(zone)
+    # Hours as floats are rounded to the millisecond (the log's own resolution).
+    start = midnight + pd.Timedelta(hours=options.window_hours[0]).round("ms")
+    end = midnight + pd.Timedelta(hours=options.window_hours[1]).round("ms")
     return start.to_pydatetime(), end.to_pydatetime()
 
 
@@ -129,18 +136,34 @@ class Stage:
 Progress = Callable[[Stage], None]
 
 
+def _log_frame(path: Path) -> pd.DataFrame:
+    """The request log's rows, sorted by time. A Parquet log with UTC times is read as it
+    is (millions of rows in seconds); ``prepare`` checks the parts it uses. Any other
+    log goes through ``load_request_log``, which checks every row."""
+    if path.suffix.lower() == ".parquet":
+        frame = pd.read_parquet(path)
+        if "ts" in frame and isinstance(frame["ts"].dtype, pd.DatetimeTZDtype):
+            return frame.assign(ts=frame["ts"].dt.tz_convert("UTC")).sort_values(
+                "ts", kind="stable"
+            )
+    return load_request_log(path).frame
+
+
 def prepare(options: DemoOptions, workdir: Path) -> Prepared:
     """Read the scenario, cut the history and the replayed window, write the children's files."""
     files = load_scenario(options.scenario / "scenario.yaml")
     load_catalog(files.catalog, fleet=load_fleet(files.fleet))  # fail early on bad inputs
-    frame = load_request_log(files.log).frame
+    frame = _log_frame(files.log)
     opened, closed = _window(options, frame["ts"].iloc[-1], files.scenario.timezone)
     start = opened - timedelta(seconds=options.warmup_s)
     rng = np.random.default_rng(options.seed)
+    source = str(files.log)
+    replayed = request_log_from_frame(
+        frame[(frame["ts"] >= start) & (frame["ts"] < closed)], source=source
+    ).frame
     # Thinned, the replay keeps a share of the requests and the history the same share,
     # so that the rates the controller learns are the rates the router will see.
-    replayed = (frame["ts"] >= start) & (frame["ts"] < closed)
-    in_window = int(((frame["ts"] >= opened) & (frame["ts"] < closed)).sum())
+    in_window = int((replayed["ts"] >= opened).sum())
     keep = 1.0 if options.max_requests is None else options.max_requests / max(in_window, 1)
     keep = min(1.0, keep)
     past = frame[frame["ts"] < start]
@@ -149,10 +172,11 @@ def prepare(options: DemoOptions, workdir: Path) -> Prepared:
     # the requests, read in a second where millions of rows took a minute.
     history = workdir / "history.parquet"
     bucket_s = Settings().forecast.bucket_s
-    write_request_log(RequestLog(frame=past, aggregated=False).counts(bucket_s), history)
-    budget = None if keep >= 1.0 else round(keep * int(replayed.sum()))
+    counts = RequestLog(frame=past, aggregated=False).counts(bucket_s)
+    write_request_log(request_log_from_frame(counts, source=source).frame, history)
+    budget = None if keep >= 1.0 else round(keep * len(replayed))
     shots = select_shots(
-        frame, start=start, end=closed, max_requests=budget, speed=options.speed, rng=rng
+        replayed, start=start, end=closed, max_requests=budget, speed=options.speed, rng=rng
     )
     events: list[EventShot] = []
     if options.events and files.events.exists():
@@ -331,7 +355,13 @@ def _measured(
     results: list[ShotResult],
     answers: list[EventResult],
 ) -> PolicyResult:
-    log = load_request_log(log_path).frame
+    log = (
+        load_request_log(log_path).frame
+        if log_path.exists() and log_path.stat().st_size
+        else pd.DataFrame({"ts": pd.Series([], dtype="datetime64[ns, UTC]")}).assign(
+            adapter="", tenant="", outcome="", ttft_ms=0.0, status=200
+        )
+    )
     opened = prepared.measured_from or prepared.start
     in_window = [s for s in prepared.shots if s.at_s >= prepared.warmup_wall_s]
     return measure(

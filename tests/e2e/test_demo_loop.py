@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import date
 from pathlib import Path
 
 import pytest
@@ -39,6 +40,7 @@ SHORT = DemoOptions(window_hours=(8 + 55 / 60, 8 + 55.5 / 60), warmup_s=10.0, le
 #: two adapters pipelines.yaml names for it, which the night left in object storage.
 LOGIN = DemoOptions(
     scenario=LEGAL,
+    day=date(2026, 3, 11),
     window_hours=(8 + 53 / 60, 8 + 55 / 60),
     warmup_s=0.0,
     speed=4.0,
@@ -105,7 +107,8 @@ def test_the_logins_reach_the_webhook_and_the_controller_answers_for_their_adapt
     login: tuple[Path, dict[str, PolicyResult]],
 ) -> None:
     folder, results = login
-    answers = [json.loads(line) for line in (folder / "events-lorafleet.jsonl").open()]
+    lines = (folder / "events-lorafleet.jsonl").read_text().splitlines()
+    answers = [json.loads(line) for line in lines]
     assert [a["event_id"] for a in answers if a["kind"] == "login"] == ["login-000041"]
     for answer in answers:
         assert answer["status"] == 202, answer
