@@ -311,7 +311,8 @@ class Router:
         one, and each one of a pod out of the rotation, also reads ``/v1/models``). The
         scrape loop calls this every ``scrape_interval_s``."""
         self._scrapes += 1
-        listing = self._scrapes % self.settings.listing_every_scrapes == 1
+        # The first scrape and every Nth after it (N = 1: every scrape).
+        listing = (self._scrapes - 1) % self.settings.listing_every_scrapes == 0
         states = list(self.topology.pods.values())
         await asyncio.gather(*(self.scraper.scrape(state, listing=listing) for state in states))
         for view in self.topology.pools.values():

@@ -292,3 +292,11 @@ def test_a_listing_that_is_not_json_is_a_permanent_error_naming_the_pod(body: by
     # (VllmClient.registered raises UnicodeDecodeError on the second: left to its owner.)
     with pytest.raises(PermanentEngineError, match=r"^pod-9: /v1/models answered a body"):
         listing_of(Fetched(200, body), pod="pod-9")
+
+
+def test_listing_every_scrape_reads_the_listing_on_every_scrape() -> None:
+    every = replace(QUICK, router=replace(QUICK.router, listing_every_scrapes=1))
+    with stalling(1) as (fleet, stall), router_for(fleet, settings=every) as router:
+        stall.answers["pod-0", "/v1/models"] = (503, b"busy")
+        router.scrape()  # N = 1: this scrape reads the listing too
+        assert _healthy(router) == []
