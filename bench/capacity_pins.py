@@ -154,6 +154,9 @@ def main() -> None:
     parser.add_argument("--policies", default="lorafleet,epp,bounded,oracle")
     parser.add_argument("--planner", default="greedy")
     parser.add_argument("--max-pins", type=int, default=10)
+    parser.add_argument(
+        "--pods-per-pin", type=int, default=1, help="0: enough pods to carry the peak hour"
+    )
     parser.add_argument("--jobs", type=int, default=2)
     args = parser.parse_args()
     folder = DATA / args.scenario
@@ -163,7 +166,12 @@ def main() -> None:
     hourly = log.counts(3600)
     hourly = hourly[hourly["ts"] < parse_moment(args.until, "--until")]
 
-    pools = recommend_pins(hourly, catalog, fleet, PinRules(max_pins=args.max_pins))
+    pools = recommend_pins(
+        hourly,
+        catalog,
+        fleet,
+        PinRules(max_pins=args.max_pins, pods_per_pin=args.pods_per_pin or None),
+    )
     print(f"{args.scenario}: pins from the log before {args.until}")
     describe(pools)
     with tempfile.TemporaryDirectory() as scratch:
