@@ -129,19 +129,9 @@ class HttpEngine:
             raise self.unexpected("/v1/models", response)
         try:
             cards = response.json()["data"]
-        except (json.JSONDecodeError, KeyError, TypeError):
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError):
             raise self.permanent("/v1/models answered a body that is not a model list") from None
-        adapters: dict[AdapterId, str] = {}
-        base: str | None = None
-        for card in cards if isinstance(cards, list) else []:
-            if not isinstance(card, dict) or not isinstance(card.get("id"), str):
-                continue
-            if card.get("parent"):
-                adapters[AdapterId(card["id"])] = str(card.get("root") or "")
-                base = base or str(card["parent"])
-            elif base is None:
-                base = card["id"]
-        return Registered(adapters=MappingProxyType(adapters), base_model=base)
+        return registered_from_cards(cards)
 
     async def health(self) -> bool:
         try:
@@ -164,3 +154,20 @@ class HttpEngine:
         if response.status_code != 200:
             raise self.unexpected("/metrics", response)
         return response.text
+
+
+def registered_from_cards(cards: object) -> Registered:
+    """The adapters (with their roots) and the base model of a ``/v1/models`` answer's
+    ``data``: a card with a ``parent`` is an adapter of that base; the first card
+    without one is the base. Cards that are not objects with a string ``id`` are skipped."""
+    adapters: dict[AdapterId, str] = {}
+    base: str | None = None
+    for card in cards if isinstance(cards, list) else []:
+        if not isinstance(card, dict) or not isinstance(card.get("id"), str):
+            continue
+        if card.get("parent"):
+            adapters[AdapterId(card["id"])] = str(card.get("root") or "")
+            base = base or str(card["parent"])
+        elif base is None:
+            base = card["id"]
+    return Registered(adapters=MappingProxyType(adapters), base_model=base)

@@ -21,14 +21,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import Protocol
 
 import aiohttp
 import httpx
 
-from placement.adapters.http_engine import error_text
-from placement.domain import AdapterId
+from placement.adapters.http_engine import error_text, registered_from_cards
 from placement.errors import PermanentEngineError, RetryableEngineError
 from placement.ports import Registered
 
@@ -143,14 +141,4 @@ def listing_of(fetched: Fetched, *, pod: str) -> Registered:
         raise PermanentEngineError(
             "/v1/models answered a body that is not a model list", pod=pod
         ) from None
-    adapters: dict[AdapterId, str] = {}
-    base: str | None = None
-    for card in cards if isinstance(cards, list) else []:
-        if not isinstance(card, dict) or not isinstance(card.get("id"), str):
-            continue
-        if card.get("parent"):
-            adapters[AdapterId(card["id"])] = str(card.get("root") or "")
-            base = base or str(card["parent"])
-        elif base is None:
-            base = card["id"]
-    return Registered(adapters=MappingProxyType(adapters), base_model=base)
+    return registered_from_cards(cards)

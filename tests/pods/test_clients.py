@@ -275,6 +275,13 @@ async def test_registered_lists_adapter_cards_with_paths() -> None:
     assert listed.base_model == "base"
 
 
+@pytest.mark.parametrize("body", [b"\xff\xfe not UTF-8", b"{}", b"[1, 2]", b"not json"])
+async def test_a_listing_that_is_not_a_model_list_is_permanent(body: bytes) -> None:
+    client = _client(Engine.VLLM, lambda request: httpx.Response(200, content=body))
+    with pytest.raises(PermanentEngineError, match="not a model list"):
+        await client.registered()
+
+
 @pytest.mark.parametrize("engine", [Engine.VLLM, Engine.SGLANG])
 async def test_warmup_sends_one_token_request_naming_the_adapter(engine: Engine) -> None:
     seen: list[dict[str, object]] = []
