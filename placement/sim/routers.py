@@ -292,7 +292,7 @@ class PlannedRouter(_Base):
         if self.events is None:
             return ()
         return self.events.decide(
-            event, self.pods, plan=self.last_plan, busy_rps=replay.forecast_rps
+            event, self.pods, plan=self.last_plan, busy_rps=replay.forecast_rps, now_s=now_s
         )
 
     def _preloads(self) -> dict[str, frozenset[str]]:
