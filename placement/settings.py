@@ -133,6 +133,11 @@ class RouterSettings:
     #: lorafleet weighs what a load's victim is worth: the chance, by the forecast, that
     #: it is asked for within this long (then reloaded).
     victim_horizon_s: float = 180.0
+    #: Production before experiments: a load's victim is weighed by its catalog
+    #: ``class``, and a load on a full pod first sends warm-ups that keep a higher class
+    #: off the LRU victim's place while a lower one idles there (router and replay).
+    #: Off by default: it trades the lower classes' hits for production's.
+    class_priority: bool = False
     #: Under soft pressure with no pod holding the adapter, wait this long for room
     #: before answering 503: under pressure, queue rather than force a load.
     pressure_wait_s: float = 0.5

@@ -193,7 +193,19 @@ def _json(result: ReplayResult) -> dict[str, object]:
         }
     if result.after_pod_loss is not None:
         payload["after_pod_loss"] = result.after_pod_loss
+    if result.by_class:
+        payload["by_class"] = result.by_class
+        payload["class_warmups"] = result.warmups
     return payload
+
+
+def _class_lines(result: ReplayResult) -> list[str]:
+    """With ``--class-priority``: a line per catalog class (GPU hits, TTFT p95)."""
+    return [
+        f"{result.policy}: {name}: {figures['requests']:,} requests,"
+        f" {figures['gpu_hit_rate']:.2%} GPU hits, TTFT p95 {figures['ttft_p95_ms']:,.0f} ms"
+        for name, figures in result.by_class.items()
+    ] + ([f"{result.policy}: {result.warmups:,} class warm-ups"] if result.by_class else [])
 
 
 def _table(results: list[ReplayResult]) -> Table:
@@ -292,6 +304,15 @@ def replay(
         str | None,
         typer.Option("--to", help="figures only for requests arriving until this ISO time"),
     ] = None,
+    class_priority: Annotated[
+        bool | None,
+        typer.Option(
+            "--class-priority/--no-class-priority",
+            help="production before experiments (router.class_priority, off by default):"
+            " lorafleet weighs a load's victim by its catalog class and sends the warm-ups"
+            " that keep a higher class resident; figures per class for every policy",
+        ),
+    ] = None,
 ) -> None:
     """Replay a request log on a simulated fleet under every named policy."""
     check_policies(policy)
@@ -300,6 +321,8 @@ def replay(
     settings = Settings()
     if plan_interval_s is not None:
         settings = replace(settings, sim=replace(settings.sim, plan_interval_s=plan_interval_s))
+    if class_priority is not None:
+        settings = replace(settings, router=replace(settings.router, class_priority=class_priority))
     parsed_fleet = load_fleet(fleet)
     parsed_catalog = load_catalog(catalog, fleet=parsed_fleet)
     workload = workload_from_log(
@@ -354,6 +377,8 @@ def replay(
     console.width = max(console.width, 200)
     console.print(_table(results))
     for result in results:
+        for line in _class_lines(result):
+            console.print(line, highlight=False, markup=False)
         if result.after_pod_loss is not None:
             lost = result.after_pod_loss
             console.print(

@@ -37,6 +37,10 @@ Owns the metric names (the ``--json`` keys) and their definitions:
   surges; a surge clusters a tenant's logins less than ``SURGE_GAP_S`` (10 min) apart
   and lasts from its first login to ``SURGE_TAIL_S`` (10 min) after its last; a lone
   login is a surge of one; a tenant with no served request in a surge is left out).
+- with ``RouterSettings.class_priority`` (``lorafleet replay --class-priority``),
+  ``by_class`` (``class_figures``: per catalog class, ``requests``, ``served``,
+  ``gpu_hit_rate`` and ``ttft_p50/p95/p99_ms``) and ``class_warmups`` (the warm-ups the
+  router sent, ``SimLog.warmups``).
 - ``convoy``: a cascade happened: some window had at least ``convoy_loads_per_pod_s``
   loads per pod per second while half or more of the pods were loading at once.
 
@@ -331,3 +335,35 @@ def after_pod_loss(
         "cold_loads_on_critical_path": int((outcome == COLD_LOAD).sum()),
         "ttft_p95_ms": round(_pct(np.asarray(log.ttft_ms, dtype=float)[inside][served], 95), 3),
     }
+
+
+def class_figures(
+    log: SimLog,
+    workload: SimWorkload,
+    class_of: Mapping[str, str],
+    *,
+    window: tuple[float, float] | None = None,
+) -> dict[str, Metrics]:
+    """Per catalog ``class`` (``class_of``: adapter -> class; an adapter it lacks counts
+    as production), the requests arriving in ``window``: ``requests``, ``served``,
+    ``gpu_hit_rate`` and the TTFT percentiles of the served ones; the trade that
+    ``RouterSettings.class_priority`` makes (production's hits for the lower classes')."""
+    arrivals = np.asarray(workload.arrival_s, dtype=float)
+    lo, hi = window if window is not None else (-np.inf, np.inf)
+    inside = (arrivals >= lo) & (arrivals <= hi)
+    outcome = np.asarray(log.outcome, dtype=np.int8)
+    ttft = np.asarray(log.ttft_ms, dtype=float)
+    names = np.asarray([class_of.get(name, "production") for name in workload.adapters])
+    figures: dict[str, Metrics] = {}
+    for name in sorted(set(names[inside].tolist())):
+        chosen = inside & (names == name)
+        served = chosen & (outcome != REJECTED)
+        count = int(served.sum())
+        hits = int((served & (outcome == GPU_HIT)).sum())
+        figures[name] = {
+            "requests": int(chosen.sum()),
+            "served": count,
+            "gpu_hit_rate": round(hits / max(count, 1), 6),
+            **_ttft(ttft, served, "ttft"),
+        }
+    return figures

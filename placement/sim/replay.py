@@ -21,6 +21,7 @@ from placement.sim.faults import FaultSchedule
 from placement.sim.figures import (
     Metrics,
     after_pod_loss,
+    class_figures,
     compute_metrics,
     event_metrics,
     event_metrics_by_kind,
@@ -28,7 +29,13 @@ from placement.sim.figures import (
 )
 from placement.sim.planning import ReplayHistory, ReplayPlanning, TrueDemand
 from placement.sim.pods import PodSpec
-from placement.sim.routers import PLANNED, POLICIES, PlannedRouter, ReactiveRouter
+from placement.sim.routers import (
+    PLANNED,
+    POLICIES,
+    ClassedPlanning,
+    PlannedRouter,
+    ReactiveRouter,
+)
 from placement.sim.workload import SimWorkload
 from policies.eviction import EvictionPolicy, EvictionSettings
 
@@ -53,6 +60,11 @@ class ReplayResult:
     #: With faults (``--faults``): the requests arriving within ``AFTER_POD_LOSS_S`` of
     #: each restart or outage start (``figures.after_pod_loss``); None otherwise.
     after_pod_loss: Metrics | None = None
+    #: With ``RouterSettings.class_priority`` and the catalog's classes
+    #: (``ClassedPlanning``): ``figures.class_figures``; empty otherwise.
+    by_class: dict[str, Metrics] = field(default_factory=dict)
+    #: Class warm-ups the router sent (``SimLog.warmups``).
+    warmups: int = 0
 
 
 def pod_specs(fleet: Fleet) -> list[PodSpec]:
@@ -116,8 +128,22 @@ def _router(
     # lorafleet cannot change how vLLM evicts: it runs on the engine's LRU unless a
     # counterfactual eviction is asked for (--eviction forecast: the engine it would want).
     # Only lorafleet's controller hears events; the oracle's plan knows the future anyway.
+    # Production before experiments (class_priority): the catalog's class weights, which
+    # replay_planning carries (ClassedPlanning); the oracle, a bound, has no classes.
+    classes = (
+        planning.class_weight
+        if settings.router.class_priority and isinstance(planning, ClassedPlanning)
+        else None
+    )
     return PlannedRouter(
-        name, replay, settings, eviction, planning=planning, history=history, events=events
+        name,
+        replay,
+        settings,
+        eviction,
+        planning=planning,
+        history=history,
+        events=events,
+        class_weight=classes,
     )
 
 
@@ -168,6 +194,11 @@ def run_policy(
         if faults is not None and faults.steps
         else None
     )
+    by_class = (
+        class_figures(log, workload, planning.class_of, window=window_s)
+        if settings.router.class_priority and isinstance(planning, ClassedPlanning)
+        else {}
+    )
     return ReplayResult(
         policy=name,
         eviction=router.eviction,
@@ -179,6 +210,8 @@ def run_policy(
         event_figures_by_kind=by_kind,
         login_surge_ttft_p95_ms=surges,
         after_pod_loss=lost,
+        by_class=by_class,
+        warmups=log.warmups,
     )
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from placement.domain import Action, AdapterId, Catalog, PodId, Tier
 from placement.errors import LorafleetError
@@ -94,6 +94,16 @@ def class_weights(catalog: Catalog) -> dict[str, float]:
     when every adapter is production (no class to keep apart)."""
     weights = {str(a.name): a.adapter_class.weight for a in catalog.adapters}
     return weights if any(weight < 1.0 for weight in weights.values()) else {}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClassedPlanning(ReplayPlanning):
+    """``ReplayPlanning`` with the catalog's class weights (``class_weights``), which
+    ``lorafleet`` routes by when ``RouterSettings.class_priority`` is on."""
+
+    class_weight: Mapping[str, float] = field(default_factory=dict)
+    #: Each adapter's class name (``AdapterClass``), for the per-class figures.
+    class_of: Mapping[str, str] = field(default_factory=dict)
 
 
 class DecayedCounts:

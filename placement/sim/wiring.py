@@ -5,9 +5,11 @@ policies from the same parts the controller wires: ``ModelForecaster``
 (``placement.forecast.forecaster``, the ``models/`` forecasters) behind ``RecentFloor``,
 and ``SolverPlanner`` (CP-SAT, with the solver's greedy as its hint and fallback) or,
 for speed, ``GreedyPlanner`` (the greedy alone) from ``placement.solver.planner``.
-Only a plan's hot adapters forecast at or above ``SimSettings.plan_hot_min_rps`` are
-preloaded and routed by weight; the rest stay with the routers' LRU, which the replays
-show serves a long tail better than a guess.
+The catalog's class weights travel with it (``ClassedPlanning``): ``run_policy`` gives
+them to ``lorafleet`` when ``RouterSettings.class_priority`` is on. Only a plan's hot
+adapters forecast at or above ``SimSettings.plan_hot_min_rps`` are preloaded and routed
+by weight; the rest stay with the routers' LRU, which the replays show serves a long
+tail better than a guess.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from dataclasses import replace
 from placement.domain import Catalog, Fleet
 from placement.forecast.forecaster import ModelForecaster
 from placement.settings import Settings
-from placement.sim.planning import RecentFloor, ReplayPlanning
+from placement.sim.planning import RecentFloor
+from placement.sim.routers import ClassedPlanning, class_weights
 from placement.solver.planner import GreedyPlanner, Planner, SolverPlanner
 
 #: CP-SAT time per replan inside a replay: hundreds of replans must fit in minutes.
@@ -45,8 +48,9 @@ def replay_planning(
     settings: Settings,
     planner: str = "solver",
     forecast_model: str = "level-profile",
-) -> ReplayPlanning:
-    """The planning of ``lorafleet`` (and, with the true demand, of ``oracle``)."""
+) -> ClassedPlanning:
+    """The planning of ``lorafleet`` (and, with the true demand, of ``oracle``), with
+    the catalog's class weights (routed by only under ``RouterSettings.class_priority``)."""
     tuned = replay_settings(settings)
     chosen: Planner = (
         GreedyPlanner(catalog, settings=tuned, clock=None)
@@ -62,11 +66,13 @@ def replay_planning(
     )
     forecaster = ModelForecaster(settings=tuned.forecast, catalog=catalog, model=forecast_model)
     described = "solver's greedy" if planner == "greedy" else "CP-SAT solver"
-    return ReplayPlanning(
+    return ClassedPlanning(
         fleet=fleet,
         forecaster=RecentFloor(forecaster),
         planner=chosen,
         hot_min_rps=settings.sim.plan_hot_min_rps,
         description=f"{forecast_model} forecast (placement.forecast), {described} plan",
         bound_planner=bound,
+        class_weight=class_weights(catalog),
+        class_of={str(a.name): a.adapter_class.value for a in catalog.adapters},
     )
