@@ -33,6 +33,7 @@ from placement.router.front import Refusal, parse_request, read_body
 from placement.router.metrics import CONTENT_TYPE
 from placement.router.picking import Choice, Reject
 from placement.router.reqlog import LogRow
+from placement.router.warmups import send_warmups
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -214,6 +215,8 @@ class RouterApp:
                 router.unplanned[AdapterId(label)] += 1
                 router.metrics.unplanned.labels(adapter=label).inc()
             adapter = AdapterId(exchange.model)
+            if outcome is not None and choice.refresh:  # class warm-ups first (class_priority)
+                await send_warmups(router, state, choice.refresh)
             try:
                 if outcome is not None and router.needs_load(state, adapter):
                     cause = "load" if cause is not None else None

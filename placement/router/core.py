@@ -26,8 +26,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 
 import aiohttp
 import httpx
@@ -36,10 +35,11 @@ from prometheus_client import CollectorRegistry
 from placement.adapters.sglang import SglangClient
 from placement.adapters.vllm import VllmClient
 from placement.clock import Clock
-from placement.domain import AdapterId, Engine, PoolId
+from placement.domain import AdapterId, Engine
 from placement.errors import EngineError, PlanError
 from placement.metrics import FleetMetrics
 from placement.plan import Plan
+from placement.router.adapter_info import AdapterInfo
 from placement.router.loops import Sleep, Supervisor
 from placement.router.metrics import RouterMetrics
 from placement.router.picking import Picker
@@ -48,29 +48,13 @@ from placement.router.scrape_http import AiohttpScrapes, HttpxScrapes, ScrapeHtt
 from placement.router.scraping import PodScraper
 from placement.router.sources import PlanSource, PodSource
 from placement.router.state import LivePod, Topology, Upstream, build_topology
+from placement.router.warmups import WarmupMetrics
 from placement.settings import LoadCostSettings, RouterSettings
 
+#: ``AdapterInfo`` lives in ``router.adapter_info``; its callers import it from here too.
+__all__ = ["AdapterInfo", "Router"]
+
 log = logging.getLogger("lorafleet.router")
-
-
-@dataclass(frozen=True, kw_only=True)
-class AdapterInfo:
-    """What the catalog tells the router about adapters: where to load them from, sizes."""
-
-    sources: Mapping[AdapterId, str] = field(default_factory=dict)
-    size_bytes: Mapping[AdapterId, int] = field(default_factory=dict)
-    #: Pool of each adapter's base model, for adapters the plan does not place.
-    pools: Mapping[AdapterId, PoolId] = field(default_factory=dict)
-    #: The source of an adapter the catalog lacks (``adapter_source_template``), or
-    #: None when none can be made for it; None: such adapters are unknown.
-    resolve: Callable[[AdapterId], str | None] | None = None
-
-    def source_of(self, adapter: AdapterId) -> str | None:
-        """Where to load ``adapter`` from: the catalog's source, else the template's."""
-        source = self.sources.get(adapter)
-        if source is None and self.resolve is not None:
-            return self.resolve(adapter)
-        return source
 
 
 class Router:
@@ -114,10 +98,16 @@ class Router:
         self.metrics = RouterMetrics(registry, max_adapter_labels=self.settings.max_adapter_labels)
         #: The thrashing signals (residency, adapters on slots) from the ledger.
         self.fleet_metrics = FleetMetrics(registry)
+        #: Class warm-ups sent (``router.warmups``, under ``class_priority``).
+        self.warmup_metrics = WarmupMetrics(registry)
+        # The picker weighs a load's victim by its idle time on its pod by the router's
+        # clock (as the replay does), and by its class under class_priority.
         self.picker = Picker(
             settings=self.settings,
             load_cost=load_cost or LoadCostSettings(),
             adapter_bytes=self.adapters.size_bytes,
+            adapter_classes=self._classes(self.adapters),
+            clock=clock,
         )
         self.request_log = RequestLogger(
             request_log,
@@ -291,8 +281,12 @@ class Router:
     def use_adapters(self, adapters: AdapterInfo) -> None:
         """A new catalog's facts (its file changed): sources, sizes and pools from now on."""
         self.adapters = adapters
-        self.picker.adapter_bytes = dict(adapters.size_bytes)
+        self.picker.use_catalog(adapters.size_bytes, self._classes(adapters))
         self._swap(self.topology_upstreams(), self.topology.plan)
+
+    def _classes(self, adapters: AdapterInfo) -> Mapping[AdapterId, float]:
+        """The class weights the picker keeps apart: none unless ``class_priority``."""
+        return adapters.classes if self.settings.class_priority else {}
 
     def topology_upstreams(self) -> tuple[Upstream, ...]:
         return tuple(state.upstream for state in self.topology.pods.values())

@@ -22,7 +22,8 @@ One ``GatewayRequest`` per request (one gateway stream):
   rotation until a good scrape), the status, the time to first byte and the tokens;
 - ``finish()``: the end of the request in the pod's in-flight count, and its log row.
 
-Must not speak gRPC (``router.picker_grpc`` does) nor send requests to pods.
+Must not speak gRPC (``router.picker_grpc`` does) nor send requests to pods itself
+(loads go through the ``Router``, class warm-ups through ``router.warmups``).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from placement.router.front import body_too_large, parse_request
 from placement.router.picking import Choice, Reject
 from placement.router.reqlog import LogRow
 from placement.router.state import LivePod, Topology, Upstream
+from placement.router.warmups import send_warmups
 
 log = logging.getLogger("lorafleet.router")
 
@@ -187,6 +189,8 @@ class GatewayRequest:
                 label = self._label()
                 router.unplanned[AdapterId(label)] += 1
                 router.metrics.unplanned.labels(adapter=label).inc()
+            if outcome is not None and choice.refresh:  # class warm-ups first (class_priority)
+                await send_warmups(router, state, choice.refresh)
             try:
                 if outcome is not None and router.needs_load(state, adapter):
                     await router.load(state, adapter)

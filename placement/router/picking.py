@@ -113,22 +113,30 @@ class Picker:
         #: The router's clock (the one ``LivePod.note_use`` is given): a victim's worth
         #: fades with its idle time on its pod. None: the forecast alone counts.
         self.clock = clock
-        #: Each adapter's class weight (``AdapterClass.weight``); kept only when some
-        #: adapter is not production (else no class to keep apart).
-        classes = {str(name): weight for name, weight in (adapter_classes or {}).items()}
-        self.class_weight: Mapping[str, float] = (
-            classes if any(weight < 1.0 for weight in classes.values()) else {}
-        )
+        self.class_weight: Mapping[str, float] = {}
         self.prefilter = prefilter
         self.load_cost = load_cost
-        self.adapter_bytes = dict(adapter_bytes or {})
+        self.adapter_bytes: dict[AdapterId, int] = {}
         self._costs: dict[AdapterId | None, tuple[float, float]] = {}
         self._fallbacks: dict[tuple[int, PoolId], HashFallback] = {}
         #: The victims' worth for the topology it was built for (a new plan, a new one).
         self._victims: tuple[Topology | None, VictimWorth | None] = (None, None)
+        self.use_catalog(adapter_bytes or {}, adapter_classes or {})
         self._cursor = 0
         if settings.policy not in POLICIES:
             raise ValueError(f"unknown routing policy {settings.policy!r}; one of {POLICIES}")
+
+    def use_catalog(
+        self, adapter_bytes: Mapping[AdapterId, int], adapter_classes: Mapping[AdapterId, float]
+    ) -> None:
+        """The catalog's sizes and class weights (``AdapterClass.weight``), at the start
+        and when the catalog changes; the classes are kept only when some adapter is not
+        production (else no class to keep apart)."""
+        self.adapter_bytes = dict(adapter_bytes)
+        self._costs.clear()
+        classes = {str(name): weight for name, weight in adapter_classes.items()}
+        self.class_weight = classes if any(weight < 1.0 for weight in classes.values()) else {}
+        self._victims = (None, None)
 
     def pick(
         self, topology: Topology, model: str, *, exclude: frozenset[PodId] = frozenset()
