@@ -192,7 +192,7 @@ def pins(
         for pin in pool.pins:
             table.add_row(
                 pin.adapter,
-                str(pin.pods),
+                ", ".join(pin.pod_ids) or str(pin.pods),
                 f"{pin.share:.1%}",
                 f"{pin.active_share:.0%}",
                 f"{pin.peak_rps:.2f}",
