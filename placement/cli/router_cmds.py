@@ -123,6 +123,14 @@ def router(
     max_body_bytes: Annotated[
         int | None, typer.Option(min=1, help="largest request body accepted (413 beyond)")
     ] = None,
+    class_priority: Annotated[
+        bool | None,
+        typer.Option(
+            "--class-priority/--no-class-priority",
+            help="production before experiments (off by default): weigh a load's victim by"
+            " its catalog class and send the warm-ups that keep a higher class resident",
+        ),
+    ] = None,
     host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
     port: Annotated[
         int, typer.Option(min=0, max=65535, help="port to listen on; 0: a free one")
@@ -180,6 +188,7 @@ def router(
             ("log_flush_s", log_flush_s),
             ("log_rotate_bytes", log_rotate_bytes),
             ("max_body_bytes", max_body_bytes),
+            ("class_priority", class_priority),
         )
         if value is not None
     }

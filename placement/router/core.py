@@ -159,7 +159,10 @@ class Router:
             limit=self.settings.max_connections,
             limit_per_host=0,
             ttl_dns_cache=300,
-            keepalive_timeout=75.0,
+            # Below the engines' own keep-alive (uvicorn and vLLM close an idle connection
+            # after 5 s): a longer pool reuses a connection the pod just closed, the write
+            # fails, and the pod leaves the rotation for a request that never reached it.
+            keepalive_timeout=4.0,
         )
         self.session = aiohttp.ClientSession(
             connector=connector,

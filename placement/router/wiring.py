@@ -58,7 +58,8 @@ def adapter_info_from_catalog(
     *,
     resolve: Callable[[AdapterId], str | None] | None = None,
 ) -> AdapterInfo:
-    """Load paths, sizes and (given the fleet) the pool of each adapter's base model;
+    """Load paths, sizes, class weights and (given the fleet) the pool of each adapter's
+    base model;
     ``resolve`` gives the source of an adapter the catalog lacks (the template's)."""
     pools: dict[AdapterId, PoolId] = {}
     if fleet is not None:
@@ -71,6 +72,7 @@ def adapter_info_from_catalog(
         size_bytes={a.name: a.size_bytes for a in catalog.adapters},
         pools=pools,
         resolve=resolve,
+        classes={a.name: a.adapter_class.weight for a in catalog.adapters},
     )
 
 
