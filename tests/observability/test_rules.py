@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry
 from placement.controller.live_ports import PrometheusObserver
 from placement.controller.webhook import WebhookMetrics
 from placement.router.metrics import RouterMetrics
+from placement.router.warmups import WarmupMetrics
 from placement.settings import ForecastSettings, PlannerSettings
 
 from .conftest import require_tool
@@ -47,6 +48,7 @@ def every_family() -> CollectorRegistry:
     builds ControllerMetrics and FleetMetrics) and webhook. A name defined twice raises."""
     registry = CollectorRegistry()
     RouterMetrics(registry)
+    WarmupMetrics(registry)
     # The controller's, with the fleet families inside.
     PrometheusObserver(registry, bucket_s=ForecastSettings().bucket_s)
     WebhookMetrics(registry)
