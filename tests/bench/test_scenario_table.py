@@ -166,3 +166,7 @@ def test_the_gap_is_measured_from_the_best_reactive_policy(bench: ModuleType) ->
     assert gap.loads_closed == pytest.approx(-0.5)
     assert gap.verdict() == "no"
     assert claims.closed(100.0, 90.0, 100.0) is None  # no gap to close
+    assert claims.closed(324.3, 325.0, 324.0) is None  # nor within 1% of the figure
+    level = [_row(claims, p, 1.0, 4, 324.0) for p in ("bounded", "lorafleet", "oracle")]
+    (gap,) = claims.gap_figures(level)
+    assert gap.verdict() == "yes"  # nothing to close, and at the oracle's hits
