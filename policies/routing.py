@@ -231,7 +231,7 @@ def route_plan(
     left the request waits). A warm pod that bounded affinity would pick is kept:
     moving an adapter the plan placed elsewhere costs a load for nothing. When a load
     is due, it goes to the plan's pods for this adapter (``{pod_id: share}``, the best
-    by bounded cost) unless a pod elsewhere is cheaper by more than one warm load.
+    by bounded cost) when it costs no more there than on the best pod elsewhere.
     Adapters absent from the plan: bounded affinity over the general pool (``tail``),
     else the hash ring's owners. A load on a full pod names the warm-ups its classes
     call for (``class_refresh``), to be sent there first.
