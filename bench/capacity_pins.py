@@ -25,12 +25,12 @@ import multiprocessing
 import sys
 import tempfile
 import time
-from collections.abc import Collection, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
+import war_story_windows as ws
 
 from placement.cli.capacity_cmds import split_log
 from placement.cli.recommend_cmds import pinned_catalog_yaml
@@ -39,39 +39,15 @@ from placement.domain import Catalog, Fleet
 from placement.forecast.pins import PinRules, PoolPins, recommend_pins
 from placement.inputs import load_catalog, load_fleet
 from placement.inputs.request_log import RequestLog, load_request_log
-from placement.residency import Effects
 from placement.settings import Settings
 from placement.sim.capacity import PastHistory, past_counts
 from placement.sim.engine import GPU_HIT, FleetReplay
-from placement.sim.pods import SimPod
 from placement.sim.replay import run_policy
 from placement.sim.routers import PLANNED
 from placement.sim.wiring import replay_planning
 from placement.sim.workload import SimWorkload, workload_from_log
 
 DATA = Path(__file__).resolve().parents[1] / "data"
-
-
-def engine_pins(by_pod: Mapping[str, Collection[str]]) -> type[FleetReplay]:
-    """A replay whose pods start with their pins on GPU slots and never evict them."""
-
-    class EnginePinned(FleetReplay):
-        def __init__(self, *args: object, **kwargs: object) -> None:
-            super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-            for pod in self.pods:
-                for adapter in sorted(by_pod.get(pod.pod_id, ())):
-                    pod.load(adapter, now_s=0.0)
-                    pod.model.pinned.add(adapter)
-
-        def _fetch(self, pod: SimPod, adapter: str, now_s: float) -> Effects:
-            pinned = by_pod.get(pod.pod_id)
-            if not pinned:
-                return super()._fetch(pod, adapter, now_s)
-            # Passed as busy: the engine model's LRU skips them while it has a choice.
-            busy = {*pod.running_adapters, *pod.waiting_adapters, *pinned}
-            return pod.fetch(adapter, busy=busy, now_s=now_s)
-
-    return EnginePinned
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -105,7 +81,11 @@ def run_case(case: Case) -> tuple[Case, dict[str, float], float]:
         if shared.past is not None:
             past = PastHistory(planning.forecaster, shared.past)
             planning = replace(planning, forecaster=past)
-    replay_type = engine_pins(shared.by_pod) if case.pins == "engine" else FleetReplay
+    replay_type = (
+        ws.engine_pinned_replay(shared.by_pod, lru_only=False)
+        if case.pins == "engine"
+        else FleetReplay
+    )
     began = time.process_time()
     result = run_policy(
         case.policy,

@@ -36,7 +36,7 @@ The article's two fixes, as what-if variants of the war story's inputs:
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
@@ -325,13 +325,22 @@ def pinned_catalog(catalog_path: Path, pins: Mapping[str, str], directory: Path)
 
 
 def pinned_replay(pins: Mapping[str, str]) -> type[FleetReplay]:
-    """A ``FleetReplay`` whose pods start with their pinned adapters on GPU slots, which
-    the engine then evicts neither from its GPU slots nor from its host cache (vLLM's
-    ``pin_lora`` pins both; leaving the host cache leaves the GPU too). A pin a restart
-    would drop; the what-ifs have none. Under LRU only: the engine's eviction."""
+    """``engine_pinned_replay`` of one pod per pinned adapter (``{adapter: pod}``), under
+    LRU only: the what-ifs pin what the engine's own eviction would have let go."""
     by_pod: dict[str, set[str]] = {}
     for adapter, pod_id in pins.items():
         by_pod.setdefault(pod_id, set()).add(adapter)
+    return engine_pinned_replay(by_pod, lru_only=True)
+
+
+def engine_pinned_replay(
+    by_pod: Mapping[str, Collection[str]], *, lru_only: bool
+) -> type[FleetReplay]:
+    """A ``FleetReplay`` whose pods start with their pinned adapters (``{pod: adapters}``)
+    on GPU slots, which the engine then evicts neither from its GPU slots nor from its
+    host cache (vLLM's ``pin_lora`` pins both; leaving the host cache leaves the GPU
+    too). A pin a restart would drop; the what-ifs have none. With ``lru_only`` the pins
+    hold only under the engine's own eviction (LRU), not under a counterfactual one."""
 
     class PinnedReplay(FleetReplay):
         def __init__(self, *args: object, **kwargs: object) -> None:
@@ -343,7 +352,7 @@ def pinned_replay(pins: Mapping[str, str]) -> type[FleetReplay]:
 
         def _fetch(self, pod: SimPod, adapter: str, now_s: float) -> Effects:
             pinned = by_pod.get(pod.pod_id)
-            if not pinned or self.router_eviction is not EvictionPolicy.LRU:
+            if not pinned or (lru_only and self.router_eviction is not EvictionPolicy.LRU):
                 return super()._fetch(pod, adapter, now_s)
             # The engine model's vLLM host cache knows no pins: a pinned adapter is
             # passed as busy, which its eviction skips while it has another choice.
