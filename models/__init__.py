@@ -10,7 +10,7 @@
 - ``models.select``: ``auto``, the default: cheap experts (``models.experts``) stacked per
   adapter and horizon by a rolling-origin backtest and shrunk toward the naive forecasts
   by the evidence; changes of level (``models.shifts``) followed; bands calibrated on
-  the backtest (``models.bands``).
+  the backtest (``models.bands``); the shrink and the follow in ``models.shrink``.
 - ``models.events``: pipeline transitions and tenant logins learned from the log.
 - ``models.preload``: the time-of-day preload schedule.
 - ``models.backtest`` and ``models.accuracy``: rolling-origin evaluation.

@@ -35,17 +35,15 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from models.bands import Cells, band_factors, default_factors, widened
+from models.bands import band_factors, default_factors, widened
 from models.base import PanelForecast, poisson_quantiles
 from models.experts import EXPERTS, Lags, expert_means
 from models.rolling import Plan, crossfit, grid_losses, simplex
 from models.series import CountPanel, FloatArray, IntArray
 from models.shifts import Change, ShiftRule, Shifts, detect_shifts, level_forecast
+from models.shrink import FOLLOW, after_change, follow_weights, naive_share, trust_from_evidence
 
 BoolArray = npt.NDArray[np.bool_]
-#: How far a changed adapter's forecast follows its new level ([stopped, other changes])
-#: when the backtest saw too few changes to learn it.
-FOLLOW = np.array([1.0, 0.5])
 #: Experts that read the daily shape (the same as persistence without a past day).
 SHAPED = ("shaped-persistence",)
 
@@ -204,7 +202,7 @@ def _fit_plan(
     bands = sorted(set(plan.unit_band))
     shares = np.stack(
         [
-            _naive_share(naive_loss[:, i].mean(axis=1), settings.naive_power)
+            naive_share(naive_loss[:, i].mean(axis=1), settings.naive_power)
             for i in range(len(bands))
         ]
     )  # (band, naive, adapter)
@@ -227,8 +225,8 @@ def _fit_plan(
         factors = default_factors()
         if band_cells is not None:
             selected = band_cells.selected(trust)
-            follow = _follow(band_cells, selected, settings.min_changes)
-            mean = _after_change(selected, band_cells.level, band_cells.kind, follow)
+            follow = follow_weights(band_cells, selected, settings.min_changes)
+            mean = after_change(selected, band_cells.level, band_cells.kind, follow)
             factors = band_factors(
                 band_cells,
                 mean=mean,
@@ -246,60 +244,6 @@ def _typical(lags: Lags, days: int) -> FloatArray:
     """Each adapter's mean per bucket over the last ``days`` days."""
     end = np.array([lags.n_buckets], dtype=np.int64)
     return np.asarray(lags.level(end, days * lags.per_day)[0], dtype=np.float64)
-
-
-def _naive_share(mean_loss: FloatArray, power: float | None) -> FloatArray:
-    """Weights ``(naive, adapter)`` of the naive forecasts in the shrink target: by
-    1/error**power, or all on the best one without a power.
-    """
-    if power is None:
-        share = np.zeros_like(mean_loss)
-        share[mean_loss.argmin(axis=0), np.arange(mean_loss.shape[1])] = 1.0
-        return share
-    floor = np.maximum(mean_loss.min(axis=0, keepdims=True), 1e-9)
-    score = (floor / np.maximum(mean_loss, 1e-9)) ** power
-    return np.asarray(score / score.sum(axis=0, keepdims=True), dtype=np.float64)
-
-
-def _follow(cells: Cells, selected: FloatArray, min_changes: int) -> FloatArray:
-    """How far to follow the new level ([stopped, other changes]): the weight, in tenths,
-    with the lowest error over the backtest's cells after such a change.
-    """
-    follow = FOLLOW.copy()
-    steps = np.linspace(0.0, 1.0, 11)
-    for k, group in enumerate(
-        (cells.kind == Change.STOPPED, cells.changed & (cells.kind != Change.STOPPED))
-    ):
-        if group.sum() >= min_changes:
-            level, chosen, actual = cells.level[group], selected[group], cells.actual[group]
-            errors = [np.abs(a * level + (1 - a) * chosen - actual).sum() for a in steps]
-            follow[k] = steps[int(np.argmin(errors))]
-    return follow
-
-
-def _after_change(
-    selected: FloatArray, level: FloatArray, kind: npt.NDArray[np.int8], follow: FloatArray
-) -> FloatArray:
-    """The forecast with changed adapters moved toward their new level by ``follow``."""
-    weight = np.where(kind == Change.STOPPED, follow[0], np.where(kind != 0, follow[1], 0.0))
-    return np.asarray(weight * level + (1 - weight) * selected, dtype=np.float64)
-
-
-def trust_from_evidence(excess: FloatArray, blocks: IntArray, z_full: float) -> FloatArray:
-    """Weight of the stack per adapter: the t statistic of ``excess`` (naive minus stack
-    error per origin) over blocks of origins, over ``z_full``, within [0, 1].
-    """
-    scored = ~np.isnan(excess).all(axis=1)
-    excess, blocks = excess[scored], blocks[scored]
-    labels = np.unique(blocks)
-    if len(labels) < 2:
-        return np.zeros(excess.shape[1])
-    means = np.stack([excess[blocks == label].mean(axis=0) for label in labels])
-    spread = means.std(axis=0, ddof=1) / np.sqrt(len(labels))
-    average = means.mean(axis=0)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        z = np.where(spread > 0, average / spread, np.where(average > 0, np.inf, 0.0))
-    return np.asarray(np.clip(np.nan_to_num(z / z_full, posinf=1.0), 0.0, 1.0), dtype=np.float64)
 
 
 def _expand(weights: FloatArray, names: tuple[str, ...]) -> FloatArray:

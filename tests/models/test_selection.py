@@ -10,9 +10,10 @@ import pytest
 from models.base import sanitize
 from models.experts import EXPERTS, Lags, expert_means
 from models.rolling import simplex
-from models.select import FittedSelection, Selecting, trust_from_evidence
+from models.select import FittedSelection, Selecting
 from models.series import CountPanel
 from models.shifts import Change, detect_shifts
+from models.shrink import trust_from_evidence
 
 from .conftest import BUCKET_S, PER_DAY, START_S, daily_rate
 
