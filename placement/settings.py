@@ -160,6 +160,13 @@ class RouterSettings:
     #: (under Kubernetes' default 30 s grace period, so the close happens).
     shutdown_grace_s: float = 20.0
 
+    def __post_init__(self) -> None:
+        if self.listing_every_scrapes < 1:
+            raise ValueError(
+                "RouterSettings.listing_every_scrapes must be at least 1 (1: a listing on "
+                f"every scrape), got {self.listing_every_scrapes}"
+            )
+
 
 @dataclass(frozen=True, kw_only=True)
 class ControllerSettings:
