@@ -12,7 +12,10 @@ from it (vLLM has no pin over HTTP). Another ``EvictionPolicy`` stands for an en
 that would evict otherwise (counterfactual: it protects the plan's hot set), its
 victim passed to the model (``placement.sim.eviction_choice``). A load drains the batch first (up to
 ``max_drain_ms``) and the pod admits nothing new until the weights are in: that is
-the convoy effect. The step cost rises with batch size and distinct adapters.
+the convoy effect. The step cost rises with batch size and distinct adapters. A
+request's outcome (GPU hit, host hit, cold load) is set where it is routed and made
+heavier, never lighter, by the load it then waits for: its adapter may have left the
+GPU or the host cache meanwhile, and the engine reads it again.
 
 Events live on one heap of ``(time_s, kind, pod, request)`` tuples merged with the
 sorted arrivals; state is plain lists, dicts and deques so that a replay runs at
@@ -40,6 +43,7 @@ from policies.eviction import EvictionPolicy, EvictionSettings
 from policies.routing import RouteDecision, RouteReason
 
 DONE, LOAD_DONE, RETRY, PLAN, EVENT, FAULT, WARMUP_DONE = 0, 1, 2, 3, 4, 5, 6
+#: A request's outcome, ordered from the lightest: ``_charge_load`` keeps the heavier.
 GPU_HIT, CPU_HIT, COLD_LOAD, REJECTED = 0, 1, 2, -1
 #: A request waiting on memory pressure is rejected after this many retries.
 MAX_RETRIES = 200
@@ -447,12 +451,23 @@ class FleetReplay(EngineEviction):
         pod.load_adapter = adapter
         pod.load_cold = cold
         pod.gpu_util = 1.0
-        if r >= 0 and self.log.outcome[r] == GPU_HIT:
-            self.log.outcome[r] = COLD_LOAD if cold else CPU_HIT
+        if adapter in pod.waiting_adapters:
+            self._charge_load(pod, adapter, COLD_LOAD if cold else CPU_HIT)
         end_s = now_s + load_ms / 1000.0
         self.load_end_s[p] = end_s
         self.log.loads.append((now_s, end_s, p, cold))
         heappush(self.heap, (end_s, LOAD_DONE, p, -1))
+
+    def _charge_load(self, pod: SimPod, adapter: str, outcome: int) -> None:
+        """Every request queued on ``pod`` for ``adapter`` waits for the load starting
+        now: each is charged the heavier of its outcome at routing and this load's (a
+        hit whose adapter left the GPU, or a host hit whose adapter left the host
+        cache, before the load started: as on vLLM, the weights are read again)."""
+        outcomes = self.log.outcome
+        adapters = self.workload.adapters
+        for r in pod.queue:
+            if r >= 0 and adapters[r] == adapter and outcomes[r] < outcome:
+                outcomes[r] = outcome
 
     def fetch_ms(self, p: int, size_bytes: int) -> float:
         """Reading an adapter from storage into host memory: the pool's storage (its
