@@ -7,12 +7,29 @@ The ``adapter`` label is bounded: the caller passes a name the router knows (the
 catalog's, the plan's, one a pod lists, a served base model) or ``UNKNOWN_ADAPTER``,
 and past ``max_adapter_labels`` names every new one is ``UNKNOWN_ADAPTER`` too, so that
 random names cannot grow ``/metrics`` or the router's memory.
+
+Many workers (``router.workers``): each worker process writes its figures to its own
+files in a directory the parent made (prometheus_client's multiprocess mode, switched
+on in the worker by ``record_in`` before it builds its router), and ``/metrics`` of any
+worker reads every worker's files (``RouterMetrics.share``): counters and histograms
+are summed over the workers, those that have exited included, so they never go back;
+each gauge is folded over the live workers as ``GAUGE_ACROSS_WORKERS`` says (the parent
+drops an exited worker's gauges, ``forget_worker``). One process (the default) keeps
+prometheus_client's in-memory values and renders its own registry, as before.
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+import os
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Literal
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, values
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.samples import Sample
 
 from placement.settings import RouterSettings
 
@@ -31,6 +48,70 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 #: adapter can have (catalog names are DNS labels), so it never mixes with one, and the
 #: controller's Prometheus history leaves it out.
 UNKNOWN_ADAPTER = "_unknown"
+
+Fold = Literal["sum", "max", "min"]
+
+#: How each gauge of the router's registry reads over N workers (counters and
+#: histograms are always summed). ``sum``: a count of things each worker holds apart
+#: (a load is started by one worker). ``max``: the pod's shared state as the workers
+#: see it, each from its own scrapes (queue depth, GPU adapters, slots, a missing
+#: ``/metrics``), or the worst worker (failures in a row). ``min``: 1 only while every
+#: worker says so (a pod healthy, a plan loaded). A gauge missing here reads ``max``.
+GAUGE_ACROSS_WORKERS: Mapping[str, Fold] = {
+    "lorafleet_pod_queue_depth": "max",
+    "lorafleet_pod_healthy": "min",
+    "lorafleet_router_pod_metrics_missing": "max",
+    "lorafleet_router_plan_loaded": "min",
+    "lorafleet_router_loop_consecutive_failures": "max",
+    "lorafleet_pod_gpu_adapters": "max",
+    "lorafleet_pod_gpu_slots": "max",
+    "lorafleet_load_queue_depth": "sum",
+    "lorafleet_active_adapters": "max",
+    "lorafleet_slot_capacity": "max",
+    "lorafleet_adapter_tenant_info": "max",
+}
+
+_FOLDS: Mapping[Fold, Callable[[Iterable[float]], float]] = {"sum": sum, "max": max, "min": min}
+
+_MULTIPROC_DIR = "PROMETHEUS_MULTIPROC_DIR"
+
+
+def record_in(directory: Path) -> None:
+    """Make every metric this process creates from now on write its figures to its own
+    files in ``directory`` (prometheus_client's multiprocess values). For a worker, after
+    the fork and before it builds its router; prometheus_client chose its value class
+    when the parent imported it, so it is replaced here, for this process only."""
+    os.environ[_MULTIPROC_DIR] = str(directory)
+    values.ValueClass = values.MultiProcessValue()  # type: ignore[no-untyped-call]
+
+
+def forget_worker(directory: Path, pid: int) -> None:
+    """An exited worker's gauges leave ``/metrics``; its counters and histograms stay."""
+    for path in directory.glob(f"gauge_*_{pid}.db"):
+        path.unlink(missing_ok=True)
+
+
+class WorkersCollector:
+    """Every worker's figures from their files in ``directory``, gauges folded."""
+
+    def __init__(self, directory: Path) -> None:
+        self._files = MultiProcessCollector(None, path=str(directory))  # type: ignore[no-untyped-call]
+
+    def collect(self) -> Iterator[Metric]:
+        for metric in self._files.collect():  # type: ignore[no-untyped-call]
+            if metric.type == "gauge":
+                fold = _FOLDS[GAUGE_ACROSS_WORKERS.get(metric.name, "max")]
+                metric.samples = _folded(metric.samples, fold)
+            yield metric
+
+
+def _folded(samples: Iterable[Sample], fold: Callable[[Iterable[float]], float]) -> list[Sample]:
+    """One sample per series: the workers' (``pid`` label) values folded."""
+    series: dict[tuple[str, tuple[tuple[str, str], ...]], list[float]] = {}
+    for sample in samples:
+        labels = tuple(sorted((k, v) for k, v in sample.labels.items() if k != "pid"))
+        series.setdefault((sample.name, labels), []).append(sample.value)
+    return [Sample(name, dict(labels), fold(got)) for (name, labels), got in series.items()]
 
 
 class RouterMetrics:
@@ -147,6 +228,8 @@ class RouterMetrics:
         self._requests: dict[tuple[str, str], Counter] = {}
         self._ttft: dict[str, Histogram] = {}
         self._queue: dict[str, Histogram] = {}
+        #: Every worker's figures, once ``share`` names their directory.
+        self._workers: CollectorRegistry | None = None
 
     def adapter_label(self, adapter: str, *, known: bool) -> str:
         """The label for ``adapter``: itself if known and there is room, else the shared one."""
@@ -189,5 +272,12 @@ class RouterMetrics:
             hist = self._queue[cause] = self.queue_seconds.labels(cause=cause)
         hist.observe(max(0.0, seconds))
 
+    def share(self, directory: Path) -> None:
+        """Render every worker's figures from ``directory`` (where ``record_in`` had
+        this process write its own) instead of this registry's."""
+        workers = CollectorRegistry(auto_describe=False)
+        workers.register(WorkersCollector(directory))
+        self._workers = workers
+
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        return generate_latest(self._workers if self._workers is not None else self.registry)

@@ -20,6 +20,12 @@ at its next scrape (``Router`` does both).
 
 A worker's request log must not share a file with another's: worker 0 writes to the
 path given, worker i to ``worker_log_path(path, i)``.
+
+One ``/metrics`` for all: a Prometheus scrape reaches whichever worker the kernel picks,
+so each worker writes its figures to files of its own in a directory the parent made
+(``router.metrics.record_in``) and renders every worker's (``RouterMetrics.share``):
+counters summed over the workers, exited ones included, gauges folded per gauge. The
+parent removes an exited worker's gauges, and the directory when it exits.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ import sys
 import tempfile
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
@@ -41,6 +48,7 @@ import uvicorn
 from placement.router.asgi import RouterApp
 from placement.router.lean_http import LeanHttpToolsProtocol
 from placement.router.load_claims import LoadClaims, WorkerPicker
+from placement.router.metrics import forget_worker, record_in
 
 
 def worker_log_path(path: Path, worker: int) -> Path:
@@ -126,15 +134,32 @@ def serve_workers(
     if workers < 1:
         raise ValueError(f"--workers must be at least 1, not {workers}")
     held = bind(host, port, listen=not REUSE_PORT)
-    claims_dir = Path(tempfile.mkdtemp(prefix="lorafleet-claims-")) if workers > 1 else None
+    shared = _Shared.make() if workers > 1 else None
     try:
         return _fork_and_wait(
-            make_app, held, host=host, workers=workers, claims_dir=claims_dir,
+            make_app, held, host=host, workers=workers, shared=shared,
             on_listening=on_listening,
         )  # fmt: skip
     finally:
-        if claims_dir is not None:
-            shutil.rmtree(claims_dir, ignore_errors=True)
+        if shared is not None:
+            shared.remove()
+
+
+@dataclass(frozen=True)
+class _Shared:
+    """The directories the workers share: load claims, and every worker's metrics."""
+
+    claims: Path
+    metrics: Path
+
+    @classmethod
+    def make(cls) -> _Shared:
+        claims = Path(tempfile.mkdtemp(prefix="lorafleet-claims-"))
+        return cls(claims, Path(tempfile.mkdtemp(prefix="lorafleet-metrics-")))
+
+    def remove(self) -> None:
+        shutil.rmtree(self.claims, ignore_errors=True)
+        shutil.rmtree(self.metrics, ignore_errors=True)
 
 
 def _fork_and_wait(
@@ -143,7 +168,7 @@ def _fork_and_wait(
     *,
     host: str,
     workers: int,
-    claims_dir: Path | None,
+    shared: _Shared | None,
     on_listening: Callable[[int], None] | None,
 ) -> int:
     bound = int(held.getsockname()[1])
@@ -159,9 +184,12 @@ def _fork_and_wait(
                 if REUSE_PORT:  # a listening socket of this worker's own
                     sock = bind(host, bound, listen=True)
                     held.close()
+                if shared is not None:
+                    record_in(shared.metrics)  # before make_app creates any metric
                 app = make_app(worker)
-                if claims_dir is not None:
-                    share_loads(app, claims_dir, workers=workers)
+                if shared is not None:
+                    share_loads(app, shared.claims, workers=workers)
+                    app.router.metrics.share(shared.metrics)
                 _run_worker(app, sock, ready_write)
             except BaseException:
                 traceback.print_exc()
@@ -182,7 +210,7 @@ def _fork_and_wait(
     held.close()  # the workers' sockets hold the port now
     if ready == workers and on_listening is not None:
         on_listening(bound)
-    return _wait_all(children)
+    return _wait_all(children, shared.metrics if shared is not None else None)
 
 
 def _terminate(pid: int) -> None:
@@ -205,7 +233,7 @@ def _forward_signals(children: list[int]) -> None:
     signal.signal(signal.SIGINT, forward)
 
 
-def _wait_all(children: list[int]) -> int:
+def _wait_all(children: list[int], metrics_dir: Path | None) -> int:
     status = 0
     left = set(children)
     while left:
@@ -215,6 +243,8 @@ def _wait_all(children: list[int]) -> int:
             break
         if pid in left:
             left.discard(pid)
+            if metrics_dir is not None:
+                forget_worker(metrics_dir, pid)
             exit_code = os.waitstatus_to_exitcode(code)
             if exit_code not in (0, -signal.SIGTERM, -signal.SIGINT) and status == 0:
                 status = exit_code if exit_code > 0 else 1
