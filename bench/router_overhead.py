@@ -142,26 +142,28 @@ async def _paced(urls: list[str], models: list[str], rate: float, seconds: float
 
 async def _closed(
     urls: list[str], models: list[str], workers: int, seconds: float
-) -> tuple[float, int]:
-    """Closed loop with ``workers`` in flight; requests per second."""
-    done = 0
+) -> tuple[float, int, int]:
+    """Closed loop with ``workers`` in flight: requests per second, requests, and how
+    many of them were not answered 200 (a router that fails fast must not look cheap)."""
+    done = failed = 0
     connector = aiohttp.TCPConnector(limit=workers)
     async with aiohttp.ClientSession(connector=connector) as session:
         stop = time.perf_counter() + seconds
 
         async def worker(k: int) -> None:
-            nonlocal done
+            nonlocal done, failed
             i = k
             while time.perf_counter() < stop:
                 body = dict(BODY, model=models[i % len(models)])
                 async with session.post(urls[i % len(urls)], json=body) as reply:
                     await reply.read()
                 done += 1
+                failed += reply.status != 200
                 i += workers
 
         started = time.perf_counter()
         await asyncio.gather(*(worker(k) for k in range(workers)))
-        return done / (time.perf_counter() - started), done
+        return done / (time.perf_counter() - started), done, failed
 
 
 def _cpu_s(pid: int) -> float:
@@ -358,10 +360,10 @@ async def _run(
     result["added_p50_ms"] = result["routed_p50_ms"] - result["direct_p50_ms"]
     result["added_p99_ms"] = result["routed_p99_ms"] - result["direct_p99_ms"]
     pods_cpu = _cpu_s(args.pods_pid)
-    direct_rps, direct_n = await _closed(direct, direct_models, 64, args.seconds)
+    direct_rps, direct_n, direct_not_200 = await _closed(direct, direct_models, 64, args.seconds)
     pods_cpu_per_request = (_cpu_s(args.pods_pid) - pods_cpu) / direct_n
     router_cpu = _cpu_s(args.router_pid)
-    routed_rps, routed_n = await _closed(routed, models, 64, args.seconds)
+    routed_rps, routed_n, routed_not_200 = await _closed(routed, models, 64, args.seconds)
     router_cpu_per_request = (_cpu_s(args.router_pid) - router_cpu) / routed_n
     # What one router process could carry on a core of its own: 1 / its CPU per request.
     result["router_cpu_us_per_request"] = router_cpu_per_request * 1e6
@@ -372,6 +374,7 @@ async def _run(
     result["direct_max_rps"] = direct_rps
     result["routed_max_rps"] = routed_rps
     result["routed_over_direct"] = routed_rps / direct_rps
+    result["closed_loop_not_200"] = direct_not_200 + routed_not_200
     print(json.dumps({k: round(v, 3) for k, v in result.items()}, indent=2))
 
 
