@@ -28,7 +28,6 @@ import time
 from collections import Counter
 from collections.abc import Mapping
 
-import aiohttp
 import httpx
 from prometheus_client import CollectorRegistry
 
@@ -48,6 +47,7 @@ from placement.router.scrape_http import AiohttpScrapes, HttpxScrapes, ScrapeHtt
 from placement.router.scraping import PodScraper
 from placement.router.sources import PlanSource, PodSource
 from placement.router.state import LivePod, Topology, Upstream, build_topology
+from placement.router.upstream import Upstreams
 from placement.router.warmups import WarmupMetrics
 from placement.settings import LoadCostSettings, RouterSettings
 
@@ -67,9 +67,10 @@ class Router:
     ``clock`` gives the epoch seconds the router decides and stamps by (a request's
     arrival in the log, when an adapter was last routed, residencies); ``timer`` only
     measures latencies (time to first byte) and times the loops' rounds (a round stuck
-    past ``loop_stall_s``). Client requests are proxied through an aiohttp session of
-    the router's own, opened by ``start``. ``plan_expected``: a plan source was given
-    and the policy follows it, so the router is not ready until it has read a plan.
+    past ``loop_stall_s``). Client requests are proxied through an upstream client of
+    the router's own (``router.upstream``), opened by ``start``. ``plan_expected``: a
+    plan source was given and the policy follows it, so the router is not ready until
+    it has read a plan.
     ``sleep`` is what the loops wait with (tests pass their own).
     """
 
@@ -127,10 +128,7 @@ class Router:
         self.topology: Topology = build_topology((), None)
         self.plan_error: str | None = "no plan read yet"
         self.unplanned: Counter[AdapterId] = Counter()
-        self.session: aiohttp.ClientSession | None = None
-        self.upstream_timeout = aiohttp.ClientTimeout(
-            total=self.settings.upstream_timeout_s, sock_connect=self.settings.connect_timeout_s
-        )
+        self.session: Upstreams | None = None
         self.engine_http = engine_http
         self._owns_engine_http = engine_http is None
         #: What the scrapes read the pods with: the given client's, else made by start.
@@ -151,24 +149,15 @@ class Router:
 
     async def start(self) -> None:
         """Open the upstream session, read plan and pods once, start the loops."""
-        # One pool of keep-alive connections to the pods, reused by every request; the
-        # timeout is the session's (no per-request timeout argument), and no User-Agent
-        # or Accept-Encoding is added: the answer's bytes pass through as the pod
-        # wrote them, so they must not be compressed.
-        connector = aiohttp.TCPConnector(
-            limit=self.settings.max_connections,
-            limit_per_host=0,
-            ttl_dns_cache=300,
+        # One pool of keep-alive connections per pod, reused by every request; no
+        # Accept-Encoding is sent: the answer's bytes pass through as the pod wrote them.
+        self.session = Upstreams(
+            timeout_s=self.settings.upstream_timeout_s,
+            connect_timeout_s=self.settings.connect_timeout_s,
             # Below the engines' own keep-alive (uvicorn and vLLM close an idle connection
-            # after 5 s): a longer pool reuses a connection the pod just closed, the write
-            # fails, and the pod leaves the rotation for a request that never reached it.
-            keepalive_timeout=4.0,
-        )
-        self.session = aiohttp.ClientSession(
-            connector=connector,
-            auto_decompress=False,
-            timeout=self.upstream_timeout,
-            skip_auto_headers=("User-Agent", "Accept-Encoding"),
+            # after 5 s): a longer pool reuses a connection the pod just closed.
+            keepalive_s=4.0,
+            max_connections=self.settings.max_connections,
         )
         if self.engine_http is None:
             # One client for every engine call (scrapes, listings, loads): a new httpx

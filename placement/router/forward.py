@@ -17,7 +17,10 @@ anything goes to the client.
 The request was read and checked at the front door (``router.front``) first.
 
 ``forward`` takes a ``Relay``: the few parts of the router it uses (the upstream
-session and its timeout, the clock, the timer, the metrics), not the router itself.
+client, ``router.upstream``; the clock, the timer, the metrics), not the router itself.
+The answer's bytes come back as the pod wrote them (no decompression), chunk by chunk
+for a stream; a pod that cannot be reached or answers what is not HTTP raises an
+``OSError`` naming it (``UpstreamError``, ``UpstreamTimeoutError``).
 
 Must not choose pods: the caller passes the one ``picking`` chose.
 """
@@ -31,17 +34,15 @@ from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import aiohttp
-
 from placement.adapters.sglang import adapter_request
 from placement.clock import Clock
 from placement.domain import AdapterId, Engine, Outcome
 from placement.router.metrics import RouterMetrics
 from placement.router.state import LivePod
+from placement.router.upstream import Reply, Upstreams
 
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
-_JSON_HEADERS = {"content-type": "application/json"}
 _TAIL_BYTES = 4096
 #: SGLang's refusals of an adapter it does not serve: the registry's "The following
 #: requested LoRA adapters are not loaded" (python/sglang/srt/lora/lora_registry.py) and,
@@ -56,13 +57,8 @@ class Relay(Protocol):
     """What ``forward`` needs from the router (``router.core.Router`` is one)."""
 
     @property
-    def session(self) -> aiohttp.ClientSession | None:
-        """The upstream session; None before the router started."""
-        ...
-
-    @property
-    def upstream_timeout(self) -> aiohttp.ClientTimeout:
-        """The session's timeout (set on the session: no per-request argument)."""
+    def session(self) -> Upstreams | None:
+        """The upstream client (its pools, its timeouts); None before the router started."""
         ...
 
     @property
@@ -141,16 +137,14 @@ async def forward(
     """Send the request to ``state``'s pod and relay the answer; False means try another."""
     session = relay.session
     assert session is not None, "the router has not started"
-    headers = _JSON_HEADERS
-    if exchange.auth is not None:
-        headers = {**_JSON_HEADERS, "authorization": exchange.auth.decode("latin-1")}
-    url = state.url_of(exchange.path)
+    url = state.upstream.url + exchange.path
     body = exchange.body_for(state)
     adapter = AdapterId(exchange.model) if exchange.outcome is not None else None
     _note_admission(relay, state, exchange)
     state.begin(adapter)
     try:
-        async with session.post(url, data=body, headers=headers) as reply:
+        reply = await session.post(state.upstream.pod, url, body, auth=exchange.auth)
+        try:
             if reply.status == 503 and not last_try:
                 await reply.read()
                 return False
@@ -170,11 +164,13 @@ async def forward(
             else:
                 await _relay_whole(relay.timer, state, exchange, reply, send, data=head)
             return True
+        finally:
+            reply.release()
     finally:
         state.end(adapter)
 
 
-async def _head(state: LivePod, exchange: Exchange, reply: aiohttp.ClientResponse) -> bytes | None:
+async def _head(state: LivePod, exchange: Exchange, reply: Reply) -> bytes | None:
     """What must be read before anything is relayed, to tell whether the pod has the
     adapter: the body of a 404 (or of an SGLang 400), the first event of an SGLang
     stream. None when nothing needs reading first."""
@@ -186,7 +182,7 @@ async def _head(state: LivePod, exchange: Exchange, reply: aiohttp.ClientRespons
     if not (sglang and exchange.stream and reply.status == 200):
         return None
     head = b""
-    async for chunk in reply.content.iter_any():
+    while chunk := await reply.chunk():
         head += chunk
         if b"\n\n" in head or len(head) >= _FIRST_EVENT_BYTES:
             break
@@ -203,11 +199,11 @@ def _adapter_missing(state: LivePod, status: int, head: bytes | None) -> bool:
     return status in (200, 400) and any(text in first_event for text in SGLANG_NOT_LOADED)
 
 
-def _reply_headers(reply: aiohttp.ClientResponse) -> list[tuple[bytes, bytes]]:
-    headers = [(b"content-type", reply.headers.get("content-type", "application/json").encode())]
-    retry_after = reply.headers.get("retry-after")
+def _reply_headers(reply: Reply) -> list[tuple[bytes, bytes]]:
+    headers = [(b"content-type", reply.headers.get(b"content-type", b"application/json"))]
+    retry_after = reply.headers.get(b"retry-after")
     if retry_after is not None:
-        headers.append((b"retry-after", retry_after.encode()))
+        headers.append((b"retry-after", retry_after))
     return headers
 
 
@@ -215,7 +211,7 @@ async def _relay_whole(
     timer: Clock,
     state: LivePod,
     exchange: Exchange,
-    reply: aiohttp.ClientResponse,
+    reply: Reply,
     send: Send,
     *,
     data: bytes | None = None,
@@ -238,7 +234,7 @@ async def _relay_stream(
     timer: Clock,
     state: LivePod,
     exchange: Exchange,
-    reply: aiohttp.ClientResponse,
+    reply: Reply,
     send: Send,
     *,
     head: bytes = b"",
@@ -263,10 +259,10 @@ async def _relay_stream(
     _usage_from_tail(exchange, tail)
 
 
-async def _chunks(head: bytes, reply: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
+async def _chunks(head: bytes, reply: Reply) -> AsyncIterator[bytes]:
     if head:
         yield head
-    async for chunk in reply.content.iter_any():
+    while chunk := await reply.chunk():
         yield chunk
 
 

@@ -1,0 +1,324 @@
+"""The proxy's upstream client at the wire: a scripted fake pod on a real socket (what it
+answers, byte for byte, per request) and emulated vLLM pods.
+
+No sleeps: a test waits on the client's own answers; the one timeout is the client's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import socket
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from placement.domain import Engine
+from placement.router.upstream import Reply, UpstreamError, Upstreams, UpstreamTimeoutError
+
+from .conftest import emulated
+
+pytestmark = pytest.mark.anyio
+
+POD = "pod-7"
+#: Close the connection without answering.
+CLOSE = b"<close>"
+#: Never answer (until the test ends).
+HANG = b"<hang>"
+
+
+def ok(body: bytes, *, extra: bytes = b"") -> bytes:
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+    return head + b"content-length: %d\r\n%s\r\n%s" % (len(body), extra, body)
+
+
+def chunked(parts: list[bytes]) -> bytes:
+    body = b"".join(b"%x\r\n%s\r\n" % (len(part), part) for part in parts if part)
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+    head += b"transfer-encoding: chunked\r\n\r\n"
+    return head + body + b"0\r\n\r\n"
+
+
+@dataclass
+class FakePod:
+    """Answers each request with the next script; records requests and connections."""
+
+    answers: list[bytes | list[bytes]]
+    requests: list[tuple[bytes, bytes]] = field(default_factory=list)
+    connections: int = 0
+    port: int = 0
+    handlers: list[asyncio.Task[None]] = field(default_factory=list)
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        task = asyncio.current_task()
+        assert task is not None
+        self.handlers.append(task)
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next(
+                    int(line.split(b":", 1)[1])
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length:")
+                )
+                self.requests.append((head, await reader.readexactly(length)))
+                answer = self.answers.pop(0)
+                if answer == CLOSE:
+                    return
+                if answer == HANG:
+                    await asyncio.Event().wait()
+                for piece in answer if isinstance(answer, list) else [answer]:
+                    if piece == CLOSE:  # after the pieces before it
+                        return
+                    writer.write(piece)
+                    await writer.drain()
+                if b"connection: close" in (answer if isinstance(answer, bytes) else b""):
+                    return
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1/completions"
+
+
+@contextlib.asynccontextmanager
+async def fake_pod(*answers: bytes | list[bytes]) -> AsyncIterator[FakePod]:
+    pod = FakePod(list(answers))
+    server = await asyncio.start_server(pod.handle, "127.0.0.1", 0)
+    pod.port = server.sockets[0].getsockname()[1]
+    try:
+        yield pod
+    finally:
+        server.close()
+        for task in pod.handlers:
+            task.cancel()
+        await asyncio.gather(*pod.handlers, return_exceptions=True)
+
+
+def upstreams(
+    *, timeout_s: float = 10.0, keepalive_s: float = 4.0, max_connections: int = 64
+) -> Upstreams:
+    return Upstreams(
+        timeout_s=timeout_s,
+        connect_timeout_s=5.0,
+        keepalive_s=keepalive_s,
+        max_connections=max_connections,
+    )
+
+
+async def answer(client: Upstreams, url: str, body: bytes = b"{}") -> tuple[int, bytes]:
+    reply = await client.post(POD, url, body)
+    try:
+        return reply.status, await reply.read()
+    finally:
+        reply.release()
+
+
+async def test_content_length_bodies_and_one_kept_alive_connection() -> None:
+    async with fake_pod(ok(b'{"a":1}'), ok(b'{"b":2}', extra=b"retry-after: 3\r\n")) as pod:
+        client = upstreams()
+        assert await answer(client, pod.url, b'{"x":1}') == (200, b'{"a":1}')
+        reply = await client.post(POD, pod.url, b"{}", auth=b"Bearer t")
+        assert reply.headers[b"retry-after"] == b"3"
+        assert await reply.read() == b'{"b":2}'
+        reply.release()
+        assert pod.connections == 1
+        assert client.idle_connections == 1
+        head, body = pod.requests[0]
+        assert head.startswith(b"POST /v1/completions HTTP/1.1\r\n")
+        assert b"Content-Length: 7\r\n" in head and body == b'{"x":1}'
+        assert b"Authorization: Bearer t\r\n" in pod.requests[1][0]
+        await client.close()
+
+
+async def test_a_chunked_stream_comes_back_chunk_by_chunk_unchanged() -> None:
+    events = [b'data: {"n":1}\n\n', b'data: {"n":2}\n\n', b"data: [DONE]\n\n"]
+    pieces = [chunked(events)[:90], chunked(events)[90:]]
+    async with fake_pod(pieces, ok(b"again")) as pod:
+        client = upstreams()
+        reply = await client.post(POD, pod.url, b"{}")
+        assert reply.headers[b"content-type"] == b"text/event-stream"
+        got = []
+        while part := await reply.chunk():
+            got.append(part)
+        reply.release()
+        assert b"".join(got) == b"".join(events)
+        assert await answer(client, pod.url) == (200, b"again")  # the same connection
+        assert pod.connections == 1
+        await client.close()
+
+
+async def test_a_body_that_ends_with_the_connection_is_read_and_not_reused() -> None:
+    until_close = b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\nall of it"
+    async with fake_pod(until_close, ok(b"next")) as pod:
+        client = upstreams()
+        assert await answer(client, pod.url) == (200, b"all of it")
+        assert client.idle_connections == 0
+        assert await answer(client, pod.url) == (200, b"next")
+        assert pod.connections == 2
+        await client.close()
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        b"HTTX/1.1 200 OK\r\n\r\n",
+        b"HTTP/1.1 2x0 OK\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nno colon\r\n\r\n",
+    ],
+)
+async def test_a_malformed_answer_is_an_error_naming_the_pod(garbage: bytes) -> None:
+    async with fake_pod(garbage) as pod:
+        client = upstreams()
+        with pytest.raises(UpstreamError, match=f"pod {POD} answered malformed HTTP"):
+            await client.post(POD, pod.url, b"{}")
+        assert client.open_connections == 0
+        await client.close()
+
+
+async def test_a_pod_that_closes_before_answering_is_not_retried_on_a_fresh_connection() -> None:
+    async with fake_pod(CLOSE, ok(b"never")) as pod:
+        client = upstreams()
+        with pytest.raises(UpstreamError, match=f"pod {POD} closed the connection before"):
+            await client.post(POD, pod.url, b"{}")
+        assert pod.connections == 1
+        await client.close()
+
+
+async def test_a_stale_pooled_connection_is_retried_once_on_a_fresh_one() -> None:
+    async with fake_pod(ok(b"first"), CLOSE, ok(b"second")) as pod:
+        client = upstreams()
+        assert await answer(client, pod.url) == (200, b"first")
+        assert await answer(client, pod.url) == (200, b"second")
+        assert pod.connections == 2
+        assert len(pod.requests) == 3  # the stale connection took the request, then closed
+        await client.close()
+
+
+async def test_a_pod_that_closes_mid_answer_fails_the_read() -> None:
+    cut = b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nonly ten b"
+    async with fake_pod([cut, CLOSE]) as pod:
+        client = upstreams()
+        reply = await client.post(POD, pod.url, b"{}")
+        with pytest.raises(UpstreamError, match=f"pod {POD} closed the connection during"):
+            await reply.read()
+        reply.release()
+        assert client.open_connections == 0
+        await client.close()
+
+
+async def test_a_pod_that_does_not_answer_in_time_is_a_timeout_naming_it() -> None:
+    async with fake_pod(HANG) as pod:
+        client = upstreams(timeout_s=0.05)
+        with pytest.raises(UpstreamTimeoutError, match=f"pod {POD} did not answer within 0.05 s"):
+            await client.post(POD, pod.url, b"{}")
+        assert client.open_connections == 0
+        await client.close()
+
+
+async def test_a_refused_connection_names_the_pod_and_its_address() -> None:
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    client = upstreams()
+    with pytest.raises(UpstreamError, match=f"pod {POD}: connecting to 127.0.0.1:{port} failed"):
+        await client.post(POD, f"http://127.0.0.1:{port}/v1/completions", b"{}")
+    assert isinstance(UpstreamError("x"), OSError)  # what the proxy's callers catch
+    await client.close()
+
+
+async def test_an_idle_connection_past_the_keep_alive_is_not_reused() -> None:
+    async with fake_pod(ok(b"1"), ok(b"2")) as pod:
+        client = upstreams(keepalive_s=0.0)
+        await answer(client, pod.url)
+        await answer(client, pod.url)
+        assert pod.connections == 2
+        assert client.open_connections == 1
+        await client.close()
+
+
+async def test_past_max_connections_a_request_waits_for_one_to_be_released() -> None:
+    async with fake_pod(ok(b"1"), ok(b"2")) as pod:
+        client = upstreams(max_connections=1)
+        held: Reply = await client.post(POD, pod.url, b"{}")
+        second = asyncio.create_task(answer(client, pod.url))
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert not second.done()
+        assert await held.read() == b"1"
+        held.release()
+        assert await second == (200, b"2")
+        assert pod.connections == 1
+        await client.close()
+
+
+async def test_an_unread_answer_closes_its_connection_on_release() -> None:
+    async with fake_pod(ok(b"unread"), ok(b"fresh")) as pod:
+        client = upstreams()
+        reply = await client.post(POD, pod.url, b"{}")
+        reply.release()
+        assert client.open_connections == 0
+        assert await answer(client, pod.url) == (200, b"fresh")
+        assert pod.connections == 2
+        await client.close()
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    events=st.lists(st.binary(min_size=1, max_size=300), min_size=1, max_size=8),
+    cuts=st.lists(st.integers(min_value=1, max_value=2000), max_size=6),
+)
+def test_any_chunking_on_the_wire_passes_the_body_through_unchanged(
+    events: list[bytes], cuts: list[int]
+) -> None:
+    """However the pod's bytes are split into sends, the body arrives whole and in order
+    (chunked and content-length), and the connection stays usable."""
+    wire = chunked(events)
+    points = sorted({0, len(wire), *(cut % len(wire) for cut in cuts)})
+    pieces = [wire[a:b] for a, b in itertools.pairwise(points) if b > a]
+
+    async def run() -> None:
+        async with fake_pod(pieces, ok(b"".join(events))) as pod:
+            client = upstreams()
+            reply = await client.post(POD, pod.url, b"{}")
+            got = []
+            while part := await reply.chunk():
+                got.append(part)
+            reply.release()
+            assert b"".join(got) == b"".join(events)
+            assert await answer(client, pod.url) == (200, b"".join(events))
+            assert pod.connections == 1
+            await client.close()
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_emulated_vllm_answers_whole_and_streamed(stream: bool) -> None:
+    with emulated(1, engine=Engine.VLLM) as pods:
+        url = pods.url("pod-0") + "/v1/completions"
+        body = b'{"model": "base-model", "prompt": "hi", "max_tokens": 3, "stream": %s}' % (
+            b"true" if stream else b"false"
+        )
+        client = upstreams()
+        for _ in range(2):
+            reply = await client.post("pod-0", url, body)
+            assert reply.status == 200
+            if stream:
+                text = b""
+                while part := await reply.chunk():
+                    text += part
+                assert text.endswith(b"data: [DONE]\n\n") and text.count(b"data: ") >= 2
+            else:
+                assert b'"usage"' in await reply.read()
+            reply.release()
+        assert client.open_connections == 1
+        await client.close()
