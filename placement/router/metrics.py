@@ -80,9 +80,14 @@ def record_in(directory: Path) -> None:
     """Make every metric this process creates from now on write its figures to its own
     files in ``directory`` (prometheus_client's multiprocess values). For a worker, after
     the fork and before it builds its router; prometheus_client chose its value class
-    when the parent imported it, so it is replaced here, for this process only."""
+    when the parent imported it, so it is replaced here, for this process only.
+
+    The files are named by this process's pid, read once here rather than at every
+    write as prometheus_client does (``os.getpid`` on the hot path): a process forked
+    from this one must call ``record_in`` again before it writes a figure."""
     os.environ[_MULTIPROC_DIR] = str(directory)
-    values.ValueClass = values.MultiProcessValue()  # type: ignore[no-untyped-call]
+    pid = os.getpid()
+    values.ValueClass = values.MultiProcessValue(lambda: pid)  # type: ignore[no-untyped-call]
 
 
 def forget_worker(directory: Path, pid: int) -> None:
