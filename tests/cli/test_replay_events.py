@@ -13,6 +13,7 @@ from typer.testing import CliRunner, Result
 
 import placement.cli  # noqa: F401  (registers the commands)
 from placement.cli.app import app
+from tests.fleets import fleet_yaml
 
 runner = CliRunner()
 START = pd.Timestamp("2026-03-10T09:00:00Z")
@@ -21,18 +22,7 @@ CATALOG = """
 adapters:
 {entries}
 """
-FLEET = """
-pools:
-  - name: small
-    base_model: llama-3.1-8b
-    engine: vllm
-    max_lora_rank: 64
-    pod_defaults: {max_loras: 2, max_cpu_loras: 4, hbm_adapter_bytes: 1GiB,
-                   host_adapter_bytes: 4GiB, capacity_rps: 5}
-    pods:
-      - {name: pod-0, url: "http://127.0.0.1:18000"}
-      - {name: pod-1, url: "http://127.0.0.1:18001"}
-"""
+FLEET = fleet_yaml()
 PIPELINES = """
 pipelines:
   - trigger: doc.uploaded

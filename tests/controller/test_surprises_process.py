@@ -24,22 +24,19 @@ from placement.emulator import ZERO_LATENCY, EmulatedFleet, PodConfig
 from placement.errors import InputError
 from placement.plan import plan_from_json
 from tests.controller.controller_kubefake import FakeApiServer, make_pod
+from tests.fleets import fleet_yaml
 
 pytestmark = pytest.mark.anyio
 
 NOW = datetime(2026, 3, 5, 10, 0, tzinfo=UTC)
-FLEET = """
-pools:
-- name: llama
-  base_model: llama-3.1-8b
-  served_model_name: base-model
-  engine: vllm
-  max_lora_rank: 16
-  pod_defaults: {max_loras: 2, max_cpu_loras: 4, hbm_adapter_bytes: 1GiB,
-                 host_adapter_bytes: 8GiB, capacity_rps: 10}
-  pods:
-  - {name: template, url: 'http://127.0.0.1:1'}
-"""
+FLEET = fleet_yaml(
+    pool="llama",
+    served_model_name="base-model",
+    max_lora_rank=16,
+    host_adapter_bytes="8GiB",
+    capacity_rps=10,
+    pods=[("template", "http://127.0.0.1:1")],
+)
 CONFIG = """
 catalog: catalog.yaml
 fleet: fleet.yaml

@@ -14,21 +14,11 @@ from typer.testing import CliRunner
 from placement.cli import app
 from placement.plan import Plan, plan_to_json
 from tests.factories import T0, make_plan
+from tests.fleets import fleet_yaml
 
 runner = CliRunner()
 
-FLEET = """
-pools:
-  - name: small
-    base_model: llama-3.1-8b
-    engine: vllm
-    max_lora_rank: 16
-    pod_defaults: {max_loras: 2, max_cpu_loras: 4, hbm_adapter_bytes: 1GiB,
-                   host_adapter_bytes: 4GiB, capacity_rps: 5}
-    pods:
-      - {name: pod-0, url: "http://127.0.0.1:18000"}
-      - {name: pod-1, url: "http://127.0.0.1:18001"}
-"""
+FLEET = fleet_yaml(max_lora_rank=16)
 ADAPTERS = ("alpha", "beta", "gamma", "delta")
 IMAGE = "data:image/png;base64,"
 

@@ -26,6 +26,7 @@ from placement.settings import PlannerSettings
 from placement.sim.engine import COLD_LOAD, CPU_HIT, GPU_HIT, REJECTED, SimLog
 from placement.sim.workload import SimWorkload
 from tests.factories import T0, adapter, catalog, make_plan
+from tests.fleets import fleet_yaml
 
 TARGET = PlannerSettings().gpu_residency_target
 
@@ -107,18 +108,7 @@ def test_text_lines_say_before_after_and_which_promise_is_missed() -> None:
 
 
 runner = CliRunner()
-FLEET = """
-pools:
-  - name: small
-    base_model: llama-3.1-8b
-    engine: vllm
-    max_lora_rank: 16
-    pod_defaults: {max_loras: 2, max_cpu_loras: 4, hbm_adapter_bytes: 1GiB,
-                   host_adapter_bytes: 4GiB, capacity_rps: 5}
-    pods:
-      - {name: pod-0, url: "http://127.0.0.1:18000"}
-      - {name: pod-1, url: "http://127.0.0.1:18001"}
-"""
+FLEET = fleet_yaml(max_lora_rank=16)
 CATALOG_ROWS = {
     "alpha": "tenant: acme, slo_ttft_ms: 300",
     "beta": "tenant: acme, slo_ttft_ms: 2000",

@@ -29,6 +29,7 @@ from placement.sim.replay import ReplayResult, run_policy
 from placement.sim.wiring import replay_planning
 from placement.sim.workload import SimWorkload
 from tests import factories
+from tests.fleets import fleet_yaml
 
 MB = 1_000_000
 GiB = 1 << 30
@@ -170,13 +171,7 @@ def test_cli_takes_an_inline_spec_and_a_yaml_file(tmp_path: Path) -> None:
             for n in names
         )
     )
-    (tmp_path / "fleet.yaml").write_text(
-        "pools:\n  - name: small\n    base_model: llama-3.1-8b\n    engine: vllm\n"
-        "    max_lora_rank: 64\n    pod_defaults: {max_loras: 2, max_cpu_loras: 4,"
-        " hbm_adapter_bytes: 1GiB, host_adapter_bytes: 4GiB, capacity_rps: 5}\n"
-        "    pods:\n      - {name: pod-0, url: 'http://127.0.0.1:18000'}\n"
-        "      - {name: pod-1, url: 'http://127.0.0.1:18001'}\n"
-    )
+    (tmp_path / "fleet.yaml").write_text(fleet_yaml())
     start = pd.Timestamp("2026-03-10T09:00:00Z")
     pd.DataFrame(
         [{"ts": start + pd.Timedelta(seconds=i), "adapter": names[i % 3]} for i in range(300)]

@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 import placement.cli  # noqa: F401  (registers the commands)
 from placement.cli.app import app
+from tests.fleets import fleet_yaml
 
 JSON_KEYS = {
     "requests",
@@ -33,18 +34,7 @@ CATALOG = """
 adapters:
 {entries}
 """
-FLEET = """
-pools:
-  - name: small
-    base_model: llama-3.1-8b
-    engine: vllm
-    max_lora_rank: 64
-    pod_defaults: {max_loras: 2, max_cpu_loras: 4, hbm_adapter_bytes: 1GiB,
-                   host_adapter_bytes: 4GiB, capacity_rps: 5}
-    pods:
-      - {name: pod-0, url: "http://127.0.0.1:18000"}
-      - {name: pod-1, url: "http://127.0.0.1:18001"}
-"""
+FLEET = fleet_yaml()
 
 
 @pytest.fixture

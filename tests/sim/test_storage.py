@@ -13,26 +13,16 @@ from placement.inputs import load_fleet
 from placement.settings import Settings
 from placement.sim.replay import run_policy
 from placement.sim.workload import SimWorkload
+from tests.fleets import fleet_yaml
 
 MB = 1_000_000
-FLEET = """
-pools:
-  - name: small
-    base_model: llama-3.1-8b
-    engine: vllm
-    max_lora_rank: 64
-{storage}
-    pod_defaults: {{max_loras: 2, max_cpu_loras: 4, hbm_adapter_bytes: 1GiB,
-                   host_adapter_bytes: 4GiB, capacity_rps: 5}}
-    pods:
-      - {{name: pod-0, url: "http://127.0.0.1:18000"}}
-"""
-OBJECT = "    storage: {kind: object, bandwidth_per_s: 200MB, first_byte_ms: 80}"
+ONE_POD = [("pod-0", "http://127.0.0.1:18000")]
+OBJECT = "{kind: object, bandwidth_per_s: 200MB, first_byte_ms: 80}"
 
 
-def fleet(tmp_path: Path, storage: str) -> Fleet:
+def fleet(tmp_path: Path, storage: str | None) -> Fleet:
     path = tmp_path / "fleet.yaml"
-    path.write_text(FLEET.format(storage=storage))
+    path.write_text(fleet_yaml(storage=storage, pods=ONE_POD))
     return load_fleet(path)
 
 
@@ -40,15 +30,15 @@ def test_a_pool_names_its_storage(tmp_path: Path) -> None:
     assert fleet(tmp_path, OBJECT).pools[0].storage == AdapterStorage(
         kind="object", bytes_per_s=200 * MB, first_byte_ms=80.0
     )
-    assert fleet(tmp_path, "").pools[0].storage is None
+    assert fleet(tmp_path, None).pools[0].storage is None
 
 
 @pytest.mark.parametrize(
     ("storage", "message"),
     [
-        ("    storage: {kind: tape, bandwidth_per_s: 1MB}", "expected one of nvme"),
-        ("    storage: {kind: object}", "bandwidth_per_s: is required"),
-        ("    storage: fast", "expected a mapping"),
+        ("{kind: tape, bandwidth_per_s: 1MB}", "expected one of nvme"),
+        ("{kind: object}", "bandwidth_per_s: is required"),
+        ("fast", "expected a mapping"),
     ],
     ids=["unknown-kind", "no-bandwidth", "not-a-mapping"],
 )
@@ -68,7 +58,7 @@ def test_cold_loads_pay_the_pools_storage(tmp_path: Path) -> None:
         size_bytes={"a": 50 * MB},
     )
     settings = Settings()
-    nvme = run_policy("epp", load, fleet(tmp_path, ""), settings=settings)
+    nvme = run_policy("epp", load, fleet(tmp_path, None), settings=settings)
     remote = run_policy("epp", load, fleet(tmp_path, OBJECT), settings=settings)
     ((start, end, _, cold),) = nvme.log.loads
     ((remote_start, remote_end, _, remote_cold),) = remote.log.loads

@@ -12,23 +12,13 @@ from typer.testing import CliRunner
 from placement.cli.app import app
 from placement.domain import AdapterId
 from placement.inputs import read_plan
+from tests.fleets import fleet_yaml
 
 CATALOG = """
 adapters:
 {entries}
 """
-FLEET = """
-pools:
-  - name: llama-8b
-    base_model: llama-3.1-8b
-    engine: vllm
-    max_lora_rank: 64
-    pod_defaults: {max_loras: 2, max_cpu_loras: 4, hbm_adapter_bytes: 1GiB,
-                   host_adapter_bytes: 4GiB, capacity_rps: 50}
-    pods:
-      - {name: pod-0, url: "http://127.0.0.1:18000"}
-      - {name: pod-1, url: "http://127.0.0.1:18001"}
-"""
+FLEET = fleet_yaml(pool="llama-8b", capacity_rps=50)
 NAMES = [AdapterId(f"tenant-{i}") for i in range(6)]
 
 
