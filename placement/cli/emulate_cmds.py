@@ -13,6 +13,15 @@ least) where the pool has none. A cold read then waits the storage's first byte 
 size / bandwidth (``placement.emulator.config`` says why that time is the storage's,
 not the engine's); without a storage the pods read at ``--load-ms-per-mb``, as from
 local NVMe.
+
+How long a request takes: without the batch flags, a request runs at once, its first
+token after ``--ttft-ms`` and each after ``--tpot-ms``. Any of ``--max-num-seqs``,
+``--prefill-ms-per-token``, ``--decode-ms-per-step``, ``--batch-step-slowdown`` and
+``--adapter-step-cost`` makes the pods the replay's pod (``BatchTiming``), the others
+taken from the settings tree (``SimSettings``): at most ``--max-num-seqs`` requests run,
+the rest wait in arrival order, the first token follows the prompt's prefill, and each
+token after takes a decode step that grows with the batch and its distinct adapters;
+``--ttft-ms`` and ``--tpot-ms`` are then added on top.
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ import json
 import random
 import signal
 import socket
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Annotated
@@ -30,7 +40,7 @@ import typer
 
 from placement.cli.app import app, err, out, report_errors
 from placement.domain import AdapterStorage, Engine
-from placement.emulator.config import Faults, Latency, PodConfig
+from placement.emulator.config import BatchTiming, Faults, Latency, PodConfig
 from placement.emulator.fleet import (
     HOST,
     EmulatedFleet,
@@ -44,6 +54,39 @@ from placement.inputs.fields import parse_bytes
 from placement.inputs.files import write_atomically
 from placement.inputs.fleet import STORAGE_KINDS
 from placement.residency import EngineModel
+from placement.settings import SimSettings
+
+
+def batch_timing(
+    max_num_seqs: int | None,
+    prefill_ms_per_token: float | None,
+    decode_ms_per_step: float | None,
+    batch_step_slowdown: float | None,
+    adapter_step_cost: float | None,
+) -> BatchTiming | None:
+    """The replay's batch model when any of its flags is given (the rest from the
+    settings tree); None when none is."""
+    given = (
+        max_num_seqs,
+        prefill_ms_per_token,
+        decode_ms_per_step,
+        batch_step_slowdown,
+        adapter_step_cost,
+    )
+    if all(value is None for value in given):
+        return None
+    sim = SimSettings()
+    return BatchTiming(
+        max_num_seqs=sim.max_num_seqs if max_num_seqs is None else max_num_seqs,
+        prefill_ms_per_token=_given(prefill_ms_per_token, sim.prefill_ms_per_token),
+        decode_ms_per_step=_given(decode_ms_per_step, sim.decode_ms_per_step),
+        batch_step_slowdown=_given(batch_step_slowdown, sim.batch_step_slowdown),
+        adapter_step_cost=_given(adapter_step_cost, sim.adapter_step_cost),
+    )
+
+
+def _given(value: float | None, setting: float) -> float:
+    return setting if value is None else value
 
 
 def _fleet_yaml(fleet: EmulatedFleet, *, base_model: str) -> str:
@@ -236,6 +279,28 @@ def emulate(
     activate_ms: Annotated[float, typer.Option(help="GPU swap time (stalls the batch).")] = 25.0,
     ttft_ms: Annotated[float, typer.Option(help="Time to first token.")] = 20.0,
     tpot_ms: Annotated[float, typer.Option(help="Time per output token.")] = 5.0,
+    max_num_seqs: Annotated[
+        int | None,
+        typer.Option(
+            min=1, help="Requests running at once; the rest wait (default: the replay's)."
+        ),
+    ] = None,
+    prefill_ms_per_token: Annotated[
+        float | None, typer.Option(min=0.0, help="Prefill time per prompt token (ms).")
+    ] = None,
+    decode_ms_per_step: Annotated[
+        float | None, typer.Option(min=0.0, help="A decode step of a small batch (ms).")
+    ] = None,
+    batch_step_slowdown: Annotated[
+        float | None, typer.Option(min=0.0, help="How much slower a full batch's step is.")
+    ] = None,
+    adapter_step_cost: Annotated[
+        float | None,
+        typer.Option(min=0.0, help="A step's extra cost per distinct adapter past the first."),
+    ] = None,
+    kv_capacity_tokens: Annotated[
+        int | None, typer.Option(min=1, help="KV cache per pod, in tokens (the KV gauge).")
+    ] = None,
     error_rate: Annotated[float, typer.Option(min=0.0, max=1.0, help="Share of 500s.")] = 0.0,
     slow_load_ms: Annotated[float, typer.Option(help="Extra time on every load.")] = 0.0,
     missing_pattern: Annotated[
@@ -323,10 +388,19 @@ def emulate(
             ttft_ms=ttft_ms,
             tpot_ms=tpot_ms,
         ),
+        batch=batch_timing(
+            max_num_seqs,
+            prefill_ms_per_token,
+            decode_ms_per_step,
+            batch_step_slowdown,
+            adapter_step_cost,
+        ),
         storage=storage,
         faults=Faults(error_rate=error_rate, slow_load_ms=slow_load_ms),
         seed=seed,
     )
+    if kv_capacity_tokens is not None:
+        template = replace(template, kv_capacity_tokens=kv_capacity_tokens)
     problems = template.problems()
     if problems:
         raise InputError([Problem(source="emulate", message=p) for p in problems])

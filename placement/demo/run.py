@@ -382,9 +382,7 @@ def run_demo(
 ) -> list[PolicyResult]:
     prepared = prepare(options, workdir)
     progress(Stage(policy="", message=f"starting {prepared.pods} emulated pods"))
-    timings = options.timings or PodTimings.replayed(
-        Settings(), prompt_tokens=prepared.prompt_median
-    )
+    timings = options.timings or PodTimings.replayed(Settings())
     prepared = start_pods(timings, prepared, processes)
     return [
         run_policy(policy, options, prepared, processes, progress) for policy in options.policies

@@ -2,8 +2,11 @@
 the demo's clock) and the emulated pods.
 
 ``start_pods`` starts the emulated pods on ports the kernel gives them, with the
-replay's pod timings by default (``PodTimings.replayed``: the pod model the war story
-is calibrated on, in wall milliseconds), and writes the fleet.yaml that names them;
+replay's pod model by default (``PodTimings.replayed``: the model the war story is
+calibrated on, in wall milliseconds, from ``SimSettings``: at most ``max_num_seqs``
+requests running per pod and the rest queued, a prefill per prompt token, a decode step
+that slows with the batch and its distinct adapters), and writes the fleet.yaml that
+names them;
 ``pod_counts`` reads their counters, ``restart_pods`` empties them between policies.
 """
 
@@ -23,6 +26,7 @@ from placement.demo.measure import PodCounts
 from placement.demo.processes import LocalProcesses
 from placement.demo.traffic import EventShot, Shot
 from placement.domain import Pod
+from placement.emulator.config import BatchTiming
 from placement.inputs import load_fleet
 from placement.settings import Settings
 
@@ -87,27 +91,55 @@ def _fleet_on_urls(source: Path, target: Path, urls: Sequence[str]) -> None:
 @dataclass(frozen=True, kw_only=True)
 class PodTimings:
     """An emulated pod's latencies in wall milliseconds: a cold read, a swap onto the GPU
-    (which stalls the pod's batch), the first token and each one after."""
+    (which stalls the pod's batch), fixed times for the first token and each one after,
+    and the batch model (None: none; requests run at once at the fixed times)."""
 
     load_ms: float
     load_ms_per_mb: float
     activate_ms: float
     ttft_ms: float
     tpot_ms: float
+    batch: BatchTiming | None = None
+    #: The pod's KV cache in tokens (its KV gauge); None: the emulator's.
+    kv_capacity_tokens: int | None = None
 
     @classmethod
-    def replayed(cls, settings: Settings, *, prompt_tokens: float) -> PodTimings:
+    def replayed(cls, settings: Settings, *, prompt_tokens: float | None = None) -> PodTimings:
         """The replay's pod model (the one the war story is calibrated on): a swap is the
-        load phases from host RAM, the first token a prefill of ``prompt_tokens`` and a
-        decode step, each token after a decode step. Cold reads as the earlier demo's."""
+        load phases from host RAM; the batch, each request's prefill and its decode steps
+        are ``SimSettings``' (``BatchTiming.of``), with no fixed time beside them. Cold
+        reads as the earlier demo's. ``prompt_tokens`` is not used: each request's
+        prefill is its own prompt's (kept for callers that still pass the median)."""
+        del prompt_tokens
         sim, cost = settings.sim, settings.load_cost
         return cls(
             load_ms=40.0,
             load_ms_per_mb=0.5,
             activate_ms=cost.warm_load_ms(0),
-            ttft_ms=sim.prefill_ms_per_token * prompt_tokens + sim.decode_ms_per_step,
-            tpot_ms=sim.decode_ms_per_step,
+            ttft_ms=0.0,
+            tpot_ms=0.0,
+            batch=BatchTiming.of(sim),
+            kv_capacity_tokens=sim.kv_capacity_tokens,
         )
+
+    def emulate_flags(self) -> list[str]:
+        """The ``lorafleet emulate`` flags of these timings."""
+        flags = [
+            "--load-ms", str(self.load_ms), "--load-ms-per-mb", str(self.load_ms_per_mb),
+            "--activate-ms", str(self.activate_ms), "--ttft-ms", str(self.ttft_ms),
+            "--tpot-ms", str(self.tpot_ms),
+        ]  # fmt: skip
+        if self.batch is not None:
+            flags += [
+                "--max-num-seqs", str(self.batch.max_num_seqs),
+                "--prefill-ms-per-token", str(self.batch.prefill_ms_per_token),
+                "--decode-ms-per-step", str(self.batch.decode_ms_per_step),
+                "--batch-step-slowdown", str(self.batch.batch_step_slowdown),
+                "--adapter-step-cost", str(self.batch.adapter_step_cost),
+            ]  # fmt: skip
+        if self.kv_capacity_tokens is not None:
+            flags += ["--kv-capacity-tokens", str(self.kv_capacity_tokens)]
+        return flags
 
 
 def _emulate_args(
@@ -118,9 +150,7 @@ def _emulate_args(
         "--served-model-name", prepared.served_model,
         "--max-loras", str(limits.max_loras), "--max-cpu-loras", str(limits.max_cpu_loras),
         "--max-lora-rank", str(limits.max_lora_rank),
-        "--load-ms", str(timings.load_ms), "--load-ms-per-mb", str(timings.load_ms_per_mb),
-        "--activate-ms", str(timings.activate_ms), "--ttft-ms", str(timings.ttft_ms),
-        "--tpot-ms", str(timings.tpot_ms),
+        *timings.emulate_flags(),
         # The pods read adapters from the pool's storage (fleet.yaml), as the replay does.
         "--fleet", str(prepared.fleet_source.resolve()), "--pool", str(limits.pool),
     ]  # fmt: skip

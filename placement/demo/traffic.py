@@ -29,9 +29,11 @@ from placement.controller.webhook import SIGNATURE_HEADER, TIMESTAMP_HEADER, sig
 
 _Item = TypeVar("_Item")
 
-#: Prompts and answers are capped so that emulated pods stay far from KV pressure.
-MAX_PROMPT_WORDS = 256
-MAX_OUTPUT_TOKENS = 16
+#: Prompts and answers are sent at the log's lengths (an emulated pod's prefill and
+#: decode steps are timed by them, as the replay's are), capped at about the log's 99th
+#: percentile of prompts (war story: 8,257 tokens) and above its longest answer (197).
+MAX_PROMPT_WORDS = 8192
+MAX_OUTPUT_TOKENS = 256
 #: Requests in flight at once; beyond it a request waits (and counts as late).
 CONCURRENCY = 512
 

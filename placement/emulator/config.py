@@ -27,6 +27,17 @@ for that storage: its first byte, then size / bandwidth. That time is the storag
 not the engine's: with ``storage`` set, a cold read takes ``Latency.load_ms`` (the
 engine's own fixed part) plus the storage's fetch, in place of ``load_ms_per_mb`` (the
 read rate of local NVMe, what a pool without ``storage`` keeps).
+
+The batch (``batch``, a ``BatchTiming``): without one a request runs at once and its
+times are ``Latency``'s fixed ``ttft_ms`` and ``tpot_ms``. With one, the pod is the
+replay's pod (``placement.sim.engine``, parameters from ``SimSettings``), which is what
+vLLM's engine does: at most ``max_num_seqs`` requests run, the rest wait in arrival order
+(``vllm/v1/core/sched/scheduler.py``, ``Scheduler.schedule`` stops taking waiting
+requests when ``len(self.running) == self.max_num_running_reqs``); the prefill grows
+with the prompt's tokens; and a decode step grows with the batch (more tokens in one
+forward) and with the distinct adapters in it (the LoRA kernels run one segment per
+adapter: ``vllm/lora/punica_wrapper/punica_base.py`` over ``vllm/lora/utils.py``
+``compute_meta``). ``Latency``'s fixed times are then added on top (0 in the demo).
 """
 
 from __future__ import annotations
@@ -38,6 +49,7 @@ from pathlib import Path
 
 from placement.domain import VLLM_MAX_LORA_RANKS, AdapterStorage, Engine
 from placement.residency import EngineModel, engine_model
+from placement.settings import SimSettings
 
 MB = 1_000_000
 
@@ -68,6 +80,53 @@ ZERO_LATENCY = Latency(
     ttft_ms=0.0,
     tpot_ms=0.0,
 )
+
+
+@dataclass(frozen=True, kw_only=True)
+class BatchTiming:
+    """The replay's batch model, in milliseconds: no defaults here, they are
+    ``SimSettings``' (``of``), or the flags the demo fills from them."""
+
+    max_num_seqs: int
+    prefill_ms_per_token: float
+    decode_ms_per_step: float
+    batch_step_slowdown: float
+    adapter_step_cost: float
+
+    @classmethod
+    def of(cls, sim: SimSettings) -> BatchTiming:
+        return cls(
+            max_num_seqs=sim.max_num_seqs,
+            prefill_ms_per_token=sim.prefill_ms_per_token,
+            decode_ms_per_step=sim.decode_ms_per_step,
+            batch_step_slowdown=sim.batch_step_slowdown,
+            adapter_step_cost=sim.adapter_step_cost,
+        )
+
+    def prefill_ms(self, prompt_tokens: int) -> float:
+        return self.prefill_ms_per_token * prompt_tokens
+
+    def step_ms(self, *, running: int, adapters: int) -> float:
+        """One decode step with ``running`` requests in the batch over ``adapters``
+        distinct adapters (the base model's requests are no segment of their own)."""
+        batch = 1.0 + self.batch_step_slowdown * running / self.max_num_seqs
+        diversity = 1.0 + self.adapter_step_cost * max(0, adapters - 1)
+        return self.decode_ms_per_step * batch * diversity
+
+    def problems(self) -> list[str]:
+        found = []
+        if self.max_num_seqs < 1:
+            found.append(f"max_num_seqs must be at least 1, got {self.max_num_seqs}")
+        for name in (
+            "prefill_ms_per_token",
+            "decode_ms_per_step",
+            "batch_step_slowdown",
+            "adapter_step_cost",
+        ):
+            value = getattr(self, name)
+            if not value >= 0:
+                found.append(f"{name} must be 0 or more, got {value}")
+        return found
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -117,6 +176,9 @@ class PodConfig:
     default_adapter_bytes: int = 50 * MB
     kv_capacity_tokens: int = 65536
     latency: Latency = field(default_factory=Latency)
+    #: The running batch's cap and timing (the replay's); None: requests run at once,
+    #: at ``latency``'s fixed times.
+    batch: BatchTiming | None = None
     #: Where cold reads fetch adapters from (fleet.yaml's pool ``storage``); None: local
     #: NVMe at ``latency.load_ms_per_mb``.
     storage: AdapterStorage | None = None
@@ -178,6 +240,8 @@ class PodConfig:
             found.append(f"storage bandwidth must be above 0, got {storage.bytes_per_s}")
         if storage is not None and not storage.first_byte_ms >= 0:
             found.append(f"storage first_byte_ms must be 0 or more, got {storage.first_byte_ms}")
+        if self.batch is not None:
+            found += self.batch.problems()
         return found
 
 

@@ -8,7 +8,11 @@ adapter name on loads and
 unloads, requests in flight (passed to the model as ``busy``; a request waits while
 every GPU slot holds a running or pinned adapter, as a scheduler holds it back), SGLang's
 unload waiting for the adapter's requests in flight, failure injection, and counters
-that let tests see thrashing.
+that let tests see thrashing. With a ``BatchTiming`` (the replay's pod) a request first
+waits for a place in the running batch (``placement.emulator.seats``: at most
+``max_num_seqs``, first come first served), its first token after a prefill of its
+prompt, and each token after one decode step, whose time is read at that step from the
+batch's size and distinct adapters.
 
 Configuration, adapter existence and where a cold read's time comes from (the storage
 the engine reads through, not the engine) live in ``placement.emulator.config``. Every
@@ -26,10 +30,11 @@ import random
 import time
 from collections import Counter, deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 from placement import residency
 from placement.emulator.config import AdapterFile, Faults, PodConfig, resolve_adapter
+from placement.emulator.seats import Seats
 from placement.residency import Effects, EngineModel, PodResidency
 
 
@@ -112,6 +117,12 @@ class EmulatedPod:
 
     def _restart(self) -> None:
         self.generation += 1
+        old = getattr(self, "seats", None)
+        if old is not None:
+            old.close(PodDownError())  # a restarted pod drops its queue
+        batch = self.config.batch
+        #: Places in the running batch (``max_num_seqs``); None: no cap.
+        self.seats = Seats(None if batch is None else batch.max_num_seqs)
         self.residency.restart()
         #: The adapter file behind each name the pod knows (listed or parked).
         self.files: dict[str, AdapterFile] = {}
@@ -303,19 +314,25 @@ class EmulatedPod:
 
         Raises ``NotLoadedError`` when the engine does not serve ``name``."""
         self.counters["requests"] += 1
-        if name is None:
-            self.running[""] += 1
-            return
-        if not self.residency.serves(name):
+        if name is not None and not self.residency.serves(name):
             raise NotLoadedError()
-        generation = self.generation
-        self.waiting[name] += 1
+        generation, seats, waiting = self.generation, self.seats, self.waiting
+        waiting[name or ""] += 1
         self._record_info()
         try:
-            effects = await self._run_on_gpu(name, generation)
+            await seats.take()  # the batch is full: wait in arrival order
+            try:
+                self._alive(generation)
+                if name is None:
+                    self.running[""] += 1
+                    return
+                effects = await self._run_on_gpu(name, generation)
+            except BaseException:
+                seats.give_back()
+                raise
         finally:
-            self.waiting[name] -= 1
-        self._record_info()
+            waiting[name or ""] -= 1
+            self._record_info()
         self.counters["cold_reloads"] += int(effects.cold)
         await self._apply(name, effects, size_bytes=self.files[name].size_bytes)
         await self._drain_unlisted(effects.unlisted)
@@ -344,17 +361,31 @@ class EmulatedPod:
         async with self.slots:
             if self.running[key] > 0:  # a restart in between already forgot the request
                 self.running[key] -= 1
+                self.seats.give_back()
             self.slots.notify_all()
         self._record_info()
 
+    def step_ms(self) -> float:
+        """One decode step now: ``tpot_ms``, plus the batch model's step for the running
+        batch's size and distinct adapters."""
+        fixed, batch = self.config.latency.tpot_ms, self.config.batch
+        if batch is None:
+            return fixed
+        running = sum(self.running.values())
+        adapters = sum(1 for name, count in self.running.items() if count > 0 and name)
+        return fixed + batch.step_ms(running=running, adapters=adapters)
+
     async def generate(self, *, prompt_tokens: int, max_tokens: int) -> AsyncIterator[int]:
-        """Yield token indices at the simulated TTFT and time per token."""
+        """Yield token indices: the first after ``ttft_ms`` and the prompt's prefill,
+        each one after a decode step read as it starts (``step_ms``)."""
         self.running_tokens += prompt_tokens + max_tokens
+        batch = self.config.batch
+        prefill_ms = 0.0 if batch is None else batch.prefill_ms(prompt_tokens)
         try:
-            await self._pause(self.config.latency.ttft_ms)
+            await self._pause(self.config.latency.ttft_ms + prefill_ms)
             for index in range(max_tokens):
                 if index:
-                    await self._pause(self.config.latency.tpot_ms)
+                    await self._pause(self.step_ms())
                 async with self.engine_step:
                     pass
                 yield index
@@ -389,6 +420,8 @@ class EmulatedPod:
             "waiting": sum(self.waiting.values()),
             "limits": {"max_loras": self.config.max_loras, "max_cpu_loras": self.config.cpu_slots},
             "storage": self.config.storage_stats(),
+            "batch": None if self.config.batch is None else asdict(self.config.batch),
+            "queued": self.seats.queued,
             "counters": dict(self.counters),
             "peaks": dict(self.peaks),
             "faults": {

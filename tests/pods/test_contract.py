@@ -28,9 +28,11 @@ import pytest
 from placement.adapters.engines import engine_client
 from placement.domain import AdapterId, Engine, Pod
 from placement.emulator import ZERO_LATENCY, EmulatedFleet, EmulatedPod, PodConfig
+from placement.emulator.config import BatchTiming
 from placement.errors import PermanentEngineError
 from placement.ports import EngineClient
 from placement.residency import EngineModel
+from tests.emulator.virtual_time import VirtualTime
 from tests.factories import pod
 
 pytestmark = pytest.mark.anyio
@@ -435,3 +437,61 @@ async def test_sglang_unload_waits_for_requests_in_flight(target: Target) -> Non
     assert not unloading.done()
     await target.emulated.release("c-a")
     assert (await unloading).status_code == 200
+
+
+# -- the batch: what a request's time is made of (emulated pods with the replay's model) --
+
+
+async def test_vllm_runs_at_most_max_num_seqs_and_the_rest_wait_in_order() -> None:
+    """vLLM's scheduler takes waiting requests first come first served and stops when
+    the batch is full (vllm-project/vllm vllm/v1/core/sched/scheduler.py
+    ``Scheduler.schedule``: ``if len(self.running) == self.max_num_running_reqs: break``);
+    the waiting ones show in ``vllm:num_requests_waiting``. The emulated pod with a
+    ``BatchTiming`` does the same; a real engine's timing is not deterministic here."""
+    time = VirtualTime()
+    fleet = EmulatedFleet.start(1, config=_batch_config(), clock=time, sleep=time.sleep)
+    url = fleet.handles[0].url
+    async with fleet.http(timeout=None) as http:
+        body = {"model": "base-model", "prompt": "hi", "max_tokens": 2}
+        answers = asyncio.gather(*(http.post(f"{url}/v1/completions", json=body) for _ in range(3)))
+        await time.settle()
+        stats = (await http.get(f"{url}/admin/stats")).json()
+        assert (stats["running"], stats["waiting"]) == (2, 1)
+        while not answers.done():
+            await time.step()
+    assert [answer.status_code for answer in answers.result()] == [200, 200, 200]
+    # the third's one step starts when the first two end: 10 ms x 1.5 (two of two
+    # places), then 10 ms x 1.25 (one of two)
+    assert time() == pytest.approx(0.015 + 0.0125)
+
+
+async def test_vllm_a_step_grows_with_the_batch_and_its_distinct_adapters() -> None:
+    """A decode step is one forward over every running request (more tokens, more time),
+    and the LoRA kernels run one segment per distinct adapter in the batch
+    (vllm-project/vllm vllm/lora/punica_wrapper/punica_base.py, its metadata from
+    vllm/lora/utils.py ``compute_meta``); the prefill grows with the prompt's tokens
+    (the scheduler schedules ``num_new_tokens`` of the prompt). The replay's arithmetic
+    (placement.sim.engine), read by the emulated pod at each step."""
+    pod = EmulatedPod(_batch_config(places=4))
+    await pod.load("c-a", "s3://adapters/c-a")
+    await pod.load("c-b", "s3://adapters/c-b")
+    await pod.admit("c-a")
+    alone = pod.step_ms()
+    await pod.admit("c-a")
+    two = pod.step_ms()
+    await pod.admit("c-b")
+    mixed = pod.step_ms()
+    assert (alone, two, mixed) == pytest.approx((10 * 1.125, 10 * 1.25, 10 * 1.375 * 1.1))
+    for name in ("c-a", "c-a", "c-b"):
+        await pod.release(name)
+
+
+def _batch_config(*, places: int = 2) -> PodConfig:
+    batch = BatchTiming(
+        max_num_seqs=places,
+        prefill_ms_per_token=0.0,
+        decode_ms_per_step=10.0,
+        batch_step_slowdown=0.5,
+        adapter_step_cost=0.1,
+    )
+    return PodConfig(latency=ZERO_LATENCY, batch=batch, max_loras=2, max_cpu_loras=4)
