@@ -20,31 +20,57 @@ GPU or the host cache meanwhile, and the engine reads it again.
 Events live on one heap of ``(time_s, kind, pod, request)`` tuples merged with the
 sorted arrivals; state is plain lists, dicts and deques so that a replay runs at
 over a million requests a minute. Routing and eviction are the pure functions of
-``policies``; the router object passed in decides where each request goes.
+``policies``; the router object passed in decides where each request goes. The
+loop, routing and the batch are here; ``FleetReplay``'s other parts are its loads
+(``placement.sim.loads``), its event and fault delivery (``placement.sim.deliveries``)
+and its victim choice; what it records is ``placement.sim.sim_log``'s ``SimLog``.
 Owns no IO and no wall clock.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
 from heapq import heappop, heappush
 from typing import Protocol
 
-from placement.domain import Action, ActionKind
+from placement.domain import Action
 from placement.forecast.event_preloads import Event
 from placement.settings import LoadCostSettings, SimSettings
+from placement.sim.deliveries import EngineDeliveries
 from placement.sim.events import SimEvent
-from placement.sim.eviction_choice import EngineEviction
-from placement.sim.faults import DOWN, RESTART, FaultSchedule
-from placement.sim.pods import PodSpec, SimPod, lru_victim
+from placement.sim.faults import FaultSchedule
+from placement.sim.pods import PodSpec, SimPod
+from placement.sim.sim_log import (
+    COLD_LOAD,
+    CPU_HIT,
+    DONE,
+    EVENT,
+    FAULT,
+    GPU_HIT,
+    LOAD_DONE,
+    PLAN,
+    REJECTED,
+    RETRY,
+    WARMUP_DONE,
+    SimLog,
+)
 from placement.sim.workload import SimWorkload
 from policies.eviction import EvictionPolicy, EvictionSettings
 from policies.routing import RouteDecision, RouteReason
 
-DONE, LOAD_DONE, RETRY, PLAN, EVENT, FAULT, WARMUP_DONE = 0, 1, 2, 3, 4, 5, 6
-#: A request's outcome, ordered from the lightest: ``_charge_load`` keeps the heavier.
-GPU_HIT, CPU_HIT, COLD_LOAD, REJECTED = 0, 1, 2, -1
+#: Importable from here, as before the log, the loads and the deliveries moved out.
+__all__ = [
+    "COLD_LOAD",
+    "CPU_HIT",
+    "GPU_HIT",
+    "MAX_RETRIES",
+    "REJECTED",
+    "WARMUP_TOKENS",
+    "FleetReplay",
+    "SimLog",
+    "SimRouter",
+]
+
 #: A request waiting on memory pressure is rejected after this many retries.
 MAX_RETRIES = 200
 #: A warm-up's prompt and output tokens: the engine clients' warm-up ("warm-up",
@@ -72,37 +98,7 @@ class SimRouter(Protocol):
         ...
 
 
-@dataclass
-class SimLog:
-    """What happened to every request and every load, for the metrics."""
-
-    pod: list[int]
-    outcome: list[int]
-    ttft_ms: list[float]
-    end_s: list[float]
-    #: (start_s, end_s, pod index, from storage) per load.
-    loads: list[tuple[float, float, int, bool]] = field(default_factory=list)
-    residency_s: list[float] = field(default_factory=list)
-    #: When each stay of ``residency_s`` ended (eviction, or the end of the replay).
-    residency_end_s: list[float] = field(default_factory=list)
-    plans: int = 0
-    #: The ids of the events delivered, in order.
-    events: list[str] = field(default_factory=list)
-    #: Per load an event's Warmup started: whether a request for it reached its pod
-    #: before it left the GPU (or the replay ended).
-    preload_used: list[bool] = field(default_factory=list)
-    #: When each of those loads started.
-    preload_at_s: list[float] = field(default_factory=list)
-    #: The requests the router refused outright (REJECT, a 503: EPP's saturation or
-    #: the memory-pressure reject tier): shed, never served.
-    shed: list[int] = field(default_factory=list)
-    #: Class warm-ups sent (``RouteDecision.refresh``): each a short request that took
-    #: a place in its pod's batch and refreshed its adapter's LRU place. One whose
-    #: adapter had left the GPU by its turn is dropped (it would load: not sent).
-    warmups: int = 0
-
-
-class FleetReplay(EngineEviction):
+class FleetReplay(EngineDeliveries):
     """One replay of one workload under one router."""
 
     def __init__(
@@ -215,48 +211,6 @@ class FleetReplay(EngineEviction):
                     pod.queue.append(-1 - self._code(adapter))
             self._pump(p, now_s)
 
-    def _event(self, router: SimRouter, k: int, now_s: float) -> None:
-        """An event, delivered: each Warmup it sends queues a preload on its pod (its
-        Load is the same fetch: the engine model loads where the pod does not list it)."""
-        event = self.events[k].event
-        self.log.events.append(event.id)
-        for action in router.on_event(event, now_s, self):
-            p = self.index.get(str(action.pod))
-            if action.kind is not ActionKind.WARMUP or p is None:
-                continue
-            pod = self.pods[p]
-            adapter = str(action.adapter)
-            pod.event_wanted.add(adapter)
-            pod.queue.append(-1 - self._code(adapter))
-            self._pump(p, now_s)
-
-    def _fault(self, router: SimRouter, p: int, k: int, now_s: float) -> None:
-        """A restart (or an outage's end) wipes the pod once its load in flight lands;
-        an outage's start takes it out of routing and sends its queue elsewhere. The
-        requests it runs finish either way."""
-        pod = self.pods[p]
-        kind = self.faults.steps[k].kind
-        if kind != DOWN and pod.load_adapter is not None:
-            heappush(self.heap, (self.load_end_s[p], FAULT, p, k))
-            return
-        if kind == DOWN:
-            pod.healthy = False
-            queued = [r for r in pod.queue if r >= 0]
-            pod.queue.clear()
-            pod.queue_depth = 0
-            pod.waiting_adapters.clear()
-            pod.event_wanted.clear()
-            pod.warmups.clear()
-            for r in queued:
-                self.log.outcome[r] = REJECTED
-                self.log.pod[r] = -1
-                self._route(router, r, now_s)
-            return
-        pod.restart(now_s)
-        if kind != RESTART:
-            pod.healthy = True
-        self._pump(p, now_s)
-
     def _code(self, adapter: str) -> int:
         code = self.preload_code.get(adapter)
         if code is None:
@@ -347,14 +301,6 @@ class FleetReplay(EngineEviction):
                 del waiting[adapter]
             self._admit(pod, p, r, adapter, need, now_s)
 
-    def _worth_preloading(self, pod: SimPod, now_s: float) -> bool:
-        if pod.free_slots > 0:
-            return True
-        victim = lru_victim(pod)
-        return victim is not None and (
-            now_s - pod.last_used.get(victim, 0.0) >= self.sim.preload_min_idle_s
-        )
-
     def _admit(self, pod: SimPod, p: int, r: int, adapter: str, need: int, now_s: float) -> None:
         sim = self.sim
         pod.running += 1
@@ -431,51 +377,7 @@ class FleetReplay(EngineEviction):
             pod.gpu_util = pod.running / self.sim.max_num_seqs
         self._pump(p, now_s)
 
-    # --- loads ---------------------------------------------------------------------
-
-    def _start_load(self, pod: SimPod, p: int, adapter: str, now_s: float, r: int) -> None:
-        """A swap's five phases: drain the batch, then deallocate, transfer, init, warm up."""
-        cost = self.load_cost
-        size = self.workload.size_bytes.get(adapter, 0)
-        # Into a free slot the weights move between steps (a swap's best case, no
-        # drain); replacing an adapter drains the running batch first.
-        drain_ms = 0.0
-        if pod.free_slots <= 0:
-            drain_ms = min(cost.max_drain_ms, max(0.0, pod.busy_until - now_s) * 1000.0)
-        effects = self._fetch(pod, adapter, now_s)
-        cold = effects.cold
-        load_ms = cost.warm_load_ms(size, drain_ms=drain_ms)
-        if cold:
-            load_ms += self.fetch_ms(p, size)
-        load_ms *= self.faults.load_factor(pod.pod_id, now_s)
-        pod.load_adapter = adapter
-        pod.load_cold = cold
-        pod.gpu_util = 1.0
-        if adapter in pod.waiting_adapters:
-            self._charge_load(pod, adapter, COLD_LOAD if cold else CPU_HIT)
-        end_s = now_s + load_ms / 1000.0
-        self.load_end_s[p] = end_s
-        self.log.loads.append((now_s, end_s, p, cold))
-        heappush(self.heap, (end_s, LOAD_DONE, p, -1))
-
-    def _charge_load(self, pod: SimPod, adapter: str, outcome: int) -> None:
-        """Every request queued on ``pod`` for ``adapter`` waits for the load starting
-        now: each is charged the heavier of its outcome at routing and this load's (a
-        hit whose adapter left the GPU, or a host hit whose adapter left the host
-        cache, before the load started: as on vLLM, the weights are read again)."""
-        outcomes = self.log.outcome
-        adapters = self.workload.adapters
-        for r in pod.queue:
-            if r >= 0 and adapters[r] == adapter and outcomes[r] < outcome:
-                outcomes[r] = outcome
-
-    def fetch_ms(self, p: int, size_bytes: int) -> float:
-        """Reading an adapter from storage into host memory: the pool's storage (its
-        first byte, then its bandwidth) or, without one, the load-cost settings'."""
-        spec = self.specs[p]
-        if spec.storage_bytes_per_s is None:
-            return 1000.0 * size_bytes / self.load_cost.storage_to_host_bytes_per_s
-        return spec.first_byte_ms + 1000.0 * size_bytes / spec.storage_bytes_per_s
+    # --- loads (their start: placement.sim.loads) --------------------------------
 
     def _load_done(self, p: int, now_s: float) -> None:
         pod = self.pods[p]

@@ -1,0 +1,85 @@
+"""The replay engine's adapter loads: whether a preload is worth its victim, a swap's
+five phases and what they cost, the storage read of a cold one, and what a load
+charges the requests waiting for it.
+
+``EngineLoads`` is a part of ``FleetReplay`` (``placement.sim.engine``), as its victim
+choice (``EngineEviction``, which it extends) is: it reads the replay's pods,
+workload, settings and faults, and writes the pod it loads on, the log and the heap
+(the load's end, a ``LOAD_DONE`` the engine's loop delivers). Owns no IO and no wall
+clock.
+"""
+
+from __future__ import annotations
+
+from heapq import heappush
+
+from placement.settings import LoadCostSettings, SimSettings
+from placement.sim.eviction_choice import EngineEviction
+from placement.sim.faults import FaultSchedule
+from placement.sim.pods import PodSpec, SimPod, lru_victim
+from placement.sim.sim_log import COLD_LOAD, CPU_HIT, LOAD_DONE, SimLog
+
+
+class EngineLoads(EngineEviction):
+    """Loads for ``FleetReplay``; the attributes are the replay's."""
+
+    specs: list[PodSpec]
+    sim: SimSettings
+    load_cost: LoadCostSettings
+    faults: FaultSchedule
+    log: SimLog
+    heap: list[tuple[float, int, int, int]]
+    #: When each pod's load in flight lands (a restart waits for it).
+    load_end_s: dict[int, float]
+
+    def _worth_preloading(self, pod: SimPod, now_s: float) -> bool:
+        if pod.free_slots > 0:
+            return True
+        victim = lru_victim(pod)
+        return victim is not None and (
+            now_s - pod.last_used.get(victim, 0.0) >= self.sim.preload_min_idle_s
+        )
+
+    def _start_load(self, pod: SimPod, p: int, adapter: str, now_s: float, r: int) -> None:
+        """A swap's five phases: drain the batch, then deallocate, transfer, init, warm up."""
+        cost = self.load_cost
+        size = self.workload.size_bytes.get(adapter, 0)
+        # Into a free slot the weights move between steps (a swap's best case, no
+        # drain); replacing an adapter drains the running batch first.
+        drain_ms = 0.0
+        if pod.free_slots <= 0:
+            drain_ms = min(cost.max_drain_ms, max(0.0, pod.busy_until - now_s) * 1000.0)
+        effects = self._fetch(pod, adapter, now_s)
+        cold = effects.cold
+        load_ms = cost.warm_load_ms(size, drain_ms=drain_ms)
+        if cold:
+            load_ms += self.fetch_ms(p, size)
+        load_ms *= self.faults.load_factor(pod.pod_id, now_s)
+        pod.load_adapter = adapter
+        pod.load_cold = cold
+        pod.gpu_util = 1.0
+        if adapter in pod.waiting_adapters:
+            self._charge_load(pod, adapter, COLD_LOAD if cold else CPU_HIT)
+        end_s = now_s + load_ms / 1000.0
+        self.load_end_s[p] = end_s
+        self.log.loads.append((now_s, end_s, p, cold))
+        heappush(self.heap, (end_s, LOAD_DONE, p, -1))
+
+    def _charge_load(self, pod: SimPod, adapter: str, outcome: int) -> None:
+        """Every request queued on ``pod`` for ``adapter`` waits for the load starting
+        now: each is charged the heavier of its outcome at routing and this load's (a
+        hit whose adapter left the GPU, or a host hit whose adapter left the host
+        cache, before the load started: as on vLLM, the weights are read again)."""
+        outcomes = self.log.outcome
+        adapters = self.workload.adapters
+        for r in pod.queue:
+            if r >= 0 and adapters[r] == adapter and outcomes[r] < outcome:
+                outcomes[r] = outcome
+
+    def fetch_ms(self, p: int, size_bytes: int) -> float:
+        """Reading an adapter from storage into host memory: the pool's storage (its
+        first byte, then its bandwidth) or, without one, the load-cost settings'."""
+        spec = self.specs[p]
+        if spec.storage_bytes_per_s is None:
+            return 1000.0 * size_bytes / self.load_cost.storage_to_host_bytes_per_s
+        return spec.first_byte_ms + 1000.0 * size_bytes / spec.storage_bytes_per_s
