@@ -29,60 +29,24 @@ import asyncio
 import random
 import time
 from collections import Counter, deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import asdict, replace
 
 from placement import residency
 from placement.emulator.config import AdapterFile, Faults, PodConfig, resolve_adapter
+from placement.emulator.refusals import (
+    AlreadyLoadedError,
+    BadPathError,
+    InjectedError,
+    NotLoadedError,
+    PinLimitError,
+    PodDownError,
+    PoolFullError,
+    RankTooLargeError,
+    refusal,
+)
 from placement.emulator.seats import Seats
 from placement.residency import Effects, EngineModel, PodResidency
-
-
-class EmulatorError(Exception):
-    """Something the engine refuses; the dialect decides status and text."""
-
-
-class PodDownError(EmulatorError):
-    """The pod is dead (until it comes back empty)."""
-
-
-class InjectedError(EmulatorError):
-    """A failure injected by ``error_rate``."""
-
-
-class AlreadyLoadedError(EmulatorError): ...
-
-
-class NotLoadedError(EmulatorError): ...
-
-
-class BadPathError(EmulatorError): ...
-
-
-class RankTooLargeError(EmulatorError):
-    def __init__(self, rank: int) -> None:
-        self.rank = rank
-        super().__init__(rank)
-
-
-class PoolFullError(EmulatorError):
-    """SGLang before the soft cap: ``--max-loaded-loras`` adapters are loaded already."""
-
-
-class PinLimitError(EmulatorError): ...
-
-
-_REFUSALS: Mapping[type[residency.ResidencyError], type[EmulatorError]] = {
-    residency.AlreadyLoadedError: AlreadyLoadedError,
-    residency.NotLoadedError: NotLoadedError,
-    residency.CapReachedError: PoolFullError,
-    residency.PinLimitError: PinLimitError,
-}
-
-
-def _refusal(exc: residency.ResidencyError) -> EmulatorError:
-    return _REFUSALS[type(exc)]()
-
 
 Sleep = Callable[[float], Awaitable[None]]
 
@@ -217,7 +181,7 @@ class EmulatedPod:
             try:
                 effects = self.residency.load(name, path, pinned=pinned, inplace=inplace, busy=busy)
             except residency.ResidencyError as exc:
-                raise _refusal(exc) from exc
+                raise refusal(exc) from exc
             self.files[name] = adapter
             self.counters["loads"] += 1
             cap = self.config.residency_cap
@@ -258,7 +222,7 @@ class EmulatedPod:
             try:
                 effects = self.residency.unload(name)
             except residency.ResidencyError as exc:
-                raise _refusal(exc) from exc
+                raise refusal(exc) from exc
             self.counters["unloads"] += 1
             self._note_evictions(effects.gpu_evicted)
             async with self.slots:
@@ -334,8 +298,12 @@ class EmulatedPod:
             waiting[name or ""] -= 1
             self._record_info()
         self.counters["cold_reloads"] += int(effects.cold)
-        await self._apply(name, effects, size_bytes=self.files[name].size_bytes)
-        await self._drain_unlisted(effects.unlisted)
+        try:
+            await self._apply(name, effects, size_bytes=self.files[name].size_bytes)
+            await self._drain_unlisted(effects.unlisted)
+        except BaseException:  # the client left during the swap: no release will come
+            await self.release(name)
+            raise
 
     async def _run_on_gpu(self, name: str, generation: int) -> Effects:
         """Put ``name`` on a GPU slot (a cold read first when its weights left the host)."""
@@ -352,7 +320,7 @@ class EmulatedPod:
             try:
                 effects = self.residency.request(name, busy=self._busy())
             except residency.ResidencyError as exc:
-                raise _refusal(exc) from exc
+                raise refusal(exc) from exc
             self.running[name] += 1
         return effects
 
@@ -422,6 +390,7 @@ class EmulatedPod:
             "storage": self.config.storage_stats(),
             "batch": None if self.config.batch is None else asdict(self.config.batch),
             "queued": self.seats.queued,
+            "batch_peaks": {"running": self.seats.peak_taken, "queued": self.seats.peak_queued},
             "counters": dict(self.counters),
             "peaks": dict(self.peaks),
             "faults": {

@@ -24,6 +24,9 @@ class Seats:
         #: Places held now.
         self.taken = 0
         self._queue: deque[asyncio.Future[None]] = deque()
+        #: The most places held, and requests waiting, at once.
+        self.peak_taken = 0
+        self.peak_queued = 0
 
     @property
     def queued(self) -> int:
@@ -37,9 +40,11 @@ class Seats:
         """Hold a place, waiting behind every earlier waiter while the batch is full."""
         if not self.queued and self._room():
             self.taken += 1
+            self.peak_taken = max(self.peak_taken, self.taken)
             return
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._queue.append(waiter)
+        self.peak_queued = max(self.peak_queued, self.queued)
         try:
             await waiter
         except asyncio.CancelledError:
@@ -58,6 +63,7 @@ class Seats:
             if waiter.done():
                 continue
             self.taken += 1
+            self.peak_taken = max(self.peak_taken, self.taken)
             waiter.set_result(None)
 
     def close(self, error: Exception) -> None:

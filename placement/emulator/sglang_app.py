@@ -24,10 +24,10 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
-from placement.emulator.pod import (
+from placement.emulator.pod import EmulatedPod
+from placement.emulator.refusals import (
     AlreadyLoadedError,
     BadPathError,
-    EmulatedPod,
     EmulatorError,
     InjectedError,
     NotLoadedError,

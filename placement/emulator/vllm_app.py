@@ -18,10 +18,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from placement.emulator.config import PodConfig
-from placement.emulator.pod import (
+from placement.emulator.pod import EmulatedPod
+from placement.emulator.refusals import (
     AlreadyLoadedError,
     BadPathError,
-    EmulatedPod,
     EmulatorError,
     InjectedError,
     NotLoadedError,

@@ -13,7 +13,7 @@ import pytest
 
 from placement.emulator import ZERO_LATENCY, EmulatedFleet, EmulatedPod, PodConfig
 from placement.emulator.config import BatchTiming
-from placement.emulator.pod import PodDownError
+from placement.emulator.refusals import PodDownError
 from placement.emulator.seats import Seats
 from placement.settings import SimSettings
 from tests.emulator.virtual_time import VirtualTime
