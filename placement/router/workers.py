@@ -9,7 +9,8 @@ the workers' sockets by their addresses' hash; one socket shared by all (uvicorn
 connections to whichever worker wakes first. The parent's socket never listens: it
 only holds the port. The parent reports the port once every worker accepts
 connections, passes SIGTERM and SIGINT on to the workers, and exits when they have
-(with the first failing worker's status).
+(with the first failing worker's status). A parent killed outright (SIGKILL) cannot pass
+a signal on: on Linux each worker asks the kernel for SIGTERM when its parent dies.
 
 Agreement without talking: each worker learns what the others loaded from the pods
 themselves. A load of a name the pod has already loaded is answered "already loaded"
@@ -31,6 +32,7 @@ parent removes an exited worker's gauges, and the directory when it exits.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import shutil
 import signal
@@ -162,6 +164,17 @@ class _Shared:
         shutil.rmtree(self.metrics, ignore_errors=True)
 
 
+def _end_with(parent: int) -> None:
+    """SIGTERM to this worker when ``parent`` dies, however it dies (Linux's
+    ``PR_SET_PDEATHSIG``; elsewhere the parent's signals only)."""
+    if not sys.platform.startswith("linux"):
+        return
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+    if os.getppid() != parent:  # it died before the request took hold
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 def _fork_and_wait(
     make_app: Callable[[int], RouterApp],
     held: socket.socket,
@@ -174,12 +187,14 @@ def _fork_and_wait(
     bound = int(held.getsockname()[1])
     ready_read, ready_write = os.pipe()
     children: list[int] = []
+    parent = os.getpid()
     for worker in range(workers):
         pid = os.fork()
         if pid == 0:  # the worker: never returns
             os.close(ready_read)
             status = 0
             try:
+                _end_with(parent)
                 sock = held
                 if REUSE_PORT:  # a listening socket of this worker's own
                     sock = bind(host, bound, listen=True)

@@ -91,6 +91,30 @@ def test_a_stampede_over_two_workers_loads_a_cold_adapter_once_per_pod(
     assert rows == 100  # every request logged once, by the worker that served it
 
 
+def test_the_workers_end_when_their_parent_is_killed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGKILL to the parent passes nothing on: the workers end all the same."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # the directories it cannot remove
+    with emulated(2, max_loras=4, max_cpu_loras=8) as pods:
+        router = _start(tmp_path, pods.urls, workers=2)
+        try:
+            workers = _children(router.pid)
+            assert len(workers) == 2
+            router.kill()
+            router.process.wait(timeout=30)
+            wait_for(lambda: all(map(_ended, workers)), timeout_s=30, what="the workers' end")
+        finally:
+            router.stop()
+
+
+def _ended(pid: int) -> bool:
+    try:
+        return _zombie(pid)  # exited, not yet reaped
+    except FileNotFoundError:
+        return True
+
+
 def _zombie(pid: int) -> bool:
     status = Path(f"/proc/{pid}/status").read_text()
     return "State:\tZ" in status
