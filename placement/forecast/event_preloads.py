@@ -1,7 +1,8 @@
 """From a pipeline or login event to the preloads it is worth: pure decision code.
 
 An event (``document.uploaded`` for tenant acme, or acme logging in) predicts
-adapters likely to be requested soon. ``event_preloads`` turns those predictions
+adapters likely to be requested soon (``placement.forecast.event_predictors``, whose
+names this module re-exports). ``event_preloads`` turns those predictions
 into at most ``max_loads`` Load/Warmup actions on the pods the plan would send the
 traffic to, at a bounded cost: it never displaces a pinned adapter, nor one busier
 than the adapter it brings (both counting the traffic this event foresees for them,
@@ -10,8 +11,13 @@ taken as busy at one request per that time, ``MIN_WINDOW_S`` at least). Under th
 engine's LRU a preload behind adapters in use is the next victim, evicted before its
 request comes: the replays of legal-research counted such preloads unused.
 Adapters come only from the catalog, through pipelines.yaml or an event model, never
-from the event itself. A login's preloads go first to its tenant's zone, when it has
-one: the one zone of the pods its adapters are pinned to (``tenant_zone``).
+from the event itself, and only the event's tenant's (or no tenant's) but for a step
+pipelines.yaml declares: the operator's statement that it follows the trigger whoever
+owns it. Such a step of another tenant is preloaded only at ``MIN_STEP_PROBABILITY`` or
+more. A login's preloads go first to its tenant's zone, when it has one: the one zone of
+the pods its adapters are pinned to (``tenant_zone``); a step that follows another goes
+first to the pod that step runs on (where it is hot, or where this event loads it). An
+adapter in use (idle 0 s in ``PodView.idle_s``) is never displaced.
 
 No IO, no clock, no logging: the webhook parses the event, the controller runs the
 actions.
@@ -19,10 +25,8 @@ actions.
 
 from __future__ import annotations
 
-import enum
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from placement.domain import (
     Action,
@@ -31,54 +35,49 @@ from placement.domain import (
     Catalog,
     Fleet,
     Load,
-    Pipelines,
     Pod,
     PodId,
     TenantId,
     Warmup,
 )
+from placement.forecast.event_predictors import (
+    LOGIN_WITHIN_S,
+    MIN_WINDOW_S,
+    Event,
+    EventKind,
+    EventModel,
+    LearnedPreload,
+    Prediction,
+    Predictor,
+    learned_predictor,
+    pipeline_predictor,
+)
 from placement.plan import Plan
 
-#: A prediction due "now" still spreads its one expected request over this window.
-MIN_WINDOW_S = 60.0
-#: How soon a login's adapters are expected, when pipelines.yaml says nothing finer.
-LOGIN_WITHIN_S = 300.0
+__all__ = [
+    "LOGIN_WITHIN_S",
+    "MIN_STEP_PROBABILITY",
+    "MIN_WINDOW_S",
+    "Event",
+    "EventDecision",
+    "EventKind",
+    "EventModel",
+    "LearnedPreload",
+    "PodView",
+    "Prediction",
+    "Predictor",
+    "displaced_rps",
+    "event_preloads",
+    "in_use",
+    "learned_predictor",
+    "pipeline_predictor",
+    "tenant_zone",
+    "victim",
+]
 
-
-class EventKind(enum.StrEnum):
-    PIPELINE = "pipeline"
-    LOGIN = "login"
-
-
-@dataclass(frozen=True, kw_only=True)
-class Event:
-    """A webhook event, already parsed and authenticated."""
-
-    kind: EventKind
-    id: str
-    tenant: TenantId
-    trigger: str | None = None
-
-    def describe(self) -> str:
-        what = self.trigger if self.kind is EventKind.PIPELINE else "login"
-        return f"{what} for {self.tenant} ({self.id})"
-
-
-@dataclass(frozen=True, kw_only=True)
-class Prediction:
-    """An adapter the event makes likely: with this probability, within this delay."""
-
-    adapter: AdapterId
-    probability: float
-    within_s: float
-
-    @property
-    def expected_rps(self) -> float:
-        return self.probability / max(self.within_s, MIN_WINDOW_S)
-
-
-#: What an event makes likely; pipelines.yaml gives one, a learned event model another.
-Predictor = Callable[[Event], tuple[Prediction, ...]]
+#: The least probability at which a declared step of another tenant is preloaded: below
+#: it, the step more often goes unused than used.
+MIN_STEP_PROBABILITY = 0.5
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,98 +101,11 @@ class EventDecision:
     skipped: Mapping[AdapterId, str] = field(default_factory=dict)
 
 
-def pipeline_predictor(pipelines: Pipelines, catalog: Catalog) -> Predictor:
-    """Predictions from pipelines.yaml: a trigger's steps, or a tenant's login adapters."""
-    by_trigger = pipelines.by_trigger()
-    by_tenant: dict[TenantId, list[AdapterId]] = {}
-    for adapter in catalog.adapters:
-        if adapter.tenant is not None:
-            by_tenant.setdefault(adapter.tenant, []).append(adapter.name)
-
-    def predict(event: Event) -> tuple[Prediction, ...]:
-        if event.kind is EventKind.PIPELINE:
-            pipeline = by_trigger.get(event.trigger or "")
-            steps = pipeline.steps if pipeline is not None else ()
-            return tuple(
-                Prediction(adapter=s.adapter, probability=s.probability, within_s=s.within_s)
-                for s in steps
-            )
-        names = pipelines.logins.get(event.tenant) or tuple(by_tenant.get(event.tenant, ()))
-        return tuple(
-            Prediction(adapter=name, probability=1.0, within_s=LOGIN_WITHIN_S) for name in names
-        )
-
-    return predict
-
-
-class LearnedPreload(Protocol):
-    """One preload a learned event model proposes (``models.events.EventPreload``)."""
-
-    @property
-    def adapter(self) -> str: ...
-
-    @property
-    def due_s(self) -> float: ...
-
-    @property
-    def probability(self) -> float: ...
-
-
-class EventModel(Protocol):
-    """Transitions and login affinities learned from the log (``placement.forecast.forecaster``)."""
-
-    def after_request(
-        self, *, tenant: str | None, adapter: str, at_s: float, min_probability: float = 0.3
-    ) -> Sequence[LearnedPreload]: ...
-
-    def after_login(
-        self, *, tenant: str, at_s: float, min_probability: float = 0.3
-    ) -> Sequence[LearnedPreload]: ...
-
-
-def _merged(predictions: list[Prediction]) -> tuple[Prediction, ...]:
-    best: dict[AdapterId, Prediction] = {}
-    for p in predictions:
-        if p.adapter not in best or p.probability > best[p.adapter].probability:
-            best[p.adapter] = p
-    return tuple(best.values())
-
-
-def learned_predictor(model: EventModel, *, declared: Predictor) -> Predictor:
-    """pipelines.yaml's predictions, plus what the learned model adds: a login's usual
-    adapters, and the likely followers of each adapter a trigger leads to (their chance
-    multiplied, their delays added)."""
-
-    def predict(event: Event) -> tuple[Prediction, ...]:
-        found = list(declared(event))
-        if event.kind is EventKind.LOGIN:
-            found += [
-                Prediction(
-                    adapter=AdapterId(p.adapter),
-                    probability=p.probability,
-                    within_s=max(0.0, p.due_s),
-                )
-                for p in model.after_login(tenant=event.tenant, at_s=0.0)
-            ]
-            return _merged(found)
-        for step in tuple(found):
-            found += [
-                Prediction(
-                    adapter=AdapterId(p.adapter),
-                    probability=step.probability * p.probability,
-                    within_s=step.within_s + max(0.0, p.due_s),
-                )
-                for p in model.after_request(tenant=event.tenant, adapter=step.adapter, at_s=0.0)
-            ]
-        return _merged(found)
-
-    return predict
-
-
 def _ranked(
     predictions: tuple[Prediction, ...], *, catalog: Catalog, tenant: TenantId
 ) -> tuple[tuple[Prediction, ...], dict[AdapterId, str]]:
-    """Catalog adapters of this tenant (or of none), most likely and soonest first."""
+    """Catalog adapters of this tenant (or of none, or declared steps likely enough),
+    most likely and soonest first."""
     adapters = catalog.by_name()
     best: dict[AdapterId, Prediction] = {}
     skipped: dict[AdapterId, str] = {}
@@ -201,8 +113,17 @@ def _ranked(
         adapter = adapters.get(p.adapter)
         if adapter is None:
             skipped[p.adapter] = "not in the catalog"
-        elif adapter.tenant is not None and adapter.tenant != tenant:
+        elif adapter.tenant is not None and adapter.tenant != tenant and not p.declared_step:
             skipped[p.adapter] = f"belongs to tenant {adapter.tenant}"
+        elif (
+            adapter.tenant is not None
+            and adapter.tenant != tenant
+            and (p.probability < MIN_STEP_PROBABILITY)
+        ):
+            skipped[p.adapter] = (
+                f"a step of tenant {adapter.tenant} at p={p.probability:.2f}, "
+                f"under {MIN_STEP_PROBABILITY:.2f}"
+            )
         elif p.probability > 0 and (
             p.adapter not in best or p.expected_rps > best[p.adapter].expected_rps
         ):
@@ -242,6 +163,12 @@ def _has_free_slot(view: PodView) -> bool:
     return len(view.hot) < view.pod.max_loras
 
 
+def in_use(view: PodView, adapter: AdapterId) -> bool:
+    """Whether a request runs on or waits for ``adapter`` there (idle 0 s, as far as the
+    view knows): another tenant's step never displaces it."""
+    return view.idle_s.get(adapter) == 0.0
+
+
 def displaced_rps(view: PodView, adapter: AdapterId, expected_rps: float) -> float:
     """What displacing ``adapter`` from ``view`` gives up: its expected traffic, or its
     recent use (one request per ``idle_s``, ``MIN_WINDOW_S`` at least), the higher."""
@@ -268,8 +195,10 @@ def _place(
     views: list[PodView],
     *,
     expected_rps: Mapping[AdapterId, float],
+    foreign: bool = False,
 ) -> tuple[PodView | None, str]:
-    """The first pod (in preference order) that already holds it or may take it."""
+    """The first pod (in preference order) that already holds it or may take it; a
+    ``foreign`` one (another tenant's step) never displaces an adapter in use."""
     incoming_rps = expected_rps.get(prediction.adapter, 0.0)
     why = "no ready pod serves its base model"
     holder = next((v for v in views if prediction.adapter in v.hot), None)
@@ -281,6 +210,8 @@ def _place(
         displaced = victim(view)
         if displaced is None:
             why = "every candidate pod's GPU slots hold pinned adapters"
+        elif foreign and in_use(view, displaced):
+            why = f"it would displace {displaced}, which is in use"
         elif displaced_rps(view, displaced, expected_rps.get(displaced, 0.0)) >= incoming_rps:
             why = f"it would displace {displaced}, which is at least as busy"
         else:
@@ -328,6 +259,8 @@ def event_preloads(
     current = dict(views)
     zone = tenant_zone(event.tenant, catalog, fleet) if event.kind is EventKind.LOGIN else None
     chosen: set[PodId] = set()
+    #: The pod each predicted adapter runs on: where it is hot, or where this event loads it.
+    runs_on: dict[AdapterId, PodId] = {}
     actions: list[Action] = []
     loads = 0
     for prediction in ranked:
@@ -338,16 +271,22 @@ def event_preloads(
         pool = fleet.pool_for_base(adapter.base_model)
         pool_pods = {p.name for p in pool.pods} if pool is not None else set()
         group_pods = _group_pods(adapter, current, adapters)
+        anchor = _anchor(prediction.after, runs_on, current)
         candidates = sorted(
             (v for name, v in current.items() if name in pool_pods),
             key=lambda v: (
                 zone is not None and v.pod.zone != zone,
+                anchor is not None and v.pod.name != anchor,
                 _preference(v, adapter.name, plan=plan, chosen=chosen, group_pods=group_pods),
                 v.pod.name,
             ),
         )
-        view, why = _place(prediction, candidates, expected_rps=expected_rps)
+        foreign = adapter.tenant is not None and adapter.tenant != event.tenant
+        view, why = _place(prediction, candidates, expected_rps=expected_rps, foreign=foreign)
         if view is None:
+            holder = next((v.pod.name for v in candidates if adapter.name in v.hot), None)
+            if holder is not None:
+                runs_on[adapter.name] = holder
             skipped[prediction.adapter] = why
             continue
         reason = (
@@ -359,8 +298,21 @@ def event_preloads(
         actions.append(Warmup(pod=view.pod.name, adapter=adapter.name, reason=reason))
         current[view.pod.name] = _after_warmup(view, adapter.name)
         chosen.add(view.pod.name)
+        runs_on[adapter.name] = view.pod.name
         loads += 1
     return EventDecision(actions=tuple(actions), skipped=skipped)
+
+
+def _anchor(
+    after: AdapterId | None, runs_on: Mapping[AdapterId, PodId], views: Mapping[PodId, PodView]
+) -> PodId | None:
+    """The pod the step ``after`` runs on: where this event placed or found it, else the
+    first pod (by name) holding it hot; None when it follows nothing or runs nowhere yet."""
+    if after is None:
+        return None
+    if after in runs_on:
+        return runs_on[after]
+    return next((name for name, v in sorted(views.items()) if after in v.hot), None)
 
 
 def _after_warmup(view: PodView, adapter: AdapterId) -> PodView:

@@ -6,7 +6,8 @@ of time order, events outside the request log's span), exactly as ``lorafleet
 validate --events`` checks it. This module only turns a checked ``EventLog`` into
 ``SimEvent`` values on the replay's seconds clock (``sim_events``), leaving out the
 events outside the request log's span, which the check reported as warnings and a
-replay never delivers.
+replay never delivers; ``learned_pipelines`` learns pipelines.yaml's step
+probabilities from such events and the requests they caused.
 
 ``EventController`` is what lorafleet's controller does on a webhook event
 (``placement.controller.ticks.Controller.on_event``): the same ``event_preloads`` with
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from placement.domain import Action, AdapterId, Catalog, Fleet, Pipelines, PodId, TenantId
+from placement.forecast.event_predictors import learned_steps
 from placement.forecast.event_preloads import (
     Event,
     EventKind,
@@ -77,6 +79,26 @@ def sim_events(
         )
         events.append(SimEvent(at_s=at_s, event=event))
     return events
+
+
+def learned_pipelines(
+    pipelines: Pipelines, events: Sequence[SimEvent], workload: SimWorkload
+) -> Pipelines:
+    """pipelines.yaml with its steps' probabilities learned (``learned_steps``) from these
+    pipeline events and the requests of ``workload`` they caused (its ``event_ids``): a
+    history's, for a replay of a later window, since a replay that learns from its own
+    requests knows its future."""
+    triggers = {
+        e.event.id: e.event.trigger
+        for e in events
+        if e.event.kind is EventKind.PIPELINE and e.event.trigger is not None
+    }
+    caused = (
+        (event_id, adapter)
+        for event_id, adapter in zip(workload.event_ids, workload.adapters, strict=False)
+        if event_id is not None
+    )
+    return learned_steps(pipelines, triggers=triggers, caused=caused)
 
 
 @dataclass(frozen=True, kw_only=True)
