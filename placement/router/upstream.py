@@ -64,6 +64,8 @@ class Reply(asyncio.Protocol):
         self._chunks: collections.deque[bytes] = collections.deque()
         self._buffered = 0
         self._paused = False
+        #: ``read`` takes the whole body: reading is never paused for it.
+        self._whole = False
         self._waiter: asyncio.Future[None] | None = None
         self._head_done = False
         self._done = False
@@ -127,9 +129,10 @@ class Reply(asyncio.Protocol):
     def on_body(self, body: bytes) -> None:
         self._chunks.append(body)
         self._buffered += len(body)
-        if self._buffered > _HIGH_WATER and not self._paused and self._transport is not None:
+        if self._buffered > _HIGH_WATER and not (self._paused or self._whole):
             self._paused = True
-            self._transport.pause_reading()
+            if self._transport is not None:
+                self._transport.pause_reading()
         self._wake()
 
     def on_message_complete(self) -> None:
@@ -139,6 +142,8 @@ class Reply(asyncio.Protocol):
 
     async def read(self) -> bytes:
         """The whole body."""
+        self._whole = True
+        self._resume()
         while not self._done:
             await self._wait()
         data = b"".join(self._chunks)
@@ -153,9 +158,7 @@ class Reply(asyncio.Protocol):
                 data = self._chunks.popleft()
                 self._buffered -= len(data)
                 if self._paused and self._buffered <= _HIGH_WATER // 2:
-                    self._paused = False
-                    if self._transport is not None and not self._closed:
-                        self._transport.resume_reading()
+                    self._resume()
                 return data
             if self._done:
                 return b""
@@ -223,7 +226,14 @@ class Reply(asyncio.Protocol):
             self._transport.abort()
         self._wake()
 
+    def _resume(self) -> None:
+        if self._paused:
+            self._paused = False
+            if self._transport is not None and not self._closed:
+                self._transport.resume_reading()
+
     def _reset(self) -> None:
+        self._whole = False
         self.status = 0
         self.headers = {}
         self._head_done = self._done = self._got_bytes = False

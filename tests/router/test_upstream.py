@@ -271,6 +271,25 @@ async def test_an_unread_answer_closes_its_connection_on_release() -> None:
         await client.close()
 
 
+async def test_a_large_body_read_whole_or_chunk_by_chunk_arrives_whole() -> None:
+    """Past the high-water mark reading pauses until the chunks are taken; a whole read
+    never pauses (it would wait on itself)."""
+    big = bytes(range(256)) * 4096  # 1 MiB
+    pieces = [big[k : k + 65536] for k in range(0, len(big), 65536)]
+    async with fake_pod(ok(big), chunked(pieces)) as pod:
+        client = upstreams()
+        assert await answer(client, pod.url) == (200, big)
+        reply = await client.post(POD, pod.url, b"{}")
+        got = bytearray()
+        while part := await reply.chunk():
+            got += part
+            await asyncio.sleep(0)  # a slow consumer: the pod's bytes pile up meanwhile
+        reply.release()
+        assert bytes(got) == big
+        assert pod.connections == 1
+        await client.close()
+
+
 @settings(max_examples=30, deadline=None)
 @given(
     events=st.lists(st.binary(min_size=1, max_size=300), min_size=1, max_size=8),
