@@ -53,7 +53,7 @@ class Reply(asyncio.Protocol):
 
     def __init__(self, pool: Upstreams, key: tuple[str, int], pod: str) -> None:
         self._pool = pool
-        self._key = key
+        self.key = key
         self.pod = pod
         self._loop = pool.loop
         self._parser = httptools.HttpResponseParser(self)
@@ -63,21 +63,17 @@ class Reply(asyncio.Protocol):
         self.headers: dict[bytes, bytes] = {}
         self._chunks: collections.deque[bytes] = collections.deque()
         self._buffered = 0
-        self._paused = False
-        #: ``read`` takes the whole body: reading is never paused for it.
-        self._whole = False
+        #: Reading is paused (too much unread); ``read`` takes the whole body (never).
+        self._paused = self._whole = False
         self._waiter: asyncio.Future[None] | None = None
-        self._head_done = False
-        self._done = False
-        self._keep_alive = False
-        self._got_bytes = False
+        self._head_done = self._done = self._keep_alive = self._got_bytes = False
         self._error: BaseException | None = None
         self._closed = False
         self._timer: asyncio.TimerHandle | None = None
         self.reused = False
+        #: In its pod's pool, idle since this time on the loop's clock.
+        self.idle = False
         self.idle_since = 0.0
-
-    # -- asyncio.Protocol -----------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports are not asyncio.Transport subclasses, but behave as one.
@@ -95,6 +91,9 @@ class Reply(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
+        if self.idle:  # the pod closed it while it sat in the pool
+            self._pool.drop_idle(self)
+            return
         if self._done or self._error is not None:
             self._wake()
             return
@@ -108,14 +107,6 @@ class Reply(asyncio.Protocol):
             reason = f": {exc}" if exc is not None else ""
             self._error = UpstreamError(f"pod {self.pod} closed the connection {where}{reason}")
         self._wake()
-
-    def pause_writing(self) -> None:  # the request's body is all written at once
-        pass
-
-    def resume_writing(self) -> None:
-        pass
-
-    # -- httptools callbacks --------------------------------------------------------
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.headers[name.lower()] = value
@@ -137,8 +128,6 @@ class Reply(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         self._on_message_complete()
-
-    # -- the answer -----------------------------------------------------------------
 
     async def read(self) -> bytes:
         """The whole body."""
@@ -181,8 +170,6 @@ class Reply(asyncio.Protocol):
             self._transport.close()
         self._pool.forget(self)
 
-    # -- the pool's side ------------------------------------------------------------
-
     def send(self, head: bytes, body: bytes, deadline: float) -> None:
         """Write one request; the answer's end or ``deadline`` (the loop's time) ends it."""
         assert self._transport is not None
@@ -197,8 +184,6 @@ class Reply(asyncio.Protocol):
     @property
     def usable(self) -> bool:
         return not self._closed and self._transport is not None
-
-    # -- internals ------------------------------------------------------------------
 
     def _framed(self) -> bool:
         """The answer says where its body ends (a length, chunks), or has none."""
@@ -233,12 +218,8 @@ class Reply(asyncio.Protocol):
                 self._transport.resume_reading()
 
     def _reset(self) -> None:
-        self._whole = False
-        self.status = 0
-        self.headers = {}
-        self._head_done = self._done = self._got_bytes = False
-        self._keep_alive = False
-        self._buffered = 0
+        self.status, self.headers, self._buffered = 0, {}, 0
+        self._head_done = self._done = self._got_bytes = self._keep_alive = self._whole = False
 
     def _wake(self) -> None:
         waiter = self._waiter
@@ -266,9 +247,8 @@ class Upstreams:
         connect_timeout_s: float,
         keepalive_s: float,
         max_connections: int,
-        loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
-        self.loop = loop or asyncio.get_running_loop()
+        self.loop = asyncio.get_running_loop()
         self.timeout_s = timeout_s
         self.connect_timeout_s = connect_timeout_s
         self.keepalive_s = keepalive_s
@@ -333,6 +313,7 @@ class Upstreams:
             oldest = self.loop.time() - self.keepalive_s
             while idle:
                 reply = idle.pop()
+                reply.idle = False
                 if reply.usable and reply.idle_since >= oldest:
                     reply.reused = True
                     return reply
@@ -374,9 +355,12 @@ class Upstreams:
 
     def _close_an_idle(self) -> bool:
         for idle in self._idle.values():
-            if idle:
-                idle.pop(0).close()
-                return True
+            while idle:
+                reply = idle.pop(0)
+                reply.idle = False
+                if reply in self._open:
+                    reply.close()
+                    return True
         return False
 
     def put(self, reply: Reply) -> None:
@@ -384,9 +368,17 @@ class Upstreams:
         if self._closing:
             reply.close()
             return
-        reply.idle_since = self.loop.time()
-        self._idle.setdefault(reply._key, []).append(reply)
+        reply.idle, reply.idle_since = True, self.loop.time()
+        self._idle.setdefault(reply.key, []).append(reply)
         self._wake_one()
+
+    def drop_idle(self, reply: Reply) -> None:
+        """An idle connection the pod closed: out of its pool, no longer counted."""
+        reply.idle = False
+        idle = self._idle.get(reply.key)
+        if idle is not None and reply in idle:
+            idle.remove(reply)
+        self.forget(reply)
 
     def forget(self, reply: Reply) -> None:
         """A connection closed: no longer counted (``Reply.close`` calls this)."""

@@ -245,6 +245,20 @@ async def test_an_idle_connection_past_the_keep_alive_is_not_reused() -> None:
         await client.close()
 
 
+async def test_an_idle_connection_the_pod_closes_leaves_the_pool() -> None:
+    async with fake_pod([ok(b"1"), CLOSE], ok(b"2")) as pod:
+        client = upstreams(max_connections=1)
+        assert await answer(client, pod.url) == (200, b"1")
+        for _ in range(1000):  # loop turns, no clock: until the pod's FIN is read
+            if client.open_connections == 0:
+                break
+            await asyncio.sleep(0)
+        assert (client.open_connections, client.idle_connections) == (0, 0)
+        assert await answer(client, pod.url) == (200, b"2")
+        assert pod.connections == 2
+        await client.close()
+
+
 async def test_past_max_connections_a_request_waits_for_one_to_be_released() -> None:
     async with fake_pod(ok(b"1"), ok(b"2")) as pod:
         client = upstreams(max_connections=1)
