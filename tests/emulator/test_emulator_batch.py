@@ -212,3 +212,19 @@ def test_a_batch_the_engine_would_refuse_is_named() -> None:
         "max_num_seqs must be at least 1, got 0",
         "decode_ms_per_step must be 0 or more, got -1.0",
     ]
+
+
+async def test_a_request_whose_client_leaves_during_its_swap_gives_back_its_place() -> None:
+    time = VirtualTime()
+    config = replace(_config(FLAT), latency=replace(ZERO_LATENCY, activate_ms=50.0))
+    pod = EmulatedPod(config, clock=time, sleep=time.sleep)
+    names = [f"a{i}" for i in range(5)]  # one more than the GPU slots
+    await time.run(*(pod.load(name, f"s3://adapters/{name}") for name in names))
+    (off_gpu,) = set(names) - set(pod.gpu)
+    admitted = asyncio.ensure_future(pod.admit(off_gpu))
+    await time.settle()  # it holds a place and waits out its swap onto the GPU
+    assert pod.seats.taken == 1 and not admitted.done()
+    admitted.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await admitted
+    assert pod.seats.taken == 0 and sum(pod.running.values()) == 0
