@@ -3,8 +3,9 @@
 pipelines.yaml is the operator's statement that step B follows step A: a declared step
 of another tenant than the event's is preloaded (a login still never loads another
 tenant's adapter, nor does a prediction no pipeline declares), at
-``MIN_STEP_PROBABILITY`` or more, first on the pod the step it follows runs on, never
-over an adapter in use, and never more than ``max_loads`` per event.
+``MIN_STEP_PROBABILITY`` or more, first on the pod the step it follows runs on, only
+onto a free slot or over an adapter idle ``STEP_VICTIM_MIN_IDLE_S`` or more (never one in
+use), and never more than ``max_loads`` per event.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from placement.domain import (
 )
 from placement.forecast.event_preloads import (
     MIN_STEP_PROBABILITY,
+    STEP_VICTIM_MIN_IDLE_S,
     Event,
     EventDecision,
     EventKind,
@@ -182,12 +184,17 @@ def test_an_undeclared_prediction_of_another_tenant_is_not_loaded() -> None:
     assert decision.skipped == {"legal": "belongs to tenant law"}
 
 
-def test_another_tenants_step_never_displaces_an_adapter_in_use() -> None:
+def test_another_tenants_step_displaces_only_an_adapter_idle_long_enough() -> None:
     fl = three_pods()
-    views = views_of(fl, {i: ("busy", "idle-a") for i in range(3)}, idle_s=0.0)
-    decision = decide(UPLOADED, views, doc_pipelines(legal_p=1.0))
-    assert "legal" not in warmed(decision)
-    assert decision.skipped["legal"] == "it would displace busy, which is in use"
+    full = {i: ("busy", "idle-a") for i in range(3)}
+    for idle_s in (0.0, STEP_VICTIM_MIN_IDLE_S - 1.0):  # in use, or used a moment ago
+        decision = decide(UPLOADED, views_of(fl, full, idle_s=idle_s), doc_pipelines(1.0))
+        assert "legal" not in warmed(decision)
+        assert decision.skipped["legal"] == (
+            f"it would displace busy, not known idle {STEP_VICTIM_MIN_IDLE_S:.0f} s or more"
+        )
+    idle = views_of(fl, full, idle_s=STEP_VICTIM_MIN_IDLE_S)
+    assert warmed(decide(UPLOADED, idle, doc_pipelines(1.0)))["legal"] == "p-0"
 
 
 slots = st.lists(st.sampled_from(["idle-a", "idle-b", "busy", "classify"]), max_size=2, unique=True)
@@ -195,12 +202,15 @@ slots = st.lists(st.sampled_from(["idle-a", "idle-b", "busy", "classify"]), max_
 
 @given(
     hot=st.lists(slots, min_size=3, max_size=3),
-    idle=st.lists(st.one_of(st.none(), st.sampled_from([0.0, 5.0, 120.0, 3600.0])), min_size=3),
+    idle=st.lists(
+        st.one_of(st.none(), st.sampled_from([0.0, 5.0, 120.0, STEP_VICTIM_MIN_IDLE_S, 3600.0])),
+        min_size=3,
+    ),
     legal_p=st.floats(min_value=0.0, max_value=1.0),
     medical_p=st.floats(min_value=0.0, max_value=1.0),
     max_loads=st.integers(min_value=0, max_value=3),
 )
-def test_never_more_than_the_bound_and_never_over_an_adapter_in_use(
+def test_never_more_than_the_bound_and_never_over_an_adapter_in_use_or_lately_used(
     hot: list[list[str]],
     idle: list[float | None],
     legal_p: float,
@@ -225,7 +235,8 @@ def test_never_more_than_the_bound_and_never_over_an_adapter_in_use(
         displaced = victim(view) if full else None
         if tenants[action.adapter] != DOCS:
             assert probability[str(action.adapter)] >= MIN_STEP_PROBABILITY
-            assert displaced is None or view.idle_s.get(displaced) != 0.0
+            idle_s = view.idle_s.get(displaced) if displaced is not None else None
+            assert displaced is None or (idle_s is not None and idle_s >= STEP_VICTIM_MIN_IDLE_S)
         hot_now = tuple(a for a in (*view.hot, action.adapter) if a != displaced)
         idle_now = {a: s for a, s in view.idle_s.items() if a != displaced}
         if view.idle_s:  # as event_preloads marks its own preloads: in use
