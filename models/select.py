@@ -84,7 +84,7 @@ class Selecting:
     band_power: float = 0.5
     #: Past the first hour, the band is calibrated this share of the way from its level
     #: (0.9, 0.99) to 1: a day's errors share one shock, so the backtest's days are few.
-    day_margin: float = 0.4
+    day_margin: float = 0.5
     #: Share of traffic that makes an adapter's cells count for the band's factors.
     busy_share: float = 0.01
     #: Changed (origin, step, adapter) cells below which the changed factor is a default.

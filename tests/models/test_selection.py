@@ -205,3 +205,14 @@ def test_the_stacking_grid_is_convex_and_starts_on_the_first_expert() -> None:
     assert len(grid) == 66
     np.testing.assert_allclose(grid.sum(axis=1), 1.0)
     assert list(grid[0]) == [1.0, 0.0, 0.0]
+
+
+def test_the_day_margin_widens_the_day_band_and_leaves_the_first_hour() -> None:
+    panel = panel_of(seasonal(), seasonal(20.0, seed=6), dropped())
+    narrow = Selecting(day_margin=0.0).fit(panel).predict(panel, horizon=PER_DAY)
+    wide = Selecting(day_margin=0.5).fit(panel).predict(panel, horizon=PER_DAY)
+    hour = slice(0, Selecting().band_edges[0])
+    np.testing.assert_array_equal(wide.mean, narrow.mean)
+    np.testing.assert_array_equal(wide.q90[hour], narrow.q90[hour])
+    assert (wide.q90 >= narrow.q90).all() and (wide.q99 >= narrow.q99).all()
+    assert (wide.q90[hour.stop :] > narrow.q90[hour.stop :]).any()
