@@ -176,7 +176,8 @@ class FleetReplay(EngineDeliveries):
                 elif kind == EVENT:
                     self._event(router, r, now_s)
                 elif kind == FAULT:
-                    self._fault(router, p, r, now_s)
+                    for moved in self._fault(p, r, now_s):  # an outage's queue goes elsewhere
+                        self._route(router, moved, now_s)
                 elif kind == WARMUP_DONE:
                     self._warmup_done(p, now_s)
                 else:
@@ -210,6 +211,12 @@ class FleetReplay(EngineDeliveries):
                 if adapter not in pod.gpu_adapters and adapter not in pod.loading:
                     pod.queue.append(-1 - self._code(adapter))
             self._pump(p, now_s)
+
+    def _event(self, router: SimRouter, k: int, now_s: float) -> None:
+        """An event, delivered: the router's actions for it (``placement.sim.deliveries``)."""
+        event = self.events[k].event
+        self.log.events.append(event.id)
+        self._preload_for_event(router.on_event(event, now_s, self), now_s)
 
     def _code(self, adapter: str) -> int:
         code = self.preload_code.get(adapter)
@@ -375,18 +382,6 @@ class FleetReplay(EngineDeliveries):
         pod.kv_usage = pod.kv_tokens / self.sim.kv_capacity_tokens
         if pod.load_adapter is None:
             pod.gpu_util = pod.running / self.sim.max_num_seqs
-        self._pump(p, now_s)
-
-    # --- loads (their start: placement.sim.loads) --------------------------------
-
-    def _load_done(self, p: int, now_s: float) -> None:
-        pod = self.pods[p]
-        adapter = pod.load_adapter
-        assert adapter is not None
-        pod.load_adapter = None
-        pod.land(adapter, now_s)
-        pod.last_used[adapter] = now_s  # activation counts as a use (vLLM's LRU)
-        pod.gpu_util = pod.running / self.sim.max_num_seqs
         self._pump(p, now_s)
 
     def _close_residency(self) -> None:

@@ -1,6 +1,6 @@
 """The replay engine's adapter loads: whether a preload is worth its victim, a swap's
-five phases and what they cost, the storage read of a cold one, and what a load
-charges the requests waiting for it.
+five phases and what they cost, the storage read of a cold one, what a load charges
+the requests waiting for it, and its landing (then the pod's queue moves on).
 
 ``EngineLoads`` is a part of ``FleetReplay`` (``placement.sim.engine``), as its victim
 choice (``EngineEviction``, which it extends) is: it reads the replay's pods,
@@ -24,6 +24,7 @@ class EngineLoads(EngineEviction):
     """Loads for ``FleetReplay``; the attributes are the replay's."""
 
     specs: list[PodSpec]
+    pods: list[SimPod]
     sim: SimSettings
     load_cost: LoadCostSettings
     faults: FaultSchedule
@@ -83,3 +84,18 @@ class EngineLoads(EngineEviction):
         if spec.storage_bytes_per_s is None:
             return 1000.0 * size_bytes / self.load_cost.storage_to_host_bytes_per_s
         return spec.first_byte_ms + 1000.0 * size_bytes / spec.storage_bytes_per_s
+
+    def _load_done(self, p: int, now_s: float) -> None:
+        pod = self.pods[p]
+        adapter = pod.load_adapter
+        assert adapter is not None
+        pod.load_adapter = None
+        pod.land(adapter, now_s)
+        pod.last_used[adapter] = now_s  # activation counts as a use (vLLM's LRU)
+        pod.gpu_util = pod.running / self.sim.max_num_seqs
+        self._pump(p, now_s)
+
+    # the engine's own (``FleetReplay``) --------------------------------------------
+
+    def _pump(self, p: int, now_s: float) -> None:
+        raise NotImplementedError
