@@ -13,7 +13,8 @@ Owns the metric names (the ``--json`` keys) and their definitions:
   storage (a cold load, not host RAM) before their first token: the requests behind
   ``cold_load_rate``, counted: the engine's COLD_LOAD outcome (the adapter was
   loading from storage when the request reached its pod, or was neither on its GPU
-  nor in its host RAM, or a hit lost its adapter before admission to a cold load).
+  nor in its host RAM, or its adapter left the GPU (a hit) or the host cache (a host
+  hit) before the load it waited for, which then read storage).
   Several requests may wait for one load: this counts requests, ``cold_loads`` loads.
 - ``loads`` (all adapter loads, preloads included), ``cold_loads`` (from storage),
   ``loads_per_pod_s`` (over the whole replay) and ``loads_per_pod_s_peak`` (the worst

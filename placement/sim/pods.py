@@ -14,8 +14,9 @@ it is noted, not sent: before the model is next called or read (``model``), the 
 since are sent in the order of their last use, which leaves it exactly as one call per
 hit would (a replay sends hundreds of thousands).
 
-``SimPod`` satisfies ``policies.routing.PodLike``. Mutated only by
-``placement.sim.engine`` (and by tests, through ``load``, ``unload`` and ``request``).
+``SimPod`` satisfies ``policies.routing.PodLike``. Mutated only by the
+replay (``placement.sim.engine`` and its parts ``loads``, ``deliveries`` and
+``eviction_choice``) and by tests, through ``load``, ``unload`` and ``request``.
 """
 
 from __future__ import annotations
