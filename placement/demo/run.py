@@ -318,6 +318,7 @@ def run_policy(
             webhook=webhook,
             marks=[Mark(at_s=prepared.warmup_wall_s, action=window_opens)],
             on_done=on_done,
+            origin_s=origin_s,
         )
         return results, await pod_counts(prepared.pod_urls), answers
 

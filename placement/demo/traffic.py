@@ -245,8 +245,13 @@ async def drive(
     marks: Sequence[Mark] = (),
     concurrency: int = CONCURRENCY,
     on_done: Callable[[ShotResult], None] | None = None,
+    origin_s: float | None = None,
 ) -> tuple[list[ShotResult], list[EventResult]]:
-    """Send every shot (and, with a webhook, every event) at its time; collect results."""
+    """Send every shot (and, with a webhook, every event) at its time; collect results.
+
+    ``origin_s`` (epoch seconds, the router's clock origin) is the moment the times count
+    from, so that the traffic keeps to the router's clock when the router started late
+    (the first shots are then late); None: from now."""
     client = openai.AsyncOpenAI(
         base_url=base_url, api_key="lorafleet-demo", max_retries=0, timeout=60.0
     )
@@ -274,6 +279,8 @@ async def drive(
 
     async with client, httpx.AsyncClient(timeout=30.0) as http:
         started = loop.time()
+        if origin_s is not None:
+            started += origin_s - time.time()
         timelines = [
             _at_times(shots, lambda s: s.at_s, started, lambda s, late: spawn(one(s, late))),
             _at_times(marks, lambda m: m.at_s, started, lambda m, _late: spawn(m.action())),
