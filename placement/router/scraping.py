@@ -58,6 +58,10 @@ class PodScraper:
         self.fleet_metrics = fleet_metrics
         self.clock = clock
         self._http = http
+        #: Whether this router records the pods' residency (stays and evictions, from
+        #: its ledger after each scrape). Of N workers only one does: every worker sees
+        #: the same evictions, and ``/metrics`` sums the counters over the workers.
+        self.observes_residency = True
 
     async def scrape(self, state: LivePod, *, listing: bool) -> None:
         """Scrape ``state``'s pod once (with its ``/v1/models`` too when ``listing``, when
@@ -98,7 +102,10 @@ class PodScraper:
             log.info("pod %s is back", upstream.pod)
         state.healthy = True
         state.failures = 0
-        self.fleet_metrics.observe_gpu(upstream.pod, state.ledger.active_view, now_s=self.clock())
+        if self.observes_residency:
+            self.fleet_metrics.observe_gpu(
+                upstream.pod, state.ledger.active_view, now_s=self.clock()
+            )
         self.metrics.pod_healthy.labels(pod=upstream.pod).set(1)
         self.metrics.queue_depth.labels(pod=upstream.pod).set(state.queue_len())
 
@@ -110,7 +117,8 @@ class PodScraper:
         if state.index is not None:
             state.index.refresh()  # the least-KV pod must be a healthy one
         # A pod out of the rotation may come back empty: its adapters' stays end here.
-        self.fleet_metrics.pod_emptied(state.upstream.pod, now_s=self.clock())
+        if self.observes_residency:
+            self.fleet_metrics.pod_emptied(state.upstream.pod, now_s=self.clock())
         self.metrics.pod_healthy.labels(pod=state.upstream.pod).set(0)
 
     async def _metrics_text(self, state: LivePod) -> str | None:

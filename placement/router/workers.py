@@ -94,11 +94,13 @@ class _Worker(uvicorn.Server):
             os.close(self._ready_fd)
 
 
-def share_loads(app: RouterApp, claims_dir: Path, *, workers: int) -> None:
-    """Make ``app`` one of ``workers``: its cold loads follow the workers' claims in
-    ``claims_dir``, its victims are weighed by the router's rates. A claim lasts two
-    listing periods: by then every worker's listing shows the adapter."""
+def share_loads(app: RouterApp, claims_dir: Path, *, workers: int, worker: int = 0) -> None:
+    """Make ``app`` worker ``worker`` of ``workers``: its cold loads follow the workers'
+    claims in ``claims_dir``, its victims are weighed by the router's rates, and only
+    worker 0 records the pods' residency (every worker sees the same evictions). A claim
+    lasts two listing periods: by then every worker's listing shows the adapter."""
     router = app.router
+    router.scraper.observes_residency = worker == 0
     settings = router.settings
     ttl_s = 2.0 * settings.scrape_interval_s * settings.listing_every_scrapes
     claims = LoadClaims(claims_dir, ttl_s=ttl_s)
@@ -203,7 +205,7 @@ def _fork_and_wait(
                     record_in(shared.metrics)  # before make_app creates any metric
                 app = make_app(worker)
                 if shared is not None:
-                    share_loads(app, shared.claims, workers=workers)
+                    share_loads(app, shared.claims, workers=workers, worker=worker)
                     app.router.metrics.share(shared.metrics)
                 _run_worker(app, sock, ready_write)
             except BaseException:

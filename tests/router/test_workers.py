@@ -273,3 +273,27 @@ def test_claims_agree_on_the_first_pod_until_it_is_stale(
             if first is None or now_s[0] - first[1] >= 4.0:
                 first = held[adapter] = (pod, now_s[0])
             assert claims.claim(adapter, PodId(pod)) == first[0]
+
+
+def test_of_two_workers_only_the_first_records_the_pods_residency(tmp_path: Path) -> None:
+    """Every worker sees the same adapters come and go on the pods; ``/metrics`` sums the
+    workers' eviction counters, so one worker alone records stays and evictions."""
+    catalog = catalog_of(ADAPTERS)
+    plan = plan_of({"cold-0": ["pod-0"]})
+    with (
+        emulated(1, max_loras=4, max_cpu_loras=8) as pods,
+        router_for(pods.domain, plan=plan, catalog=catalog) as first,
+        router_for(pods.domain, plan=plan, catalog=catalog) as second,
+    ):
+        share_loads(first.app, tmp_path, workers=2, worker=0)
+        share_loads(second.app, tmp_path, workers=2, worker=1)
+        for worker in (first, second):  # the second is told "already loaded"
+            assert _complete(worker.url, "cold-0") == 200
+        for worker in (first, second):
+            assert worker.router.topology.pods[PodId("pod-0")].ledger.is_listed(AdapterId("cold-0"))
+            worker.scrape()
+        stays = [w.router.fleet_metrics._since_s for w in (first, second)]
+        assert stays == [{("pod-0", "cold-0"): stays[0][("pod-0", "cold-0")]}, {}]
+        gauge = "lorafleet_pod_gpu_adapters"
+        assert first.registry.get_sample_value(gauge, {"pod": "pod-0"}) == 1
+        assert second.registry.get_sample_value(gauge, {"pod": "pod-0"}) is None
