@@ -23,8 +23,6 @@ import logging
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-import aiohttp
-
 from placement.domain import AdapterId, Engine, PodId
 from placement.errors import PermanentEngineError, RetryableEngineError
 from placement.router.core import Router
@@ -185,7 +183,7 @@ class RouterApp:
                 raise
             handler.uncancel()
             exchange.status = 499
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+        except (TimeoutError, OSError) as exc:  # router.upstream's errors are both
             # The pod failed in the middle of a streamed answer: nothing more can be sent.
             log.warning("upstream %s failed mid-response: %s", exchange.pod, exc)
             exchange.status = 502
@@ -233,7 +231,7 @@ class RouterApp:
                 try:
                     if await forward(router, state, exchange, send, last_try=attempt == 1):
                         return
-                except (aiohttp.ClientConnectionError, TimeoutError, OSError) as exc:
+                except (TimeoutError, OSError) as exc:
                     if exchange.streamed_bytes:
                         raise
                     router.mark_unhealthy(state, f"{type(exc).__name__}: {exc}")
