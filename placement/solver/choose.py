@@ -159,13 +159,15 @@ def pack_counts(
     workers: int,
     seed: int,
     quick: bool = False,
+    reproducible: bool = False,
 ) -> tuple[Assignment | None, float]:
     """Stage 2 for stage 1's counts, and the CP-SAT seconds it took.
 
     Pool totals can pack where single pods cannot (bytes and capacity fragment): then
     an exact CP-SAT packing (small pools), else the least valuable hot replicas made
     warm, else a repair that demotes whatever does not fit. None only for pins.
-    ``quick`` (a retry's) goes from the greedy packing straight to the repair.
+    ``quick`` (a retry's) goes from the greedy packing straight to the repair;
+    ``reproducible``: the exact packing as ``placement.solver.timing`` says.
     """
     assignment = assign_pods(problem, counts)
     wall_s = 0.0
@@ -173,7 +175,12 @@ def pack_counts(
         return assignment or assign_pods(problem, counts, repair=True), wall_s
     if assignment is None and _hot_pairs(problem, counts) <= EXACT_PACKING_PAIRS:
         hot, wall_s = pack_hot(
-            problem, counts, time_limit_s=max(2.0, time_left_s), workers=workers, seed=seed
+            problem,
+            counts,
+            time_limit_s=max(2.0, time_left_s),
+            workers=workers,
+            seed=seed,
+            reproducible=reproducible,
         )
         if hot is not None:
             assignment = assign_around(problem, counts, hot)

@@ -29,6 +29,7 @@ from placement.solver.greedy import (
 )
 from placement.solver.patterns import add_pattern_constraints, most_beside
 from placement.solver.problem import Candidate, PlacementProblem, PoolProblem
+from placement.solver.timing import limit
 
 #: Objective coefficients are integers, in 1/10,000 ms of delay per second.
 SCALE = 10_000.0
@@ -72,6 +73,10 @@ class SolveOptions:
     #: retries and tops up; False is pool totals alone, the earlier solver, kept as
     #: the baseline ``bench.solver_overload`` compares against.
     per_pod: bool = True
+    #: Every CP-SAT search on one worker, stopped by deterministic time and counted in
+    #: it (``placement.solver.timing``): the same inputs give the same plan however busy
+    #: the machine. A replay's planner solves so; the controller's, by the wall clock.
+    reproducible: bool = False
 
 
 def build_model(
@@ -314,16 +319,22 @@ def counts_from(solver: cp_model.CpSolver, variables: ModelVars) -> Counts:
 
 def cp_solver(options: SolveOptions, *, model_size: int) -> cp_model.CpSolver:
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(0.05, options.time_limit_s)
-    solver.parameters.random_seed = options.seed
     # One worker is deterministic; several race a portfolio, which is deterministic
     # only when the search ends by proof with a unique optimum (CP-SAT's interleaved
     # deterministic mode was tried: on 2,000 adapters it did not improve the hint in 4 s
     # where the portfolio proved optimality in 1 s). Pools under 1,000 adapters prove
     # optimality as fast on one worker (1.1 s either way at 1,000), so they use one and
     # give the same plan every time; larger ones use the workers and stop at the gap.
+    # A reproducible search (``SolveOptions.reproducible``) is on one worker whatever its
+    # size, and stops by deterministic time.
     large = model_size >= LARGE_POOL_ADAPTERS
-    solver.parameters.num_workers = max(1, options.workers) if large else 1
+    limit(
+        solver,
+        max(0.05, options.time_limit_s),
+        workers=options.workers if large else 1,
+        seed=options.seed,
+        reproducible=options.reproducible,
+    )
     if large:
         solver.parameters.relative_gap_limit = options.gap_limit
     # Repeated presolve turns the byte budgets into hundreds of thousands of clauses:
@@ -334,11 +345,14 @@ def cp_solver(options: SolveOptions, *, model_size: int) -> cp_model.CpSolver:
     return solver
 
 
-def options_from(problem: PlacementProblem, *, time_limit_s: float | None = None) -> SolveOptions:
+def options_from(
+    problem: PlacementProblem, *, time_limit_s: float | None = None, reproducible: bool = False
+) -> SolveOptions:
     planner = problem.settings.planner
     return SolveOptions(
         time_limit_s=planner.time_limit_s if time_limit_s is None else time_limit_s,
         workers=planner.workers,
         seed=planner.seed,
         gap_limit=planner.gap_limit,
+        reproducible=reproducible,
     )

@@ -21,6 +21,7 @@ from ortools.sat.python import cp_model
 from placement.domain import AdapterId, PodId
 from placement.solver.greedy import Counts
 from placement.solver.problem import Candidate, PodClass, PoolProblem
+from placement.solver.timing import limit, spent_s
 
 #: Objective weights: a new load costs this much; a replica beside a group member earns
 #: a smaller bonus, so that stability wins over co-location.
@@ -35,17 +36,31 @@ def pack_hot(
     time_limit_s: float,
     workers: int,
     seed: int,
+    reproducible: bool = False,
 ) -> tuple[dict[AdapterId, tuple[PodId, ...]] | None, float]:
     """Pods for every hot replica in ``counts`` (None when none found in time), and the
-    seconds CP-SAT took; replicas spread over zones when that is feasible."""
+    seconds CP-SAT took (``placement.solver.timing``); replicas spread over zones when
+    that is feasible."""
     placed, wall_s = _pack(
-        problem, counts, zones=True, time_limit_s=time_limit_s, workers=workers, seed=seed
+        problem,
+        counts,
+        zones=True,
+        time_limit_s=time_limit_s,
+        workers=workers,
+        seed=seed,
+        reproducible=reproducible,
     )
     if placed is not None or len(problem.zone_names) < 2:
         return placed, wall_s
     rest = max(0.1, time_limit_s - wall_s)
     placed, more_s = _pack(
-        problem, counts, zones=False, time_limit_s=rest, workers=workers, seed=seed
+        problem,
+        counts,
+        zones=False,
+        time_limit_s=rest,
+        workers=workers,
+        seed=seed,
+        reproducible=reproducible,
     )
     return placed, wall_s + more_s
 
@@ -58,6 +73,7 @@ def _pack(
     time_limit_s: float,
     workers: int,
     seed: int,
+    reproducible: bool,
 ) -> tuple[dict[AdapterId, tuple[PodId, ...]] | None, float]:
     model = cp_model.CpModel()
     by_name = {c.name: c for c in problem.candidates}
@@ -78,16 +94,16 @@ def _pack(
     objective.extend(_group_bonus(model, x, by_name, problem))
     model.minimize(sum(objective))
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(0.1, time_limit_s)
-    solver.parameters.num_workers = max(1, workers)
-    solver.parameters.random_seed = seed
+    limit(solver, max(0.1, time_limit_s), workers=workers, seed=seed, reproducible=reproducible)
     if solver.solve(model) not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return None, solver.wall_time
+        return None, spent_s(solver, reproducible=reproducible)
     placed: dict[AdapterId, list[PodId]] = {}
     for (adapter, pod), var in sorted(x.items()):
         if solver.value(var):
             placed.setdefault(adapter, []).append(pod)
-    return {adapter: tuple(pods) for adapter, pods in placed.items()}, solver.wall_time
+    return {adapter: tuple(pods) for adapter, pods in placed.items()}, spent_s(
+        solver, reproducible=reproducible
+    )
 
 
 def _replicas(

@@ -69,7 +69,24 @@ class _ProblemPlanner:
 
 
 class SolverPlanner(_ProblemPlanner):
-    """The CP-SAT placement, hinted with the plan in force."""
+    """The CP-SAT placement, hinted with the plan in force.
+
+    ``reproducible`` (by default: without a clock, as a replay plans) solves by CP-SAT's
+    deterministic time (``SolveOptions.reproducible``), so that a replay gives the same
+    plans, and the same figures, however busy the machine; the controller, with a clock,
+    plans by the wall clock within its time limit.
+    """
+
+    def __init__(
+        self,
+        catalog: Catalog,
+        *,
+        settings: Settings,
+        clock: Clock | None,
+        reproducible: bool | None = None,
+    ) -> None:
+        super().__init__(catalog, settings=settings, clock=clock)
+        self._reproducible = clock is None if reproducible is None else reproducible
 
     def __call__(
         self,
@@ -80,7 +97,8 @@ class SolverPlanner(_ProblemPlanner):
         current: Plan | None,
     ) -> Plan:
         problem = self._problem(demand, fleet=fleet, valid_from=valid_from, current=current)
-        solution = solve(problem, options=options_from(problem))
+        options = options_from(problem, reproducible=self._reproducible)
+        solution = solve(problem, options=options)
         return extract_plan(problem, solution, created_at=self._created_at(valid_from))
 
 

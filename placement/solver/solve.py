@@ -16,6 +16,10 @@ the forecast mean), plus the plan's own loads amortised over its validity; stage
 adds the load imbalance. A greedy plan is the hint and the fallback; the plan
 returned is never worse than the greedy one by ``evaluate``.
 
+Time is CP-SAT's: wall time, or with ``SolveOptions.reproducible`` its deterministic
+time (``placement.solver.timing``), so that a replay's plans do not depend on how busy
+the machine is.
+
 Pure: no IO, no clock (wall time is measured by CP-SAT and reported).
 """
 
@@ -54,6 +58,7 @@ from placement.solver.infeasible import (
 from placement.solver.packing import Assignment, evaluate
 from placement.solver.problem import PlacementProblem, PoolProblem
 from placement.solver.solution import PoolSolution, Solution, assemble_plan
+from placement.solver.timing import spent_s
 
 #: Headroom factors of the stage-1 retries when counts do not pack, and the seconds
 #: (and share of the pool's time) a retry needs left to start.
@@ -138,12 +143,13 @@ def solve_stage1(
         add_hint(model, variables, fallback[0])
     solver = cp_solver(options, model_size=len(problem.candidates))
     status = solver.solve(model)
+    spent = spent_s(solver, reproducible=options.reproducible)
     if status == cp_model.MODEL_INVALID:
         raise SolverError(f"pool {problem.pool}: invalid model: {model.validate()}")
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return status, None, float("-inf"), solver.wall_time
+        return status, None, float("-inf"), spent
     counts = counts_from(solver, variables)
-    return status, counts, solver.best_objective_bound / SCALE, solver.wall_time
+    return status, counts, solver.best_objective_bound / SCALE, spent
 
 
 def _pack(
@@ -162,6 +168,7 @@ def _pack(
         workers=options.workers,
         seed=options.seed,
         quick=retry,
+        reproducible=options.reproducible,
     )
 
 
