@@ -82,7 +82,7 @@ __all__ = [
 MIN_STEP_PROBABILITY = 0.5
 #: How long an adapter must have been idle for another tenant's step to displace it. In
 #: a fleet that thrashes (the war story's Thursday: residency p50 6 s) none is, and the
-#: looser rules measured there (only a victim worth less than the step) cost 0.01 to
+#: looser rules measured there (only a victim worth less than the step) cost up to
 #: 0.06 points of GPU hits: a preload there only moves the next eviction to another.
 STEP_VICTIM_MIN_IDLE_S = 300.0
 
