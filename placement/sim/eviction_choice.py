@@ -1,5 +1,6 @@
 """The replay engine's victim when the GPU slots are full: the engine's own LRU, or a
-counterfactual eviction policy (``--eviction``), or Belady's for the oracle.
+counterfactual eviction policy (``--eviction``), or Belady's for the oracle; and the
+victim's cost routers read on each pod (``SimPod.victim_cost``).
 
 ``EngineEviction`` is a part of ``FleetReplay`` (placement.sim.engine): it reads the
 replay's pods, clock, workload and forecast, and passes the model of
@@ -12,9 +13,10 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
+from enum import Enum
 
 from placement.residency import Effects
-from placement.sim.pods import SimPod
+from placement.sim.pods import SimPod, lru_victim
 from placement.sim.workload import SimWorkload
 from policies.eviction import (
     CacheEntry,
@@ -25,15 +27,28 @@ from policies.eviction import (
 )
 
 
+class VictimWait(Enum):
+    """What a router's victim worth (``policies.victims.victim_worth_s``) reads as the
+    engine's victim's wait on a pod (``SimPod.victim_last_used_s``)."""
+
+    #: The time since its last use there: all a router of a real engine knows.
+    IDLE = "idle"
+    #: The wait to its true next request: the oracle's.
+    NEXT_USE = "next-use"
+
+
 class EngineEviction:
     """Victim choice for ``FleetReplay``; the attributes are the replay's."""
 
+    pods: list[SimPod]
     workload: SimWorkload
     eviction_settings: EvictionSettings
     router_eviction: EvictionPolicy
     forecast_rps: dict[str, float]
     now_s: float
     _next_use: dict[str, list[float]] | None
+    #: ``steer_victim_wait``'s choice; None: the eviction's own (``_victim_cost``).
+    victim_wait: VictimWait | None = None
 
     def _fetch(self, pod: SimPod, adapter: str, now_s: float) -> Effects:
         """The engine model's load or request for ``adapter``, with the victim it evicts
@@ -53,20 +68,57 @@ class EngineEviction:
             return self._belady_victim(pod)[0]
         return choose_victim(self._eviction_context(pod, now_s))
 
+    def engine_victim(self, pod: SimPod) -> str | None:
+        """The adapter this engine evicts next on full ``pod``: Belady's under Belady,
+        else the LRU one (a router's view: ``policies.victims.lru_victim``)."""
+        if self.router_eviction is EvictionPolicy.BELADY:
+            return self._belady_victim(pod)[0]
+        return lru_victim(pod)
+
+    def steer_victim_wait(self, wait: VictimWait, eviction: EvictionPolicy) -> None:
+        """Make the routers on this replay read ``wait`` as the engine's victim's wait
+        (a lever of ``bench/oracle_levers.py``): under LRU the idle time is the engine's
+        own and under Belady the true next use, which change nothing. Call before
+        ``run``, with the router's eviction."""
+        own = VictimWait.NEXT_USE if eviction is EvictionPolicy.BELADY else VictimWait.IDLE
+        if wait is own:
+            return
+        self.victim_wait = wait
+        if self._next_use is None:
+            self._next_use = self._arrivals_by_adapter()
+        for pod in self.pods:
+            pod.victim_cost = self._victim_cost
+
     def _victim_cost(self, pod: SimPod) -> float:
-        """When Belady's victim on ``pod`` would have been last used, were it LRU's: now
-        minus its wait to the next request, so routers compare pods on one scale."""
+        """When the engine's victim on ``pod`` would have been last used, were it LRU's:
+        under Belady (``victim_wait`` None) now minus its wait to the next request, so
+        routers compare pods on one scale; by ``victim_wait`` otherwise."""
         if pod.free_slots > 0:
             return -math.inf
-        victim, next_s = self._belady_victim(pod)
+        if self.victim_wait is None:
+            victim, next_s = self._belady_victim(pod)
+        else:
+            victim = self.engine_victim(pod)
+            next_s = math.inf if victim is None else self.next_use_s(victim)
         if victim is None:
             return math.inf
+        if self.victim_wait is VictimWait.IDLE:
+            return pod.last_used.get(victim, 0.0)
         return 2.0 * self.now_s - next_s
+
+    def next_use_s(self, adapter: str) -> float:
+        """When ``adapter`` is next asked for after now (replay seconds; inf: never)."""
+        if self._next_use is None:
+            self._next_use = self._arrivals_by_adapter()
+        times = self._next_use.get(adapter, ())
+        k = bisect_right(times, self.now_s)
+        return times[k] if k < len(times) else math.inf
 
     def _belady_victim(self, pod: SimPod) -> tuple[str | None, float]:
         """``choose_victim`` for Belady without building entries: the idle unpinned
         adapter used furthest in the future (else the busy one), and that time."""
-        assert self._next_use is not None
+        if self._next_use is None:
+            self._next_use = self._arrivals_by_adapter()
         best: tuple[str | None, float] = (None, -math.inf)
         busy: tuple[str | None, float] = (None, -math.inf)
         now_s = self.now_s

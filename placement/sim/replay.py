@@ -4,11 +4,12 @@ Owns the choice of router per policy name, the eviction each uses (the engine's 
 for lorafleet too, unless a counterfactual one is asked for; Belady for the oracle, a
 bound no engine reaches) and the per-policy result: the metrics and, when
 asked, the per-request log. Each policy runs on a fresh fleet with the same requests.
+``Levers`` runs a hybrid between lorafleet and the oracle instead (``bench/oracle_levers.py``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from placement.domain import Fleet
@@ -17,6 +18,7 @@ from placement.residency import engine_model
 from placement.settings import Settings
 from placement.sim.engine import FleetReplay, SimLog, SimRouter
 from placement.sim.events import EventController, SimEvent
+from placement.sim.eviction_choice import VictimWait
 from placement.sim.faults import FaultSchedule
 from placement.sim.figures import (
     Metrics,
@@ -102,6 +104,65 @@ def check_policies(names: Sequence[str]) -> None:
         )
 
 
+@dataclass(frozen=True, kw_only=True)
+class Levers:
+    """A hybrid between ``lorafleet`` (forecast plan, LRU, idle time) and ``oracle``
+    (true plan, Belady, true next use), one lever at a time."""
+
+    #: Plan from the true future demand (the oracle's bound planner, no events heard)
+    #: instead of lorafleet's forecast.
+    true_plan: bool
+    #: The engine's eviction; under Belady the plan's whole hot set is preloaded and kept,
+    #: as for the oracle.
+    eviction: EvictionPolicy
+    #: What the victim's worth reads as its wait (``PlannedRouter``).
+    victim_wait: VictimWait
+    #: Warm-ups that make the LRU victim the idle adapter used furthest in the future.
+    warm_to_true_victim: bool = False
+
+
+def oracle_planning(planning: ReplayPlanning, history: ReplayHistory) -> ReplayPlanning:
+    """The oracle's planning: ``planning``'s bound planner on the true future demand."""
+    return ReplayPlanning(
+        fleet=planning.fleet,
+        forecaster=TrueDemand(history),
+        planner=planning.bound_planner or planning.planner,
+        hot_min_rps=planning.hot_min_rps,
+        description="the true future demand",
+    )
+
+
+def _classes(settings: Settings, planning: ReplayPlanning) -> Mapping[str, float] | None:
+    return (
+        planning.class_weight
+        if settings.router.class_priority and isinstance(planning, ClassedPlanning)
+        else None
+    )
+
+
+def _hybrid(
+    levers: Levers,
+    replay: FleetReplay,
+    settings: Settings,
+    planning: ReplayPlanning,
+    events: EventController | None,
+) -> PlannedRouter:
+    history = ReplayHistory(replay.workload)
+    belady = levers.eviction is EvictionPolicy.BELADY
+    return PlannedRouter(
+        "oracle" if belady else "lorafleet",
+        replay,
+        settings,
+        levers.eviction,
+        planning=oracle_planning(planning, history) if levers.true_plan else planning,
+        history=history,
+        events=None if levers.true_plan else events,
+        class_weight=None if levers.true_plan else _classes(settings, planning),
+        victim_wait=levers.victim_wait,
+        warm_to_true_victim=levers.warm_to_true_victim,
+    )
+
+
 def _router(
     name: str,
     replay: FleetReplay,
@@ -115,13 +176,7 @@ def _router(
     assert planning is not None  # run_policy checked
     history = ReplayHistory(replay.workload)
     if name == "oracle":
-        oracle = ReplayPlanning(
-            fleet=planning.fleet,
-            forecaster=TrueDemand(history),
-            planner=planning.bound_planner or planning.planner,
-            hot_min_rps=planning.hot_min_rps,
-            description="the true future demand",
-        )
+        oracle = oracle_planning(planning, history)
         return PlannedRouter(
             name, replay, settings, EvictionPolicy.BELADY, planning=oracle, history=history
         )
@@ -130,11 +185,7 @@ def _router(
     # Only lorafleet's controller hears events; the oracle's plan knows the future anyway.
     # Production before experiments (class_priority): the catalog's class weights, which
     # replay_planning carries (ClassedPlanning); the oracle, a bound, has no classes.
-    classes = (
-        planning.class_weight
-        if settings.router.class_priority and isinstance(planning, ClassedPlanning)
-        else None
-    )
+    classes = _classes(settings, planning)
     return PlannedRouter(
         name,
         replay,
@@ -160,9 +211,11 @@ def run_policy(
     events: Sequence[SimEvent] = (),
     controller: EventController | None = None,
     faults: FaultSchedule | None = None,
+    levers: Levers | None = None,
 ) -> ReplayResult:
     """Replay ``workload`` on a fresh ``fleet`` under policy ``name``; ``lorafleet`` and
-    ``oracle`` plan with ``planning``. The figures are of ``window_s`` (replay seconds)
+    ``oracle`` plan with ``planning``, and with ``levers`` (a planned ``name``) the
+    hybrid they name runs instead. The figures are of ``window_s`` (replay seconds)
     when given, of the whole replay otherwise."""
     check_policies([name])
     if name in PLANNED and planning is None:
@@ -177,7 +230,11 @@ def run_policy(
         events=list(events),
         faults=faults,
     )
-    router = _router(name, replay, settings, eviction, planning, controller)
+    router = (
+        _hybrid(levers, replay, settings, planning, controller)
+        if levers is not None and planning is not None and name in PLANNED
+        else _router(name, replay, settings, eviction, planning, controller)
+    )
     log = replay.run(router)
     metrics = compute_metrics(
         log, replay.pods, workload.arrival_s, sim=settings.sim, window=window_s

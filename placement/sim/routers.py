@@ -13,6 +13,11 @@ engine runs as requests); ``oracle`` does the
 same from the true future demand on an engine that evicts by Belady and keeps the
 plan's whole hot set, a bound.
 
+The hybrids between the two (``bench/oracle_levers.py``) take ``PlannedRouter``'s
+levers one at a time: the plan (its ``planning``), the engine's eviction, the victim's
+wait its worth reads (``victim_wait``) and warm-ups that make the LRU victim the idle
+adapter used furthest in the future (``warm_to_true_victim``).
+
 Coalescing: the EPP baseline does not know a pod is loading (the stampede), nor do the
 least-loaded and llm-d baselines; hash, bounded, lorafleet and oracle coalesce.
 """
@@ -30,11 +35,13 @@ from placement.plan import Plan
 from placement.settings import Settings
 from placement.sim.engine import FleetReplay
 from placement.sim.events import EventController
+from placement.sim.eviction_choice import VictimWait
 from placement.sim.planning import RECENT_S, ReplayHistory, ReplayPlanning, observed_plan
 from placement.sim.pods import SimPod
 from placement.solver.problem import Demand
 from policies.eviction import EvictionPolicy
 from policies.hashing import build_ring
+from policies.route_context import PodLike
 from policies.routing import (
     HashFallback,
     RouteDecision,
@@ -48,6 +55,7 @@ from policies.routing import (
     route_plan,
     route_round_robin,
 )
+from policies.victims import idle_adapters
 
 REACTIVE = ("round-robin", "least-loaded", "epp", "llm-d", "hash", "bounded")
 PLANNED = ("lorafleet", "oracle")
@@ -216,8 +224,19 @@ class PlannedRouter(_Base):
         history: ReplayHistory,
         events: EventController | None = None,
         class_weight: Mapping[str, float] | None = None,
+        victim_wait: VictimWait | None = None,
+        warm_to_true_victim: bool = False,
     ) -> None:
         super().__init__(name, replay, settings, eviction)
+        self.replay = replay
+        self.by_id = {pod.pod_id: pod for pod in self.pods}
+        #: A lever (None: the engine's own, the idle time under LRU): what the victim's
+        #: worth reads as its wait (``FleetReplay.steer_victim_wait``).
+        if victim_wait is not None:
+            replay.steer_victim_wait(victim_wait, eviction)
+        #: A lever: before a load on a full pod, warm up the idle adapters the LRU would
+        #: evict ahead of the one used furthest in the future (the truth), on any engine.
+        self.warm_to_true_victim = warm_to_true_victim
         #: Each adapter's class weight (the catalog's ``class``, ``AdapterClass.weight``);
         #: None or empty: every adapter production, no class warm-ups.
         self.class_weight: Mapping[str, float] = class_weight or {}
@@ -248,7 +267,28 @@ class PlannedRouter(_Base):
     def route(self, adapter: str, now_s: float) -> RouteDecision:
         """``route_plan`` with the latest forecast's victims (and the warm-ups it names)."""
         ctx = replace(self.context(adapter, now_s), victims=self.victims)
-        return route_plan(ctx, self.weights.get(adapter), fallback=self.fallback, tail=True)
+        decision = route_plan(ctx, self.weights.get(adapter), fallback=self.fallback, tail=True)
+        if self.warm_to_true_victim and decision.pod_id is not None:
+            return self._warm_to_true_victim(decision, adapter)
+        return decision
+
+    def _warm_to_true_victim(self, decision: RouteDecision, adapter: str) -> RouteDecision:
+        """``decision`` with the warm-ups (``RouteDecision.refresh``, in LRU order) of the
+        idle adapters less recently used than the one next asked for last, so that the
+        LRU evicts Belady's victim: what a router knowing the future could do on vLLM."""
+        assert decision.pod_id is not None
+        pod = self.by_id[decision.pod_id]
+        if pod.free_slots > 0 or adapter in pod.gpu_adapters or adapter in pod.loading:
+            return decision
+        idle = idle_adapters(pod)
+        if len(idle) < 2:
+            return decision
+        furthest = max(idle, key=self.replay.next_use_s)
+        refresh = tuple(idle[: idle.index(furthest)])
+        return replace(decision, refresh=refresh) if refresh else decision
+
+    def _engine_victim(self, pod: PodLike) -> str | None:
+        return self.replay.engine_victim(self.by_id[pod.pod_id])
 
     def observe(self, adapter: str, now_s: float) -> bool:
         if adapter in self.known:

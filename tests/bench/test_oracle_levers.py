@@ -1,0 +1,136 @@
+"""bench/oracle_levers.py: the hybrids between lorafleet and the oracle, through its
+Python API on a small synthetic scenario (2 pods of 3 slots, 14 adapters of skewed
+popularity): the two ends are ``lorafleet replay``'s lorafleet and oracle, request by
+request; every hybrid runs; a bad variant or missing inputs get a clear error. Figures
+are not asserted (a benchmark reports them)."""
+
+from __future__ import annotations
+
+import random
+import sys
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from types import ModuleType
+
+import pytest
+
+from placement.errors import InputError
+from placement.settings import Settings
+from placement.sim.replay import ReplayResult, run_policy
+from placement.sim.wiring import replay_planning
+from placement.sim.workload import SimWorkload
+from tests import factories
+from tests.bench.test_scenario_table import BENCH
+
+MB = 1_000_000
+
+
+@pytest.fixture(scope="module")
+def bench() -> Iterator[ModuleType]:
+    """The bench scripts import each other as top-level modules, run from bench/."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        import oracle_levers
+
+        yield oracle_levers
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+def _workload() -> SimWorkload:
+    rng = random.Random(3)
+    names = [f"adapter-{i:02d}" for i in range(14)]
+    weights = [1.0 / (rank + 1) for rank in range(len(names))]
+    picks = rng.choices(names, weights=weights, k=2400)
+    return SimWorkload(
+        start=datetime(2026, 3, 10, 9, tzinfo=UTC),
+        arrival_s=[0.5 * i for i in range(len(picks))],
+        adapters=picks,
+        prompt_tokens=[400] * len(picks),
+        output_tokens=[40] * len(picks),
+        size_bytes=dict.fromkeys(names, 60 * MB),
+    )
+
+
+@pytest.fixture(scope="module")
+def scenario(bench: ModuleType) -> object:
+    workload = _workload()
+    fleet = factories.replay_fleet(2, max_loras=3, max_cpu_loras=8)
+    catalog = factories.replay_catalog(workload.size_bytes)
+    return bench.Scenario(workload=workload, catalog=catalog, fleet=fleet)
+
+
+def _planning(scenario: object) -> object:
+    return replay_planning(
+        scenario.catalog,  # type: ignore[attr-defined]
+        scenario.fleet,  # type: ignore[attr-defined]
+        settings=Settings(),
+        planner="greedy",
+    )
+
+
+def _replay(name: str, scenario: object, **options: object) -> ReplayResult:
+    return run_policy(
+        name,
+        scenario.workload,  # type: ignore[attr-defined]
+        scenario.fleet,  # type: ignore[attr-defined]
+        settings=Settings(),
+        planning=_planning(scenario),  # type: ignore[arg-type]
+        **options,  # type: ignore[arg-type]
+    )
+
+
+@pytest.mark.parametrize(("variant", "policy"), [("F-L-i", "lorafleet"), ("T-B-n", "oracle")])
+def test_the_ends_are_the_replays_lorafleet_and_oracle(
+    bench: ModuleType, scenario: object, variant: str, policy: str
+) -> None:
+    hybrid = _replay("lorafleet", scenario, levers=bench.levers(variant))
+    replayed = _replay(policy, scenario)
+    assert hybrid.log.outcome == replayed.log.outcome
+    assert hybrid.log.pod == replayed.log.pod
+    assert hybrid.log.ttft_ms == replayed.log.ttft_ms
+    assert hybrid.metrics == replayed.metrics
+    assert hybrid.eviction is replayed.eviction
+
+
+def test_every_hybrid_runs_and_the_ends_close_none_and_all(
+    bench: ModuleType, scenario: object
+) -> None:
+    variants = [
+        "bounded",
+        *(f"{p}-{e}-{w}" for p in "FT" for e in "LBW" for w in "in"),
+    ]
+    figures = bench.run_variants(
+        scenario, variants, settings=Settings(), planning=_planning(scenario)
+    )
+    by_name = {row.variant: row for row in figures}
+    assert list(by_name) == variants
+    requests = len(scenario.workload)  # type: ignore[attr-defined]
+    for row in figures:
+        assert 0.0 < row.gpu_hit_rate <= 1.0 and row.loads > 0, row
+        assert row.wall_s >= 0.0
+    lorafleet, oracle = by_name["F-L-i"], by_name["T-B-n"]
+    assert lorafleet.loads > oracle.loads  # the scenario has a gap to decompose
+    assert lorafleet.closed == 0.0 and oracle.closed == 1.0
+    gap = lorafleet.loads - oracle.loads
+    for row in figures:
+        assert row.closed == pytest.approx((lorafleet.loads - row.loads) / gap)
+    # Only the W engine sends warm-ups (no classes here); it sends some on full pods.
+    assert all((row.warmups > 0) == ("-W-" in row.variant) for row in figures), figures
+    assert all(row.warmups < requests for row in figures)
+
+
+def test_a_bad_variant_names_itself(bench: ModuleType) -> None:
+    with pytest.raises(InputError, match="'F-X-i' is not PLAN-ENGINE-ESTIMATE"):
+        bench.levers("F-X-i")
+
+
+def test_missing_inputs_say_what_to_give(
+    bench: ModuleType, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        bench.main([])
+    assert stopped.value.code == 2
+    assert "give --scenario NAME, --servegen, or --catalog, --fleet and --log" in (
+        capsys.readouterr().err
+    )
