@@ -260,7 +260,7 @@ def _timestamp(text: str, flag: str) -> pd.Timestamp:
         raise InputError([Problem(source=flag, message=f"{text!r}: {error}")]) from None
     if moment.tzinfo is None:
         raise InputError([Problem(source=flag, message=f"{text!r} has no UTC offset")])
-    return moment
+    return moment.tz_convert("UTC")  # the logs' ts are UTC (parquet filters compare alike)
 
 
 # --- the command --------------------------------------------------------------------
