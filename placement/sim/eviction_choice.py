@@ -69,10 +69,12 @@ class EngineEviction:
         return choose_victim(self._eviction_context(pod, now_s))
 
     def engine_victim(self, pod: SimPod) -> str | None:
-        """The adapter this engine evicts next on full ``pod``: Belady's under Belady,
-        else the LRU one (a router's view: ``policies.victims.lru_victim``)."""
+        """The adapter this engine evicts next on full ``pod``: Belady's under Belady
+        (with every adapter there planned, the model's least recently used: it has no
+        other choice), else the LRU one (a router's view: ``policies.victims.lru_victim``)."""
         if self.router_eviction is EvictionPolicy.BELADY:
-            return self._belady_victim(pod)[0]
+            victim = self._belady_victim(pod)[0]
+            return victim if victim is not None else next(iter(pod.gpu_adapters), None)
         return lru_victim(pod)
 
     def steer_victim_wait(self, wait: VictimWait, eviction: EvictionPolicy) -> None:

@@ -11,7 +11,8 @@ choose the victim: vLLM evicts by LRU and has no pin over HTTP, so it chooses th
 and sends the warm-ups that keep a higher class off the victim's place, which the
 engine runs as requests); ``oracle`` does the
 same from the true future demand on an engine that evicts by Belady and keeps the
-plan's whole hot set, a bound.
+plan's whole hot set, a bound (its victim's worth is Belady's victim's: its rate and its
+wait to its next request).
 
 The hybrids between the two (``bench/oracle_levers.py``) take ``PlannedRouter``'s
 levers one at a time: the plan (its ``planning``), the engine's eviction, the victim's
@@ -316,6 +317,9 @@ class PlannedRouter(_Base):
             recent_rps={str(name): rate for name, rate in recent.items()},
             victim_horizon_s=self.settings.router.victim_horizon_s,
             class_weight=self.class_weight,
+            # The name whose rate it weighs is the engine's victim, the one whose wait
+            # victim_last_used_s gives: Belady's under Belady, not the LRU one.
+            victim_of=self._engine_victim if self.eviction is EvictionPolicy.BELADY else None,
         )
         self.known = frozenset(str(name) for name, entry in demand.items() if entry.q90_rps > 0)
         self.unplanned = DecayedCounts(sim.rate_window_s)

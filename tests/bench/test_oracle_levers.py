@@ -16,9 +16,13 @@ import pytest
 
 from placement.errors import InputError
 from placement.settings import Settings
-from placement.sim.replay import ReplayResult, run_policy
+from placement.sim.engine import FleetReplay
+from placement.sim.planning import ReplayHistory
+from placement.sim.replay import ReplayResult, pod_specs, run_policy
+from placement.sim.routers import PlannedRouter
 from placement.sim.wiring import replay_planning
 from placement.sim.workload import SimWorkload
+from policies.eviction import EvictionPolicy
 from tests import factories
 from tests.bench.test_scenario_table import BENCH
 
@@ -118,6 +122,49 @@ def test_every_hybrid_runs_and_the_ends_close_none_and_all(
     # Only the W engine sends warm-ups (no classes here); it sends some on full pods.
     assert all((row.warmups > 0) == ("-W-" in row.variant) for row in figures), figures
     assert all(row.warmups < requests for row in figures)
+
+
+def test_the_oracles_victim_is_beladys_in_its_worth_and_its_wait(scenario: object) -> None:
+    """The oracle's victim worth weighs Belady's victim (the one whose wait it reads),
+    not the LRU one, and with every adapter planned the one its engine evicts then;
+    lorafleet's, on vLLM's LRU, the LRU one."""
+    workload = scenario.workload  # type: ignore[attr-defined]
+    fleet = scenario.fleet  # type: ignore[attr-defined]
+    settings = Settings()
+    for eviction in (EvictionPolicy.BELADY, EvictionPolicy.LRU):
+        replay = FleetReplay(
+            workload, pod_specs(fleet), sim=settings.sim, load_cost=settings.load_cost
+        )
+        router = PlannedRouter(
+            "oracle" if eviction is EvictionPolicy.BELADY else "lorafleet",
+            replay,
+            settings,
+            eviction,
+            planning=_planning(scenario),  # type: ignore[arg-type]
+            history=ReplayHistory(workload),
+        )
+        replay.router_eviction = eviction
+        replay.now_s = 600.0
+        pod = replay.pods[0]
+        for k, name in enumerate(("adapter-00", "adapter-09", "adapter-13")):
+            pod.fetch(name, busy=(), now_s=float(k))
+            pod.land(name, float(k))
+            pod.last_used[name] = float(k)
+        assert pod.free_slots == 0
+        router.plan(600.0, replay)
+        assert router.victims is not None
+        if eviction is EvictionPolicy.LRU:
+            assert router.victims.victim_of is None
+            continue
+        assert router.victims.victim_of is not None
+        victim = router.victims.victim_of(pod)
+        assert victim == replay.engine_victim(pod)
+        later = {name: replay.next_use_s(name) for name in pod.gpu_adapters}
+        assert victim == max(later, key=later.__getitem__)
+        assert victim != next(iter(pod.gpu_adapters))  # the LRU one, first loaded
+        # Every adapter there planned: Belady has none, the engine model evicts its LRU.
+        pod.planned = frozenset(pod.gpu_adapters)
+        assert router.victims.victim_of(pod) == next(iter(pod.gpu_adapters))
 
 
 def test_a_bad_variant_names_itself(bench: ModuleType) -> None:
