@@ -44,7 +44,7 @@ from placement.router.metrics import RouterMetrics
 from placement.router.picking import Picker
 from placement.router.reqlog import RequestLogger, RequestLogSink
 from placement.router.scrape_http import AiohttpScrapes, HttpxScrapes, ScrapeHttp
-from placement.router.scraping import PodScraper
+from placement.router.scraping import PodScraper, ScrapeShare
 from placement.router.sources import PlanSource, PodSource
 from placement.router.state import LivePod, Topology, Upstream, build_topology
 from placement.router.upstream import Upstreams
@@ -142,6 +142,9 @@ class Router:
             clock=clock,
             http=self._scrape_http,
         )
+        #: With ``--workers N``: worker 0 publishes its scrapes, the others follow them
+        #: (``router.shared_scrapes``); None: this router scrapes every pod itself.
+        self.scrape_share: ScrapeShare | None = None
         self._scrapes = 0
         self._loads: set[asyncio.Task[None]] = set()
 
@@ -300,7 +303,14 @@ class Router:
         # The first scrape and every Nth after it (N = 1: every scrape).
         listing = (self._scrapes - 1) % self.settings.listing_every_scrapes == 0
         states = list(self.topology.pods.values())
-        await asyncio.gather(*(self.scraper.scrape(state, listing=listing) for state in states))
+        share = self.scrape_share
+        if share is not None:  # a follower scrapes only what the publisher's files lack
+            states = share.follow(states)
+        fresh = await asyncio.gather(
+            *(self.scraper.scrape(state, listing=listing) for state in states)
+        )
+        if share is not None:
+            share.publish(states, fresh)
         for view in self.topology.pools.values():
             view.index.refresh()  # the queues and KV use the pre-filter ranks
 

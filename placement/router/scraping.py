@@ -16,18 +16,23 @@ router, the given httpx client where a test passes one. A read past its timeout
 the pod out; a listing past ``load_timeout_s``, or any other failure, takes it out at
 once.
 
+With ``--workers N`` only worker 0 scrapes; the others ``take`` its reports of each pod
+and ``take_listing`` its listings (``router.shared_scrapes``), as their own scrape
+would have applied them.
+
 Must not schedule rounds or swap the topology: that is ``router.core``.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol
 
 from placement.adapters.metrics_text import parse_sglang_metrics, parse_vllm_metrics
 from placement.adapters.sglang import metrics_missing_message
 from placement.clock import Clock
-from placement.domain import Engine
+from placement.domain import AdapterId, Engine, PodId
 from placement.errors import EngineError, RetryableEngineError
 from placement.metrics import FleetMetrics
 from placement.ports import PodMetrics
@@ -37,6 +42,33 @@ from placement.router.scrape_http import ScrapeHttp, ScrapeTimeoutError, listing
 from placement.settings import RouterSettings
 
 log = logging.getLogger("lorafleet.router")
+
+
+class PodReportLike(Protocol):
+    """Another worker's scrape of a pod (``router.shared_scrapes.PodReport``)."""
+
+    @property
+    def fresh(self) -> bool: ...
+    @property
+    def healthy(self) -> bool: ...
+    @property
+    def why(self) -> str: ...
+    @property
+    def metrics_missing(self) -> bool: ...
+    @property
+    def metrics(self) -> PodMetrics: ...
+
+
+class ScrapeShare(Protocol):
+    """How a router worker shares its scrape rounds (``router.shared_scrapes``)."""
+
+    def follow(self, states: Sequence[LivePod]) -> list[LivePod]:
+        """Before a round: learn what others scraped; the pods to scrape here."""
+        ...
+
+    def publish(self, states: Sequence[LivePod], fresh: Sequence[bool]) -> None:
+        """After a round over ``states``: share it (``fresh``: which succeeded)."""
+        ...
 
 
 class PodScraper:
@@ -62,10 +94,16 @@ class PodScraper:
         #: its ledger after each scrape). Of N workers only one does: every worker sees
         #: the same evictions, and ``/metrics`` sums the counters over the workers.
         self.observes_residency = True
+        #: Keep each listing read in ``listings_read`` (the scrape publisher drains it).
+        self.keeps_listings = False
+        self.listings_read: dict[PodId, Mapping[AdapterId, str]] = {}
+        #: Why each pod last left the rotation.
+        self.why: dict[PodId, str] = {}
 
-    async def scrape(self, state: LivePod, *, listing: bool) -> None:
+    async def scrape(self, state: LivePod, *, listing: bool) -> bool:
         """Scrape ``state``'s pod once (with its ``/v1/models`` too when ``listing``, when
-        it is out of the rotation, or when its listing is due), and judge its health."""
+        it is out of the rotation, or when its listing is due), and judge its health.
+        True: the scrape succeeded (the pod's metrics are this round's)."""
         upstream = state.upstream
         try:
             text = await self._metrics_text(state)
@@ -83,10 +121,10 @@ class PodScraper:
             state.failures += 1
             if state.failures >= 2:
                 self.mark_unhealthy(state, "scrapes timed out twice")
-            return
+            return False
         except EngineError as exc:
             self.mark_unhealthy(state, str(exc) or type(exc).__name__)
-            return
+            return False
         except Exception as exc:  # anything else is this pod's alone: the round goes on
             log.warning(
                 "scraping pod %s raised %s: %s",
@@ -97,7 +135,32 @@ class PodScraper:
             )
             self.metrics.loop_errors.labels(loop="scrape", error=type(exc).__name__).inc()
             self.mark_unhealthy(state, f"{type(exc).__name__}: {exc}")
+            return False
+        self._scraped(state)
+        return True
+
+    def take(self, state: LivePod, report: PodReportLike) -> None:
+        """Apply another worker's scrape of ``state``'s pod, as this scrape would have."""
+        if not report.fresh:
+            if not report.healthy:
+                self.mark_unhealthy(state, report.why or "the scraping worker says so")
             return
+        if report.metrics_missing != state.metrics_missing:
+            state.metrics_missing = report.metrics_missing
+            label = 1 if report.metrics_missing else 0
+            self.metrics.metrics_missing.labels(pod=state.upstream.pod).set(label)
+        state.observe(report.metrics)
+        self._scraped(state)
+
+    def take_listing(self, state: LivePod, adapters: Mapping[AdapterId, str]) -> None:
+        """Apply another worker's read of ``state``'s pod's ``/v1/models``."""
+        state.listing_due = False
+        state.ledger.reconcile_listing(adapters)
+        state.sync()
+
+    def _scraped(self, state: LivePod) -> None:
+        """A good scrape of ``state``'s pod: it is in the rotation."""
+        upstream = state.upstream
         if not state.healthy:
             log.info("pod %s is back", upstream.pod)
         state.healthy = True
@@ -112,6 +175,7 @@ class PodScraper:
     def mark_unhealthy(self, state: LivePod, why: str) -> None:
         if state.healthy:
             log.warning("pod %s leaves the rotation: %s", state.upstream.pod, why)
+        self.why[state.upstream.pod] = why
         state.healthy = False
         state.failures += 1
         if state.index is not None:
@@ -174,6 +238,8 @@ class PodScraper:
         except ScrapeTimeoutError:
             raise RetryableEngineError("GET /v1/models timed out", pod=upstream.pod) from None
         registered = listing_of(answer, pod=upstream.pod)
+        if self.keeps_listings:
+            self.listings_read[upstream.pod] = registered.adapters
         state.listing_due = False
         state.ledger.reconcile_listing(registered.adapters)
         state.sync()

@@ -22,6 +22,11 @@ at its next scrape (``Router`` does both).
 A worker's request log must not share a file with another's: worker 0 writes to the
 path given, worker i to ``worker_log_path(path, i)``.
 
+One scrape for all: worker 0 scrapes the pods and writes what it learnt (health, parsed
+metrics, listings) into a directory the parent made; the others apply it on their own
+scrape rounds instead of reading the pods, and scrape themselves only when it is
+missing, unreadable or stale (``router.shared_scrapes``).
+
 One ``/metrics`` for all: a Prometheus scrape reaches whichever worker the kernel picks,
 so each worker writes its figures to files of its own in a directory the parent made
 (``router.metrics.record_in``) and renders every worker's (``RouterMetrics.share``):
@@ -51,6 +56,7 @@ from placement.router.asgi import RouterApp
 from placement.router.lean_http import LeanHttpToolsProtocol
 from placement.router.load_claims import LoadClaims, WorkerPicker
 from placement.router.metrics import forget_worker, record_in
+from placement.router.shared_scrapes import ScrapeFollower, ScrapePublisher, stale_after_s
 
 
 def worker_log_path(path: Path, worker: int) -> Path:
@@ -107,6 +113,25 @@ def share_loads(app: RouterApp, claims_dir: Path, *, workers: int, worker: int =
     router.picker = WorkerPicker(router.picker, claims, workers=workers)
 
 
+def share_scrapes(app: RouterApp, directory: Path, *, worker: int) -> None:
+    """Make ``app``'s scrape rounds worker ``worker``'s: worker 0 scrapes and publishes
+    into ``directory``, the others follow it (and scrape themselves when it is stale)."""
+    router = app.router
+    if worker == 0:
+        router.scrape_share = ScrapePublisher(directory, scraper=router.scraper, clock=router.clock)
+        return
+    settings = router.settings
+    router.scrape_share = ScrapeFollower(
+        directory,
+        scraper=router.scraper,
+        clock=router.clock,
+        stale_after_s=stale_after_s(
+            scrape_interval_s=settings.scrape_interval_s,
+            scrape_timeout_s=settings.scrape_timeout_s,
+        ),
+    )
+
+
 def _run_worker(app: RouterApp, sock: socket.socket, ready_fd: int) -> None:
     """Serve ``app`` on ``sock`` until a signal ends uvicorn."""
     config = uvicorn.Config(
@@ -151,19 +176,34 @@ def serve_workers(
 
 @dataclass(frozen=True)
 class _Shared:
-    """The directories the workers share: load claims, and every worker's metrics."""
+    """The directories the workers share: load claims, every worker's metrics, and
+    worker 0's scrapes."""
 
     claims: Path
     metrics: Path
+    scrapes: Path
 
     @classmethod
     def make(cls) -> _Shared:
-        claims = Path(tempfile.mkdtemp(prefix="lorafleet-claims-"))
-        return cls(claims, Path(tempfile.mkdtemp(prefix="lorafleet-metrics-")))
+        # In memory where the system has a tmpfs: worker 0 replaces its scrape snapshot
+        # every round, and on ext4 a rename over a file flushes the new one to disk
+        # (2.4 ms of the event loop's wall time each, against 22 us on tmpfs).
+        memory = _memory_dir()
+        claims = Path(tempfile.mkdtemp(prefix="lorafleet-claims-", dir=memory))
+        metrics = Path(tempfile.mkdtemp(prefix="lorafleet-metrics-", dir=memory))
+        scrapes = Path(tempfile.mkdtemp(prefix="lorafleet-scrapes-", dir=memory))
+        return cls(claims, metrics, scrapes)
 
     def remove(self) -> None:
-        shutil.rmtree(self.claims, ignore_errors=True)
-        shutil.rmtree(self.metrics, ignore_errors=True)
+        for directory in (self.claims, self.metrics, self.scrapes):
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+def _memory_dir() -> str | None:
+    """``/dev/shm`` where it is a directory this process may write in; None: the
+    system's temporary directory."""
+    shm = "/dev/shm"
+    return shm if os.path.isdir(shm) and os.access(shm, os.W_OK | os.X_OK) else None
 
 
 def _end_with(parent: int) -> None:
@@ -206,6 +246,7 @@ def _fork_and_wait(
                 app = make_app(worker)
                 if shared is not None:
                     share_loads(app, shared.claims, workers=workers, worker=worker)
+                    share_scrapes(app, shared.scrapes, worker=worker)
                     app.router.metrics.share(shared.metrics)
                 _run_worker(app, sock, ready_write)
             except BaseException:
