@@ -294,14 +294,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     settings = Settings()
+    variants = args.variant or DEFAULT_VARIANTS
     try:
+        for variant in variants:  # checked before the scenario is read
+            if variant != BOUNDED:
+                levers(variant)
         scenario = _scenario(args, settings)
         planning = replay_planning(
             scenario.catalog, scenario.fleet, settings=settings, planner=args.planner
         )
-        figures = run_variants(
-            scenario, args.variant or DEFAULT_VARIANTS, settings=settings, planning=planning
-        )
+        figures = run_variants(scenario, variants, settings=settings, planning=planning)
     except LorafleetError as error:
         print(f"error: {error}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -181,3 +181,14 @@ def test_missing_inputs_say_what_to_give(
     assert "give --scenario NAME, --servegen, or --catalog, --fleet and --log" in (
         capsys.readouterr().err
     )
+
+
+def test_a_bad_variant_stops_before_the_scenario_is_read(
+    bench: ModuleType, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        bench.main(["--scenario", "no-such-scenario", "--variant", "T-B-x"])
+    assert stopped.value.code == 2
+    error = capsys.readouterr().err
+    assert "--variant: 'T-B-x' is not PLAN-ENGINE-ESTIMATE" in error
+    assert "no-such-scenario" not in error
