@@ -131,8 +131,10 @@ class RouterSettings:
     #: Seconds one queued request adds to the wait of those behind it (bounded affinity).
     per_request_s: float = 0.05
     #: lorafleet weighs what a load's victim is worth: the chance, by the forecast, that
-    #: it is asked for within this long (then reloaded).
-    victim_horizon_s: float = 180.0
+    #: it is asked for within this long (then reloaded). 60 s over 180 s: fewer loads and
+    #: a lower TTFT p95 on the war story, m-mid and deepseek-r1, the same on
+    #: legal-research; 30 s loses on deepseek-r1 (docs/benchmarks.md, "Prediction pays").
+    victim_horizon_s: float = 60.0
     #: Production before experiments: a load's victim is weighed by its catalog
     #: ``class``, and a load on a full pod first sends warm-ups that keep a higher class
     #: off the LRU victim's place while a lower one idles there (router and replay).
