@@ -10,7 +10,8 @@ Per run: requests/s (wall), the router's CPU (parent and workers, from /proc), r
 per router CPU second, the busiest worker's CPU share, and the capacity the workers
 would have with a core each (requests over the busiest worker's CPU seconds: the
 figure that scales with workers when the machine is not shared), the workers' CPU share
-when idle (their scrapes and polls, measured for ``--idle-s`` before the trace), the
+when idle (their scrapes and polls, measured for ``--idle-s`` before the trace; each
+worker's in ``idle_cpu_share_each``, in fork order: worker 0, which scrapes for all, first), the
 rate the workers would carry at saturation with a core each (``saturation_rps_core_each``:
 each worker's core spends its idle share on its rounds and the rest on requests at its
 own CPU per request, less its idle rounds during the trace; the router saturates when
@@ -177,6 +178,7 @@ def _run(workers: int, args: argparse.Namespace, tmp: Path, ports: list[int]) ->
         "saturation_rps_core_each": saturation_rps,
         "request_cpu_us": 1e6 * sum(request_cpu_s[pid] for pid in workers_only) / ok,
         "idle_cpu_share": sum(idle_rate.values()),
+        "idle_cpu_share_each": [round(idle_rate[pid], 4) for pid in workers_only],
         **{
             f"pod_{name}": after_run.get(name, 0) - before_run.get(name, 0)
             for name in ("loads", "gpu_activations", "gpu_evictions")
