@@ -234,7 +234,7 @@ def test_of_two_real_workers_only_one_reads_the_pods_metrics(tmp_path: Path) -> 
             )
             ports = Counter(pods.reads.since("pod-0", start)[:24])
             # Without the snapshot the two workers split the reads about evenly. A worker
-            # 0 stalled past the snapshot's staleness (3 s: a starved machine) lets the
+            # 0 stalled past the snapshot's staleness (2 s: a starved machine) lets the
             # other read a few for itself, which is its fallback working, not a failure.
             ((_, most),) = ports.most_common(1)
             assert most >= 20, f"/metrics read over {len(ports)} connections: {ports}"
