@@ -31,6 +31,7 @@ from placement.router.front import Refusal, parse_request, read_body
 from placement.router.metrics import CONTENT_TYPE
 from placement.router.picking import Choice, Reject
 from placement.router.reqlog import LogRow
+from placement.router.upstream import PoolFullError
 from placement.router.warmups import send_warmups
 
 Scope = MutableMapping[str, Any]
@@ -231,6 +232,9 @@ class RouterApp:
                 try:
                     if await forward(router, state, exchange, send, last_try=attempt == 1):
                         return
+                except PoolFullError as exc:  # the router's limit: the pod is not to blame
+                    await self._busy(exchange, str(exc), send)
+                    return
                 except (TimeoutError, OSError) as exc:
                     if exchange.streamed_bytes:
                         raise
@@ -244,6 +248,16 @@ class RouterApp:
         exchange.status = 502
         exchange.finished = True
         await _respond(send, 502, _error("every pod tried failed", "BadGatewayError", code=502))
+
+    async def _busy(self, exchange: Exchange, why: str, send: Send) -> None:
+        """The router has no upstream connection free: 503, retry later."""
+        log.warning("request for %s refused: %s", exchange.model, why)
+        exchange.status = 503
+        exchange.finished = True
+        retry_after = str(self.router.settings.retry_after_s).encode()
+        headers = [*_JSON, (b"retry-after", retry_after)]
+        message = f"the router is at its upstream connection limit ({why}); retry later"
+        await _respond(send, 503, _error(message, "ServiceUnavailableError", code=503), headers)
 
     async def _load_failed(self, exchange: Exchange, exc: PermanentEngineError, send: Send) -> None:
         """The pod refused to load the adapter (bad path, rank too large): say so."""

@@ -18,7 +18,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from placement.domain import Engine
-from placement.router.upstream import Reply, UpstreamError, Upstreams, UpstreamTimeoutError
+from placement.router.upstream import (
+    PoolFullError,
+    Reply,
+    UpstreamError,
+    Upstreams,
+    UpstreamTimeoutError,
+)
 
 from .conftest import emulated
 
@@ -217,8 +223,8 @@ async def test_a_pod_that_closes_mid_answer_fails_the_read() -> None:
 
 async def test_a_pod_that_does_not_answer_in_time_is_a_timeout_naming_it() -> None:
     async with fake_pod(HANG) as pod:
-        client = upstreams(timeout_s=0.05)
-        with pytest.raises(UpstreamTimeoutError, match=f"pod {POD} did not answer within 0.05 s"):
+        client = upstreams(timeout_s=0.5)  # a connect on a starved machine fits in it
+        with pytest.raises(UpstreamTimeoutError, match=f"pod {POD} did not answer within 0.5 s"):
             await client.post(POD, pod.url, b"{}")
         assert client.open_connections == 0
         await client.close()
@@ -237,7 +243,7 @@ async def test_a_refused_connection_names_the_pod_and_its_address() -> None:
 
 async def test_an_idle_connection_past_the_keep_alive_is_not_reused() -> None:
     async with fake_pod(ok(b"1"), ok(b"2")) as pod:
-        client = upstreams(keepalive_s=0.0)
+        client = upstreams(keepalive_s=-1.0)  # every idle connection is past it
         await answer(client, pod.url)
         await answer(client, pod.url)
         assert pod.connections == 2
@@ -271,6 +277,38 @@ async def test_past_max_connections_a_request_waits_for_one_to_be_released() -> 
         held.release()
         assert await second == (200, b"2")
         assert pod.connections == 1
+        await client.close()
+
+
+async def test_a_full_pool_until_the_deadline_is_the_routers_limit_not_the_pods() -> None:
+    """Waiting for a connection counts against the request's deadline; past it the
+    error is ``PoolFullError`` (not an ``OSError``: the pod is not to blame)."""
+    async with fake_pod(HANG) as pod:
+        client = upstreams(timeout_s=0.5, max_connections=1)
+        hanging = asyncio.create_task(client.post(POD, pod.url, b"{}"))
+        while client.open_connections == 0:
+            await asyncio.sleep(0)
+        with pytest.raises(PoolFullError, match="1 open"):
+            await client.post(POD, pod.url, b"{}")
+        assert not issubclass(PoolFullError, OSError)
+        with pytest.raises(UpstreamTimeoutError):  # the hanging one's own deadline
+            await hanging
+        await client.close()
+
+
+async def test_a_waiter_woken_then_cancelled_hands_the_connection_on() -> None:
+    async with fake_pod(ok(b"1"), ok(b"3")) as pod:
+        client = upstreams(max_connections=1)
+        held: Reply = await client.post(POD, pod.url, b"{}")
+        second = asyncio.create_task(answer(client, pod.url))
+        third = asyncio.create_task(answer(client, pod.url))
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert await held.read() == b"1"
+        held.release()  # wakes the second's waiter...
+        second.cancel()  # ...which is cancelled before it runs
+        assert await third == (200, b"3")
+        assert second.cancelled()
         await client.close()
 
 
