@@ -44,6 +44,7 @@ import signal
 import socket
 import sys
 import tempfile
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -115,16 +116,18 @@ def share_loads(app: RouterApp, claims_dir: Path, *, workers: int, worker: int =
 
 def share_scrapes(app: RouterApp, directory: Path, *, worker: int) -> None:
     """Make ``app``'s scrape rounds worker ``worker``'s: worker 0 scrapes and publishes
-    into ``directory``, the others follow it (and scrape themselves when it is stale)."""
+    into ``directory``, the others follow it (and scrape themselves when it is stale).
+    A snapshot's age is read on the system's clock, not the router's, which
+    ``--clock-speed`` may run faster than the scrape rounds."""
     router = app.router
     if worker == 0:
-        router.scrape_share = ScrapePublisher(directory, scraper=router.scraper, clock=router.clock)
+        router.scrape_share = ScrapePublisher(directory, scraper=router.scraper, clock=time.time)
         return
     settings = router.settings
     router.scrape_share = ScrapeFollower(
         directory,
         scraper=router.scraper,
-        clock=router.clock,
+        clock=time.time,
         stale_after_s=stale_after_s(
             scrape_interval_s=settings.scrape_interval_s,
             scrape_timeout_s=settings.scrape_timeout_s,

@@ -5,6 +5,7 @@ snapshot is stale or unreadable (``router.shared_scrapes``)."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import threading
 import time
@@ -308,3 +309,24 @@ def test_a_snapshot_round_trips_what_a_scrape_observed(
                  "waiting_adapters", "free_slots", "healthy", "inflight"):  # fmt: skip
         assert getattr(shared, name) == getattr(scraped, name), name
     assert set(shared.registered) == set(scraped.registered)
+
+
+def test_a_router_clock_run_fast_does_not_make_the_snapshot_stale(tmp_path: Path) -> None:
+    """``--clock-speed`` runs the router's clock faster than its scrape rounds; the
+    snapshot's age is read on the system's clock, so the follower still follows."""
+    catalog = catalog_of(ADAPTERS)
+    ticks = itertools.count(start=1_800_000_000, step=10**6)  # past any staleness a read
+    with counted(1) as pods:
+        domain = pods.fleet.domain()
+        with (
+            router_for(domain, catalog=catalog, settings=EVERY_LISTING) as first,
+            router_for(domain, catalog=catalog, settings=EVERY_LISTING) as second,
+        ):
+            for running in (first, second):
+                running.router.clock = lambda: float(next(ticks))
+            share_scrapes(first.app, tmp_path, worker=0)
+            share_scrapes(second.app, tmp_path, worker=1)
+            reads = pods.reads.count()
+            first.scrape()
+            second.scrape()  # from the snapshot, however far the routers' clock ran
+            assert pods.reads.count() == reads + 1
