@@ -179,7 +179,10 @@ def decode_listings(data: bytes) -> dict[PodId, Listing]:
     """``listings.json``'s bytes; ``SnapshotError`` saying what is wrong."""
     listings: dict[PodId, Listing] = {}
     for pod, entry in _of(dict, _load(data).get("pods"), "its pods").items():
-        seq, adapters = _of(list, entry, f"pod {pod}'s listing")
+        listing = _of(list, entry, f"pod {pod}'s listing")
+        if len(listing) != 2:
+            raise SnapshotError(f"pod {pod}'s listing is not [number, adapters]: {listing!r:.80}")
+        seq, adapters = listing
         paths = _of(dict, adapters, f"pod {pod}'s adapters")
         for name, path in paths.items():
             _of(str, path, f"pod {pod}'s path of {name}")

@@ -41,6 +41,7 @@ from placement.router.shared_scrapes import (
     PodReport,
     ScrapeFollower,
     Snapshot,
+    SnapshotError,
     decode_listings,
     decode_snapshot,
     encode_listings,
@@ -330,3 +331,10 @@ def test_a_router_clock_run_fast_does_not_make_the_snapshot_stale(tmp_path: Path
             first.scrape()
             second.scrape()  # from the snapshot, however far the routers' clock ran
             assert pods.reads.count() == reads + 1
+
+
+@pytest.mark.parametrize("entry", ["[1]", "[1, {}, 3]", '"x"', "[1, []]", '["1", {}]'])
+def test_a_malformed_listing_entry_is_a_snapshot_error_naming_the_pod(entry: str) -> None:
+    data = b'{"v": 1, "pods": {"pod-3": ' + entry.encode() + b"}}"
+    with pytest.raises(SnapshotError, match="pod pod-3's"):
+        decode_listings(data)
