@@ -72,6 +72,8 @@ class SolverReport:
     objective: float
     bound: float
     gap: float
+    #: Seconds the solve took: the wall clock's; for a reproducible solve (a replay's
+    #: planner, ``placement.solver.timing``) CP-SAT's deterministic time in seconds.
     wall_s: float
 
 
