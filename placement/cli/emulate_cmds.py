@@ -39,7 +39,8 @@ from typing import Annotated
 import typer
 
 from placement.cli.app import app, err, out, report_errors
-from placement.domain import AdapterStorage, Engine
+from placement.cli.emulate_storage import pods_storage, storage_note, storage_yaml
+from placement.domain import Engine
 from placement.emulator.config import BatchTiming, Faults, Latency, PodConfig
 from placement.emulator.fleet import (
     HOST,
@@ -49,8 +50,6 @@ from placement.emulator.fleet import (
     serve_fleet,
 )
 from placement.errors import InputError, Problem
-from placement.inputs import load_fleet
-from placement.inputs.fields import parse_bytes
 from placement.inputs.files import write_atomically
 from placement.inputs.fleet import STORAGE_KINDS
 from placement.residency import EngineModel
@@ -98,107 +97,12 @@ def _fleet_yaml(fleet: EmulatedFleet, *, base_model: str) -> str:
         f"    served_model_name: {config.served_model_name}",
         f"    engine: {fleet.engine.value}",
         f"    max_lora_rank: {config.max_lora_rank}",
-        *_storage_yaml(config.storage),
+        *storage_yaml(config.storage),
         f"    pod_defaults: {{max_loras: {config.max_loras}, max_cpu_loras: {config.cpu_slots}}}",
         "    pods:",
     ]
     lines += [f'      - {{name: {h.name}, url: "{h.url}"}}' for h in fleet.handles]
     return "\n".join(lines)
-
-
-def _storage_yaml(storage: AdapterStorage | None) -> list[str]:
-    if storage is None:
-        return []
-    return [
-        f"    storage: {{kind: {storage.kind}, bandwidth_per_s: {storage.bytes_per_s:.0f}, "
-        f"first_byte_ms: {storage.first_byte_ms:g}}}"
-    ]
-
-
-def _storage_note(storage: AdapterStorage | None) -> str:
-    if storage is None:
-        return "; adapters read as from local NVMe"
-    return (
-        f"; adapters read from {storage.kind} storage, {storage.first_byte_ms:g} ms to the "
-        f"first byte, then {storage.bytes_per_s / 1e6:g} MB/s"
-    )
-
-
-def _pool_storage(fleet: Path | None, pool: str | None) -> AdapterStorage | None:
-    """The storage of ``fleet``'s pool named ``pool`` (None: the first pool)."""
-    if fleet is None:
-        if pool is not None:
-            raise InputError([Problem(source="--pool", message="a pool of --fleet; no --fleet")])
-        return None
-    pools = load_fleet(fleet).pools
-    chosen = next((p for p in pools if pool is None or p.name == pool), None)
-    if chosen is None:
-        names = ", ".join(p.name for p in pools)
-        message = f"{fleet} has no pool {pool!r} (it has {names})"
-        raise InputError([Problem(source="--pool", message=message)])
-    return chosen.storage
-
-
-def _storage_overrides(
-    kind: str | None, bandwidth: str | None, first_byte_ms: float | None
-) -> tuple[dict[str, str | float], list[Problem]]:
-    """The storage fields the flags give, and one problem per bad flag."""
-    given: dict[str, str | float] = {}
-    problems = []
-    if kind is not None:
-        if kind in STORAGE_KINDS:
-            given["kind"] = kind
-        else:
-            message = f"expected one of {', '.join(STORAGE_KINDS)}, got {kind!r}"
-            problems.append(Problem(source="--storage-kind", message=message))
-    if bandwidth is not None:
-        try:
-            rate = parse_bytes(bandwidth)
-        except ValueError as exc:
-            problems.append(Problem(source="--storage-bandwidth", message=str(exc)))
-        else:
-            if rate > 0:
-                given["bytes_per_s"] = float(rate)
-            else:
-                problems.append(Problem(source="--storage-bandwidth", message="must be above 0"))
-    if first_byte_ms is not None:
-        if first_byte_ms >= 0:
-            given["first_byte_ms"] = first_byte_ms
-        else:
-            message = f"must be 0 or more, got {first_byte_ms:g}"
-            problems.append(Problem(source="--storage-first-byte-ms", message=message))
-    return given, problems
-
-
-def pods_storage(
-    *,
-    fleet: Path | None,
-    pool: str | None,
-    kind: str | None,
-    bandwidth: str | None,
-    first_byte_ms: float | None,
-) -> AdapterStorage | None:
-    """The pods' storage: the fleet pool's, each flag given overriding its field."""
-    base = _pool_storage(fleet, pool)
-    given, problems = _storage_overrides(kind, bandwidth, first_byte_ms)
-    if problems:
-        raise InputError(problems)
-    if base is None and not given:
-        return None
-    if base is None:
-        missing = [flag for flag, key in _NEEDED if key not in given]
-        if missing:
-            message = f"a storage needs {' and '.join(missing)} (no --fleet pool gives one)"
-            raise InputError([Problem(source="emulate", message=message)])
-        base = AdapterStorage(kind="", bytes_per_s=0.0)
-    return AdapterStorage(
-        kind=str(given.get("kind", base.kind)),
-        bytes_per_s=float(given.get("bytes_per_s", base.bytes_per_s)),
-        first_byte_ms=float(given.get("first_byte_ms", base.first_byte_ms)),
-    )
-
-
-_NEEDED = (("--storage-kind", "kind"), ("--storage-bandwidth", "bytes_per_s"))
 
 
 async def _crash_now_and_then(fleet: EmulatedFleet, *, every_s: float, down_s: float) -> None:
@@ -425,7 +329,7 @@ def emulate(
     err().print(
         f"{pods} emulated {engine.value} pods ({template.model.value}) on {HOST}, ports "
         + ", ".join(map(str, ports))
-        + _storage_note(storage)
+        + storage_note(storage)
     )
     out().print(_fleet_yaml(fleet, base_model=base_model), highlight=False, markup=False)
     asyncio.run(

@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from placement.cli.app import app
-from placement.cli.emulate_cmds import pods_storage
+from placement.cli.emulate_storage import pods_storage
 from placement.demo.processes import local_processes
 from placement.domain import AdapterStorage
 from placement.errors import InputError
