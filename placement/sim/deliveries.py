@@ -55,6 +55,7 @@ class EngineDeliveries(EngineLoads):
             pod.queue.clear()
             pod.queue_depth = 0
             pod.waiting_adapters.clear()
+            pod.queued_since.clear()
             pod.event_wanted.clear()
             pod.warmups.clear()
             for r in queued:

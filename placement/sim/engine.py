@@ -259,6 +259,8 @@ class FleetReplay(EngineDeliveries):
         pod.queue_depth += 1
         waiting = pod.waiting_adapters
         waiting[adapter] = waiting.get(adapter, 0) + 1
+        counts = pod.load_counts.get(adapter)
+        pod.queued_since[r] = (counts[0], counts[1]) if counts is not None else (0, 0)
         self._pump(p, now_s)
 
     def _pump(self, p: int, now_s: float) -> None:
@@ -306,6 +308,7 @@ class FleetReplay(EngineDeliveries):
                 waiting[adapter] = left
             else:
                 del waiting[adapter]
+            self._charge_loads(pod, r, adapter)
             self._admit(pod, p, r, adapter, need, now_s)
 
     def _admit(self, pod: SimPod, p: int, r: int, adapter: str, need: int, now_s: float) -> None:

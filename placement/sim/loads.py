@@ -59,23 +59,30 @@ class EngineLoads(EngineEviction):
         pod.load_adapter = adapter
         pod.load_cold = cold
         pod.gpu_util = 1.0
-        if adapter in pod.waiting_adapters:
-            self._charge_load(pod, adapter, COLD_LOAD if cold else CPU_HIT)
+        counts = pod.load_counts.get(adapter)
+        if counts is None:
+            counts = pod.load_counts[adapter] = [0, 0]
+        counts[0] += 1  # the requests queued now are charged at their admission
+        counts[1] += int(cold)
         end_s = now_s + load_ms / 1000.0
         self.load_end_s[p] = end_s
         self.log.loads.append((now_s, end_s, p, cold))
         heappush(self.heap, (end_s, LOAD_DONE, p, -1))
 
-    def _charge_load(self, pod: SimPod, adapter: str, outcome: int) -> None:
-        """Every request queued on ``pod`` for ``adapter`` waits for the load starting
-        now: each is charged the heavier of its outcome at routing and this load's (a
-        hit whose adapter left the GPU, or a host hit whose adapter left the host
-        cache, before the load started: as on vLLM, the weights are read again)."""
+    def _charge_loads(self, pod: SimPod, r: int, adapter: str) -> None:
+        """Request ``r``, leaving ``pod``'s queue for the batch, waited for every load of
+        its adapter that started while it was queued: it is charged the heavier of its
+        outcome at routing and theirs (a hit whose adapter left the GPU, or a host hit
+        whose adapter left the host cache, before the load: as on vLLM, the weights are
+        read again). Counts, not a walk of the queue: a load costs O(1) however long
+        the queue (round-robin's queues hold thousands)."""
+        loads_then, cold_then = pod.queued_since.pop(r)
+        counts = pod.load_counts.get(adapter)
+        if counts is None or counts[0] == loads_then:
+            return
+        charged = COLD_LOAD if counts[1] > cold_then else CPU_HIT
         outcomes = self.log.outcome
-        adapters = self.workload.adapters
-        for r in pod.queue:
-            if r >= 0 and adapters[r] == adapter and outcomes[r] < outcome:
-                outcomes[r] = outcome
+        outcomes[r] = max(outcomes[r], charged)
 
     def fetch_ms(self, p: int, size_bytes: int) -> float:
         """Reading an adapter from storage into host memory: the pool's storage (its

@@ -63,6 +63,7 @@ class SimPod:
         "last_used",
         "load_adapter",
         "load_cold",
+        "load_counts",
         "loading",
         "max_cpu_loras",
         "max_loras",
@@ -71,6 +72,7 @@ class SimPod:
         "preloaded",
         "queue",
         "queue_depth",
+        "queued_since",
         "recent",
         "registered",
         "residencies_s",
@@ -96,6 +98,11 @@ class SimPod:
         self.healthy = True
         self.queue: deque[int] = deque()
         self.queue_depth = 0
+        #: Per adapter, the loads started here and how many of them read storage; and
+        #: per queued request, those two counts of its adapter when it was queued: a
+        #: request admitted after a load of its adapter started waited for that load.
+        self.load_counts: dict[str, list[int]] = {}
+        self.queued_since: dict[int, tuple[int, int]] = {}
         self.running = 0
         self.kv_tokens = 0
         self.kv_usage = 0.0

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 #: The kinds of entry on the engine's heap of ``(time_s, kind, pod, request)``.
 DONE, LOAD_DONE, RETRY, PLAN, EVENT, FAULT, WARMUP_DONE = 0, 1, 2, 3, 4, 5, 6
-#: A request's outcome, ordered from the lightest: ``_charge_load`` keeps the heavier.
+#: A request's outcome, ordered from the lightest: ``_charge_loads`` keeps the heavier.
 GPU_HIT, CPU_HIT, COLD_LOAD, REJECTED = 0, 1, 2, -1
 
 

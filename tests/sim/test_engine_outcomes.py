@@ -1,5 +1,5 @@
 """A request's outcome is the load it waited for, even where its adapter moved between
-its routing and that load (the replay engine's ``_charge_load``)."""
+its routing and that load (the replay engine's ``_charge_loads``)."""
 
 from __future__ import annotations
 
