@@ -51,6 +51,21 @@ MANUAL = Settings(
 )
 
 
+async def read_request(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
+    """One HTTP/1.1 request off ``reader`` as a fake pod reads it: its head and its
+    Content-Length body (none without the header)."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = next(
+        (
+            int(line.split(b":", 1)[1])
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length:")
+        ),
+        0,
+    )
+    return head, await reader.readexactly(length)
+
+
 def catalog_of(names: Sequence[str], *, base: str = "base-model") -> Catalog:
     return Catalog(
         adapters=tuple(

@@ -20,7 +20,7 @@ import pytest
 
 from placement.domain import Fleet, PodId
 
-from .conftest import Pods, Running, catalog_of, emulated, plan_of, router_for
+from .conftest import Pods, Running, catalog_of, emulated, plan_of, read_request, router_for
 
 GARBAGE = b"HTTX/1.1 200 OK\r\n\r\n"
 
@@ -45,16 +45,7 @@ class Splice:
         self.tasks.add(back)
         try:
             while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = next(
-                    (
-                        int(line.split(b":", 1)[1])
-                        for line in head.split(b"\r\n")
-                        if line.lower().startswith(b"content-length:")
-                    ),
-                    0,
-                )
-                body = await reader.readexactly(length)
+                head, body = await read_request(reader)
                 action = "pass"
                 if head.startswith(b"POST /v1/completions "):
                     action = self.script.pop(0)

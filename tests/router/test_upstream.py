@@ -26,7 +26,7 @@ from placement.router.upstream import (
     UpstreamTimeoutError,
 )
 
-from .conftest import emulated
+from .conftest import emulated, read_request
 
 pytestmark = pytest.mark.anyio
 
@@ -66,13 +66,7 @@ class FakePod:
         self.handlers.append(task)
         try:
             while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = next(
-                    int(line.split(b":", 1)[1])
-                    for line in head.split(b"\r\n")
-                    if line.lower().startswith(b"content-length:")
-                )
-                self.requests.append((head, await reader.readexactly(length)))
+                self.requests.append(await read_request(reader))
                 answer = self.answers.pop(0)
                 if answer == CLOSE:
                     return
