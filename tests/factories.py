@@ -32,6 +32,7 @@ from placement.domain import (
     Tier,
 )
 from placement.plan import AdapterPlan, Plan, PodPlan, Preload, SolverReport
+from placement.sim.workload import SimWorkload
 from placement.sizing import BUILTIN_MODELS
 from placement.solver.problem import Demand
 
@@ -314,4 +315,23 @@ def replay_catalog(
             )
             for name, size in sorted(size_bytes.items())
         )
+    )
+
+
+def event_workload(
+    rows: Iterable[tuple[float, str, str | None]],
+    *,
+    start: datetime = datetime(2026, 3, 10, 9, tzinfo=UTC),
+) -> SimWorkload:
+    """A replay workload of ``(arrival s, adapter, event id or None)`` rows, in time
+    order: 100 prompt and 10 output tokens a request, 50 MB adapters."""
+    ordered = sorted(rows, key=lambda row: row[0])
+    return SimWorkload(
+        start=start,
+        arrival_s=[at for at, _, _ in ordered],
+        adapters=[name for _, name, _ in ordered],
+        prompt_tokens=[100] * len(ordered),
+        output_tokens=[10] * len(ordered),
+        size_bytes=dict.fromkeys({name for _, name, _ in ordered}, 50_000_000),
+        event_ids=[event_id for _, _, event_id in ordered],
     )

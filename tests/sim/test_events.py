@@ -34,8 +34,8 @@ from placement.sim.workload import SimWorkload
 from policies.eviction import EvictionPolicy
 from policies.routing import RouteDecision
 from tests import factories
+from tests.factories import event_workload
 
-MB = 1_000_000
 GiB = 1 << 30
 START = datetime(2026, 3, 10, 9, tzinfo=UTC)
 MODEL = "llama-3.1-8b"
@@ -43,16 +43,7 @@ TENANT = TenantId("acme")
 
 
 def workload(arrivals: list[tuple[float, str, str | None]]) -> SimWorkload:
-    arrivals = sorted(arrivals, key=lambda row: row[0])
-    return SimWorkload(
-        start=START,
-        arrival_s=[at for at, _, _ in arrivals],
-        adapters=[name for _, name, _ in arrivals],
-        prompt_tokens=[100] * len(arrivals),
-        output_tokens=[10] * len(arrivals),
-        size_bytes=dict.fromkeys({name for _, name, _ in arrivals}, 50 * MB),
-        event_ids=[event_id for _, _, event_id in arrivals],
-    )
+    return event_workload(arrivals, start=START)
 
 
 def fleet_of(count: int = 1) -> Fleet:

@@ -22,6 +22,7 @@ from placement.sim.replay import pod_specs, run_policy
 from placement.sim.wiring import replay_planning
 from placement.sim.workload import SimWorkload
 from tests import factories
+from tests.factories import event_workload
 
 MB = 1_000_000
 START = datetime(2026, 3, 10, 9, tzinfo=UTC)
@@ -37,16 +38,7 @@ def sessions_and_login(*, sessions: tuple[int, int], other: tuple[int, int]) -> 
     ]
     rows += [(float(t), "other", None) for t in range(*other, 20)]
     rows += [(LOGIN_S + 40.0, "acme-x", "e1")]
-    rows.sort(key=lambda row: row[0])
-    return SimWorkload(
-        start=START,
-        arrival_s=[at for at, _, _ in rows],
-        adapters=[name for _, name, _ in rows],
-        prompt_tokens=[100] * len(rows),
-        output_tokens=[10] * len(rows),
-        size_bytes=dict.fromkeys({name for _, name, _ in rows}, 50 * MB),
-        event_ids=[event_id for _, _, event_id in rows],
-    )
+    return event_workload(rows, start=START)
 
 
 def event_figures(load: SimWorkload) -> dict[str, float | int | bool]:

@@ -21,8 +21,8 @@ from placement.sim.replay import ReplayResult, run_policy
 from placement.sim.wiring import replay_planning
 from placement.sim.workload import SimWorkload
 from tests import factories
+from tests.factories import event_workload
 
-MB = 1_000_000
 START = datetime(2026, 3, 10, 9, tzinfo=UTC)
 EVENT_S = 3000.0
 TENANTS = {"classify": TenantId("docs"), "legal": TenantId("law")}
@@ -35,16 +35,7 @@ def load() -> SimWorkload:
     ]
     rows += [(float(t), "classify", None) for t in range(2880, 3200, 20)]
     rows += [(EVENT_S + 1.0, "classify", "e1"), (EVENT_S + 60.0, "legal", "e1")]
-    rows.sort(key=lambda row: row[0])
-    return SimWorkload(
-        start=START,
-        arrival_s=[at for at, _, _ in rows],
-        adapters=[name for _, name, _ in rows],
-        prompt_tokens=[100] * len(rows),
-        output_tokens=[10] * len(rows),
-        size_bytes=dict.fromkeys({name for _, name, _ in rows}, 50 * MB),
-        event_ids=[event_id for _, _, event_id in rows],
-    )
+    return event_workload(rows, start=START)
 
 
 def pipelines(probability: float) -> Pipelines:

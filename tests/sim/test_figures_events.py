@@ -29,22 +29,13 @@ from placement.sim.pods import PodSpec
 from placement.sim.routers import ReactiveRouter
 from placement.sim.workload import SimWorkload
 from policies.eviction import EvictionPolicy
+from tests.factories import event_workload
 
 START = datetime(2026, 3, 10, 9, tzinfo=UTC)
-MB = 1_000_000
 
 
 def workload(rows: list[tuple[float, str, str | None]]) -> SimWorkload:
-    rows = sorted(rows, key=lambda row: row[0])
-    return SimWorkload(
-        start=START,
-        arrival_s=[at for at, _, _ in rows],
-        adapters=[name for _, name, _ in rows],
-        prompt_tokens=[100] * len(rows),
-        output_tokens=[10] * len(rows),
-        size_bytes=dict.fromkeys({name for _, name, _ in rows}, 50 * MB),
-        event_ids=[event_id for _, _, event_id in rows],
-    )
+    return event_workload(rows, start=START)
 
 
 def login(event_id: str, at_s: float, tenant: str = "acme") -> SimEvent:
