@@ -114,6 +114,10 @@ class RouterSettings:
     upstream_timeout_s: float = 600.0
     #: A pod that does not accept a connection this fast is skipped (retried elsewhere).
     connect_timeout_s: float = 2.0
+    #: An idle upstream connection to a pod is reused this long at most: below the
+    #: engines' own keep-alive (uvicorn and vLLM close an idle connection after 5 s), so
+    #: the pool does not write on a connection the pod has just closed.
+    upstream_keepalive_s: float = 4.0
     #: Seconds a client is told to wait in Retry-After when every candidate is full.
     retry_after_s: int = 1
     plan_poll_s: float = 1.0
@@ -163,6 +167,11 @@ class RouterSettings:
     shutdown_grace_s: float = 20.0
 
     def __post_init__(self) -> None:
+        if not self.upstream_keepalive_s > 0:
+            raise ValueError(
+                "RouterSettings.upstream_keepalive_s must be above 0 (seconds an idle "
+                f"upstream connection is reused), got {self.upstream_keepalive_s}"
+            )
         if self.listing_every_scrapes < 1:
             raise ValueError(
                 "RouterSettings.listing_every_scrapes must be at least 1 (1: a listing on "

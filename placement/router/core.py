@@ -157,9 +157,7 @@ class Router:
         self.session = Upstreams(
             timeout_s=self.settings.upstream_timeout_s,
             connect_timeout_s=self.settings.connect_timeout_s,
-            # Below the engines' own keep-alive (uvicorn and vLLM close an idle connection
-            # after 5 s): a longer pool reuses a connection the pod just closed.
-            keepalive_s=4.0,
+            keepalive_s=self.settings.upstream_keepalive_s,
             max_connections=self.settings.max_connections,
         )
         if self.engine_http is None:

@@ -20,7 +20,16 @@ import pytest
 
 from placement.domain import Fleet, PodId
 
-from .conftest import Pods, Running, catalog_of, emulated, plan_of, read_request, router_for
+from .conftest import (
+    MANUAL,
+    Pods,
+    Running,
+    catalog_of,
+    emulated,
+    plan_of,
+    read_request,
+    router_for,
+)
 
 GARBAGE = b"HTTX/1.1 200 OK\r\n\r\n"
 
@@ -142,8 +151,13 @@ def test_a_pod_that_fails_before_answering_is_left_and_the_request_served_elsewh
 def test_a_kept_alive_connection_the_pod_closed_is_retried_on_a_fresh_one(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
+    # A keep-alive far longer than any stall of a busy machine: the second request
+    # must find the first one's connection still pooled, whatever time passed between.
+    patient = replace(MANUAL, router=replace(MANUAL.router, upstream_keepalive_s=3600.0))
     with emulated(2) as pods, spliced(pods, ["pass", "close", "pass"]) as (fleet, splice):
-        with router_for(fleet, plan=PLAN, catalog=catalog_of(["lora-a"])) as running:
+        with router_for(
+            fleet, plan=PLAN, catalog=catalog_of(["lora-a"]), settings=patient
+        ) as running:
             with caplog.at_level(logging.WARNING, logger="lorafleet"):
                 _complete(running)
                 connections = splice.connections
