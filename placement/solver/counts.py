@@ -12,7 +12,6 @@ Pure: no IO, no clock.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -27,7 +26,7 @@ from placement.solver.greedy import (
     named_pins_per_class,
     warm_eligible,
 )
-from placement.solver.patterns import add_pattern_constraints, most_beside
+from placement.solver.patterns import add_capacity_cuts, add_pattern_constraints
 from placement.solver.problem import Candidate, PlacementProblem, PoolProblem
 from placement.solver.timing import limit
 
@@ -94,7 +93,7 @@ def build_model(
     _add_budgets(builder.model, problem, builder.replicas, builder.registered, scale=scale)
     if per_pod:
         add_pattern_constraints(builder.model, problem, builder.replicas, scale=scale)
-        _add_capacity(builder.model, problem, builder.hot, builder.replicas, scale=scale)
+        add_capacity_cuts(builder.model, problem, builder.hot, builder.replicas, scale=scale)
     # Capacity needs no constraint here: the pool's pooled q90 fits its pods (checked
     # before solving), each hot adapter has replicas enough for its own q90 (min_hot),
     # and stage 2 keeps every pod's pooled q90 within capacity and headroom.
@@ -248,48 +247,6 @@ def _add_budgets(
         model.add(sum(c.size_bytes * r for c, r in hot) <= int(cls.hbm_bytes * n * scale))
         host_bytes = sum(c.size_bytes * r for c, r in hot) + sum(c.size_bytes * r for c, r in reg)
         model.add(host_bytes <= int(cls.host_bytes * n * scale))
-
-
-def _add_capacity(
-    model: cp_model.CpModel,
-    problem: PoolProblem,
-    hot: Mapping[str, cp_model.IntVar],
-    replicas: Mapping[ClassKey, cp_model.IntVar],
-    *,
-    scale: float,
-) -> None:
-    """Pool capacity, as a relaxation of every pod's q90 limit.
-
-    A pod's q90 is its mean plus the root of its replicas' summed squared spreads, and
-    that root is at least their summed spreads over the root of how many share the pod
-    (Cauchy-Schwarz). An adapter too large to share a pod's GPU bytes with any other
-    takes its pods' whole capacity; the others' routing weights add to one, so their
-    means plus their spreads over the root of the most replicas a pod beside them can
-    hold fit the rest. An adapter too busy for any pod (it may have pods alone, above
-    the limit) is left out, so the cut stays a relaxation and the bound stays valid.
-    """
-    beside = {cls.key: most_beside(problem, cls, scale=scale) for cls in problem.classes}
-    limit = {cls.key: cls.capacity_rps * problem.headroom for cls in problem.classes}
-    eligible = {
-        c.name: [cls.key for cls in problem.classes if hot_eligible(c, cls)]
-        for c in problem.candidates
-    }
-    terms: list[cp_model.LinearExprT] = []
-    for c in problem.candidates:
-        keys = eligible[c.name]
-        if not c.can_be_hot or not keys:
-            continue
-        most = max(beside[k].get(c.size_bytes, 1) for k in keys)
-        if most <= 1:
-            terms.extend(math.floor(limit[k] * 1000) * replicas[(c.name, k)] for k in keys)
-            continue
-        if c.q90_rps / max(1, c.max_hot) > min(limit[k] for k in keys):
-            continue
-        spread = max(0.0, c.q90_rps - c.mean_rps)
-        load = c.mean_rps + spread / math.sqrt(most)
-        terms.append(math.floor(load * 1000) * hot[str(c.name)])
-    capacity = sum(limit[cls.key] * cls.size for cls in problem.classes)
-    model.add(sum(terms) <= math.ceil(capacity * 1000))
 
 
 def add_hint(model: cp_model.CpModel, variables: ModelVars, counts: Counts) -> None:

@@ -18,18 +18,22 @@ Used only where it can matter and stays small: a class whose pods could not fill
 slots with the largest adapter within their GPU bytes, with few distinct sizes and few
 patterns; elsewhere the totals are exact enough.
 
+It also owns the capacity cuts (``add_capacity_cuts``): every pod's q90 limit relaxed
+into linear pool totals that stage 1 can carry, each valid for every per-pod plan.
+
 Pure: no IO, no clock.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
 from placement.solver.greedy import ClassKey, hot_eligible
-from placement.solver.problem import PodClass, PoolProblem
+from placement.solver.problem import Candidate, PodClass, PoolProblem
 
 #: Above this many distinct adapter sizes in a class, or this many patterns, the class
 #: keeps its totals: the enumeration and the model would grow faster than they help.
@@ -153,3 +157,73 @@ def most_beside(problem: PoolProblem, cls: PodClass, *, scale: float) -> dict[in
             if n:
                 most[size] = max(most.get(size, 0), sum(pattern))
     return most
+
+
+def add_capacity_cuts(
+    model: cp_model.CpModel,
+    problem: PoolProblem,
+    hot: Mapping[str, cp_model.IntVar],
+    replicas: Mapping[ClassKey, cp_model.IntVar],
+    *,
+    scale: float,
+) -> None:
+    """Pool capacity, as relaxations of every pod's q90 limit.
+
+    A pod's q90 is its mean plus the norm of its replicas' (share-weighted) spreads,
+    and that norm is at least ``sum(sqrt(alpha[a]) * spread[a])`` over the replicas
+    on it for any weights ``alpha`` that add to at most 1 on every fill of one pod
+    (Cauchy-Schwarz). Routing weights add to one per adapter, so summed over the pods
+    each hot adapter counts its mean plus ``sqrt(alpha) * spread``, within the pods'
+    summed limits. Two such weights are valid on every class: one over the most
+    replicas a pod beside the adapter can hold (its slots, or fewer where GPU bytes
+    bind), and, where bytes bind, the adapter's share of a pod's GPU bytes; their
+    average is valid too, and each makes its own cut. An adapter too large to share a
+    pod takes its pods' whole capacity; one too busy for any pod (it may have pods
+    alone, above the limit) is left out, so every cut stays a relaxation.
+    """
+    beside = {cls.key: most_beside(problem, cls, scale=scale) for cls in problem.classes}
+
+    def by_slots(c: Candidate, cls: PodClass) -> float:
+        return 1.0 / max(1, beside[cls.key].get(c.size_bytes, 1))
+
+    def by_bytes(c: Candidate, cls: PodClass) -> float:
+        return min(1.0, c.size_bytes / max(1, int(cls.hbm_bytes * scale)))
+
+    def halfway(c: Candidate, cls: PodClass) -> float:
+        return (by_slots(c, cls) + by_bytes(c, cls)) / 2
+
+    weights: list[Callable[[Candidate, PodClass], float]] = [by_slots]
+    if any(class_patterns(problem, cls, scale=scale) is not None for cls in problem.classes):
+        weights.extend((by_bytes, halfway))
+    for alpha in weights:
+        _add_cut(model, problem, hot, replicas, beside, alpha)
+
+
+def _add_cut(
+    model: cp_model.CpModel,
+    problem: PoolProblem,
+    hot: Mapping[str, cp_model.IntVar],
+    replicas: Mapping[ClassKey, cp_model.IntVar],
+    beside: Mapping[str, Mapping[int, int]],
+    alpha: Callable[[Candidate, PodClass], float],
+) -> None:
+    """One capacity cut with per-adapter weights ``alpha`` (valid on every class)."""
+    limit = {cls.key: cls.capacity_rps * problem.headroom for cls in problem.classes}
+    terms: list[cp_model.LinearExprT] = []
+    for c in problem.candidates:
+        classes = [cls for cls in problem.classes if hot_eligible(c, cls)]
+        if not c.can_be_hot or not classes:
+            continue
+        if max(beside[cls.key].get(c.size_bytes, 1) for cls in classes) <= 1:
+            terms.extend(
+                math.floor(limit[cls.key] * 1000) * replicas[(c.name, cls.key)] for cls in classes
+            )
+            continue
+        if c.q90_rps / max(1, c.max_hot) > min(limit[cls.key] for cls in classes):
+            continue
+        # The weight must hold on whichever class's pods the adapter takes.
+        weight = min(alpha(c, cls) for cls in classes)
+        load = c.mean_rps + max(0.0, c.q90_rps - c.mean_rps) * math.sqrt(weight)
+        terms.append(math.floor(load * 1000) * hot[str(c.name)])
+    capacity = sum(limit[cls.key] * cls.size for cls in problem.classes)
+    model.add(sum(terms) <= math.ceil(capacity * 1000))
