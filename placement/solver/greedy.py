@@ -242,3 +242,43 @@ def trim_counts(problem: PoolProblem, counts: Counts, *, fraction: float) -> Cou
                     freed_bytes += n * by_name[adapter].size_bytes
             warm[(adapter, cls.key)] = 1
     return Counts(hot=MappingProxyType(hot), warm=MappingProxyType(warm))
+
+
+def widen_counts(problem: PoolProblem, counts: Counts, *, share: float) -> Counts:
+    """More replicas for the busiest hot adapters, so that none puts more than ``share``
+    of a pod's q90 limit on one pod, within each class's free slots, bytes and pods.
+
+    Replicas are cheap (one load over the plan's validity) but stage 1 has no reason
+    to add them: its capacity cut counts an adapter's spread whatever its replicas. A
+    busy adapter on few pods fills their q90 limit and leaves their slots unusable;
+    spread wider, each replica leaves room beside it. Where host places are full, the
+    warm registrations that save the least make room (their adapters go cold).
+    """
+    by_name = {c.name: c for c in problem.candidates}
+    hot, warm = dict(counts.hot), dict(counts.warm)
+    for cls in problem.classes:
+        limit = cls.capacity_rps * problem.headroom * share
+        here = [a for (a, key), n in hot.items() if key == cls.key and n]
+        slots = cls.max_loras * cls.size - sum(hot[(a, cls.key)] for a in here)
+        hbm = cls.hbm_bytes * cls.size - sum(
+            by_name[a].size_bytes * hot[(a, cls.key)] for a in here
+        )
+        places = cls.max_cpu_loras * cls.size - sum(hot[(a, cls.key)] for a in here)
+        places -= sum(n for (_, key), n in warm.items() if key == cls.key)
+        spare = sorted(
+            (a for (a, key), n in warm.items() if key == cls.key and n),
+            key=lambda a: (by_name[a].mean_rps * by_name[a].fetch_ms, a),
+        )
+        for adapter in sorted(here, key=lambda a: (-by_name[a].q90_rps / hot[(a, cls.key)], a)):
+            c = by_name[adapter]
+            elsewhere = sum(n for (a, key), n in hot.items() if a == adapter and key != cls.key)
+            top = min(c.max_hot - elsewhere, cls.size)
+            while hot[(adapter, cls.key)] < top and c.q90_rps / hot[(adapter, cls.key)] > limit:
+                if slots < 1 or hbm < c.size_bytes or (places < 1 and not spare):
+                    break
+                if places < 1:
+                    warm.pop((spare.pop(0), cls.key))
+                    places += 1
+                hot[(adapter, cls.key)] += 1
+                slots, hbm, places = slots - 1, hbm - c.size_bytes, places - 1
+    return Counts(hot=MappingProxyType(hot), warm=MappingProxyType(warm))

@@ -1,0 +1,183 @@
+"""Stage 1's bound against the exact optimum of small overloaded pools, by brute force.
+
+Every plan of a pool of one or two pods with a few adapters is enumerated: each adapter
+cold, warm on one pod, or hot on a set of pods with routing weights on a grid, and kept
+when every pod keeps its budgets (GPU slots and bytes, host places and bytes, rank, the
+pooled q90 within capacity and headroom). Stage 1, solved to optimality, must bound
+them all (up to its rounding); the solver's own plan must be one of them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator, Mapping
+from datetime import UTC, datetime
+from types import MappingProxyType
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from ortools.sat.python import cp_model
+
+from placement.domain import AdapterId, PodId
+from placement.settings import PlannerSettings, Settings
+from placement.solver import SolveOptions, build_problem
+from placement.solver.counts import SCALE, build_model
+from placement.solver.packing import Assignment, evaluate
+from placement.solver.problem import Candidate, Demand, PoolProblem
+from placement.solver.solve import solve_pool
+from tests.factories import adapter, catalog, fleet, pool
+
+AT = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
+SEVENTY = "llama-3.1-70b"
+#: Weights of the first of two replicas; the second takes the rest.
+SHARES = (0.2, 0.35, 0.5, 0.65, 0.8)
+ONE_WORKER = SolveOptions(time_limit_s=5.0, workers=1, seed=0, gap_limit=0.0, reproducible=True)
+EXACT = settings(
+    max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
+)
+
+
+def _problem(
+    sizes_mib: list[int], rates: list[float], *, pods: int, slots: int, hbm_mib: int, rps: float
+) -> PoolProblem:
+    names = [f"a{i}" for i in range(len(sizes_mib))]
+    cat = catalog(
+        *[
+            adapter(n, base=SEVENTY, size_mib=s, max_replicas=2)
+            for n, s in zip(names, sizes_mib, strict=True)
+        ]
+    )
+    fl = fleet(
+        pool(
+            "big",
+            pods,
+            base=SEVENTY,
+            max_loras=slots,
+            max_cpu_loras=slots + 1,
+            hbm_mib=hbm_mib,
+            host_mib=1024,
+            capacity_rps=rps,
+        )
+    )
+    # q90 = 1.5 x mean + 1, as the overloaded benchmark's: every adapter has a spread.
+    demand = {
+        AdapterId(n): Demand(mean_rps=r, q90_rps=1.5 * r + 1.0)
+        for n, r in zip(names, rates, strict=True)
+    }
+    settings_ = Settings(planner=PlannerSettings(replicate_share=1.0))
+    return build_problem(cat, fl, demand, settings=settings_, valid_from=AT).pools[0]
+
+
+def _choices(c: Candidate, pods: tuple[PodId, ...]) -> Iterator[tuple[str, dict[PodId, float]]]:
+    """Every tier of one adapter: cold, warm on a pod, hot with weights on the grid."""
+    if not c.pinned:
+        yield "cold", {}
+        for pod in pods:
+            yield "warm", {pod: 0.0}
+    for n in range(max(1, c.min_hot), min(c.max_hot, len(pods)) + 1):
+        for chosen in itertools.combinations(pods, n):
+            if n == 1:
+                yield "hot", {chosen[0]: 1.0}
+            else:
+                for share in SHARES:
+                    yield "hot", {chosen[0]: share, chosen[1]: 1.0 - share}
+
+
+def _pods_hold(
+    problem: PoolProblem, plan: Mapping[AdapterId, tuple[str, dict[PodId, float]]]
+) -> bool:
+    """Every per-pod budget, as a plan's checks count them."""
+    by_name = {c.name: c for c in problem.candidates}
+    for cls in problem.classes:
+        for pod in cls.pods:
+            here = [(by_name[a], tier, w[pod]) for a, (tier, w) in plan.items() if pod in w]
+            hot = [(c, share) for c, tier, share in here if tier == "hot"]
+            if len(hot) > cls.max_loras or len(here) > cls.max_cpu_loras:
+                return False
+            if sum(c.size_bytes for c, _ in hot) > cls.hbm_bytes:
+                return False
+            if sum(c.size_bytes for c, _, _ in here) > cls.host_bytes:
+                return False
+            if any(c.rank > cls.max_lora_rank for c, _, _ in here):
+                return False
+            mean = sum(share * c.mean_rps for c, share in hot)
+            spread = math.sqrt(sum((share * (c.q90_rps - c.mean_rps)) ** 2 for c, share in hot))
+            # A replica too busy for any pod may have one to itself.
+            alone = hot[0][1] * hot[0][0].q90_rps if len(hot) == 1 else 0.0
+            if mean + spread > max(cls.capacity_rps * problem.headroom, alone) + 1e-9:
+                return False
+    return True
+
+
+def _exact_optimum(problem: PoolProblem) -> float:
+    pods = problem.pods
+    per_adapter = [list(_choices(c, pods)) for c in problem.candidates]
+    best = math.inf
+    for combo in itertools.product(*per_adapter):
+        plan = {c.name: choice for c, choice in zip(problem.candidates, combo, strict=True)}
+        if not _pods_hold(problem, plan):
+            continue
+        assignment = Assignment(
+            hot=MappingProxyType(
+                {a: tuple(sorted(w)) for a, (tier, w) in plan.items() if tier == "hot"}
+            ),
+            warm=MappingProxyType({a: tuple(w) for a, (tier, w) in plan.items() if tier == "warm"}),
+            weights=MappingProxyType(
+                {a: MappingProxyType(w) for a, (tier, w) in plan.items() if tier == "hot"}
+            ),
+        )
+        best = min(best, evaluate(problem, assignment).model_total)
+    return best
+
+
+def _stage1_bound(problem: PoolProblem) -> float:
+    model, _ = build_model(problem)
+    solver = cp_model.CpSolver()
+    solver.parameters.num_workers = 1
+    solver.parameters.random_seed = 0
+    assert solver.solve(model) == cp_model.OPTIMAL
+    return solver.best_objective_bound / SCALE
+
+
+def _slack(problem: PoolProblem) -> float:
+    """How far rounding the model's coefficients to 1/SCALE can move its objective."""
+    return len(problem.candidates) * (3 + 2 * len(problem.classes)) * 0.5 / SCALE
+
+
+pools = st.builds(
+    lambda sizes, rates, pods, slots, hbm, rps: (sizes, rates[: len(sizes)], pods, slots, hbm, rps),
+    st.lists(st.sampled_from([30, 60, 120, 250]), min_size=2, max_size=4),
+    st.lists(st.sampled_from([0.1, 0.4, 1.0, 2.0, 3.5]), min_size=4, max_size=4),
+    st.integers(1, 2),
+    st.integers(1, 3),
+    st.sampled_from([128, 256, 300]),
+    st.sampled_from([2.0, 3.0, 5.0]),
+)
+
+
+@EXACT
+@given(pools)
+def test_the_bound_never_exceeds_the_exact_optimum(case: tuple) -> None:
+    sizes, rates, pods, slots, hbm, rps = case
+    problem = _problem(sizes, rates, pods=pods, slots=slots, hbm_mib=hbm, rps=rps)
+    optimum = _exact_optimum(problem)
+    assert optimum < math.inf
+    assert _stage1_bound(problem) <= optimum + _slack(problem)
+
+
+@EXACT
+@given(pools)
+def test_the_solver_plans_within_every_pod_budget(case: tuple) -> None:
+    sizes, rates, pods, slots, hbm, rps = case
+    problem = _problem(sizes, rates, pods=pods, slots=slots, hbm_mib=hbm, rps=rps)
+    solved = solve_pool(problem, ONE_WORKER)
+    assert solved is not None
+    assignment = solved.assignment
+    plan: dict[AdapterId, tuple[str, dict[PodId, float]]] = {
+        a: ("hot", dict(assignment.weights[a])) for a in assignment.hot
+    }
+    plan.update({a: ("warm", dict.fromkeys(held, 0.0)) for a, held in assignment.warm.items()})
+    assert _pods_hold(problem, plan)
+    assert solved.report.bound <= evaluate(problem, assignment).model_total
+    assert solved.report.bound <= _exact_optimum(problem) + _slack(problem)
