@@ -145,6 +145,9 @@ def _slack(problem: PoolProblem) -> float:
     return len(problem.candidates) * (3 + 2 * len(problem.classes)) * 0.5 / SCALE
 
 
+#: (adapter sizes in MiB, their mean rps, pods, GPU slots per pod, GPU MiB, capacity rps)
+Case = tuple[list[int], list[float], int, int, int, float]
+
 pools = st.builds(
     lambda sizes, rates, pods, slots, hbm, rps: (sizes, rates[: len(sizes)], pods, slots, hbm, rps),
     st.lists(st.sampled_from([30, 60, 120, 250]), min_size=2, max_size=4),
@@ -158,7 +161,7 @@ pools = st.builds(
 
 @EXACT
 @given(pools)
-def test_the_bound_never_exceeds_the_exact_optimum(case: tuple) -> None:
+def test_the_bound_never_exceeds_the_exact_optimum(case: Case) -> None:
     sizes, rates, pods, slots, hbm, rps = case
     problem = _problem(sizes, rates, pods=pods, slots=slots, hbm_mib=hbm, rps=rps)
     optimum = _exact_optimum(problem)
@@ -168,7 +171,7 @@ def test_the_bound_never_exceeds_the_exact_optimum(case: tuple) -> None:
 
 @EXACT
 @given(pools)
-def test_the_solver_plans_within_every_pod_budget(case: tuple) -> None:
+def test_the_solver_plans_within_every_pod_budget(case: Case) -> None:
     sizes, rates, pods, slots, hbm, rps = case
     problem = _problem(sizes, rates, pods=pods, slots=slots, hbm_mib=hbm, rps=rps)
     solved = solve_pool(problem, ONE_WORKER)
