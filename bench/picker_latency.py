@@ -54,6 +54,7 @@ from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_proc
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_proc_grpc
 
+from bench.ext_proc_client import LeanExtProcClient, grpc_message
 from bench.routing_latency import make_topology, measure
 from placement.router.core import Router
 from placement.router.endpoint_picking import GatewayRequest
@@ -201,17 +202,27 @@ class StreamFigures:
     #: CPU per stream: the server's event-loop thread, and the whole process.
     server_cpu_us: float
     process_cpu_us: float
+    #: The client process's CPU per stream (None: the client ran in the server's).
+    client_cpu_us: float | None
     pods: int
 
 
 def run_streams(
-    router: Router | None, requests: list[str], *, concurrency: int, client_process: bool
+    router: Router | None,
+    requests: list[str],
+    *,
+    concurrency: int,
+    client_process: bool,
+    gateway: str,
 ) -> StreamFigures:
     server = ServerThread(router)
     with server as port:
         cpu_began, server_began = time.process_time_ns(), server.cpu_ns()
+        client_ns: int | None = None
         if client_process:
-            streams = streams_from_a_client_process(port, requests, concurrency=concurrency)
+            streams, client_ns = streams_from_a_client_process(
+                port, requests, concurrency=concurrency, gateway=gateway
+            )
         else:
             streams = asyncio.run(grpc_streams(port, requests, concurrency=concurrency))
         cpu_ns = time.process_time_ns() - cpu_began
@@ -222,6 +233,7 @@ def run_streams(
         ended=percentiles([s[1] for s in streams]),
         server_cpu_us=server_ns / each / 1e3,
         process_cpu_us=cpu_ns / each / 1e3,
+        client_cpu_us=None if client_ns is None else client_ns / each / 1e3,
         pods=len({s[2].split(",")[0] for s in streams}),
     )
 
@@ -261,23 +273,55 @@ async def grpc_streams(port: int, requests: list[str], *, concurrency: int) -> l
 
 
 def streams_from_a_client_process(
-    port: int, requests: list[str], *, concurrency: int
-) -> list[tuple[int, int, str]]:
+    port: int, requests: list[str], *, concurrency: int, gateway: str
+) -> tuple[list[tuple[int, int, str]], int]:
     """The streams sent by another process (as a gateway is): its own interpreter and
-    GIL, so the server's thread shares neither with the client."""
+    GIL, so the server's thread shares neither with the client; and the CPU that
+    process spent on them (warm-up included, as the server's figure)."""
     command = [sys.executable, "-m", "bench.picker_latency", "--client", str(port)]
-    command += ["--concurrency", str(concurrency)]
+    command += ["--concurrency", str(concurrency), "--gateway", gateway]
     done = subprocess.run(
         command, input=json.dumps(requests), capture_output=True, text=True, check=True
     )
-    return [(int(a), int(b), str(c)) for a, b, c in json.loads(done.stdout)]
+    sent = json.loads(done.stdout)
+    streams = [(int(a), int(b), str(c)) for a, b, c in sent["streams"]]
+    return streams, int(sent["cpu_ns"])
 
 
-def client_main(port: int, concurrency: int) -> None:
+def lean_streams(port: int, requests: list[str]) -> list[tuple[int, int, str]]:
+    """The streams from ``bench.ext_proc_client``: HTTP/2 frames on a socket, what a
+    C++ gateway's side costs more nearly than Python's grpc client."""
+    framed = {
+        name: [grpc_message(m) for m in stream_messages(body_of(name))] for name in set(requests)
+    }
+    client = LeanExtProcClient("127.0.0.1", port)
+    try:
+        for adapter in requests[:WARM_UP]:
+            client.stream(framed[adapter], time.perf_counter_ns)
+        streams = []
+        for adapter in requests:
+            times = client.stream(framed[adapter], time.perf_counter_ns)
+            first = ext_proc.ProcessingResponse.FromString(times.first)
+            endpoint = (
+                first.dynamic_metadata.fields["envoy.lb"]
+                .struct_value.fields["x-gateway-destination-endpoint"]
+                .string_value
+            )
+            streams.append((times.first_ns, times.ended_ns, endpoint))
+        return streams
+    finally:
+        client.close()
+
+
+def client_main(port: int, concurrency: int, gateway: str) -> None:
     """``--client PORT``: the adapters (a JSON list) on stdin, the streams on stdout."""
     requests = json.loads(sys.stdin.read())
-    streams = asyncio.run(grpc_streams(port, requests, concurrency=concurrency))
-    print(json.dumps(streams))
+    began = time.process_time_ns()
+    if gateway == "lean":
+        streams = lean_streams(port, requests)
+    else:
+        streams = asyncio.run(grpc_streams(port, requests, concurrency=concurrency))
+    print(json.dumps({"streams": streams, "cpu_ns": time.process_time_ns() - began}))
 
 
 def main() -> None:
@@ -290,12 +334,20 @@ def main() -> None:
         action="store_true",
         help="the gRPC client in this process (a thread away from the server), as before",
     )
+    parser.add_argument(
+        "--gateway",
+        choices=("lean", "grpc"),
+        default="lean",
+        help="the client process: lean HTTP/2 frames (bench.ext_proc_client; one stream "
+        "at a time) or Python's grpc.aio client",
+    )
     parser.add_argument("--client", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.client is not None:
-        client_main(args.client, args.concurrency)
+        client_main(args.client, args.concurrency, args.gateway)
         return
     client_process = not args.same_process
+    gateway = "grpc" if args.same_process or args.concurrency > 1 else args.gateway
     rng = random.Random(0)
     adapters = [f"a{i}" for i in range(2000)]
     topology = make_topology(args.pods, adapters, rng)
@@ -339,14 +391,20 @@ def main() -> None:
     stream_p50, stream_p99 = measure_async(loop, translated, requests)
     loop.close()
 
-    floor = run_streams(None, requests, concurrency=args.concurrency, client_process=client_process)
-    picker = run_streams(
-        router, requests, concurrency=args.concurrency, client_process=client_process
+    floor, picker = (
+        run_streams(
+            server,
+            requests,
+            concurrency=args.concurrency,
+            client_process=client_process,
+            gateway=gateway,
+        )
+        for server in (None, router)
     )
 
     print(
         f"endpoint picker, {args.pods} pods, {len(adapters):,} adapters, {args.calls:,} "
-        f"requests, {args.concurrency} stream(s) at a time; us"
+        f"requests, {args.concurrency} stream(s) at a time, {gateway} client; us"
     )
     rows = [
         ("Picker.pick (thread CPU)", (bare_p50, bare_p99)),
@@ -362,15 +420,19 @@ def main() -> None:
         print(f"{label:48s} {p50:8.1f} {p99:8.1f}")
     print(f"added at the median, gRPC endpoint - bare decision: {picker.picked[0] - bare_p50:.1f}")
     print(
-        f"  of which the trivial server's (grpc.aio and the Python client): {floor.picked[0]:.1f}"
+        f"  of which the trivial server's (grpc.aio, the {gateway} client): {floor.picked[0]:.1f}"
     )
     print(
         f"added over the trivial server at the median (ours): "
         f"{picker.picked[0] - floor.picked[0]:.1f}; at the p99: "
         f"{picker.picked[1] - floor.picked[1]:.1f}"
     )
-    client = "" if client_process else " (the client's included)"
     for name, figures in (("picker", picker), ("trivial server", floor)):
+        client = (
+            " (the client's included)"
+            if figures.client_cpu_us is None
+            else f", the client's process {figures.client_cpu_us:.1f}"
+        )
         print(
             f"CPU per stream, {name}: its event-loop thread {figures.server_cpu_us:.1f}, "
             f"the server's process {figures.process_cpu_us:.1f}{client}"
