@@ -36,7 +36,7 @@ from placement.inputs.files import write_atomically
 from placement.plan import Plan
 from placement.router.asgi import RouterApp
 from placement.router.core import AdapterInfo, Router
-from placement.router.lean_http import LeanHttpToolsProtocol
+from placement.router.http_protocol import RouterHttpProtocol
 from placement.router.reqlog import RequestLogSink, open_request_log
 from placement.router.sources import (
     CatalogWatchingPlanSource,
@@ -183,7 +183,7 @@ class ServedApp:
             log_level="warning",
             access_log=False,
             lifespan="auto",
-            http="httptools" if fast else "h11",
+            http=RouterHttpProtocol if fast else "h11",
             loop="uvloop" if fast else "asyncio",
         )
         self.server = uvicorn.Server(config)
@@ -334,7 +334,7 @@ def run_router(
         host=host,
         port=port,
         access_log=False,
-        http=LeanHttpToolsProtocol,  # a whole answer in one send
+        http=RouterHttpProtocol,  # lean: a whole answer in one send
         server_header=False,
         proxy_headers=False,  # the router reads no client address
         date_header=False,

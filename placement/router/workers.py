@@ -54,7 +54,7 @@ from types import FrameType
 import uvicorn
 
 from placement.router.asgi import RouterApp
-from placement.router.lean_http import LeanHttpToolsProtocol
+from placement.router.http_protocol import RouterHttpProtocol
 from placement.router.load_claims import LoadClaims, WorkerPicker
 from placement.router.metrics import forget_worker, record_in
 from placement.router.shared_scrapes import ScrapeFollower, ScrapePublisher, stale_after_s
@@ -140,7 +140,7 @@ def _run_worker(app: RouterApp, sock: socket.socket, ready_fd: int) -> None:
     config = uvicorn.Config(
         app,
         access_log=False,
-        http=LeanHttpToolsProtocol,
+        http=RouterHttpProtocol,
         loop="uvloop",
         server_header=False,
         proxy_headers=False,  # the router reads no client address
