@@ -72,7 +72,12 @@ class Reply(asyncio.Protocol):
         self._head_done = self._done = self._keep_alive = self._got_bytes = False
         self._error: BaseException | None = None
         self._closed = False
+        #: The deadline's timer: one per connection, re-armed when it fires for a request
+        #: since answered (a timer per request costs more than the request's own work).
         self._timer: asyncio.TimerHandle | None = None
+        self._deadline = 0.0
+        #: A request was sent and its connection not yet released.
+        self._asked = False
         self.reused = False
         #: In its pod's pool, idle since this time on the loop's clock.
         self.idle = False
@@ -83,7 +88,7 @@ class Reply(asyncio.Protocol):
         self._transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
-        if self._timer is None:  # idle: a pod does not speak unasked
+        if not self._asked:  # idle: a pod does not speak unasked
             self._fail(UpstreamError(f"pod {self.pod} sent bytes no request asked for"))
             return
         self._got_bytes = True
@@ -158,9 +163,7 @@ class Reply(asyncio.Protocol):
 
     def release(self) -> None:
         """Back to the pool if the answer was read to its end, else closed."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._asked = False
         if self._done and self._keep_alive and not self._closed and not self._chunks:
             self._reset()
             self._pool.put(self)
@@ -171,6 +174,10 @@ class Reply(asyncio.Protocol):
         if not self._done and self._error is None:  # never an answer cut short by us
             self._error = UpstreamError(f"pod {self.pod}: the router closed the connection")
         self._closed = True
+        self._asked = False
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if self._transport is not None:
             self._transport.close()
         self._pool.forget(self)
@@ -178,7 +185,9 @@ class Reply(asyncio.Protocol):
     def send(self, head: bytes, body: bytes, deadline: float) -> None:
         """Write one request; the answer's end or ``deadline`` (the loop's time) ends it."""
         assert self._transport is not None
-        self._timer = self._loop.call_at(deadline, self._timed_out)
+        self._deadline, self._asked = deadline, True
+        if self._timer is None:  # else it fires at an earlier deadline, and re-arms
+            self._timer = self._loop.call_at(deadline, self._check_deadline)
         self._transport.writelines((head, body))
 
     async def head(self) -> None:
@@ -198,12 +207,15 @@ class Reply(asyncio.Protocol):
 
     def _on_message_complete(self) -> None:
         self._done = True
-        if self._timer is not None:
-            self._timer.cancel()
         self._wake()
 
-    def _timed_out(self) -> None:
+    def _check_deadline(self) -> None:
         self._timer = None
+        if not self._asked or self._done:  # answered in time: no timer until the next
+            return
+        if self._loop.time() < self._deadline:  # armed for an earlier request's deadline
+            self._timer = self._loop.call_at(self._deadline, self._check_deadline)
+            return
         self._fail(
             UpstreamTimeoutError(f"pod {self.pod} did not answer within {self._pool.timeout_s:g} s")
         )
