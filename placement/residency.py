@@ -130,9 +130,12 @@ class Effects:
     unlisted: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, slots=True)
 class _Entry:
-    """One host-cache entry: vLLM keys them by id, so an unloaded name can leave one."""
+    """One host-cache entry: vLLM keys them by id, so an unloaded name can leave one.
+
+    Compared and hashed by identity (each is made once, with a fresh id), so the orders
+    keyed by entries cost no Python-level ``__hash__`` or ``__eq__`` per lookup."""
 
     entry_id: int
     name: str

@@ -64,8 +64,9 @@ class PodLedger:
         self._registered: OrderedDict[AdapterId, None] = OrderedDict()
         self._unconfirmed: set[AdapterId] = set()
         self._seeded_plan: str | None = None
-        #: Counts the rebuilds of the mirrors: a reader that indexes them (the pool's
-        #: holders) re-reads them only when this moved.
+        #: Counts the rebuilds of the mirrors (the names they hold may have changed): a
+        #: reader that indexes those names (the pool's holders) re-reads them only when
+        #: this moved.
         self.version = 0
 
     @property
@@ -162,19 +163,44 @@ class PodLedger:
         """A request (or a warm-up) for ``adapter`` was sent to the pod."""
         residency = self.residency
         was_active = adapter in self._active
+        loaded = False
         try:
             effects = residency.request(adapter, busy=busy)
         except NotLoadedError:  # loaded by someone else since the last listing
             self._load(adapter, "", busy=busy)
             if not residency.serves(adapter):
                 return _NOTHING
+            loaded = True
             effects = residency.request(adapter, busy=busy)
         if was_active and effects == _NOTHING:
             self._active.move_to_end(adapter)  # a GPU hit only refreshes both LRUs
             self._registered.move_to_end(adapter)
-        else:
+        elif (
+            loaded
+            or effects.cold
+            or effects.host_evicted
+            or effects.unlisted
+            or adapter not in self._registered
+        ):
             self._sync()
+        else:
+            self._activated(adapter, effects.gpu_evicted)
         return effects
+
+    def _activated(self, adapter: AdapterId, gpu_evicted: tuple[str, ...]) -> None:
+        """A host-cache hit went to the GPU: the mirrors follow without a rebuild (the
+        engine moved the adapter's entry last in both orders and took the victims off
+        the GPU only; they stay in host memory). No name entered or left the host
+        cache, so the version (what indexes of the held names follow) stays."""
+        residency = self.residency
+        for name in gpu_evicted:
+            # A vLLM ghost's slot (an unloaded name's old entry) may carry a name whose
+            # current entry is still on the GPU.
+            if not residency.is_on_gpu(name):
+                self._active.pop(AdapterId(name), None)
+        self._active[adapter] = None
+        self._active.move_to_end(adapter)
+        self._registered.move_to_end(adapter)
 
     def forget(self, adapter: AdapterId) -> None:
         """The pod does not have the name (it answered "not found" or "not loaded")."""
