@@ -256,7 +256,7 @@ class GatewayRequest:
         if adapter is not None:
             state.note_use(adapter, self.router.clock())
             if outcome is Outcome.CPU_HIT:
-                self.router.metrics.loads.labels(pod=state.upstream.pod, reason="activation").inc()
+                self.router.metrics.activation(state.upstream.pod)
         state.begin(adapter)
         self.state, self.busy = state, adapter
 

@@ -231,6 +231,7 @@ class RouterMetrics:
             registry=registry,
         )
         self._requests: dict[tuple[str, str], Counter] = {}
+        self._activations: dict[str, Counter] = {}
         self._ttft: dict[str, Histogram] = {}
         self._queue: dict[str, Histogram] = {}
         #: Every worker's figures, once ``share`` names their directory.
@@ -260,6 +261,14 @@ class RouterMetrics:
             if hist is None:
                 hist = self._ttft[outcome] = self.ttft.labels(outcome=outcome)
             hist.observe(ttft_s)
+
+    def activation(self, pod: str) -> None:
+        """A request sent to ``pod`` for an adapter in its host memory: the engine moves
+        it to a GPU slot (``lorafleet_adapter_loads_total{reason="activation"}``)."""
+        child = self._activations.get(pod)
+        if child is None:
+            child = self._activations[pod] = self.loads.labels(pod=pod, reason="activation")
+        child.inc()
 
     def adapter_loaded(
         self, *, source: str, queued_s: float, started_s: float, finished_s: float

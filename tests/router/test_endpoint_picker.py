@@ -297,6 +297,21 @@ def test_a_cold_adapter_is_loaded_by_the_picker_before_it_answers() -> None:
     assert [row.outcome for row in picking.log.rows] == ["cold_load"]
 
 
+def test_an_adapter_in_host_memory_is_activated_on_its_pod_and_counted() -> None:
+    with emulated(1, max_loras=1) as pods:
+        plan = plan_of({"alpha": ["pod-0"], "beta": ["pod-0"]})
+        catalog = catalog_of(["alpha", "beta"])
+        with picker_for(pods.domain, plan=plan, catalog=catalog) as picking:
+            for model in ("alpha", "beta", "alpha"):  # beta takes alpha's one GPU slot
+                assert picking.send(completion(model)).status == 200
+            activations = picking.metric(
+                "lorafleet_adapter_loads_total", pod="pod-0", reason="activation"
+            )
+    assert [row.outcome for row in picking.log.rows] == ["cold_load", "cold_load", "cpu_hit"]
+    assert activations == 1
+    assert pods.counter("loads") == 2  # alpha came back from host memory, not storage
+
+
 async def _stampede(gateway: Gateway, n: int) -> list[Outcome]:
     return await asyncio.gather(*(gateway.send(completion("cold")) for _ in range(n)))
 
