@@ -3,9 +3,9 @@
 What the pod holds is ``placement.residency.PodResidency``, the one engine model the
 replay and the ledgers run too: this module asks it what each load, unload and request
 does (``Effects``) and keeps only what the model does not: time (a cold read timed by
-size and by the pool's storage, the drain while weights move onto the GPU), a lock per
-adapter name on loads and
-unloads, requests in flight (passed to the model as ``busy``; a request waits while
+size and by the pool's storage, which on vLLM stalls the running batch as the engine's
+one loop reads; the drain while weights move onto the GPU), a lock per adapter name on
+loads and unloads, requests in flight (passed to the model as ``busy``; a request waits while
 every GPU slot holds a running or pinned adapter, as a scheduler holds it back), SGLang's
 unload waiting for the adapter's requests in flight, failure injection, and counters
 that let tests see thrashing. With a ``BatchTiming`` (the replay's pod) a request first
@@ -26,6 +26,7 @@ each engine's status codes and texts. No HTTP here.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 from collections import Counter, deque
@@ -173,23 +174,33 @@ class EmulatedPod:
             self._alive(generation)
             adapter = self._check_load(name, path, pinned=pinned, inplace=inplace)
             read_ms = self.config.cold_read_ms(adapter.size_bytes)
-            await self._pause(read_ms + self.faults.slow_load_ms)
-            self._alive(generation)
-            # SGLang's soft cap picks the least recently used adapter whatever runs on it,
-            # then waits for its requests (``_unload_lora_adapter_locked``).
-            busy = () if self.config.model.is_sglang else self._busy()
-            try:
-                effects = self.residency.load(name, path, pinned=pinned, inplace=inplace, busy=busy)
-            except residency.ResidencyError as exc:
-                raise refusal(exc) from exc
-            self.files[name] = adapter
-            self.counters["loads"] += 1
-            cap = self.config.residency_cap
-            if cap is not None and len(self.residency.listed) > cap:
-                self.counters["over_limit"] += 1  # vLLM took it, dropping weights silently
-            await self._apply(name, effects, size_bytes=adapter.size_bytes)
+            one_loop = not self.config.model.is_sglang
+            # vLLM reads and activates in one call on its engine's loop (``_read``).
+            async with self.engine_step if one_loop else contextlib.nullcontext():
+                await self._pause(read_ms + self.faults.slow_load_ms)
+                self._alive(generation)
+                effects = self._register(name, path, adapter, pinned=pinned, inplace=inplace)
+                await self._apply(name, effects, size_bytes=adapter.size_bytes, held=one_loop)
             await self._drain_unlisted(effects.unlisted)
             return adapter
+
+    def _register(
+        self, name: str, path: str, adapter: AdapterFile, *, pinned: bool, inplace: bool
+    ) -> Effects:
+        """The engine model's load, once the weights are read."""
+        # SGLang's soft cap picks the least recently used adapter whatever runs on it,
+        # then waits for its requests (``_unload_lora_adapter_locked``).
+        busy = () if self.config.model.is_sglang else self._busy()
+        try:
+            effects = self.residency.load(name, path, pinned=pinned, inplace=inplace, busy=busy)
+        except residency.ResidencyError as exc:
+            raise refusal(exc) from exc
+        self.files[name] = adapter
+        self.counters["loads"] += 1
+        cap = self.config.residency_cap
+        if cap is not None and len(self.residency.listed) > cap:
+            self.counters["over_limit"] += 1  # vLLM took it, dropping weights silently
+        return effects
 
     def _check_load(self, name: str, path: str, *, pinned: bool, inplace: bool) -> AdapterFile:
         """The refusals a load meets before any weights are read."""
@@ -238,15 +249,20 @@ class EmulatedPod:
         async with self.slots:
             await self.slots.wait_for(lambda: not self.running[name])
 
-    async def _apply(self, name: str, effects: Effects, *, size_bytes: int) -> None:
-        """Count and time what one call did; a swap onto the GPU stalls the batch."""
+    async def _apply(
+        self, name: str, effects: Effects, *, size_bytes: int, held: bool = False
+    ) -> None:
+        """Count and time what one call did; a swap onto the GPU stalls the batch
+        (``held``: the caller holds the engine's step already)."""
         self.counters["host_evictions"] += len(effects.host_evicted)
         self._note_evictions(effects.gpu_evicted)
         if effects.activated:
             self.counters["gpu_activations"] += 1
             self.activated_at.setdefault(name, deque()).append(self.clock())
         self._peak()
-        if effects.activated:
+        if effects.activated and held:
+            await self._pause(self.config.latency.swap_ms(size_bytes))
+        elif effects.activated:
             await self._swap(size_bytes)
 
     def _note_evictions(self, names: Iterable[str]) -> None:
@@ -267,6 +283,20 @@ class EmulatedPod:
         running = ",".join(sorted(n for n, c in self.running.items() if c > 0 and n))
         waiting = ",".join(sorted(n for n, c in self.waiting.items() if c > 0 and n))
         self.lora_info[(waiting, running)] = time.time()
+
+    async def _read(self, ms: float) -> None:
+        """Read an adapter's weights from storage. vLLM reads them on its engine's one
+        loop, so every running request waits: a load over HTTP is ``EngineCore.add_lora``,
+        run between steps (``vllm/v1/engine/core.py``), and a listed adapter whose weights
+        left the host cache is read again inside a step by ``set_active_loras``
+        (``vllm/v1/worker/lora_model_runner_mixin.py``); both end in
+        ``LRUCacheWorkerLoRAManager.add_adapter`` -> ``_load_adapter``
+        (``vllm/lora/worker_manager.py``), which reads the checkpoint before it returns.
+        Reads on one vLLM pod therefore run one at a time, too. On SGLang the batch runs
+        on during a read, as before: its load path has not been checked against its
+        source."""
+        async with contextlib.nullcontext() if self.config.model.is_sglang else self.engine_step:
+            await self._pause(ms)
 
     async def _swap(self, size_bytes: int) -> None:
         # Weights move between batch steps: every running request stalls (the drain).
@@ -308,7 +338,7 @@ class EmulatedPod:
     async def _run_on_gpu(self, name: str, generation: int) -> Effects:
         """Put ``name`` on a GPU slot (a cold read first when its weights left the host)."""
         if name in self.residency.parked or name not in self.residency.in_host():
-            await self._pause(self.config.cold_read_ms(self.files[name].size_bytes))
+            await self._read(self.config.cold_read_ms(self.files[name].size_bytes))
             self._alive(generation)
         async with self.slots:
             await self.slots.wait_for(

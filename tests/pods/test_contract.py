@@ -18,7 +18,7 @@ import asyncio
 import json
 import os
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -484,6 +484,78 @@ async def test_vllm_a_step_grows_with_the_batch_and_its_distinct_adapters() -> N
     assert (alone, two, mixed) == pytest.approx((10 * 1.125, 10 * 1.25, 10 * 1.375 * 1.1))
     for name in ("c-a", "c-a", "c-b"):
         await pod.release(name)
+
+
+#: A cold read of 100 ms (the default adapter size read at no cost per MB).
+COLD = replace(ZERO_LATENCY, load_ms=100.0)
+
+
+def _cold_pod(engine: Engine, time: VirtualTime) -> EmulatedPod:
+    flat = BatchTiming(
+        max_num_seqs=4,
+        prefill_ms_per_token=0.0,
+        decode_ms_per_step=10.0,
+        batch_step_slowdown=0.0,
+        adapter_step_cost=0.0,
+    )
+    config = PodConfig(engine=engine, latency=COLD, batch=flat, max_loras=4, max_cpu_loras=8)
+    return EmulatedPod(config, clock=time, sleep=time.sleep)
+
+
+async def _drain(tokens: AsyncIterator[int]) -> None:
+    async for _ in tokens:
+        pass
+
+
+async def _token_gap_during_a_load(pod: EmulatedPod, time: VirtualTime) -> float:
+    """Seconds between two tokens of a running request while another adapter loads."""
+    await time.run(pod.load("a", "s3://adapters/a"))
+    await time.run(pod.admit("a"))
+    tokens = pod.generate(prompt_tokens=0, max_tokens=3)
+    await anext(tokens)
+    before = time()
+    load = asyncio.ensure_future(pod.load("b", "s3://adapters/b"))
+    await time.settle()  # the load starts its read before the next token is due
+    task = asyncio.ensure_future(anext(tokens))
+    while not task.done():
+        await time.step()
+    gap = time() - before
+    await time.run(load, _drain(tokens))
+    await pod.release("a")
+    return gap
+
+
+@pytest.mark.parametrize(
+    ("engine", "gap_s"),
+    [(Engine.VLLM, 0.100), (Engine.SGLANG, 0.010)],
+    ids=["vllm-stalls", "sglang-runs-on"],
+)
+async def test_vllm_a_cold_read_stalls_the_running_batch(engine: Engine, gap_s: float) -> None:
+    """vLLM reads an adapter's weights on its engine's one loop: a load over HTTP is
+    ``EngineCore.add_lora``, run between steps (vllm-project/vllm vllm/v1/engine/core.py),
+    and a listed adapter whose weights left the host cache is read inside a step by
+    ``set_active_loras`` (vllm/v1/worker/lora_model_runner_mixin.py); both reach
+    ``LRUCacheWorkerLoRAManager.add_adapter``, whose ``_load_adapter`` reads the
+    checkpoint before it returns (vllm/lora/worker_manager.py). So a running request's
+    next token (a 10 ms step) waits out a 100 ms read. SGLang's batch runs on (its load
+    path is not modelled as a stall)."""
+    time = VirtualTime()
+    assert await _token_gap_during_a_load(_cold_pod(engine, time), time) == pytest.approx(gap_s)
+
+
+async def test_vllm_cold_reads_on_one_pod_run_one_after_another() -> None:
+    """The same one loop reads one adapter at a time: three loads sent together end one
+    read apart (each read and activation is one ``add_lora`` call)."""
+    time = VirtualTime()
+    pod = _cold_pod(Engine.VLLM, time)
+    ends: list[float] = []
+
+    async def load(name: str) -> None:
+        await pod.load(name, f"s3://adapters/{name}")
+        ends.append(time())
+
+    await time.run(load("a"), load("b"), load("c"))
+    assert ends == pytest.approx([0.1, 0.2, 0.3])  # one engine loop reads each in turn
 
 
 def _batch_config(*, places: int = 2) -> PodConfig:
