@@ -11,26 +11,31 @@ started: nothing scrapes, every pod stays healthy), requests drawing adapters un
    the log row; thread CPU time;
 3. the picker's ``_Stream`` without gRPC: a stream's two messages translated, decided
    and answered, the answers serialized as gRPC would; thread CPU time;
-4. gRPC: one ext_proc stream per request over a real ``grpc.aio`` channel to the
-   picker's server (its own thread and event loop), as a gateway in FULL_DUPLEX_STREAMED
-   mode drives it: headers, body, then the headers' and the body's answers, then the
-   close; wall time from the first write to the endpoint read (what the gateway waits
-   before it can send), and from the first write to the stream's end. The client is
-   Python's grpc in another process (``--same-process``: a thread of this one, sharing
-   the server's GIL, as this bench did first), on the same cores: Envoy's C++ client
-   costs less, so this overstates what a gateway adds. Streams run one at a time, or
-   ``--concurrency`` at once (then per-stream wall times include queueing);
+4. gRPC: one ext_proc stream per request to the picker's ``grpc.aio`` server (its own
+   thread and event loop), as a gateway in FULL_DUPLEX_STREAMED mode drives it:
+   headers, body, then the headers' and the body's answers, then the close; wall time
+   from the first write to the endpoint read (what the gateway waits before it can
+   send), and from the first write to the stream's end. The client is another process,
+   as a gateway is: by default ``bench.ext_proc_client``, HTTP/2 frames on a socket
+   (about 60-130 us of CPU a stream, nearer what Envoy's C++ side costs); with
+   ``--gateway grpc`` Python's grpc.aio client, which costs more CPU per stream
+   (580-770 us) than the server it measures, on the same two cores. ``--same-process``:
+   the grpc.aio client in a thread of this process, sharing the server's GIL, as this
+   bench did first. Streams run one at a time, or ``--concurrency`` at once (grpc.aio
+   client only; then per-stream wall times include queueing);
 5. the same streams against a trivial ext_proc server (the same messages, one fixed
-   endpoint, no decision): what grpc.aio and the Python client cost by themselves.
+   endpoint, no decision): what the transport and the client cost by themselves;
+   ``--transports`` also runs it on grpc.aio over asyncio's own loop and on
+   ``grpc.server`` (a thread pool of 8, the handler reading a request iterator).
 
 "added" is the gRPC endpoint latency's p50 minus the bare decision's p50, with the
-trivial server's share beside it; the CPU of each server's event-loop thread per stream
-(``pthread_getcpuclockid``) shows what the picker adds over the transport without the
-client's share. Unlike CPU time, wall time counts the preemption a shared machine adds:
-run it on a quiet one.
+trivial server's share beside it. CPU per stream, split by where it is spent: the
+server's event-loop thread (``pthread_getcpuclockid``), the server's whole process
+(gRPC's own threads too), and the client's process. Unlike CPU time, wall time counts
+the preemption a shared machine adds: run it on a quiet one, or several times.
 
     .venv/bin/python -m bench.picker_latency [--pods 64] [--calls 5000] [--concurrency 1]
-        [--same-process]
+        [--gateway lean|grpc] [--transports] [--same-process]
 """
 
 from __future__ import annotations
@@ -43,7 +48,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from concurrent import futures
 from dataclasses import dataclass
 from typing import Any
 
@@ -157,12 +163,50 @@ class Floor:
                 await context.write(echoed)
 
 
-class ServerThread:
-    """A gRPC server (the picker's, or the floor's) on its own uvloop, as the router's
-    loop under uvicorn is, in a thread."""
+class SyncFloor:
+    """``Floor`` for grpc's thread-pool server: the handler runs in a pool thread, the
+    messages come through a request iterator, the answers are yielded."""
 
-    def __init__(self, router: Router | None) -> None:
-        self.loop = uvloop.new_event_loop()
+    def __init__(self) -> None:
+        self.routed = Floor().routed
+
+    def Process(self, requests: Iterator[Any], context: Any) -> Iterator[Any]:  # noqa: N802
+        for message in requests:
+            if message.WhichOneof("request") == "request_body":
+                echoed = ext_proc.ProcessingResponse()
+                streamed = echoed.request_body.response.body_mutation.streamed_response
+                streamed.body = message.request_body.body
+                streamed.end_of_stream = True
+                yield self.routed
+                yield echoed
+
+
+class SyncServer:
+    """The trivial server on ``grpc.server`` (a thread pool), for ``--transports``."""
+
+    def __init__(self, *, threads: int = 8) -> None:
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads))
+        ext_proc_grpc.add_ExternalProcessorServicer_to_server(SyncFloor(), self.server)
+
+    def __enter__(self) -> int:
+        port = int(self.server.add_insecure_port("127.0.0.1:0"))
+        self.server.start()
+        return port
+
+    def cpu_ns(self) -> int:
+        """The process's CPU (the handler's threads and gRPC's; the client is elsewhere)."""
+        return time.process_time_ns()
+
+    def __exit__(self, *_: object) -> None:
+        self.server.stop(1.0).wait(10)
+
+
+class ServerThread:
+    """A gRPC server (the picker's, or the floor's) on its own event loop (uvloop, as
+    the router's loop under uvicorn is; ``uvloop=False``: asyncio's), in a thread."""
+
+    def __init__(self, router: Router | None, *, use_uvloop: bool = True) -> None:
+        self.loop = uvloop.new_event_loop() if use_uvloop else asyncio.new_event_loop()
         self.router = router
         self.stop: Callable[[], Coroutine[Any, Any, None]] | None = None
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
@@ -208,14 +252,13 @@ class StreamFigures:
 
 
 def run_streams(
-    router: Router | None,
+    server: ServerThread | SyncServer,
     requests: list[str],
     *,
     concurrency: int,
     client_process: bool,
     gateway: str,
 ) -> StreamFigures:
-    server = ServerThread(router)
     with server as port:
         cpu_began, server_began = time.process_time_ns(), server.cpu_ns()
         client_ns: int | None = None
@@ -341,6 +384,12 @@ def main() -> None:
         help="the client process: lean HTTP/2 frames (bench.ext_proc_client; one stream "
         "at a time) or Python's grpc.aio client",
     )
+    parser.add_argument(
+        "--transports",
+        action="store_true",
+        help="also the trivial server on grpc.aio over asyncio's loop and on grpc.server "
+        "(a thread pool)",
+    )
     parser.add_argument("--client", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.client is not None:
@@ -391,16 +440,20 @@ def main() -> None:
     stream_p50, stream_p99 = measure_async(loop, translated, requests)
     loop.close()
 
-    floor, picker = (
-        run_streams(
+    def streams_to(server: ServerThread | SyncServer) -> StreamFigures:
+        return run_streams(
             server,
             requests,
             concurrency=args.concurrency,
             client_process=client_process,
             gateway=gateway,
         )
-        for server in (None, router)
-    )
+
+    floor, picker = streams_to(ServerThread(None)), streams_to(ServerThread(router))
+    others = {}
+    if args.transports:
+        others["grpc.aio on asyncio's loop"] = streams_to(ServerThread(None, use_uvloop=False))
+        others["grpc.server, 8 threads"] = streams_to(SyncServer())
 
     print(
         f"endpoint picker, {args.pods} pods, {len(adapters):,} adapters, {args.calls:,} "
@@ -438,6 +491,15 @@ def main() -> None:
             f"the server's process {figures.process_cpu_us:.1f}{client}"
         )
     print(f"{picker.pods} pods picked")
+    if others:
+        print("the trivial server on other transports (wall to the endpoint p50 / p99; CPU per")
+        print("stream of the server's process, and of the client's):")
+        for name, figures in (("grpc.aio on uvloop (above)", floor), *others.items()):
+            client_us = figures.client_cpu_us or 0.0
+            print(
+                f"  {name:32s} {figures.picked[0]:7.1f} / {figures.picked[1]:7.1f}   "
+                f"server {figures.process_cpu_us:6.1f}, client {client_us:6.1f}"
+            )
 
 
 if __name__ == "__main__":
