@@ -26,7 +26,10 @@ started: nothing scrapes, every pod stays healthy), requests drawing adapters un
 5. the same streams against a trivial ext_proc server (the same messages, one fixed
    endpoint, no decision): what the transport and the client cost by themselves;
    ``--transports`` also runs it on grpc.aio over asyncio's own loop and on
-   ``grpc.server`` (a thread pool of 8, the handler reading a request iterator).
+   ``grpc.server`` (a thread pool of 8, the handler reading a request iterator), and
+   (lean client only) as ``bench.ext_proc_h2_floor``: the same answers from a bare
+   HTTP/2 protocol on uvloop, no gRPC library (not deployable: no HPACK decoding, no
+   flow control), for what a stream costs without grpc's C-core.
 
 "added" is the gRPC endpoint latency's p50 minus the bare decision's p50, with the
 trivial server's share beside it. CPU per stream, split by where it is spent: the
@@ -61,6 +64,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_proc
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_proc_grpc
 
 from bench.ext_proc_client import LeanExtProcClient, grpc_message
+from bench.ext_proc_h2_floor import H2FloorServer
 from bench.routing_latency import make_topology, measure
 from placement.router.core import Router
 from placement.router.endpoint_picking import GatewayRequest
@@ -252,7 +256,7 @@ class StreamFigures:
 
 
 def run_streams(
-    server: ServerThread | SyncServer,
+    server: ServerThread | SyncServer | H2FloorServer,
     requests: list[str],
     *,
     concurrency: int,
@@ -440,7 +444,7 @@ def main() -> None:
     stream_p50, stream_p99 = measure_async(loop, translated, requests)
     loop.close()
 
-    def streams_to(server: ServerThread | SyncServer) -> StreamFigures:
+    def streams_to(server: ServerThread | SyncServer | H2FloorServer) -> StreamFigures:
         return run_streams(
             server,
             requests,
@@ -451,9 +455,14 @@ def main() -> None:
 
     floor, picker = streams_to(ServerThread(None)), streams_to(ServerThread(router))
     others = {}
+    bare_picker: StreamFigures | None = None
     if args.transports:
         others["grpc.aio on asyncio's loop"] = streams_to(ServerThread(None, use_uvloop=False))
         others["grpc.server, 8 threads"] = streams_to(SyncServer())
+        if gateway == "lean":
+            h2_floor = H2FloorServer(Floor().routed)
+            others["bare HTTP/2, no gRPC (bench only)"] = streams_to(h2_floor)
+            bare_picker = streams_to(H2FloorServer(Floor().routed, router))
 
     print(
         f"endpoint picker, {args.pods} pods, {len(adapters):,} adapters, {args.calls:,} "
@@ -500,6 +509,13 @@ def main() -> None:
                 f"  {name:32s} {figures.picked[0]:7.1f} / {figures.picked[1]:7.1f}   "
                 f"server {figures.process_cpu_us:6.1f}, client {client_us:6.1f}"
             )
+    if bare_picker is not None:
+        print(
+            f"the picker's _Stream on the bare HTTP/2 protocol (bench only): to the endpoint "
+            f"p50 / p99 {bare_picker.picked[0]:.1f} / {bare_picker.picked[1]:.1f}, added at "
+            f"the median {bare_picker.picked[0] - bare_p50:.1f}; CPU per stream, its loop "
+            f"thread {bare_picker.server_cpu_us:.1f}"
+        )
 
 
 if __name__ == "__main__":
