@@ -29,13 +29,18 @@ started: nothing scrapes, every pod stays healthy), requests drawing adapters un
    ``grpc.server`` (a thread pool of 8, the handler reading a request iterator), and
    (lean client only) as ``bench.ext_proc_h2_floor``: the same answers from a bare
    HTTP/2 protocol on uvloop, no gRPC library (not deployable: no HPACK decoding, no
-   flow control), for what a stream costs without grpc's C-core.
+   flow control), for what a stream costs without grpc's C-core; and the picker's own
+   ``_Stream`` (translation, decision, answers) over that bare protocol: what the
+   picker would cost on a transport that costs next to nothing.
 
 "added" is the gRPC endpoint latency's p50 minus the bare decision's p50, with the
 trivial server's share beside it. CPU per stream, split by where it is spent: the
 server's event-loop thread (``pthread_getcpuclockid``), the server's whole process
 (gRPC's own threads too), and the client's process. Unlike CPU time, wall time counts
-the preemption a shared machine adds: run it on a quiet one, or several times.
+the preemption a shared machine adds: run it on a quiet one, or several times. One
+stream at a time, the server's thread sleeps between streams and wakes to cold caches:
+the same Python work costs it 1.5-2.5 times what the in-process lines (1-3), run back
+to back, show.
 
     .venv/bin/python -m bench.picker_latency [--pods 64] [--calls 5000] [--concurrency 1]
         [--gateway lean|grpc] [--transports] [--same-process]
