@@ -39,7 +39,7 @@ server's event-loop thread (``pthread_getcpuclockid``), the server's whole proce
 (gRPC's own threads too), and the client's process. Unlike CPU time, wall time counts
 the preemption a shared machine adds: run it on a quiet one, or several times. One
 stream at a time, the server's thread sleeps between streams and wakes to cold caches:
-the same Python work costs it 1.5-2.5 times what the in-process lines (1-3), run back
+the same Python work costs it 1.5-3 times what the in-process lines (1-3), run back
 to back, show.
 
     .venv/bin/python -m bench.picker_latency [--pods 64] [--calls 5000] [--concurrency 1]
