@@ -128,7 +128,7 @@ def _note_admission(relay: Relay, state: LivePod, exchange: Exchange) -> None:
         return
     state.note_use(AdapterId(exchange.model), relay.clock())
     if exchange.outcome is Outcome.CPU_HIT:
-        relay.metrics.loads.labels(pod=state.upstream.pod, reason="activation").inc()
+        relay.metrics.activation(state.upstream.pod)
 
 
 async def forward(
