@@ -31,11 +31,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import os
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -72,8 +75,32 @@ def _children(pid: int) -> list[int]:
     return [int(part) for part in path.read_text().split()] if path.exists() else []
 
 
-async def _drive(url: str, trace: list[str], connections: int) -> tuple[float, int]:
-    """The trace over ``connections`` keep-alive connections; seconds taken and 200s."""
+def _connections_of(pids: list[int], port: int) -> list[int]:
+    """The established connections to ``port`` each process holds (/proc/net/tcp*)."""
+    inodes: dict[str, int] = {}
+    for index, pid in enumerate(pids):
+        with contextlib.suppress(FileNotFoundError):
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                    if link.startswith("socket:["):
+                        inodes[link[8:-1]] = index
+    counts = [0] * len(pids)
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(FileNotFoundError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                local_port = int(fields[1].rsplit(":", 1)[1], 16)
+                if local_port == port and fields[3] == "01" and fields[9] in inodes:
+                    counts[inodes[fields[9]]] += 1
+    return counts
+
+
+async def _drive(
+    url: str, trace: list[str], connections: int, *, on_quarter: Callable[[], None]
+) -> tuple[float, int]:
+    """The trace over ``connections`` keep-alive connections; seconds taken and 200s.
+    ``on_quarter`` runs once, a quarter of the way through (every connection open)."""
     connector = aiohttp.TCPConnector(limit=connections)
     ok = 0
     async with aiohttp.ClientSession(connector=connector) as session:
@@ -84,6 +111,8 @@ async def _drive(url: str, trace: list[str], connections: int) -> tuple[float, i
             while position < len(trace):
                 model = trace[position]
                 position += 1
+                if position == len(trace) // 4:
+                    on_quarter()
                 body = {"model": model, "prompt": "hello", "max_tokens": 1}
                 async with session.post(f"{url}/v1/completions", json=body) as reply:
                     await reply.read()
@@ -151,7 +180,15 @@ def _run(workers: int, args: argparse.Namespace, tmp: Path, ports: list[int]) ->
         time.sleep(args.idle_s)
         idle_rate = {pid: (_cpu_s(pid) - idle[pid]) / args.idle_s for pid in pids}
         before = {pid: _cpu_s(pid) for pid in pids}
-        seconds, ok = asyncio.run(_drive(url, args.trace, args.connections))
+        workers_only = pids[1:] or pids
+        split: list[int] = []
+
+        def count_connections() -> None:
+            split.extend(_connections_of(workers_only, port))
+
+        seconds, ok = asyncio.run(
+            _drive(url, args.trace, args.connections, on_quarter=count_connections)
+        )
         spent = {pid: _cpu_s(pid) - before[pid] for pid in pids}
         after_run = asyncio.run(_pods_admin(ports, "counters"))
     finally:
@@ -159,7 +196,6 @@ def _run(workers: int, args: argparse.Namespace, tmp: Path, ports: list[int]) ->
         router.wait(timeout=60)
         errors.close()
     cpu_s = sum(spent.values())
-    workers_only = pids[1:] or pids
     busiest_s = max(spent[pid] for pid in workers_only)
     # At saturation each worker's core does its idle rounds and its share of the
     # requests (the kernel's split of the connections, as in this run): the router
@@ -173,6 +209,7 @@ def _run(workers: int, args: argparse.Namespace, tmp: Path, ports: list[int]) ->
         "router_cpu_s": cpu_s,
         "requests_per_router_cpu_s": ok / cpu_s,
         "worker_cpu_s": [round(spent[pid], 3) for pid in pids[1:]] or [round(cpu_s, 3)],
+        "connections_each": split,
         "busiest_worker_cpu_share": busiest_s / seconds,
         "capacity_rps_core_each": ok / busiest_s,
         "saturation_rps_core_each": saturation_rps,

@@ -27,6 +27,15 @@ metrics, listings) into a directory the parent made; the others apply it on thei
 scrape rounds instead of reading the pods, and scrape themselves only when it is
 missing, unreadable or stale (``router.shared_scrapes``).
 
+Connections kept even: the kernel's hash over a few long-lived keep-alive connections
+often gives one worker far more than its share (21 of 32 over two workers), and that
+worker saturates first. Each worker writes its count of open client connections into
+memory the parent shared before the fork (``ConnectionCounts``) every ``TICK_S``; a
+worker holding more than one over its share (the total over N, rounded up) answers its
+next few responses with ``connection: close`` (``BalancedApp``), whole as ever: the
+client opens a new connection, which the kernel hands to any worker, until no worker
+is more than one over its share.
+
 One ``/metrics`` for all: a Prometheus scrape reaches whichever worker the kernel picks,
 so each worker writes its figures to files of its own in a directory the parent made
 (``router.metrics.record_in``) and renders every worker's (``RouterMetrics.share``):
@@ -36,20 +45,24 @@ parent removes an exited worker's gauges, and the directory when it exits.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ctypes
+import mmap
 import os
 import shutil
 import signal
 import socket
+import struct
 import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import uvicorn
 
@@ -87,18 +100,110 @@ def bind(host: str, port: int, *, listen: bool) -> socket.socket:
     return sock
 
 
-class _Worker(uvicorn.Server):
-    """uvicorn on the inherited socket, telling the parent once it accepts connections."""
+#: How often a worker's main loop wakes (uvicorn's own wakes every 0.1 s): to compare
+#: its connections with the other workers'. A signal to exit wakes it at once.
+TICK_S = 0.5
 
-    def __init__(self, config: uvicorn.Config, *, ready_fd: int) -> None:
+Message = MutableMapping[str, Any]
+Send = Callable[[Message], Awaitable[None]]
+
+
+class ConnectionCounts:
+    """Every worker's open client connections, in an anonymous shared mapping that the
+    parent makes before the fork (so every worker writes and reads the same memory)."""
+
+    def __init__(self, workers: int) -> None:
+        self.workers = workers
+        self._memory = mmap.mmap(-1, 4 * workers)  # MAP_SHARED: forked workers see it
+        self._form = struct.Struct(f"<{workers}i")
+
+    def record(self, worker: int, connections: int) -> None:
+        struct.pack_into("<i", self._memory, 4 * worker, connections)
+
+    def each(self) -> tuple[int, ...]:
+        return tuple(self._form.unpack_from(self._memory))
+
+
+def over_share(connections: Sequence[int], worker: int) -> int:
+    """How many of ``worker``'s connections to close: down to its share (the total over
+    the workers, rounded up) once it holds more than one over it; else 0. Pure."""
+    share = -(-sum(connections) // len(connections))
+    mine = connections[worker]
+    return mine - share if mine > share + 1 else 0
+
+
+def _closing(send: Send) -> Send:
+    """``send`` with ``connection: close`` added to the response's head."""
+
+    async def closing(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            headers = [*message.get("headers", ()), (b"connection", b"close")]
+            message = {**message, "headers": headers}
+        await send(message)
+
+    return closing
+
+
+@dataclass(eq=False)
+class BalancedApp:
+    """``app`` as worker ``worker`` of those in ``counts``: while the worker holds more
+    than its share of the router's client connections, its next responses (as many as
+    it is over) close their connections once answered."""
+
+    app: RouterApp
+    counts: ConnectionCounts
+    worker: int
+    #: Responses still to close their connection.
+    closing: int = field(default=0)
+
+    async def __call__(self, scope: Message, receive: Any, send: Send) -> None:
+        if self.closing and scope["type"] == "http":
+            self.closing -= 1
+            send = _closing(send)
+        await self.app(scope, receive, send)
+
+    def rebalance(self, connections: int) -> None:
+        """Record this worker's ``connections`` and read how far over its share it is."""
+        self.counts.record(self.worker, connections)
+        self.closing = over_share(self.counts.each(), self.worker)
+
+
+class _Worker(uvicorn.Server):
+    """uvicorn on the inherited socket, telling the parent once it accepts connections;
+    its main loop wakes every ``TICK_S`` (or at a signal) and keeps the connections even
+    (``balance``) instead of waking ten times a second."""
+
+    def __init__(
+        self, config: uvicorn.Config, *, ready_fd: int, balance: BalancedApp | None
+    ) -> None:
         super().__init__(config)
         self._ready_fd = ready_fd
+        self._balance = balance
+        self._wake: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets=sockets)
         if self.started:
             os.write(self._ready_fd, b"1")
             os.close(self._ready_fd)
+
+    async def main_loop(self) -> None:
+        self._wake, self._loop = asyncio.Event(), asyncio.get_running_loop()
+        ticks = 0  # in uvicorn's tenths of a second: each call refreshes its headers
+        should_exit = await self.on_tick(ticks)
+        while not should_exit:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), TICK_S)
+            ticks = (ticks + 10) % 864000
+            should_exit = await self.on_tick(ticks)
+            if self._balance is not None:
+                self._balance.rebalance(len(self.server_state.connections))
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        super().handle_exit(sig, frame)
+        if self._loop is not None and self._wake is not None:
+            self._loop.call_soon_threadsafe(self._wake.set)
 
 
 def share_loads(app: RouterApp, claims_dir: Path, *, workers: int, worker: int = 0) -> None:
@@ -135,10 +240,12 @@ def share_scrapes(app: RouterApp, directory: Path, *, worker: int) -> None:
     )
 
 
-def _run_worker(app: RouterApp, sock: socket.socket, ready_fd: int) -> None:
-    """Serve ``app`` on ``sock`` until a signal ends uvicorn."""
+def _run_worker(
+    app: RouterApp, sock: socket.socket, ready_fd: int, *, balance: BalancedApp | None = None
+) -> None:
+    """Serve ``app`` (through ``balance`` if given) on ``sock`` until a signal ends uvicorn."""
     config = uvicorn.Config(
-        app,
+        balance if balance is not None else app,
         access_log=False,
         http=RouterHttpProtocol,
         loop="uvloop",
@@ -147,7 +254,7 @@ def _run_worker(app: RouterApp, sock: socket.socket, ready_fd: int) -> None:
         date_header=False,
         timeout_graceful_shutdown=max(1, round(app.router.settings.shutdown_grace_s)),
     )
-    _Worker(config, ready_fd=ready_fd).run(sockets=[sock])
+    _Worker(config, ready_fd=ready_fd, balance=balance).run(sockets=[sock])
 
 
 def serve_workers(
@@ -166,7 +273,7 @@ def serve_workers(
     if workers < 1:
         raise ValueError(f"--workers must be at least 1, not {workers}")
     held = bind(host, port, listen=not REUSE_PORT)
-    shared = _Shared.make() if workers > 1 else None
+    shared = _Shared.make(workers) if workers > 1 else None
     try:
         return _fork_and_wait(
             make_app, held, host=host, workers=workers, shared=shared,
@@ -179,15 +286,16 @@ def serve_workers(
 
 @dataclass(frozen=True)
 class _Shared:
-    """The directories the workers share: load claims, every worker's metrics, and
-    worker 0's scrapes."""
+    """What the workers share: the directories of load claims, every worker's metrics,
+    and worker 0's scrapes; and every worker's count of client connections."""
 
     claims: Path
     metrics: Path
     scrapes: Path
+    connections: ConnectionCounts
 
     @classmethod
-    def make(cls) -> _Shared:
+    def make(cls, workers: int) -> _Shared:
         # In memory where the system has a tmpfs: worker 0 replaces its scrape snapshot
         # every round, and on ext4 a rename over a file flushes the new one to disk
         # (2.4 ms of the event loop's wall time each, against 22 us on tmpfs).
@@ -195,7 +303,7 @@ class _Shared:
         claims = Path(tempfile.mkdtemp(prefix="lorafleet-claims-", dir=memory))
         metrics = Path(tempfile.mkdtemp(prefix="lorafleet-metrics-", dir=memory))
         scrapes = Path(tempfile.mkdtemp(prefix="lorafleet-scrapes-", dir=memory))
-        return cls(claims, metrics, scrapes)
+        return cls(claims, metrics, scrapes, ConnectionCounts(workers))
 
     def remove(self) -> None:
         for directory in (self.claims, self.metrics, self.scrapes):
@@ -247,11 +355,13 @@ def _fork_and_wait(
                 if shared is not None:
                     record_in(shared.metrics)  # before make_app creates any metric
                 app = make_app(worker)
+                balance = None
                 if shared is not None:
                     share_loads(app, shared.claims, workers=workers, worker=worker)
                     share_scrapes(app, shared.scrapes, worker=worker)
                     app.router.metrics.share(shared.metrics)
-                _run_worker(app, sock, ready_write)
+                    balance = BalancedApp(app, shared.connections, worker)
+                _run_worker(app, sock, ready_write, balance=balance)
             except BaseException:
                 traceback.print_exc()
                 status = 1
