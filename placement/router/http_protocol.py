@@ -76,6 +76,10 @@ class RouterHttpProtocol(asyncio.Protocol):
         self.server_state = server_state
         self.app_state = app_state
         self._parser = httptools.HttpRequestParser(self)
+        # Data after a ``Connection: close`` request (a pipelined request behind it) is
+        # ignored, as uvicorn ignores it, instead of failing the parser: else the
+        # request before it would go unanswered.
+        self._parser.set_dangerous_leniencies(lenient_data_after_close=True)
         self._keepalive_s = float(config.timeout_keep_alive)
         self._root_path = config.root_path
         self._transport: asyncio.Transport | None = None

@@ -205,6 +205,14 @@ def test_connection_close_is_honoured() -> None:
         assert client.closed()
 
 
+def test_a_request_pipelined_behind_connection_close_leaves_the_first_answered() -> None:
+    with _serving(_App()) as port, _Client(port) as client:
+        client.send(_post("/echo", b"last", "connection: close") + _post("/echo", b"ignored"))
+        head, body = client.answer()
+        assert b"connection: close\r\n" in head and body == b"last"
+        assert client.closed() and client.buffer == b""
+
+
 def test_an_http_1_0_request_gets_its_answer_and_the_connection_closes() -> None:
     with _serving(_App()) as port, _Client(port) as client:
         client.send(b"GET /whole HTTP/1.0\r\n\r\n")
