@@ -279,7 +279,10 @@ class RouterHttpProtocol(asyncio.Protocol):
         if transport is None or transport.is_closing():
             return
         cycle = self._running
-        if cycle is None or cycle.response_complete:  # else the 400 would cut into an answer
+        # Unless an answer is under way (the 400 would cut into it): a body's framing
+        # found invalid after its head started the app is answered too. The app's own
+        # answer then goes nowhere: the transport is closing.
+        if cycle is None or not cycle.response_started or cycle.response_complete:
             head = (
                 b"HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain; charset=utf-8\r\n"
                 b"content-length: %d\r\nconnection: close\r\n\r\n" % len(_BAD_REQUEST)

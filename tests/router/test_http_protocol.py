@@ -11,6 +11,7 @@ from collections.abc import Iterator, MutableMapping
 from contextlib import contextmanager
 from typing import Any
 
+import pytest
 import uvicorn
 
 from placement.router.http_protocol import RouterHttpProtocol
@@ -254,6 +255,23 @@ def test_malformed_http_is_a_400_and_the_connection_closes() -> None:
         assert head.startswith(b"HTTP/1.1 400 Bad Request\r\n")
         assert b"connection: close\r\n" in head and body == b"Invalid HTTP request received."
         assert client.closed()
+
+
+@pytest.mark.parametrize(
+    "framing",
+    [
+        pytest.param(b"transfer-encoding: chunked\r\n\r\nzz\r\nabcd\r\n0\r\n\r\n", id="chunk-size"),
+        pytest.param(b"transfer-encoding: chunked\r\n\r\n4;x\nabcd\r\n0\r\n\r\n", id="bare-lf"),
+        pytest.param(b"transfer-encoding: gzip\r\n\r\nabcd", id="not-chunked-last"),
+    ],
+)
+def test_a_body_framed_invalidly_after_a_valid_head_is_a_400(framing: bytes) -> None:
+    """The head started the app; the body's framing fails the parser: still a 400."""
+    with _serving(_App()) as port, _Client(port) as client:
+        client.send(b"POST /echo HTTP/1.1\r\nhost: x\r\n" + framing)
+        head, body = client.answer()
+        assert head.startswith(b"HTTP/1.1 400 Bad Request\r\n")
+        assert body == b"Invalid HTTP request received." and client.closed()
 
 
 def test_a_client_gone_mid_stream_is_a_disconnect_for_the_app() -> None:
