@@ -16,6 +16,7 @@ What it does as uvicorn's httptools protocol does, with less work per request:
 - pipelining: requests parsed while one is answered wait in order, and reading pauses
   until the answer is done; request bodies past 64 KiB unread pause reading too;
 - a malformed request is answered 400 (plain text, ``connection: close``) and closed;
+  a request's head past ``MAX_HEAD_BYTES`` (64 KiB) is answered 431 and closed;
 - a response's head leaves with its first body part in one write (a whole answer is
   one ``send`` to the socket); a stream's head is written at the end of the event
   loop's iteration at the latest, so nothing waits for the body;
@@ -45,6 +46,11 @@ from placement.router.http_cycle import HIGH_WATER_BYTES, RequestCycle
 log = logging.getLogger("uvicorn.error")
 
 _BAD_REQUEST = b"Invalid HTTP request received."
+_HEAD_TOO_LARGE = b"Request head too large."
+#: A request's line and headers past this many bytes are refused (431): httptools sets
+#: no limit and buffers a header's value whole, so without one a client could fill
+#: the memory with a head that never ends.
+MAX_HEAD_BYTES = 65536
 
 
 def _address(transport: asyncio.BaseTransport, *, peer: bool) -> tuple[str, int] | None:
@@ -92,6 +98,10 @@ class RouterHttpProtocol(asyncio.Protocol):
         self._url = b""
         self._headers: list[tuple[bytes, bytes]] = []
         self._expect_100 = False
+        #: Whether a request's head is being parsed, and its bytes in reads wholly
+        #: within it (the read it began in is not counted: at most one read over).
+        self._in_head = False
+        self._head_bytes = 0
         self._read_paused = False
         self.write_paused = False
         self._drained: asyncio.Future[None] | None = None
@@ -123,13 +133,19 @@ class RouterHttpProtocol(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._last_active_s = self.loop.time()
+        if self._in_head:
+            self._head_bytes += len(data)
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
             log.warning("Unsupported upgrade request.")
         except httptools.HttpParserError:
             log.warning(_BAD_REQUEST.decode())
-            self._bad_request()
+            self._refuse(b"400 Bad Request", _BAD_REQUEST)
+            return
+        if self._in_head and self._head_bytes > MAX_HEAD_BYTES:
+            log.warning(_HEAD_TOO_LARGE.decode())
+            self._refuse(b"431 Request Header Fields Too Large", _HEAD_TOO_LARGE)
 
     def eof_received(self) -> None:
         return None
@@ -146,6 +162,8 @@ class RouterHttpProtocol(asyncio.Protocol):
     # -- httptools' callbacks ----------------------------------------------------------
 
     def on_message_begin(self) -> None:
+        self._in_head = True
+        self._head_bytes = 0
         self._url = b""
         self._headers = []
         self._expect_100 = False
@@ -160,6 +178,7 @@ class RouterHttpProtocol(asyncio.Protocol):
         self._headers.append((name, value))
 
     def on_headers_complete(self) -> None:
+        self._in_head = False
         parser = self._parser
         version = parser.get_http_version()
         raw_path, _, query = self._url.partition(b"?")
@@ -274,7 +293,7 @@ class RouterHttpProtocol(asyncio.Protocol):
                 return
         self._idle_timer = self.loop.call_at(due_s, self._idle)
 
-    def _bad_request(self) -> None:
+    def _refuse(self, status: bytes, body: bytes) -> None:
         transport = self._transport
         if transport is None or transport.is_closing():
             return
@@ -284,10 +303,10 @@ class RouterHttpProtocol(asyncio.Protocol):
         # answer then goes nowhere: the transport is closing.
         if cycle is None or not cycle.response_started or cycle.response_complete:
             head = (
-                b"HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain; charset=utf-8\r\n"
-                b"content-length: %d\r\nconnection: close\r\n\r\n" % len(_BAD_REQUEST)
+                b"HTTP/1.1 %s\r\ncontent-type: text/plain; charset=utf-8\r\n"
+                b"content-length: %d\r\nconnection: close\r\n\r\n" % (status, len(body))
             )
-            transport.write(head + _BAD_REQUEST)
+            transport.write(head + body)
         transport.close()
 
     def shutdown(self) -> None:

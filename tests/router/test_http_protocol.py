@@ -5,6 +5,7 @@ tells the test what it saw through events, and reads end at what they wait for."
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import threading
 from collections.abc import Iterator, MutableMapping
@@ -14,7 +15,7 @@ from typing import Any
 import pytest
 import uvicorn
 
-from placement.router.http_protocol import RouterHttpProtocol
+from placement.router.http_protocol import MAX_HEAD_BYTES, RouterHttpProtocol
 
 from .processes import wait_for
 
@@ -255,6 +256,23 @@ def test_malformed_http_is_a_400_and_the_connection_closes() -> None:
         assert head.startswith(b"HTTP/1.1 400 Bad Request\r\n")
         assert b"connection: close\r\n" in head and body == b"Invalid HTTP request received."
         assert client.closed()
+
+
+def test_a_head_that_never_ends_is_a_431_and_the_connection_closes() -> None:
+    """A header value that goes on and on: refused once past the limit, not buffered."""
+    flood = b"x" * (16 * MAX_HEAD_BYTES)
+
+    def send_all(client: _Client) -> None:
+        with contextlib.suppress(OSError):  # the server closes while this still sends
+            client.send(b"GET /whole HTTP/1.1\r\nhost: x\r\nx-long: " + flood)
+
+    with _serving(_App()) as port, _Client(port) as client:
+        sender = threading.Thread(target=send_all, args=(client,), daemon=True)
+        sender.start()
+        head, body = client.answer()
+        assert head.startswith(b"HTTP/1.1 431 ") and b"connection: close\r\n" in head
+        assert body == b"Request head too large."
+        sender.join(timeout=10)
 
 
 @pytest.mark.parametrize(
