@@ -186,7 +186,13 @@ class Reply(asyncio.Protocol):
         """Write one request; the answer's end or ``deadline`` (the loop's time) ends it."""
         assert self._transport is not None
         self._deadline, self._asked = deadline, True
-        if self._timer is None:  # else it fires at an earlier deadline, and re-arms
+        timer = self._timer
+        # A timer armed for an earlier deadline fires and re-arms; one armed for a later
+        # one (a request that waited for this connection has the earlier deadline) is
+        # set again, or this request's timeout would come late.
+        if timer is None or timer.when() > deadline:
+            if timer is not None:
+                timer.cancel()
             self._timer = self._loop.call_at(deadline, self._check_deadline)
         self._transport.writelines((head, body))
 

@@ -290,6 +290,21 @@ async def test_a_full_pool_until_the_deadline_is_the_routers_limit_not_the_pods(
         await client.close()
 
 
+async def test_a_request_times_out_at_its_own_deadline_on_a_connection_armed_for_a_later_one() -> (
+    None
+):
+    """A kept-alive connection's timer was set for an earlier request's later deadline:
+    the next request's earlier deadline still ends it (not 60 s later)."""
+    async with fake_pod(ok(b"1"), HANG) as pod:
+        client = upstreams(timeout_s=60.0)
+        assert await answer(client, pod.url) == (200, b"1")  # its timer: 60 s from now
+        client.timeout_s = 0.2  # the next request's deadline comes first
+        with pytest.raises(UpstreamTimeoutError):
+            await asyncio.wait_for(client.post(POD, pod.url, b"{}"), timeout=30.0)
+        assert pod.connections == 1
+        await client.close()
+
+
 async def test_a_waiter_woken_then_cancelled_hands_the_connection_on() -> None:
     async with fake_pod(ok(b"1"), ok(b"3")) as pod:
         client = upstreams(max_connections=1)
