@@ -83,7 +83,7 @@ class RequestCycle:
         "_head_only",
         "_link",
         "_remaining",
-        "_waiter",
+        "_waiters",
         "body_done",
         "disconnected",
         "keep_alive",
@@ -101,7 +101,7 @@ class RequestCycle:
         self._chunks: list[bytes] = []
         self.body_done = self._end_given = False
         self.disconnected = self.response_started = self.response_complete = False
-        self._waiter: asyncio.Future[None] | None = None
+        self._waiters: list[asyncio.Future[None]] = []
         self._head: bytes | None = None
         self._chunked: bool | None = None
         self._remaining = 0
@@ -165,7 +165,11 @@ class RequestCycle:
                 self._link.read_more()
                 return {"type": "http.request", "body": body, "more_body": more}
             self._link.read_more()
-            waiter = self._waiter = self._link.loop.create_future()
+            # Each receiver waits on its own future (an app may listen for the
+            # disconnect while it reads the body), and every one is woken; a receiver
+            # cancelled meanwhile leaves a cancelled future, which the wake passes over.
+            waiter = self._link.loop.create_future()
+            self._waiters.append(waiter)
             await waiter
         return {"type": "http.disconnect"}
 
@@ -266,11 +270,12 @@ class RequestCycle:
                 transport.write(head)
 
     def _wake(self) -> None:
-        waiter = self._waiter
-        if waiter is not None:
-            self._waiter = None
-            if not waiter.done():
-                waiter.set_result(None)
+        waiters = self._waiters
+        if waiters:
+            self._waiters = []
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
 
     async def _send_500(self) -> None:
         headers = [

@@ -47,12 +47,12 @@ class _App:
             await _answer(send, 200, body, b"application/octet-stream")
         elif path == "/refuse":
             await _answer(send, 413, b"too large", b"text/plain")
-        elif path == "/events":
+        elif path in ("/events", "/events-two-listeners"):
             head = [(b"content-type", b"text/event-stream")]
             await send({"type": "http.response.start", "status": 200, "headers": head})
             await send({"type": "http.response.body", "body": b"data: 1\n\n", "more_body": True})
-            while (await receive())["type"] != "http.disconnect":
-                pass
+            listeners = 2 if path == "/events-two-listeners" else 1
+            await asyncio.gather(*(_until_disconnect(receive) for _ in range(listeners)))
             self.disconnected.set()
         else:
             head = [(b"content-type", b"text/event-stream")]
@@ -60,6 +60,11 @@ class _App:
             while not self.release.is_set():
                 await asyncio.sleep(0)  # yield to the loop: the head must leave meanwhile
             await send({"type": "http.response.body", "body": b"data: 1\n\n", "more_body": False})
+
+
+async def _until_disconnect(receive: Any) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _answer(send: Any, status: int, body: bytes, kind: bytes) -> None:
@@ -292,11 +297,14 @@ def test_a_body_framed_invalidly_after_a_valid_head_is_a_400(framing: bytes) -> 
         assert body == b"Invalid HTTP request received." and client.closed()
 
 
-def test_a_client_gone_mid_stream_is_a_disconnect_for_the_app() -> None:
+@pytest.mark.parametrize("path", ["/events", "/events-two-listeners"], ids=["one", "two"])
+def test_a_client_gone_mid_stream_is_a_disconnect_for_every_receiver(path: str) -> None:
+    """Two ``receive`` calls waiting at once (a disconnect listener beside the app's
+    own) are both told."""
     app = _App()
     with _serving(app) as port:
         with _Client(port) as client:
-            client.send(b"GET /events HTTP/1.1\r\nhost: x\r\n\r\n")
+            client.send(b"GET %s HTTP/1.1\r\nhost: x\r\n\r\n" % path.encode())
             assert b"data: 1" in client.read_until(b"data: 1\n\n")
         assert app.disconnected.wait(timeout=10)
         with _Client(port) as client:  # the server goes on
