@@ -182,7 +182,7 @@ class RouterHttpProtocol(asyncio.Protocol):
         parser = self._parser
         version = parser.get_http_version()
         raw_path, _, query = self._url.partition(b"?")
-        if not raw_path.startswith(b"/"):  # absolute-form, or "*"
+        if not raw_path.startswith(b"/") or b"#" in self._url:  # absolute-form, "*", a fragment
             parsed = httptools.parse_url(self._url)
             raw_path, query = parsed.path or b"/", parsed.query or b""
         path = raw_path.decode("ascii")

@@ -310,3 +310,9 @@ def test_a_client_gone_mid_stream_is_a_disconnect_for_every_receiver(path: str) 
         with _Client(port) as client:  # the server goes on
             client.send(b"GET /whole HTTP/1.1\r\nhost: x\r\n\r\n")
             assert client.answer()[1] == b"hello"
+
+
+def test_a_fragment_in_the_url_is_not_part_of_the_path() -> None:
+    with _serving(_App()) as port, _Client(port) as client:
+        client.send(b"GET /whole#section HTTP/1.1\r\nhost: x\r\n\r\n")
+        assert client.answer()[1] == b"hello"
