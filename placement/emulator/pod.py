@@ -175,7 +175,8 @@ class EmulatedPod:
             adapter = self._check_load(name, path, pinned=pinned, inplace=inplace)
             read_ms = self.config.cold_read_ms(adapter.size_bytes)
             one_loop = not self.config.model.is_sglang
-            # vLLM reads and activates in one call on its engine's loop (``_read``).
+            # vLLM reads and activates in one call on its engine's loop (``_read``); an
+            # injected slow load is a slow read, so on vLLM it stalls the batch as well.
             async with self.engine_step if one_loop else contextlib.nullcontext():
                 await self._pause(read_ms + self.faults.slow_load_ms)
                 self._alive(generation)
