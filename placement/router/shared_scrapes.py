@@ -10,16 +10,26 @@ the rotation, ``/metrics`` missing) and its parsed ``PodMetrics`` in ``scrapes.j
 the listings, numbered per pod, in ``listings.json`` whenever it read one. Each file
 is written whole under a temporary name and renamed over the last.
 
+The snapshot carries a generation, raised only when some pod's report changed: a round
+that learnt nothing new (idle pods report the same figures round after round) does not
+rewrite the file but sets its mtime (``os.utime``, on the scraper's clock), and a
+reader takes the later of the two as the snapshot's time.
+
 The other workers (``ScrapeFollower``) read those files on their own scrape rounds: a
-stat per file, and a parse only when the file changed (a new inode, size or mtime);
-they apply each pod's report as a scrape would (``PodScraper.take``: ``observe``, the
-health verdict, the listing into the ledger) with their own requests in flight kept,
-and each listing once. A worker scrapes a pod itself when the snapshot has no word of
-it (a pod it knows and the scraper does not yet, another URL), when its own listing
-of the pod is due (it was told "already loaded" of a name it did not know), and every
-pod when the snapshot is missing, unreadable (a warning names the file) or stale:
-older than ``STALE_ROUNDS`` scrape intervals plus a scrape's timeout (the scraper is
-dead or stuck), so that no worker is ever blind.
+stat per file, and a read only when the file changed (a new inode, size or mtime); the
+pods' reports are decoded only when the generation moved. They apply each pod's
+report on every round the snapshot is current, as a scrape would (``PodScraper.take``:
+``observe``, the health verdict, the listing into the ledger), with their own requests
+in flight kept, and each listing once. A heartbeat keeps the file (its inode); a
+changed report makes a new one, so a follower decodes again when either the generation
+or the inode moved (a restarted scraper counts from 1 again).
+
+A worker scrapes a pod itself when the snapshot has no word of it (a pod it knows and
+the scraper does not yet, another URL), when its own listing of the pod is due (it was
+told "already loaded" of a name it did not know), and every pod when the snapshot is
+missing, unreadable (a warning names the file) or stale: older than ``STALE_ROUNDS``
+scrape intervals plus a scrape's timeout (the scraper is dead or stuck), so that no
+worker is ever blind.
 
 Must not scrape over HTTP or judge health itself: that is ``router.scraping``.
 """
@@ -32,7 +42,7 @@ import logging
 import math
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -73,8 +83,11 @@ class PodReport:
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
+    #: When the scraper last wrote it or found it unchanged (system clock seconds).
     written_s: float
     pods: Mapping[PodId, PodReport]
+    #: Raised by the scraper whenever some pod's report changed.
+    generation: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,13 +107,20 @@ def _metrics_out(m: PodMetrics) -> list[Any]:
             m.healthy]  # fmt: skip
 
 
-def encode_snapshot(snapshot: Snapshot) -> bytes:
-    pods = [
+def encode_reports(pods: Mapping[PodId, PodReport]) -> bytes:
+    """The pods' part of a snapshot (what its generation numbers)."""
+    reports = [
         [r.pod, r.url, r.fresh, r.healthy, r.why, r.metrics_missing, _metrics_out(r.metrics)]
-        for r in snapshot.pods.values()
+        for r in pods.values()
     ]
-    record = {"v": _FORMAT, "t": snapshot.written_s, "pods": pods}
-    return json.dumps(record, separators=(",", ":")).encode()
+    return json.dumps(reports, separators=(",", ":")).encode()
+
+
+def encode_snapshot(snapshot: Snapshot, *, reports: bytes | None = None) -> bytes:
+    """``scrapes.json``'s bytes; ``reports``: ``encode_reports(snapshot.pods)`` if made."""
+    head = {"v": _FORMAT, "g": snapshot.generation, "t": snapshot.written_s}
+    pods = encode_reports(snapshot.pods) if reports is None else reports
+    return json.dumps(head, separators=(",", ":")).encode()[:-1] + b',"pods":' + pods + b"}"
 
 
 def encode_listings(listings: Mapping[PodId, Listing]) -> bytes:
@@ -155,8 +175,17 @@ def _load(data: bytes) -> dict[str, Any]:
 
 def decode_snapshot(data: bytes) -> Snapshot:
     """``scrapes.json``'s bytes; ``SnapshotError`` saying what is wrong."""
-    record = _load(data)
-    written_s = float(_of((int, float), record.get("t"), "its time"))
+    return _snapshot_of(_load(data))
+
+
+def _head_of(record: dict[str, Any]) -> tuple[int, float]:
+    """A snapshot record's generation and time."""
+    generation = int(_of(int, record.get("g", 0), "its generation"))
+    return generation, float(_of((int, float), record.get("t"), "its time"))
+
+
+def _snapshot_of(record: dict[str, Any]) -> Snapshot:
+    generation, written_s = _head_of(record)
     pods: dict[PodId, PodReport] = {}
     for entry in _of(list, record.get("pods"), "its pods"):
         fields = _of(list, entry, "a pod's record")
@@ -172,7 +201,7 @@ def decode_snapshot(data: bytes) -> Snapshot:
             metrics_missing=_of(bool, fields[5], f"pod {pod}'s metrics_missing"),
             metrics=_metrics_in(fields[6], pod),
         )
-    return Snapshot(written_s=written_s, pods=MappingProxyType(pods))
+    return Snapshot(written_s=written_s, pods=MappingProxyType(pods), generation=generation)
 
 
 def decode_listings(data: bytes) -> dict[PodId, Listing]:
@@ -212,6 +241,9 @@ class _Changed:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._seen: tuple[int, int, int] | None = None
+        #: The file's inode and mtime (system clock seconds) at the last read.
+        self.inode = 0
+        self.mtime_s = 0.0
 
     def read(self) -> bytes | None:
         """The new bytes; None when unchanged; ``FileNotFoundError`` when missing."""
@@ -220,6 +252,7 @@ class _Changed:
         if seen == self._seen:
             return None
         self._seen = seen
+        self.inode, self.mtime_s = stat.st_ino, stat.st_mtime
         return self.path.read_bytes()
 
 
@@ -235,6 +268,9 @@ class ScrapePublisher:
         self.scraper = scraper
         self.clock = clock
         self._listings: dict[PodId, Listing] = {}
+        self._generation = 0
+        #: The pods' part of the last snapshot written (None: none yet).
+        self._reports: bytes | None = None
         scraper.keeps_listings = True
 
     def follow(self, states: Sequence[LivePod]) -> list[LivePod]:
@@ -265,8 +301,23 @@ class ScrapePublisher:
             )
             for state, ok in zip(states, fresh, strict=True)
         }
-        snapshot = Snapshot(written_s=self.clock(), pods=reports)
-        write_whole(self.snapshot_path, encode_snapshot(snapshot))
+        self._write(reports)
+
+    def _write(self, reports: Mapping[PodId, PodReport]) -> None:
+        """A new snapshot if some report changed, else the last one's mtime moved on."""
+        encoded = encode_reports(reports)
+        if encoded == self._reports:
+            now_s = self.clock()
+            try:
+                os.utime(self.snapshot_path, (now_s, now_s))
+                return
+            except FileNotFoundError:  # removed under it: written again below
+                pass
+        else:
+            self._generation += 1
+        snapshot = Snapshot(written_s=self.clock(), pods=reports, generation=self._generation)
+        write_whole(self.snapshot_path, encode_snapshot(snapshot, reports=encoded))
+        self._reports = encoded
 
 
 class ScrapeFollower:
@@ -282,6 +333,8 @@ class ScrapeFollower:
         self._snapshot_file = _Changed(directory / SNAPSHOT)
         self._listings_file = _Changed(directory / LISTINGS)
         self._snapshot: Snapshot | None = None
+        #: The inode of the file ``_snapshot`` was decoded from.
+        self._decoded_inode = -1
         self._listings: dict[PodId, Listing] = {}
         self._applied: dict[PodId, int] = {}
         #: Whether the last round scraped every pod itself (for the log's transitions).
@@ -314,12 +367,21 @@ class ScrapeFollower:
         return own
 
     def _read_snapshot(self) -> bool:
-        """Whether a new snapshot was read (a missing or bad one forgets the last)."""
+        """Whether the snapshot was read anew (a missing or bad one forgets the last).
+        A snapshot of the generation already decoded only moves its time on."""
         try:
             data = self._snapshot_file.read()
             if data is None:
                 return False
-            self._snapshot = decode_snapshot(data)
+            record = _load(data)
+            last, file = self._snapshot, self._snapshot_file
+            generation, written_s = _head_of(record)
+            same = last is not None and generation == last.generation > 0
+            if last is None or not same or file.inode != self._decoded_inode:
+                last = _snapshot_of(record)
+                self._decoded_inode = file.inode
+            # A heartbeat moved the file's mtime, not its time inside.
+            self._snapshot = replace(last, written_s=max(written_s, file.mtime_s))
             return True
         except FileNotFoundError:
             self._snapshot = None
@@ -338,6 +400,8 @@ class ScrapeFollower:
                 data = self._listings_file.read()
                 if data is not None:
                     self._listings = decode_listings(data)
+            except FileNotFoundError:
+                raise  # none written yet: not a warning
             except (OSError, ValueError) as exc:
                 log.warning(
                     "the shared listings %s are unreadable (%s): keeping the last",

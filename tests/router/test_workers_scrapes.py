@@ -40,6 +40,7 @@ from placement.router.shared_scrapes import (
     Listing,
     PodReport,
     ScrapeFollower,
+    ScrapePublisher,
     Snapshot,
     SnapshotError,
     decode_listings,
@@ -202,6 +203,40 @@ def test_a_stale_snapshot_makes_a_worker_scrape_itself(
         first.scrape()
         second.scrape()  # current again: back to the snapshot
         assert pods.reads.count() == reads + 2 and not follower.blind
+
+
+def test_a_round_that_learnt_nothing_new_keeps_the_snapshot_and_moves_its_time(
+    tmp_path: Path,
+) -> None:
+    """An idle pod reports the same figures every round: the scraper keeps the file (and
+    its generation) and moves its mtime; a follower stays current on that, reading no
+    pod, and decodes again once a report changes."""
+    with _two_workers(tmp_path) as (pods, first, second):
+        publisher, follower = first.router.scrape_share, second.router.scrape_share
+        assert isinstance(publisher, ScrapePublisher) and isinstance(follower, ScrapeFollower)
+        path, start_s = tmp_path / SNAPSHOT, time.time()
+        publisher.clock = lambda: start_s
+        first.scrape()
+        first.scrape()  # the listing read in the first round is settled by now
+        written = path.stat()
+        before = decode_snapshot(path.read_bytes())
+        publisher.clock = lambda: start_s + 30.0
+        first.scrape()
+        kept = path.stat()
+        assert (kept.st_ino, kept.st_mtime) == (written.st_ino, start_s + 30.0)
+        assert decode_snapshot(path.read_bytes()) == before  # its time inside unchanged
+        follower.clock = lambda: start_s + 30.5  # 30 s after the time inside the file
+        reads = pods.reads.count()
+        second.scrape()
+        assert pods.reads.count() == reads and not follower.blind
+
+        pods.reads.failing.add("pod-0")
+        first.scrape()
+        changed = decode_snapshot(path.read_bytes())
+        assert changed.generation == before.generation + 1
+        assert path.stat().st_ino != written.st_ino
+        second.scrape()
+        assert not _pod(second).healthy and pods.reads.count() == reads + 1
 
 
 @pytest.mark.parametrize(
