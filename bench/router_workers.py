@@ -41,7 +41,7 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import aiohttp
 
@@ -75,6 +75,25 @@ def _children(pid: int) -> list[int]:
     return [int(part) for part in path.read_text().split()] if path.exists() else []
 
 
+def _run_s(pid: int) -> float:
+    """CPU seconds the process's live threads ran, to the nanosecond (/proc schedstat;
+    /proc/PID/stat counts in clock ticks, 10 ms, too coarse for a few idle seconds)."""
+    total_ns = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            total_ns += int(Path(f"/proc/{pid}/task/{task}/schedstat").read_text().split()[0])
+    return total_ns / 1e9
+
+
+def _switches(pid: int) -> tuple[int, int]:
+    """A process's main thread's voluntary (it slept: a wake-up each) and involuntary
+    (preempted) context switches, from /proc."""
+    fields = dict(
+        line.split(":\t", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+    )
+    return int(fields["voluntary_ctxt_switches"]), int(fields["nonvoluntary_ctxt_switches"])
+
+
 def _connections_of(pids: list[int], port: int) -> list[int]:
     """The established connections to ``port`` each process holds (/proc/net/tcp*)."""
     inodes: dict[str, int] = {}
@@ -98,12 +117,21 @@ def _connections_of(pids: list[int], port: int) -> list[int]:
 
 async def _drive(
     url: str, trace: list[str], connections: int, *, on_quarter: Callable[[], None]
-) -> tuple[float, int]:
-    """The trace over ``connections`` keep-alive connections; seconds taken and 200s.
+) -> tuple[float, int, int]:
+    """The trace over ``connections`` keep-alive connections; seconds taken, 200s, and
+    the connections opened past the first ``connections`` (the workers' rebalancing).
     ``on_quarter`` runs once, a quarter of the way through (every connection open)."""
     connector = aiohttp.TCPConnector(limit=connections)
     ok = 0
-    async with aiohttp.ClientSession(connector=connector) as session:
+    reconnects = -connections  # the first of each connection is no reconnect
+    opened = aiohttp.TraceConfig()
+
+    async def count_opened(*_: object) -> None:
+        nonlocal reconnects
+        reconnects += 1
+
+    opened.on_connection_create_end.append(count_opened)
+    async with aiohttp.ClientSession(connector=connector, trace_configs=[opened]) as session:
         position = 0
 
         async def worker() -> None:
@@ -120,7 +148,7 @@ async def _drive(
 
         started = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(connections)))
-        return time.perf_counter() - started, ok
+        return time.perf_counter() - started, ok, reconnects
 
 
 async def _pods_admin(ports: list[int], action: str) -> dict[str, int]:
@@ -153,43 +181,95 @@ async def _ready(url: str, deadline_s: float) -> None:
     raise RuntimeError(f"{url} never became ready")
 
 
-def _run(workers: int, args: argparse.Namespace, tmp: Path, ports: list[int]) -> dict[str, Any]:
-    asyncio.run(_pods_admin(ports, "restart"))
-    before_run = asyncio.run(_pods_admin(ports, "counters"))  # counters outlive restarts
-    port_file = tmp / f"router-{workers}.port"
+def _start_router(
+    workers: int, tmp: Path, *, name: str
+) -> tuple[subprocess.Popen[bytes], int, IO[bytes]]:
+    """``lorafleet router --workers N`` ready on a port of the kernel's choosing."""
+    port_file = tmp / f"{name}.port"
     command = [
         str(LORAFLEET), "router", "--fleet", str(tmp / "fleet.yaml"),
         "--plan", str(tmp / "plan.json"), "--catalog", str(tmp / "catalog.yaml"),
         "--port", "0", "--port-file", str(port_file), "--workers", str(workers),
     ]  # fmt: skip
-    errors = (tmp / f"router-{workers}.stderr").open("wb")
+    errors = (tmp / f"{name}.stderr").open("wb")
     router = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=errors)
     try:
-        try:
-            (port,) = _ports_in(port_file, router)
-            url = f"http://127.0.0.1:{port}"
-            asyncio.run(_ready(url, time.monotonic() + 60))
-        except RuntimeError:
-            tail = (tmp / f"router-{workers}.stderr").read_text(errors="replace")[-3000:]
-            raise RuntimeError(f"router --workers {workers} did not start:\n{tail}") from None
+        (port,) = _ports_in(port_file, router)
+        asyncio.run(_ready(f"http://127.0.0.1:{port}", time.monotonic() + 60))
+    except RuntimeError:
+        router.kill()
+        errors.close()
+        tail = (tmp / f"{name}.stderr").read_text(errors="replace")[-3000:]
+        raise RuntimeError(f"router --workers {workers} did not start:\n{tail}") from None
+    return router, port, errors
+
+
+def _run_alone(
+    routers: int, args: argparse.Namespace, tmp: Path, ports: list[int]
+) -> dict[str, Any]:
+    """``routers`` one-process routers side by side, each driven over its share of the
+    connections and of the trace: the processes of ``--workers N``, sharing nothing."""
+    asyncio.run(_pods_admin(ports, "restart"))
+    started = [_start_router(1, tmp, name=f"alone-{i}") for i in range(routers)]
+    try:
+        pids = [(_children(router.pid) or [router.pid])[0] for router, _, _ in started]
+        time.sleep(3.0 + args.idle_s)  # as long as the workers' runs wait
+        before = {pid: _cpu_s(pid) for pid in pids}
+        share = args.connections // routers
+
+        async def drive() -> list[tuple[float, int, int]]:
+            return await asyncio.gather(*(
+                _drive(f"http://127.0.0.1:{port}", args.trace[i::routers], share,
+                       on_quarter=lambda: None)
+                for i, (_, port, _) in enumerate(started)
+            ))  # fmt: skip
+
+        driven = asyncio.run(drive())
+        spent = [_cpu_s(pid) - before[pid] for pid in pids]
+    finally:
+        for router, _, errors in started:
+            router.terminate()
+            router.wait(timeout=60)
+            errors.close()
+    ok = sum(got for _, got, _ in driven)
+    return {
+        "alone": routers,
+        "requests_ok": ok,
+        "rps": ok / max(seconds for seconds, _, _ in driven),
+        "router_cpu_s": [round(cpu_s, 3) for cpu_s in spent],
+        "cpu_us_per_request": 1e6 * sum(spent) / max(ok, 1),
+    }
+
+
+def _run(workers: int, args: argparse.Namespace, tmp: Path, ports: list[int]) -> dict[str, Any]:
+    asyncio.run(_pods_admin(ports, "restart"))
+    before_run = asyncio.run(_pods_admin(ports, "counters"))  # counters outlive restarts
+    router, port, errors = _start_router(workers, tmp, name=f"router-{workers}")
+    url = f"http://127.0.0.1:{port}"
+    try:
         pids = [router.pid, *_children(router.pid)]
         # What the workers spend with no requests (their scrapes and plan polls), per
         # second, to tell it from what the requests cost.
         time.sleep(3.0)  # past the start's first rounds
-        idle = {pid: _cpu_s(pid) for pid in pids}
+        idle = {pid: _run_s(pid) for pid in pids}
         time.sleep(args.idle_s)
-        idle_rate = {pid: (_cpu_s(pid) - idle[pid]) / args.idle_s for pid in pids}
+        idle_rate = {pid: (_run_s(pid) - idle[pid]) / args.idle_s for pid in pids}
         before = {pid: _cpu_s(pid) for pid in pids}
         workers_only = pids[1:] or pids
+        switched = {pid: _switches(pid) for pid in workers_only}
         split: list[int] = []
 
         def count_connections() -> None:
             split.extend(_connections_of(workers_only, port))
 
-        seconds, ok = asyncio.run(
+        seconds, ok, reconnects = asyncio.run(
             _drive(url, args.trace, args.connections, on_quarter=count_connections)
         )
         spent = {pid: _cpu_s(pid) - before[pid] for pid in pids}
+        switches = [
+            [b - a for a, b in zip(switched[pid], _switches(pid), strict=True)]
+            for pid in workers_only
+        ]
         after_run = asyncio.run(_pods_admin(ports, "counters"))
     finally:
         router.terminate()
@@ -210,10 +290,14 @@ def _run(workers: int, args: argparse.Namespace, tmp: Path, ports: list[int]) ->
         "requests_per_router_cpu_s": ok / cpu_s,
         "worker_cpu_s": [round(spent[pid], 3) for pid in pids[1:]] or [round(cpu_s, 3)],
         "connections_each": split,
+        "reconnects": reconnects,
+        "wakeups_per_request": sum(v for v, _ in switches) / max(ok, 1),
+        "preemptions_per_request": sum(n for _, n in switches) / max(ok, 1),
         "busiest_worker_cpu_share": busiest_s / seconds,
         "capacity_rps_core_each": ok / busiest_s,
         "saturation_rps_core_each": saturation_rps,
         "request_cpu_us": 1e6 * sum(request_cpu_s[pid] for pid in workers_only) / ok,
+        "cpu_us_per_request": 1e6 * sum(spent[pid] for pid in workers_only) / ok,
         "idle_cpu_share": sum(idle_rate.values()),
         "idle_cpu_share_each": [round(idle_rate[pid], 4) for pid in workers_only],
         **{
@@ -233,6 +317,12 @@ def main() -> None:
         "--unplanned", type=int, default=0, help="adapters the plan does not place (hashed)"
     )
     parser.add_argument("--idle-s", type=float, default=2.0, help="idle CPU measured first")
+    parser.add_argument(
+        "--alone",
+        type=int,
+        default=0,
+        help="also N one-process routers side by side, sharing nothing (0: not run)",
+    )
     args = parser.parse_args()
     planned = [f"lora-{i}" for i in range(4 * args.pods)]
     unplanned = [f"extra-{i}" for i in range(args.unplanned)]
@@ -253,6 +343,7 @@ def main() -> None:
                 plan_to_json(factories.make_plan(hot, plan_id="w", created=datetime.now(UTC)))
             )
             runs = [_run(int(n), args, tmp, ports) for n in args.workers.split(",")]
+            alone = _run_alone(args.alone, args, tmp, ports) if args.alone > 1 else None
         finally:
             pods.terminate()
             pods.wait()
@@ -266,7 +357,11 @@ def main() -> None:
         run["extra_activations_over_first"] = (
             run["pod_gpu_activations"] - base["pod_gpu_activations"]
         )
+        if alone is not None and run["workers"] == alone["alone"]:
+            run["cpu_over_alone"] = run["cpu_us_per_request"] / alone["cpu_us_per_request"]
         print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in run.items()}))
+    if alone is not None:
+        print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in alone.items()}))
 
 
 if __name__ == "__main__":
