@@ -12,7 +12,9 @@ What it does as uvicorn's httptools protocol does, with less work per request:
 
 - keep-alive: HTTP/1.1 unless the client says ``Connection: close`` (or speaks 1.0
   without keep-alive); an idle connection is closed after ``timeout_keep_alive``,
-  checked by one timer per connection re-armed lazily rather than one per request;
+  checked by one timer per connection re-armed lazily rather than one per request,
+  and so is a request head not complete within that time of its first byte (a client
+  that trickles a head in byte by byte does not hold the connection; uvicorn's does);
 - pipelining: requests parsed while one is answered wait in order, and reading pauses
   until the answer is done; request bodies past 64 KiB unread pause reading too;
 - a malformed request is answered 400 (plain text, ``connection: close``) and closed;
@@ -102,6 +104,7 @@ class RouterHttpProtocol(asyncio.Protocol):
         #: within it (the read it began in is not counted: at most one read over).
         self._in_head = False
         self._head_bytes = 0
+        self._head_started_s = 0.0
         self._read_paused = False
         self.write_paused = False
         self._drained: asyncio.Future[None] | None = None
@@ -164,6 +167,7 @@ class RouterHttpProtocol(asyncio.Protocol):
     def on_message_begin(self) -> None:
         self._in_head = True
         self._head_bytes = 0
+        self._head_started_s = self.loop.time()
         self._url = b""
         self._headers = []
         self._expect_100 = False
@@ -284,13 +288,17 @@ class RouterHttpProtocol(asyncio.Protocol):
             return
         cycle = self._running
         now_s = self.loop.time()
-        if cycle is not None and not cycle.response_complete:
+        if self._in_head and (cycle is None or cycle.response_complete):
+            # A head gets ``timeout_keep_alive`` from its first byte, however it trickles
+            # in: a client sending a byte now and then cannot hold the connection.
+            due_s = self._head_started_s + self._keepalive_s
+        elif cycle is not None and not cycle.response_complete:
             due_s = now_s + self._keepalive_s  # busy: look again later
         else:
             due_s = self._last_active_s + self._keepalive_s
-            if due_s <= now_s:
-                transport.close()
-                return
+        if due_s <= now_s:
+            transport.close()
+            return
         self._idle_timer = self.loop.call_at(due_s, self._idle)
 
     def _refuse(self, status: bytes, body: bytes) -> None:

@@ -74,12 +74,17 @@ async def _answer(send: Any, status: int, body: bytes, kind: bytes) -> None:
 
 
 @contextmanager
-def _serving(app: _App) -> Iterator[int]:
+def _serving(app: _App, *, keep_alive_s: float = 5.0) -> Iterator[int]:
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(16)
     config = uvicorn.Config(
-        app, http=RouterHttpProtocol, loop="asyncio", lifespan="off", log_level="warning"
+        app,
+        http=RouterHttpProtocol,
+        loop="asyncio",
+        lifespan="off",
+        log_level="warning",
+        timeout_keep_alive=keep_alive_s,  # type: ignore[arg-type]
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
@@ -316,3 +321,23 @@ def test_a_fragment_in_the_url_is_not_part_of_the_path() -> None:
     with _serving(_App()) as port, _Client(port) as client:
         client.send(b"GET /whole#section HTTP/1.1\r\nhost: x\r\n\r\n")
         assert client.answer()[1] == b"hello"
+
+
+def test_a_head_trickled_in_byte_by_byte_is_closed_after_the_keep_alive() -> None:
+    """Each byte comes well inside the keep-alive, but the head never completes: the
+    connection closes once the head is ``timeout_keep_alive`` old (here 0.5 s), where
+    before every byte kept it open."""
+    with _serving(_App(), keep_alive_s=0.5) as port, _Client(port) as client:
+        client.send(b"GET /whole HTTP/1.1\r\nhost: x\r\n")
+        client.sock.settimeout(0.05)
+        for _ in range(400):  # up to 20 s of bytes, one a wait of 50 ms on the socket
+            try:
+                if client.sock.recv(65536) == b"":
+                    return  # closed by the server
+            except TimeoutError:
+                pass
+            try:
+                client.send(b"x")
+            except OSError:
+                return  # closed by the server as the byte went
+        raise AssertionError("a head that never ended kept its connection for 20 s")
