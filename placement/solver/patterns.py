@@ -178,8 +178,11 @@ def add_capacity_cuts(
     replicas a pod beside the adapter can hold (its slots, or fewer where GPU bytes
     bind), and, where bytes bind, the adapter's share of a pod's GPU bytes; their
     average is valid too, and each makes its own cut. An adapter too large to share a
-    pod takes its pods' whole capacity; one too busy for any pod (it may have pods
-    alone, above the limit) is left out, so every cut stays a relaxation.
+    pod takes its pods' whole capacity. A pod may go over its limit only alone: any
+    replica whose share is above an empty pod's limit may take it (see
+    ``placement.solver.packing``), whatever the adapter's replicas. Such a pod's limit
+    stands for the adapter's share on it, so each adapter's term is capped at the
+    least limit of a pod it may take, and every cut stays a relaxation.
     """
     beside = {cls.key: most_beside(problem, cls, scale=scale) for cls in problem.classes}
 
@@ -219,11 +222,14 @@ def _add_cut(
                 math.floor(limit[cls.key] * 1000) * replicas[(c.name, cls.key)] for cls in classes
             )
             continue
-        if c.q90_rps / max(1, c.max_hot) > min(limit[cls.key] for cls in classes):
-            continue
         # The weight must hold on whichever class's pods the adapter takes.
         weight = min(alpha(c, cls) for cls in classes)
         load = c.mean_rps + max(0.0, c.q90_rps - c.mean_rps) * math.sqrt(weight)
+        # A pod goes over its limit only alone, holding one replica whose share there is
+        # above it (packing's alone replica, any adapter); that pod's limit then stands
+        # for its adapter's term, so no adapter counts more than the least limit of a
+        # pod it may take.
+        load = min(load, *(limit[cls.key] for cls in classes))
         terms.append(math.floor(load * 1000) * hot[str(c.name)])
     capacity = sum(limit[cls.key] * cls.size for cls in problem.classes)
     model.add(sum(terms) <= math.ceil(capacity * 1000))

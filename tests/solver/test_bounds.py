@@ -17,6 +17,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterator, Mapping
+from dataclasses import replace
 from datetime import UTC, datetime
 from types import MappingProxyType
 
@@ -189,3 +190,33 @@ def test_the_solver_plans_within_every_pod_budget(case: Case) -> None:
     assert _pods_hold(problem, plan)
     assert solved.report.bound <= evaluate(problem, assignment).model_total
     assert solved.report.bound <= _grid_optimum(problem) + _slack(problem)
+
+
+def _mixed_problem() -> PoolProblem:
+    """One pod of 10 rps and two of 4 (3.4 and 8.5 rps limits at 85% headroom), three
+    adapters of q90 8 rps: one replica each (8 <= 8.5), alone over a small pod's limit."""
+    budgets = {"base": SEVENTY, "max_loras": 2, "max_cpu_loras": 3}
+    big = pool("p", 1, pod_prefix="big", capacity_rps=10.0, **budgets)
+    small = pool("p", 2, pod_prefix="small", capacity_rps=4.0, **budgets)
+    names = ("a", "b", "c")
+    cat = catalog(*[adapter(n, base=SEVENTY, size_mib=60, max_replicas=3) for n in names])
+    demand = {AdapterId(n): Demand(mean_rps=5.0, q90_rps=8.0) for n in names}
+    settings_ = Settings(planner=PlannerSettings(replicate_share=1.0))
+    mixed = fleet(replace(big, pods=big.pods + small.pods))
+    return build_problem(cat, mixed, demand, settings=settings_, valid_from=AT).pools[0]
+
+
+def test_the_bound_counts_a_replica_alone_over_a_small_pods_limit() -> None:
+    # Each adapter hot alone on its own pod keeps every budget (a replica too busy for
+    # a small pod may have it to itself); the capacity cut must not cut that plan off.
+    problem = _mixed_problem()
+    alone = {"a": "big-0", "b": "small-0", "c": "small-1"}
+    plan = {AdapterId(a): ("hot", {PodId(p): 1.0}) for a, p in alone.items()}
+    assert _pods_hold(problem, plan)
+    assignment = Assignment(
+        hot=MappingProxyType({a: tuple(w) for a, (_, w) in plan.items()}),
+        warm=MappingProxyType({}),
+        weights=MappingProxyType({a: MappingProxyType(w) for a, (_, w) in plan.items()}),
+    )
+    cost = evaluate(problem, assignment).model_total
+    assert _stage1_bound(problem) <= cost + _slack(problem)
