@@ -144,13 +144,19 @@ def _pod_budgets(
     model.add(sum(c.size_bytes * var for c, var in here) <= cls.hbm_bytes)
     model.add(sum(var for _, var in here) <= cls.max_cpu_loras)
     model.add(sum(c.size_bytes * var for c, var in here) <= cls.host_bytes)
-    # q90 traffic with an equal split over the replicas, within capacity and headroom
-    # (a replica too busy for any pod is left out: the greedy gives it a pod alone).
+    # q90 traffic with an equal split over the replicas, within capacity and headroom;
+    # a replica too busy for this pod is left out of the sum but has the pod alone, as
+    # the greedy gives it (two such, or one beside others, would be over the limit).
     limit = cls.capacity_rps * problem.headroom
     shares = [(round(c.q90_rps / totals[c.name] * 1000), var) for c, var in here]
     model.add(
         sum(mrps * var for mrps, var in shares if mrps <= limit * 1000) <= round(limit * 1000)
     )
+    for mrps, var in shares:
+        if mrps > limit * 1000:
+            model.add(sum(other for _, other in shares if other is not var) == 0).only_enforce_if(
+                var
+            )
     # Churn: new registrations on this pod (pins exempt).
     if problem.churn_limit is not None:
         new = [

@@ -220,3 +220,15 @@ def test_the_bound_counts_a_replica_alone_over_a_small_pods_limit() -> None:
     )
     cost = evaluate(problem, assignment).model_total
     assert _stage1_bound(problem) <= cost + _slack(problem)
+
+
+def test_the_solver_gives_each_replica_over_a_small_pods_limit_a_pod_alone() -> None:
+    # Stage 1 may count all three replicas on the small pods' class (it cannot see two
+    # pods for three replicas there); the exact packing then must not stack two of them,
+    # each over the limit, on one pod.
+    problem = _mixed_problem()
+    solved = solve_pool(problem, ONE_WORKER)
+    assert solved is not None
+    weights = solved.assignment.weights
+    plan = {a: ("hot", dict(weights[a])) for a in solved.assignment.hot}
+    assert _pods_hold(problem, plan)
