@@ -93,7 +93,14 @@ def build_model(
     _add_budgets(builder.model, problem, builder.replicas, builder.registered, scale=scale)
     if per_pod:
         add_pattern_constraints(builder.model, problem, builder.replicas, scale=scale)
-        add_capacity_cuts(builder.model, problem, builder.hot, builder.replicas, scale=scale)
+        add_capacity_cuts(
+            builder.model,
+            problem,
+            builder.hot,
+            builder.replicas,
+            fewest=builder.fewest,
+            scale=scale,
+        )
     # Capacity needs no constraint here: the pool's pooled q90 fits its pods (checked
     # before solving), each hot adapter has replicas enough for its own q90 (min_hot),
     # and stage 2 keeps every pod's pooled q90 within capacity and headroom.
@@ -121,6 +128,8 @@ class _Stage1:
         self.replicas: dict[ClassKey, cp_model.IntVar] = {}
         self.registered: dict[ClassKey, cp_model.IntVar] = {}
         self.excess: dict[str, tuple[cp_model.IntVar, int, int]] = {}
+        #: The fewest replicas each adapter may have when hot.
+        self.fewest: dict[str, int] = {}
         self.objective: list[cp_model.LinearExprT] = []
         self.constant = 0.0
         self.new_regs: dict[str, list[cp_model.LinearExprT]] = {
@@ -134,6 +143,7 @@ class _Stage1:
         # An adapter is in one tier: hot somewhere, warm somewhere, or cold.
         model.add(h + w <= 1)
         min_hot = c.min_hot if "replication" not in self.relax else max(1, len(c.pinned_pods))
+        self.fewest[name] = min_hot
         # Pins: a pinned adapter is hot, and on the pods the catalog names.
         if c.pinned and "pins" not in self.relax:
             model.add(h == 1)

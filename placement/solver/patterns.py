@@ -165,6 +165,7 @@ def add_capacity_cuts(
     hot: Mapping[str, cp_model.IntVar],
     replicas: Mapping[ClassKey, cp_model.IntVar],
     *,
+    fewest: Mapping[str, int],
     scale: float,
 ) -> None:
     """Pool capacity, as relaxations of every pod's q90 limit.
@@ -178,11 +179,15 @@ def add_capacity_cuts(
     replicas a pod beside the adapter can hold (its slots, or fewer where GPU bytes
     bind), and, where bytes bind, the adapter's share of a pod's GPU bytes; their
     average is valid too, and each makes its own cut. An adapter too large to share a
-    pod takes its pods' whole capacity. A pod may go over its limit only alone: any
-    replica whose share is above an empty pod's limit may take it (see
-    ``placement.solver.packing``), whatever the adapter's replicas. Such a pod's limit
-    stands for the adapter's share on it, so each adapter's term is capped at the
-    least limit of a pod it may take, and every cut stays a relaxation.
+    pod takes its pods' whole capacity.
+
+    A pod goes over its limit only alone, with one replica whose equal share (q90 over
+    the adapter's replicas) is above the limit of that pod's class (stage 2 packs so,
+    ``placement.solver.packing``; routing weights other than equal shares are kept only
+    where every pod is within its limit). Such a pod's limit stands for the adapter's
+    share on it: an adapter whose share at its ``fewest`` replicas is above some
+    class's limit counts at most the least such limit, and every cut stays a
+    relaxation.
     """
     beside = {cls.key: most_beside(problem, cls, scale=scale) for cls in problem.classes}
 
@@ -199,7 +204,7 @@ def add_capacity_cuts(
     if any(class_patterns(problem, cls, scale=scale) is not None for cls in problem.classes):
         weights.extend((by_bytes, halfway))
     for alpha in weights:
-        _add_cut(model, problem, hot, replicas, beside, alpha)
+        _add_cut(model, problem, hot, replicas, beside, alpha, fewest)
 
 
 def _add_cut(
@@ -209,6 +214,7 @@ def _add_cut(
     replicas: Mapping[ClassKey, cp_model.IntVar],
     beside: Mapping[str, Mapping[int, int]],
     alpha: Callable[[Candidate, PodClass], float],
+    fewest: Mapping[str, int],
 ) -> None:
     """One capacity cut with per-adapter weights ``alpha`` (valid on every class)."""
     limit = {cls.key: cls.capacity_rps * problem.headroom for cls in problem.classes}
@@ -225,11 +231,11 @@ def _add_cut(
         # The weight must hold on whichever class's pods the adapter takes.
         weight = min(alpha(c, cls) for cls in classes)
         load = c.mean_rps + max(0.0, c.q90_rps - c.mean_rps) * math.sqrt(weight)
-        # A pod goes over its limit only alone, holding one replica whose share there is
-        # above it (packing's alone replica, any adapter); that pod's limit then stands
-        # for its adapter's term, so no adapter counts more than the least limit of a
-        # pod it may take.
-        load = min(load, *(limit[cls.key] for cls in classes))
+        # Pods this adapter may have alone above their limit: its term counts at most
+        # the least of those limits (the pod's limit stands for its share there).
+        share = c.q90_rps / max(1, fewest[str(c.name)])
+        over = [limit[cls.key] for cls in classes if share > limit[cls.key]]
+        load = min([load, *over])
         terms.append(math.floor(load * 1000) * hot[str(c.name)])
     capacity = sum(limit[cls.key] * cls.size for cls in problem.classes)
     model.add(sum(terms) <= math.ceil(capacity * 1000))

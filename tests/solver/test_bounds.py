@@ -3,7 +3,8 @@
 Every plan of a pool of one or two pods with a few adapters is enumerated: each adapter
 cold, warm on one pod, or hot on a set of pods with routing weights on a grid, and kept
 when every pod keeps its budgets (GPU slots and bytes, host places and bytes, rank, the
-pooled q90 within capacity and headroom). Stage 1, solved to optimality, must bound
+pooled q90 within capacity and headroom, or above it on a pod alone with one replica at
+its adapter's equal share, as stage 2 packs). Stage 1, solved to optimality, must bound
 them all (up to its rounding); the solver's own plan must be one of them.
 
 The best enumerated plan is the exact optimum of a one-pod pool, but of a two-pod pool
@@ -109,8 +110,11 @@ def _pods_hold(
                 return False
             mean = sum(share * c.mean_rps for c, share in hot)
             spread = math.sqrt(sum((share * (c.q90_rps - c.mean_rps)) ** 2 for c, share in hot))
-            # A replica too busy for any pod may have one to itself.
-            alone = hot[0][1] * hot[0][0].q90_rps if len(hot) == 1 else 0.0
+            # A replica too busy for its pod may have it to itself, at its adapter's
+            # equal share (as stage 2 packs; other weights only where every pod fits).
+            alone = 0.0
+            if len(hot) == 1 and math.isclose(hot[0][1], 1.0 / len(plan[hot[0][0].name][1])):
+                alone = hot[0][1] * hot[0][0].q90_rps
             if mean + spread > max(cls.capacity_rps * problem.headroom, alone) + 1e-9:
                 return False
     return True
@@ -190,6 +194,16 @@ def test_the_solver_plans_within_every_pod_budget(case: Case) -> None:
     assert _pods_hold(problem, plan)
     assert solved.report.bound <= evaluate(problem, assignment).model_total
     assert solved.report.bound <= _grid_optimum(problem) + _slack(problem)
+
+
+def test_the_bound_counts_a_busy_adapters_spread_where_its_replicas_share_pods() -> None:
+    # a1 (q90 6.25 rps) takes both pods (limit 3.8 rps each, the overloaded pool's
+    # headroom): its equal share (3.1 rps) fits either, so no pod has it alone over the
+    # limit, and the cut counts its spread in full. The best grid plan is exact here:
+    # a bound far below it (one counting a1 at most one pod's limit) says nothing.
+    problem = _problem([250, 30], [1.0, 3.5], pods=2, slots=2, hbm_mib=256, rps=3.0)
+    optimum = _grid_optimum(problem)
+    assert _stage1_bound(problem) >= optimum - _slack(problem)
 
 
 def _mixed_problem() -> PoolProblem:
