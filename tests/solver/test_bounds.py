@@ -207,11 +207,11 @@ def test_the_bound_counts_a_busy_adapters_spread_where_its_replicas_share_pods()
 
 
 def _mixed_problem() -> PoolProblem:
-    """One pod of 10 rps and two of 4 (3.4 and 8.5 rps limits at 85% headroom), three
-    adapters of q90 8 rps: one replica each (8 <= 8.5), alone over a small pod's limit."""
-    budgets = {"base": SEVENTY, "max_loras": 2, "max_cpu_loras": 3}
-    big = pool("p", 1, pod_prefix="big", capacity_rps=10.0, **budgets)
-    small = pool("p", 2, pod_prefix="small", capacity_rps=4.0, **budgets)
+    """One pod of 10 rps and two of 4, three adapters of q90 8 rps: one replica each
+    (within the large pod's limit at the overloaded pool's headroom, 112%), and a small
+    pod's (4.5 rps) only alone."""
+    big = pool("p", 1, base=SEVENTY, pod_prefix="big", max_loras=2, capacity_rps=10.0)
+    small = pool("p", 2, base=SEVENTY, pod_prefix="small", max_loras=2, capacity_rps=4.0)
     names = ("a", "b", "c")
     cat = catalog(*[adapter(n, base=SEVENTY, size_mib=60, max_replicas=3) for n in names])
     demand = {AdapterId(n): Demand(mean_rps=5.0, q90_rps=8.0) for n in names}
