@@ -154,8 +154,9 @@ def check_capacity(problem: PlacementProblem, plan: Plan) -> None:
             for pod, weight in entry.pods.items():
                 mean[pod] += weight * d.mean_rps
                 spread_sq[pod] += (weight * (d.q90_rps - d.mean_rps)) ** 2
-                if len(plan.pods[pod].hot) == 1:
-                    # A replica too busy for any pod may have one to itself.
+                if len(plan.pods[pod].hot) == 1 and math.isclose(weight, 1 / len(entry.pods)):
+                    # A replica too busy for its pod may have it to itself, at its
+                    # adapter's equal share (stage 1's capacity cuts count on no other).
                     alone[pod] = weight * d.q90_rps
     headroom = problem.settings.planner.capacity_headroom
     for pool_problem in problem.pools:
