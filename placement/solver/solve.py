@@ -191,8 +191,9 @@ def _widened(
     spread over more replicas (``widen_counts``), each topped up, by ``evaluate``.
 
     Stage 1 gives every adapter its fewest replicas; a busy one then fills its pods'
-    q90 limit alone. Measured on the overloaded benchmark (seed 3): 8B pool 3,246.9 ->
-    2,678.8 ms/s, 70B 5,051.9 -> 4,155.6, against bounds of 2,433.7 and 3,863.3.
+    q90 limit alone. ``bench.solver_overload --seed 3`` (docs/benchmarks.md, 2026-12-01):
+    8B pool 3,246.2 -> 2,542.3 ms/s, 70B 5,051.9 -> 4,155.6, against bounds of 2,433.7
+    and 3,863.3.
     Skipped when the packed counts are already within the gap limit of the bound.
     """
     if assignment is not None:
