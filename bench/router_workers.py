@@ -10,8 +10,9 @@ Per run: requests/s (wall), the router's CPU (parent and workers, from /proc), r
 per router CPU second, the busiest worker's CPU share, and the capacity the workers
 would have with a core each (requests over the busiest worker's CPU seconds: the
 figure that scales with workers when the machine is not shared), the workers' CPU share
-when idle (their scrapes and polls, measured for ``--idle-s`` before the trace; each
-worker's in ``idle_cpu_share_each``, in fork order: worker 0, which scrapes for all, first), the
+when idle (their scrapes and polls, measured for ``--idle-s`` before the trace from
+/proc's schedstat; each worker's in ``idle_cpu_share_each``, in fork order: worker 0,
+which scrapes for all, first), the
 rate the workers would carry at saturation with a core each (``saturation_rps_core_each``:
 each worker's core spends its idle share on its rounds and the rest on requests at its
 own CPU per request, less its idle rounds during the trace; the router saturates when
@@ -23,8 +24,24 @@ workers). With ``--unplanned N`` (adapters outside the plan, hashed by each work
 queue counts) or long queues, loads can differ between runs of one worker count too; by
 default every adapter is planned.
 
+Of the two figures, ``saturation_rps_core_each`` is the one that reads "requests per
+second of router CPU with a core per worker": the trace runs at the rate this machine's
+pods and driver allow (a fraction of the router's), so ``capacity_rps_core_each``
+charges the workers' time-driven rounds over the whole run to the requests, where at
+saturation a core spends only their idle share on them.
+
+What explains a ratio: ``connections_each`` (each worker's established connections a
+quarter into the trace, from /proc/net/tcp), ``reconnects`` (connections the client
+opened past its first ones: the workers closing what one holds past its share),
+``wakeups_per_request`` and ``preemptions_per_request`` (the workers' main threads'
+voluntary and involuntary context switches). ``--alone N`` also runs N one-process
+routers side by side, each over 1/N of the connections and of the trace, sharing
+nothing: the processes of ``--workers N`` without the workers' agreement, so that
+``cpu_over_alone`` (the workers' CPU per request over theirs) tells what the workers'
+sharing costs from what a second busy process costs on the machine.
+
     .venv/bin/python -m bench.router_workers [--workers 1,2] [--requests 3000]
-        [--connections 32] [--unplanned 0] [--idle-s 2]
+        [--connections 32] [--unplanned 0] [--idle-s 2] [--alone 0]
 """
 
 from __future__ import annotations
