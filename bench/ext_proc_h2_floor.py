@@ -14,14 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import struct
-import threading
-import time
 from typing import Any
 
-import uvloop
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_proc
 
 from bench.ext_proc_client import frame, literal
+from bench.loop_server import LoopServer
 from placement.router.core import Router
 from placement.router.picker_grpc import RoutedAnswers, _Stream
 
@@ -138,17 +136,16 @@ class _Connection(asyncio.Protocol):
         out.extend(frame(_DATA, 0, stream_id, _framed(r.SerializeToString())) for r in responses)
 
 
-class H2FloorServer:
+class H2FloorServer(LoopServer):
     """The bare HTTP/2 floor on its own uvloop in a thread; as ``ServerThread``. With a
     ``router``, each stream runs the picker's ``_Stream`` (translation, decision,
     answers) in place of the fixed answer: the picker as it would cost on such a
     transport."""
 
     def __init__(self, routed: Any, router: Router | None = None) -> None:
+        super().__init__()
         self.router = router
         self.routed = routed.SerializeToString()
-        self.loop = uvloop.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.server: Any = None
 
     async def _start(self) -> int:
@@ -157,20 +154,6 @@ class H2FloorServer:
         )
         return int(self.server.sockets[0].getsockname()[1])
 
-    def __enter__(self) -> int:
-        self.thread.start()
-        return asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(30)
-
-    def cpu_ns(self) -> int:
-        """CPU time of the server's event-loop thread so far."""
-        assert self.thread.ident is not None
-        return time.clock_gettime_ns(time.pthread_getcpuclockid(self.thread.ident))
-
-    def __exit__(self, *_: object) -> None:
-        async def close() -> None:
-            self.server.close()
-            await self.server.wait_closed()
-
-        asyncio.run_coroutine_threadsafe(close(), self.loop).result(30)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
+    async def _stop(self) -> None:
+        self.server.close()
+        await self.server.wait_closed()

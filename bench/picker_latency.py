@@ -54,7 +54,6 @@ import json
 import random
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from concurrent import futures
@@ -62,7 +61,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
-import uvloop
 from envoy.config.core.v3 import base_pb2
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_proc
@@ -70,6 +68,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_proc_gr
 
 from bench.ext_proc_client import LeanExtProcClient, grpc_message
 from bench.ext_proc_h2_floor import H2FloorServer
+from bench.loop_server import LoopServer
 from bench.routing_latency import make_topology, measure
 from placement.router.core import Router
 from placement.router.endpoint_picking import GatewayRequest
@@ -210,15 +209,14 @@ class SyncServer:
         self.server.stop(1.0).wait(10)
 
 
-class ServerThread:
+class ServerThread(LoopServer):
     """A gRPC server (the picker's, or the floor's) on its own event loop (uvloop, as
     the router's loop under uvicorn is; ``uvloop=False``: asyncio's), in a thread."""
 
     def __init__(self, router: Router | None, *, use_uvloop: bool = True) -> None:
-        self.loop = uvloop.new_event_loop() if use_uvloop else asyncio.new_event_loop()
+        super().__init__(use_uvloop=use_uvloop)
         self.router = router
         self.stop: Callable[[], Coroutine[Any, Any, None]] | None = None
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
 
     async def _start(self) -> int:
         if self.router is not None:
@@ -232,20 +230,9 @@ class ServerThread:
         self.stop = lambda: server.stop(1.0)
         return port
 
-    def __enter__(self) -> int:
-        self.thread.start()
-        return asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(30)
-
-    def cpu_ns(self) -> int:
-        """CPU time of the server's event-loop thread so far."""
-        assert self.thread.ident is not None
-        return time.clock_gettime_ns(time.pthread_getcpuclockid(self.thread.ident))
-
-    def __exit__(self, *_: object) -> None:
+    async def _stop(self) -> None:
         assert self.stop is not None
-        asyncio.run_coroutine_threadsafe(self.stop(), self.loop).result(30)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
+        await self.stop()
 
 
 @dataclass(frozen=True)
