@@ -10,6 +10,7 @@ and ``placement.solver.planner.Planner``. Types and small pure helpers only: no 
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -80,6 +81,15 @@ class Backoff:
 
 class HistorySource(Protocol):
     def __call__(self) -> RequestLog: ...
+
+
+class RecentUse(Protocol):
+    """When each pod last served each adapter: the Unix seconds of the latest request's
+    arrival per pod and adapter, read afresh at each call (the router's request log,
+    ``placement.controller.recent_use.RouterLogUse``). Rows are written as requests
+    end, so a request still running is not in it yet."""
+
+    def __call__(self) -> Mapping[PodId, Mapping[AdapterId, float]]: ...
 
 
 class Actuator(Protocol):
@@ -165,6 +175,9 @@ class ControllerPorts:
     #: The catalog-bound ports over a new catalog; InputError when it cannot serve
     #: (pipelines.yaml names an adapter it lacks). None: only ``catalog`` changes.
     rebind: Callable[[Catalog], CatalogBound] | None = None
+    #: When each pod last served each adapter, read at each event for the preloads'
+    #: idle times; None (no live request log): the events decide without them.
+    recent_use: RecentUse | None = None
 
 
 @dataclass(kw_only=True)
@@ -187,6 +200,9 @@ class ControllerState:
     catalog_problem: str | None = None
     #: Names in traffic the catalog lacks that the last ingest left unplanned.
     unplanned: frozenset[AdapterId] = frozenset()
+    #: When this process last loaded or warmed each adapter on each pod (Unix seconds,
+    #: the controller's clock): a landing the request log does not show. Not saved.
+    landed_s: dict[PodId, dict[AdapterId, float]] = field(default_factory=dict)
 
 
 def fleet_from_discovery(template: Fleet, pods: tuple[DiscoveredPod, ...]) -> Fleet:
@@ -202,6 +218,24 @@ def fleet_from_discovery(template: Fleet, pods: tuple[DiscoveredPod, ...]) -> Fl
         )
         pools.append(replace(pool, pods=members))
     return Fleet(pools=tuple(pools))
+
+
+def idle_times(
+    hot: tuple[AdapterId, ...],
+    *,
+    used_s: Mapping[AdapterId, float],
+    landed_s: Mapping[AdapterId, float],
+    now_s: float,
+) -> dict[AdapterId, float]:
+    """Seconds each adapter on a GPU slot has been idle at ``now_s``: since its last
+    request or its landing, the later; left out where neither is known. A time ahead
+    of ``now_s`` (another clock's) counts as in use: never idler than it is."""
+    idle: dict[AdapterId, float] = {}
+    for name in hot:
+        last_s = max(used_s.get(name, -math.inf), landed_s.get(name, -math.inf))
+        if last_s > -math.inf:
+            idle[name] = max(0.0, now_s - last_s)
+    return idle
 
 
 def preload_key(at: datetime, pod: PodId, adapter: AdapterId) -> str:

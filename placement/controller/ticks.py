@@ -38,15 +38,17 @@ from collections.abc import Mapping
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
+from placement.actuation.executor import ApplyReport, Status
 from placement.controller.ports import (
     DONE_PRELOADS_KEPT,
     TickOutcome,
+    idle_times,
     preload_key,
     tiers_moved,
 )
 from placement.controller.runtime import ControllerRuntime
 from placement.controller.surprises import newcomer_floor
-from placement.domain import Action, AdapterId, Fleet, Load, PodId, Pool, Warmup
+from placement.domain import Action, ActionKind, AdapterId, Fleet, Load, PodId, Pool, Warmup
 from placement.errors import (
     ForecastError,
     LorafleetError,
@@ -165,6 +167,7 @@ class Controller(ControllerRuntime):
             report = await self.ports.actuator.apply(
                 plan, fleet=self.fleet, ledger=self.state.ledger
             )
+        self._note_landings(report)
         self.metrics.applied(report)
         # The plan is in force once sent, even if some pods failed: reconcile retries them.
         self.state.plan = plan
@@ -216,6 +219,7 @@ class Controller(ControllerRuntime):
             report = await self.ports.actuator.run(
                 tuple(actions), fleet=self.fleet, ledger=self.state.ledger
             )
+        self._note_landings(report)
         self.metrics.applied(report)
         failed = {(r.action.pod, r.action.adapter) for r in report.failed}
         for p in due:
@@ -249,6 +253,7 @@ class Controller(ControllerRuntime):
             report = await self.ports.actuator.apply(
                 plan, fleet=sub_fleet, ledger=self.state.ledger
             )
+        self._note_landings(report)
         self.metrics.applied(report)
         self.metrics.restored(len(empty))
         await self.persist()
@@ -256,7 +261,7 @@ class Controller(ControllerRuntime):
 
     async def on_event(self, event: Event) -> EventDecision:
         """A webhook event's preloads, decided now and sent in the background."""
-        views = await self._views()
+        views = await self._views(used_s=await self._recent_use())
         busy = {name: d.mean_rps for name, d in (self.state.demand or {}).items()}
         decision = event_preloads(
             event,
@@ -285,6 +290,7 @@ class Controller(ControllerRuntime):
                 report = await self.ports.actuator.run(
                     actions, fleet=self.fleet, ledger=self.state.ledger
                 )
+            self._note_landings(report)
             self.metrics.applied(report)
             await self.persist()
         except asyncio.CancelledError:
@@ -300,13 +306,45 @@ class Controller(ControllerRuntime):
                 exc_info=not expected,
             )
 
-    async def _views(self) -> dict[PodId, PodView]:
+    def _note_landings(self, report: ApplyReport) -> None:
+        """Remember when this process's loads and warm-ups landed (the idle times'
+        other half: the controller's own warm-ups go to the pods, not the router)."""
+        now_s, pods = self.clock(), {pod.name for pod in self.fleet.pods}
+        landed = self.state.landed_s
+        for gone in set(landed) - pods:
+            del landed[gone]
+        for result in report.results:
+            action = result.action
+            if result.status is Status.DONE and action.pod in pods and action.kind in _LANDS:
+                landed.setdefault(action.pod, {})[action.adapter] = now_s
+
+    async def _recent_use(self) -> Mapping[PodId, Mapping[AdapterId, float]] | None:
+        """When each pod last served each adapter, read now; None without a source, or
+        when it fails (logged and counted: the event is decided without idle times)."""
+        source = self.ports.recent_use
+        if source is None:
+            return None
+        try:
+            return await asyncio.to_thread(source)
+        except Exception as exc:
+            self.metrics.error("recent_use", exc)
+            logger.warning("event decided without idle times: %s", exc, exc_info=True)
+            return None
+
+    async def _views(
+        self, *, used_s: Mapping[PodId, Mapping[AdapterId, float]] | None = None
+    ) -> dict[PodId, PodView]:
         """Each pod as the ledger's engine model has it, for the event preloads: the
         names it lists, its GPU slots least recently used first (a slot an unloaded
         name's entry holds on vLLM included, as ``?unloaded-N``: not free, and the
         cheapest victim) and the pins the engine keeps on the GPU (SGLang's; vLLM has
         none over HTTP, so its victim is always the least recently used slot). A pod the
-        ledger has not seen yet shows what the plan put there."""
+        ledger has not seen yet shows what the plan put there.
+
+        With ``used_s`` (the request log's last use per pod and adapter) each view has
+        the idle times of its slots, since their last request or this process's last
+        landing (``ports.idle_times``). Without it, none: a landing alone would call an
+        adapter idle that traffic nobody logged keeps busy."""
         catalog_pins = frozenset(a.name for a in self.ports.catalog.adapters if a.pinned)
         ledger = self.state.ledger
         views = {}
@@ -322,7 +360,19 @@ class Controller(ControllerRuntime):
                 hot = tuple(planned.hot[-pod.max_loras :]) if planned and pod.max_loras else ()
                 vllm = engine_model(pod.engine) is EngineModel.VLLM
                 pinned = frozenset() if vllm else catalog_pins | ledger.pins(pod.name)
-            views[pod.name] = PodView(pod=pod, registered=registered, hot=hot, pinned=pinned)
+            idle_s = (
+                {}
+                if used_s is None
+                else idle_times(
+                    hot,
+                    used_s=used_s.get(pod.name, {}),
+                    landed_s=self.state.landed_s.get(pod.name, {}),
+                    now_s=self.clock(),
+                )
+            )
+            views[pod.name] = PodView(
+                pod=pod, registered=registered, hot=hot, pinned=pinned, idle_s=idle_s
+            )
         return views
 
 
@@ -332,6 +382,9 @@ def _only(fleet: Fleet, names: set[PodId]) -> Fleet:
     ]
     return Fleet(pools=tuple(pools))
 
+
+#: The actions after which an adapter has just been on its pod's GPU.
+_LANDS = frozenset({ActionKind.LOAD, ActionKind.WARMUP})
 
 #: Forecasts kept for scoring: an hour's window at one forecast per 15 min is 5.
 _PENDING_FORECASTS = 16

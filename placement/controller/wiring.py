@@ -64,6 +64,7 @@ from placement.controller.ports import (
     HistorySource,
     Leadership,
 )
+from placement.controller.recent_use import RouterLogUse
 from placement.controller.schedule import Schedule, add_process_routes
 from placement.controller.ticks import Controller
 from placement.controller.webhook import EventRejected, create_webhook_app
@@ -188,7 +189,7 @@ def _event_learner(
 
 
 @dataclass
-class _Sink:
+class ControllerEvents:
     """The webhook's EventSink: the controller, acting only while it leads, on the
     triggers pipelines.yaml names (another is refused: 422)."""
 
@@ -298,6 +299,7 @@ def build(
         elector=cluster.elector,
         catalog_file=catalog_file,
         rebind=bound,
+        recent_use=RouterLogUse(live) if (live := config.history.live_log) else None,
     )
     observer = PrometheusObserver(registry, bucket_s=settings.forecast.bucket_s)
     # With the period known before any plan, LorafleetPlanStale fires until one is out.
@@ -315,7 +317,7 @@ def build(
     else:
         triggers = frozenset(p.trigger for p in pipelines.pipelines) if pipelines else frozenset()
         webhook = create_webhook_app(
-            _Sink(controller, triggers=triggers),
+            ControllerEvents(controller, triggers=triggers),
             secret=secret,
             settings=settings.controller,
             clock=time.time,

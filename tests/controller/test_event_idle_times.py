@@ -1,0 +1,217 @@
+"""A login's preloads against the idle times the live controller now knows: at the wire.
+
+The webhook takes a signed login; the controller decides from its ledger and the
+router's request log (a JSON-lines file written by the router's own writer), and runs
+the loads on an emulated vLLM pod. An adapter the log shows used a moment ago is not
+displaced; one idle for an hour is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import httpx
+import pandas as pd
+import pytest
+from prometheus_client import CollectorRegistry
+
+from placement.adapters.kube_memory import MemoryPlanStore, MemoryStateStore
+from placement.adapters.request_log_files import JsonLinesRequestLog, LogRow
+from placement.controller.live_ports import EngineActuator, SeasonalForecaster
+from placement.controller.ports import ControllerPorts, idle_times
+from placement.controller.recent_use import RouterLogUse
+from placement.controller.ticks import Controller
+from placement.controller.webhook import (
+    SIGNATURE_HEADER,
+    TIMESTAMP_HEADER,
+    create_webhook_app,
+    sign,
+)
+from placement.controller.wiring import ControllerEvents
+from placement.domain import AdapterId, Pipelines, TenantId
+from placement.emulator import ZERO_LATENCY, EmulatedFleet, PodConfig
+from placement.forecast.event_preloads import pipeline_predictor
+from placement.inputs.request_log import request_log_from_frame
+from placement.settings import ControllerSettings, ExecutorSettings, Settings
+from tests import factories
+from tests.factories import T0, FakeClock
+
+pytestmark = pytest.mark.anyio
+
+SECRET = b"a-webhook-secret-of-at-least-32-bytes"
+SETTINGS = Settings(
+    executor=ExecutorSettings(per_action_deadline_s=5.0, max_attempts=2, backoff_base_s=0.0),
+    controller=ControllerSettings(max_loads_per_event=4),
+)
+CATALOG = factories.catalog(
+    *(
+        factories.adapter(
+            name,
+            base="base-model",
+            rank=8,
+            size_bytes=1_000_000,
+            tenant=tenant,
+            target_modules=("q_proj",),
+            source=f"s3://adapters/{name}",
+        )
+        for name, tenant in (("beta-a", "beta"), ("beta-b", "beta"), ("acme-chat", "acme"))
+    )
+)
+LOGINS = Pipelines(
+    logins=MappingProxyType(
+        {
+            TenantId("beta"): (AdapterId("beta-a"), AdapterId("beta-b")),
+            TenantId("acme"): (AdapterId("acme-chat"),),
+        }
+    )
+)
+
+
+@pytest.fixture
+def emulated() -> EmulatedFleet:
+    return EmulatedFleet.start(
+        1, config=PodConfig(latency=ZERO_LATENCY, max_loras=2, max_cpu_loras=4)
+    )
+
+
+async def _no_sleep(_: float) -> None:
+    return None
+
+
+@pytest.fixture
+async def rig(
+    emulated: EmulatedFleet, tmp_path: Path
+) -> AsyncIterator[tuple[Controller, httpx.AsyncClient, FakeClock, JsonLinesRequestLog]]:
+    clock = FakeClock(T0.replace(hour=9).timestamp())
+    router_log = JsonLinesRequestLog(tmp_path / "router-requests.jsonl")
+    empty = request_log_from_frame(pd.DataFrame({"ts": [], "adapter": []}), source="none")
+    async with emulated.http() as pods:
+        ports = ControllerPorts(
+            catalog=CATALOG,
+            fleet=emulated.domain(pool="llama"),
+            history=lambda: empty,
+            forecaster=SeasonalForecaster(bucket_s=SETTINGS.forecast.bucket_s, days=1),
+            planner=lambda *_, **__: None,  # type: ignore[arg-type]
+            actuator=EngineActuator(
+                catalog=CATALOG, http=pods, settings=SETTINGS, rng=random.Random(0), sleep=_no_sleep
+            ),
+            plans=MemoryPlanStore(),
+            state=MemoryStateStore(),
+            predictor=pipeline_predictor(LOGINS, CATALOG),
+            recent_use=RouterLogUse(router_log.path),
+        )
+        controller = Controller(ports, settings=SETTINGS, clock=clock)
+        app = create_webhook_app(
+            ControllerEvents(controller, triggers=frozenset()),
+            secret=SECRET,
+            settings=SETTINGS.controller,
+            clock=clock,
+            registry=CollectorRegistry(),
+        )
+        transport = httpx.ASGITransport(app=app, client=("10.0.0.1", 4000))
+        async with httpx.AsyncClient(transport=transport, base_url="http://controller") as http:
+            yield controller, http, clock, router_log
+    router_log.close()
+
+
+async def login(
+    controller: Controller, http: httpx.AsyncClient, clock: FakeClock, tenant: str
+) -> dict[str, Any]:
+    body = json.dumps({"type": "login", "tenant": tenant, "id": f"login-{clock()}"}).encode()
+    timestamp = str(int(clock()))
+    headers = {
+        TIMESTAMP_HEADER: timestamp,
+        SIGNATURE_HEADER: sign(SECRET, timestamp=timestamp, body=body),
+        "content-type": "application/json",
+    }
+    answer = await http.post("/v1/events", content=body, headers=headers)
+    assert answer.status_code == 202, answer.text
+    await asyncio.gather(*controller._background)  # the preloads, run on the pod
+    decision: dict[str, Any] = answer.json()
+    return decision
+
+
+def served(at_s: float, adapter: str) -> LogRow:
+    return LogRow(
+        ts_s=at_s,
+        adapter=adapter,
+        tenant="beta",
+        prompt_tokens=20,
+        output_tokens=10,
+        pod="pod-0",
+        outcome="gpu_hit",
+        ttft_ms=12.0,
+        status=200,
+    )
+
+
+@pytest.mark.parametrize(
+    ("after_s", "beta_a_used_ago_s", "displaced"),
+    [(3600.0, 1.0, False), (3600.0, 3000.0, True), (1.0, None, False)],
+    ids=["used-a-moment-ago-stays", "idle-for-long-is-displaced", "warmed-a-moment-ago-stays"],
+)
+async def test_a_login_displaces_a_long_idle_adapter_but_not_one_in_use(
+    rig: tuple[Controller, httpx.AsyncClient, FakeClock, JsonLinesRequestLog],
+    emulated: EmulatedFleet,
+    after_s: float,
+    beta_a_used_ago_s: float | None,
+    displaced: bool,
+) -> None:
+    controller, http, clock, router_log = rig
+    # beta logs in: both its adapters land on the pod's two slots, beta-a first (the
+    # least recently used: the one a third adapter would push off)
+    first = await login(controller, http, clock, "beta")
+    assert [(p["kind"], p["adapter"]) for p in first["preloads"]] == [
+        ("load", "beta-a"),
+        ("warmup", "beta-a"),
+        ("load", "beta-b"),
+        ("warmup", "beta-b"),
+    ]
+    clock.advance(after_s)
+    if beta_a_used_ago_s is not None:  # the router served beta-a on pod-0 that long ago
+        router_log.write([served(clock() - beta_a_used_ago_s, "beta-a")])
+    decision = await login(controller, http, clock, "acme")
+    on_gpu = emulated.pod("pod-0").gpu
+    if displaced:
+        assert [p["adapter"] for p in decision["preloads"]] == ["acme-chat", "acme-chat"]
+        assert on_gpu == ("beta-b", "acme-chat")
+    else:
+        assert decision["preloads"] == []
+        assert "displace beta-a" in decision["skipped"]["acme-chat"]
+        assert on_gpu == ("beta-a", "beta-b")
+
+
+def test_the_router_log_tells_the_last_request_each_pod_served(tmp_path: Path) -> None:
+    """Per pod, the latest arrival of a request it served; refused rows (no outcome)
+    used no adapter there; a log not yet written tells nothing."""
+    path = tmp_path / "router-requests.jsonl"
+    assert RouterLogUse(path)() == {}
+    writer = JsonLinesRequestLog(path)
+    t = T0.timestamp()
+    refused = replace(served(t + 50, "beta-a"), outcome=None, status=404)
+    elsewhere = replace(served(t + 20, "beta-a"), pod="pod-1")
+    writer.write([served(t, "beta-a"), served(t + 10, "beta-b"), refused, elsewhere])
+    writer.write([served(t + 30, "beta-a")])
+    writer.close()
+    assert RouterLogUse(path)() == {
+        "pod-0": {"beta-a": t + 30, "beta-b": t + 10},
+        "pod-1": {"beta-a": t + 20},
+    }
+
+
+def test_idle_times_count_from_the_later_of_use_and_landing() -> None:
+    hot = (AdapterId("a"), AdapterId("b"), AdapterId("c"), AdapterId("?unloaded-3"))
+    used = {AdapterId("a"): 100.0, AdapterId("b"): 50.0, AdapterId("c"): 130.0}
+    landed = {AdapterId("b"): 90.0}
+    assert idle_times(hot, used_s=used, landed_s=landed, now_s=120.0) == {
+        "a": 20.0,
+        "b": 30.0,
+        "c": 0.0,  # a time ahead of the controller's clock: in use, never idler
+    }
