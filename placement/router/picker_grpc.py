@@ -4,9 +4,12 @@ An Envoy-based gateway (Envoy Gateway, kgateway, Istio, GKE) routing to an
 InferencePool asks an endpoint picker (EPP) which pod serves each request, over Envoy's
 external processing protocol: one bidirectional ``Process`` stream per HTTP request
 (``envoy.service.ext_proc.v3.ExternalProcessor``). The messages are Envoy's published
-protos (the ``xds-protos`` package), served by ``grpc.aio`` on the router's own event
-loop, so the picker shares the proxy's ``Router``: topology, ledger, coalesced loads,
-metrics, request log. The decisions are ``router.endpoint_picking``'s; this module
+protos (the ``xds-protos`` package), served on the router's own event loop, so the
+picker shares the proxy's ``Router``: topology, ledger, coalesced loads, metrics,
+request log. The server is the picker's own HTTP/2 one by default (``router.picker_h2``
+with ``router.picker_calls``: grpc.aio's C-core cost about the whole latency budget per
+stream), or ``grpc.aio`` (``EndpointPickerServer(transport="grpc.aio")``, this module's
+``ExternalProcessor``). The decisions are ``router.endpoint_picking``'s; this module
 only translates.
 
 The protocol, as the Gateway API Inference Extension defines it
@@ -364,18 +367,52 @@ class ExternalProcessor:
             stream.finish()
 
 
+#: The picker's transports: its own HTTP/2 server (``router.picker_h2``), or grpc.aio.
+TRANSPORTS = ("h2", "grpc.aio")
+
+
 class EndpointPickerServer:
     """The gRPC server of the endpoint picker, started on the router's event loop:
-    ext_proc and ``grpc.health.v1.Health`` (``router.picker_health``) on one port."""
+    ext_proc and ``grpc.health.v1.Health`` (``router.picker_health``) on one port.
 
-    def __init__(self, router: Router, *, host: str, port: int) -> None:
+    ``transport``: ``"h2"`` (the default), the picker's own HTTP/2 server
+    (``router.picker_h2``, its calls in ``router.picker_calls``), a fraction of
+    grpc.aio's cost per stream; ``"grpc.aio"``, grpcio's server, as before."""
+
+    def __init__(self, router: Router, *, host: str, port: int, transport: str = "h2") -> None:
+        if transport not in TRANSPORTS:
+            raise ValueError(f"no picker transport {transport!r}: one of {TRANSPORTS}")
         self.router = router
+        self.host, self.transport = host, transport
         self.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        self.requested_port = port
         self.port: int | None = None
         self._server: Any = None
 
     async def start(self) -> int:
         """Listen (port 0: the kernel's choice) and serve; the port bound."""
+        if self.transport == "h2":
+            port = await self._start_h2()
+        else:
+            port = await self._start_grpc_aio()
+        log.info("endpoint picker (Envoy ext_proc) listening on port %d", port)
+        return port
+
+    async def _start_h2(self) -> int:
+        # Here: router.picker_calls drives this module's _Stream.
+        from placement.router.picker_calls import picker_methods
+        from placement.router.picker_h2 import GrpcH2Server
+
+        settings = self.router.settings
+        # A body and its envelope fit in one message (the 413 is the picker's to give).
+        limit = max(4 * 1024 * 1024, 2 * settings.max_body_bytes)
+        server = GrpcH2Server(picker_methods(self.router), max_message_bytes=limit)
+        host = self.host if self.host not in ("", "*") else None
+        port = await server.start(host, self.requested_port)
+        self._server, self.port = server, port
+        return port
+
+    async def _start_grpc_aio(self) -> int:
         server = grpc.aio.server()
         ext_proc_grpc.add_ExternalProcessorServicer_to_server(
             ExternalProcessor(self.router), server
@@ -386,7 +423,6 @@ class EndpointPickerServer:
             raise OSError(f"the endpoint picker cannot listen on {self.address}")
         await server.start()
         self._server, self.port = server, port
-        log.info("endpoint picker (Envoy ext_proc) listening on port %d", port)
         return port
 
     async def stop(self, *, grace_s: float | None = None) -> None:

@@ -1,6 +1,7 @@
 """The router as a Gateway API endpoint picker, driven over gRPC as a gateway drives it.
 
-A ``Gateway`` here does what Envoy does with an InferencePool's picker in
+Every test runs on each of the picker's transports (its own HTTP/2 server and
+grpc.aio). A ``Gateway`` here does what Envoy does with an InferencePool's picker in
 ``FULL_DUPLEX_STREAMED`` mode: one ``Process`` stream per request over a real
 ``grpc.aio`` channel (the picker on port 0 in the router's process), request headers,
 the body in chunks, then the request sent to the endpoint the picker named (the next
@@ -32,6 +33,7 @@ from placement.emulator import Latency
 from placement.plan import Plan
 from placement.router import MemoryRequestLog, build_router
 from placement.router.core import Router
+from placement.router.picker_grpc import TRANSPORTS, EndpointPickerServer
 from placement.router.wiring import RouterWithPicker, ServedApp
 from placement.settings import Settings
 
@@ -39,6 +41,28 @@ from .conftest import MANUAL, Pods, catalog_of, emulated, plan_of
 
 DESTINATION = "x-gateway-destination-endpoint"
 DUPLEX = processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED
+#: The transport ``with_transport`` serves the picker on (the ``transport`` fixture's).
+_SERVING = {"transport": TRANSPORTS[0]}
+
+
+@pytest.fixture(params=TRANSPORTS)
+def transport(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Each test that uses it runs on each of the picker's transports."""
+    _SERVING["transport"] = request.param
+    yield request.param
+    _SERVING["transport"] = TRANSPORTS[0]
+
+
+pytestmark = pytest.mark.usefixtures("transport")
+
+
+def with_transport(with_picker: RouterWithPicker) -> RouterWithPicker:
+    """``with_picker`` serving on the transport of the test's ``transport``."""
+    picker = with_picker.picker
+    with_picker.picker = EndpointPickerServer(
+        with_picker.router, host=picker.host, port=0, transport=_SERVING["transport"]
+    )
+    return with_picker
 
 
 def _headers(pairs: Sequence[tuple[str, str]]) -> Any:
@@ -240,7 +264,7 @@ def picker_for(
         registry=registry,
         request_log=log,
     )
-    with_picker = RouterWithPicker(app, host="127.0.0.1", port=0)
+    with_picker = with_transport(RouterWithPicker(app, host="127.0.0.1", port=0))
     with ServedApp(with_picker) as served:
         assert with_picker.picker.port
         yield Picking(served, app.router, Gateway(with_picker.picker.port), log, registry)

@@ -21,6 +21,10 @@ from placement.router.core import Router
 from placement.router.wiring import RouterWithPicker, ServedApp
 
 from .conftest import MANUAL, catalog_of, emulated, plan_of
+from .test_endpoint_picker import transport, with_transport
+
+__all__ = ["transport"]  # the fixture: every test here runs on each transport
+pytestmark = pytest.mark.usefixtures("transport")
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -79,7 +83,7 @@ def probing(fleet: Any, *, plan: Any = None) -> Iterator[Probe]:
         registry=CollectorRegistry(),
         request_log=MemoryRequestLog(),
     )
-    with_picker = RouterWithPicker(app, host="127.0.0.1", port=0)
+    with_picker = with_transport(RouterWithPicker(app, host="127.0.0.1", port=0))
     with ServedApp(with_picker) as served:
         assert with_picker.picker.port
         yield Probe(served, app.router, with_picker.picker.port)

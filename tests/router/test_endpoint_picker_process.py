@@ -29,7 +29,10 @@ from .test_endpoint_picker import (
     endpoint,
     picker_for,
     request_headers,
+    transport,
 )
+
+__all__ = ["transport"]  # the fixture: the tests through picker_for run on each transport
 
 
 def test_the_router_process_serves_the_picker_on_the_port_it_writes(tmp_path: Path) -> None:
@@ -81,6 +84,7 @@ async def _buffered(port: int, body: bytes) -> list[Any]:
     return answers
 
 
+@pytest.mark.usefixtures("transport")
 def test_in_buffered_mode_the_headers_continue_and_the_endpoint_rides_on_the_body() -> None:
     with emulated(2) as pods:
         plan = plan_of({"alpha": ["pod-1"]})
@@ -99,6 +103,7 @@ def test_in_buffered_mode_the_headers_continue_and_the_endpoint_rides_on_the_bod
     assert lb.fields[DESTINATION].string_value == endpoint(pods, "pod-1")
 
 
+@pytest.mark.usefixtures("transport")
 def test_an_sglang_pod_gets_the_body_it_reads_and_its_length() -> None:
     with emulated(1, engine=Engine.SGLANG) as pods:
         catalog = catalog_of(["alpha"])
@@ -123,6 +128,7 @@ async def _out_of_order(port: int, messages: list[Any]) -> grpc.aio.AioRpcError:
     return failed.value
 
 
+@pytest.mark.usefixtures("transport")
 @pytest.mark.parametrize(
     ("messages", "words"),
     [

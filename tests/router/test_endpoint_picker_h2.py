@@ -1,0 +1,166 @@
+"""The picker's own HTTP/2 server at the wire: HPACK against RFC 7541's examples, and
+what a bad peer gets (a gRPC status or a GOAWAY naming what is wrong, never a dead
+server); a body larger than every window goes through both ways."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from typing import Any
+
+import grpc
+import pytest
+
+from placement.router.picker_calls import PROCESS
+from placement.router.picker_hpack import Decoder, HpackError, huffman_decode, huffman_encode
+
+from .conftest import emulated
+from .test_endpoint_picker import picker_for, request_headers
+
+# --- HPACK ---------------------------------------------------------------------------
+
+#: RFC 7541, C.4: three requests on one connection, Huffman-coded, sharing the table.
+C4 = [
+    (
+        "828684418cf1e3c2e5f23a6ba0ab90f4ff",
+        [
+            (":method", "GET"),
+            (":scheme", "http"),
+            (":path", "/"),
+            (":authority", "www.example.com"),
+        ],
+    ),
+    (
+        "828684be5886a8eb10649cbf",
+        [
+            (":method", "GET"),
+            (":scheme", "http"),
+            (":path", "/"),
+            (":authority", "www.example.com"),
+            ("cache-control", "no-cache"),
+        ],
+    ),
+    (
+        "828785bf408825a849e95ba97d7f8925a849e95bb8e8b4bf",
+        [
+            (":method", "GET"),
+            (":scheme", "https"),
+            (":path", "/index.html"),
+            (":authority", "www.example.com"),
+            ("custom-key", "custom-value"),
+        ],
+    ),
+]
+
+
+def test_the_rfc_examples_decode_in_order_on_one_table() -> None:
+    decoder = Decoder()
+    for block, expected in C4:
+        decoded = decoder.decode(bytes.fromhex(block))
+        assert decoded == [(k.encode(), v.encode()) for k, v in expected]
+
+
+def test_every_byte_goes_through_the_huffman_code_and_back() -> None:
+    text = bytes(range(256)) * 2
+    assert huffman_decode(huffman_encode(text)) == text
+
+
+@pytest.mark.parametrize(
+    ("block", "words"),
+    [
+        ("be", "no header table entry 62"),
+        ("3fe21f", "a table size of 4097 over the 4096"),
+        ("008100", "bad padding"),
+        ("4085", "past the end"),
+        ("ff", "ends inside an integer"),
+    ],
+    ids=["index-past-the-table", "table-size-over-ours", "padding-not-ones", "short", "int"],
+)
+def test_a_bad_header_block_is_an_error_naming_it(block: str, words: str) -> None:
+    with pytest.raises(HpackError, match=words):
+        Decoder().decode(bytes.fromhex(block))
+
+
+# --- the wire --------------------------------------------------------------------------
+
+
+def _frames(data: bytes) -> list[tuple[int, int, bytes]]:
+    frames, at = [], 0
+    while len(data) - at >= 9:
+        size = int.from_bytes(data[at : at + 3], "big")
+        frames.append(
+            (
+                data[at + 3],
+                int.from_bytes(data[at + 5 : at + 9], "big"),
+                data[at + 9 : at + 9 + size],
+            )
+        )
+        at += 9 + size
+    return frames
+
+
+def _raw(port: int, sent: bytes) -> list[tuple[int, int, bytes]]:
+    """What the picker answers to ``sent`` until it closes the connection."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(sent)
+        received = b""
+        while chunk := sock.recv(65536):
+            received += chunk
+    return _frames(received)
+
+
+def test_a_peer_that_is_not_http2_gets_a_goaway_naming_why() -> None:
+    with emulated(1) as pods, picker_for(pods.domain) as picking:
+        port = int(picking.gateway.target.rpartition(":")[2])
+        frames = _raw(port, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert picking.send(json.dumps({"model": "base-model"}).encode()).status == 200
+    [goaway] = [payload for kind, _, payload in frames if kind == 0x7]
+    assert int.from_bytes(goaway[4:8], "big") == 0x1  # PROTOCOL_ERROR
+    assert b"not an HTTP/2 connection preface" in goaway[8:]
+
+
+async def _raw_call(port: int, method: str, payload: bytes, **options: Any) -> grpc.aio.AioRpcError:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}", **options) as channel:
+        call = channel.stream_stream(method)()
+        with pytest.raises(grpc.aio.AioRpcError) as failed:
+            await call.write(payload)  # the call may have ended already
+            await call.done_writing()
+            await call.read()
+    return failed.value
+
+
+@pytest.mark.parametrize(
+    ("method", "payload", "options", "code", "words"),
+    [
+        (PROCESS, b"\xff\xff\xff", {}, grpc.StatusCode.INVALID_ARGUMENT, "not a envoy.service"),
+        ("/lorafleet.Nothing/Here", b"", {}, grpc.StatusCode.UNIMPLEMENTED, "no method"),
+        (
+            PROCESS,
+            request_headers(b"{}").SerializeToString() * 40,
+            {"compression": grpc.Compression.Gzip},
+            grpc.StatusCode.UNIMPLEMENTED,
+            "compressed messages",
+        ),
+    ],
+    ids=["not-a-processing-request", "unknown-method", "compressed"],
+)
+def test_a_bad_call_ends_with_a_grpc_status_naming_why(
+    method: str, payload: bytes, options: dict[str, Any], code: grpc.StatusCode, words: str
+) -> None:
+    with emulated(1) as pods, picker_for(pods.domain) as picking:
+        port = int(picking.gateway.target.rpartition(":")[2])
+        error = asyncio.run(_raw_call(port, method, payload, **options))
+        # The server goes on serving.
+        assert picking.send(json.dumps({"model": "base-model"}).encode()).status == 200
+    assert error.code() == code
+    assert words in (error.details() or "")
+
+
+def test_a_body_larger_than_every_window_goes_through_and_comes_back_whole() -> None:
+    prompt = "x" * 900_000  # over the peers' 64 KiB windows, under the 1 MiB limit
+    body = json.dumps({"model": "base-model", "prompt": prompt, "max_tokens": 1}).encode()
+    with emulated(1) as pods, picker_for(pods.domain) as picking:
+        outcome = picking.send(body, chunks=20)
+    assert outcome.forwarded == body
+    assert outcome.status == 200
