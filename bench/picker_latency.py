@@ -11,11 +11,12 @@ started: nothing scrapes, every pod stays healthy), requests drawing adapters un
    the log row; thread CPU time;
 3. the picker's ``_Stream`` without gRPC: a stream's two messages translated, decided
    and answered, the answers serialized as gRPC would; thread CPU time;
-4. gRPC: one ext_proc stream per request to the picker's ``grpc.aio`` server (its own
-   thread and event loop), as a gateway in FULL_DUPLEX_STREAMED mode drives it:
-   headers, body, then the headers' and the body's answers, then the close; wall time
-   from the first write to the endpoint read (what the gateway waits before it can
-   send), and from the first write to the stream's end. The client is another process,
+4. gRPC: one ext_proc stream per request to the picker's server (its own thread and
+   event loop): its own HTTP/2 server (``router.picker_h2``, the default), and again on
+   ``grpc.aio`` (``transport="grpc.aio"``), each as a gateway in FULL_DUPLEX_STREAMED
+   mode drives it: headers, body, then the headers' and the body's answers, then the
+   close; wall time from the first write to the endpoint read (what the gateway waits
+   before it can send), and from the first write to the stream's end. The client is another process,
    as a gateway is: by default ``bench.ext_proc_client``, HTTP/2 frames on a socket
    (about 60-130 us of CPU a stream, nearer what Envoy's C++ side costs); with
    ``--gateway grpc`` Python's grpc.aio client, which costs more CPU per stream
@@ -33,14 +34,14 @@ started: nothing scrapes, every pod stays healthy), requests drawing adapters un
    ``_Stream`` (translation, decision, answers) over that bare protocol: what the
    picker would cost on a transport that costs next to nothing.
 
-"added" is the gRPC endpoint latency's p50 minus the bare decision's p50, with the
-trivial server's share beside it. CPU per stream, split by where it is spent: the
-server's event-loop thread (``pthread_getcpuclockid``), the server's whole process
-(gRPC's own threads too), and the client's process. Unlike CPU time, wall time counts
-the preemption a shared machine adds: run it on a quiet one, or several times. One
-stream at a time, the server's thread sleeps between streams and wakes to cold caches:
-the same Python work costs it 1.5-3 times what the in-process lines (1-3), run back
-to back, show.
+"added" is the gRPC endpoint latency's p50 minus the bare decision's p50, for both
+transports, with the trivial grpc.aio server's own beside it. CPU per stream, split by
+where it is spent: the server's event-loop thread (``pthread_getcpuclockid``), the
+server's whole process (gRPC's own threads too), and the client's process. Unlike CPU
+time, wall time counts the preemption a shared machine adds: run it on a quiet one, or
+several times. One stream at a time, the server's thread sleeps between streams and
+wakes to cold caches: the same Python work costs it 1.5-3 times what the in-process
+lines (1-3), run back to back, show.
 
     .venv/bin/python -m bench.picker_latency [--pods 64] [--calls 5000] [--concurrency 1]
         [--gateway lean|grpc] [--transports] [--same-process]
@@ -213,14 +214,19 @@ class ServerThread(LoopServer):
     """A gRPC server (the picker's, or the floor's) on its own event loop (uvloop, as
     the router's loop under uvicorn is; ``uvloop=False``: asyncio's), in a thread."""
 
-    def __init__(self, router: Router | None, *, use_uvloop: bool = True) -> None:
+    def __init__(
+        self, router: Router | None, *, use_uvloop: bool = True, transport: str = "h2"
+    ) -> None:
         super().__init__(use_uvloop=use_uvloop)
         self.router = router
+        self.transport = transport
         self.stop: Callable[[], Coroutine[Any, Any, None]] | None = None
 
     async def _start(self) -> int:
         if self.router is not None:
-            picker = EndpointPickerServer(self.router, host="127.0.0.1", port=0)
+            picker = EndpointPickerServer(
+                self.router, host="127.0.0.1", port=0, transport=self.transport
+            )
             self.stop = lambda: picker.stop(grace_s=1.0)
             return await picker.start()
         server = grpc.aio.server()
@@ -445,7 +451,9 @@ def main() -> None:
             gateway=gateway,
         )
 
-    floor, picker = streams_to(ServerThread(None)), streams_to(ServerThread(router))
+    floor = streams_to(ServerThread(None))
+    on_grpc_aio = streams_to(ServerThread(router, transport="grpc.aio"))
+    picker = streams_to(ServerThread(router))
     others = {}
     bare_picker: StreamFigures | None = None
     if args.transports:
@@ -465,23 +473,29 @@ def main() -> None:
         ("GatewayRequest decide+finish (thread CPU)", (gate_p50, gate_p99)),
         ("the stream's messages, no gRPC (thread CPU)", (stream_p50, stream_p99)),
         ("gRPC to the endpoint, picker (wall)", picker.picked),
-        ("gRPC to the endpoint, trivial server (wall)", floor.picked),
+        ("gRPC to the endpoint, picker on grpc.aio (wall)", on_grpc_aio.picked),
+        ("gRPC to the endpoint, trivial grpc.aio server (wall)", floor.picked),
         ("gRPC to the stream's end, picker (wall)", picker.ended),
-        ("gRPC to the stream's end, trivial server (wall)", floor.ended),
+        ("gRPC to the stream's end, picker on grpc.aio (wall)", on_grpc_aio.ended),
+        ("gRPC to the stream's end, trivial grpc.aio (wall)", floor.ended),
     ]
-    print(f"{'':48s} {'p50':>8s} {'p99':>8s}")
+    print(f"{'':52s} {'p50':>8s} {'p99':>8s}")
     for label, (p50, p99) in rows:
-        print(f"{label:48s} {p50:8.1f} {p99:8.1f}")
-    print(f"added at the median, gRPC endpoint - bare decision: {picker.picked[0] - bare_p50:.1f}")
+        print(f"{label:52s} {p50:8.1f} {p99:8.1f}")
     print(
-        f"  of which the trivial server's (grpc.aio, the {gateway} client): {floor.picked[0]:.1f}"
+        f"added at the median, gRPC endpoint - bare decision: {picker.picked[0] - bare_p50:.1f} "
+        f"(the picker's own HTTP/2 server); on grpc.aio {on_grpc_aio.picked[0] - bare_p50:.1f}"
     )
     print(
-        f"added over the trivial server at the median (ours): "
-        f"{picker.picked[0] - floor.picked[0]:.1f}; at the p99: "
-        f"{picker.picked[1] - floor.picked[1]:.1f}"
+        f"  the trivial grpc.aio server alone (the {gateway} client): {floor.picked[0]:.1f}; "
+        f"the picker on grpc.aio over it: {on_grpc_aio.picked[0] - floor.picked[0]:.1f}"
     )
-    for name, figures in (("picker", picker), ("trivial server", floor)):
+    figures_by_name = (
+        ("picker", picker),
+        ("picker on grpc.aio", on_grpc_aio),
+        ("trivial grpc.aio server", floor),
+    )
+    for name, figures in figures_by_name:
         client = (
             " (the client's included)"
             if figures.client_cpu_us is None
