@@ -15,7 +15,6 @@ from types import MappingProxyType
 from placement.errors import InfeasibleError, SolverError
 from placement.plan import SolverReport
 from placement.solver.greedy import ClassKey, Counts, greedy_counts, trim_counts
-from placement.solver.improve import top_up
 from placement.solver.infeasible import honours_pins, pin_packing_reasons
 from placement.solver.packing import Assignment, assign_around, assign_pods, evaluate
 from placement.solver.packing_sat import pack_hot
@@ -53,22 +52,20 @@ def counts_of(problem: PoolProblem, assignment: Assignment) -> Counts:
 def pick_plan(
     problem: PoolProblem,
     assignment: Assignment | None,
-    fallback: tuple[Counts, Assignment] | None,
+    greedy: Assignment | None,
     wall_s: float,
     *,
     proven: bool = False,
     bound: float = float("-inf"),
     slack: float = 0.0,
-    top_up_free: bool = True,
 ) -> PoolSolution:
-    """The better of the solver's and the greedy plan; the greedy when the solver has none.
-    With ``top_up_free``, GPU slots either leaves free go to the adapters worth most."""
+    """The better of the solver's plan and the greedy one (each as it is: the caller
+    tops them up); the greedy when the solver has none.
+    """
     options = []
     if assignment is not None:
-        assignment = top_up(problem, assignment) if top_up_free else assignment
         options.append(("solver", assignment, evaluate(problem, assignment)))
-    if fallback is not None:
-        greedy = top_up(problem, fallback[1]) if top_up_free else fallback[1]
+    if greedy is not None:
         options.append(("greedy", greedy, evaluate(problem, greedy)))
     if not options:
         reasons = pin_packing_reasons(problem)
@@ -79,20 +76,35 @@ def pick_plan(
             "could not pack the pods; raise --time-limit"
         )
     source, chosen, cost = min(options, key=lambda item: item[2].model_total)
-    objective = cost.total
     # The bound is the model's (delay less stability credit), a lower bound on both;
     # rounded coefficients can lift it a hair above a proven objective.
     modelled = cost.model_total
     bound = 0.0 if bound == float("-inf") else min(bound, modelled)
-    gap = _gap(modelled, bound)
     if assignment is None:
         status = "FALLBACK_GREEDY"
-    elif proven and modelled - bound <= max(slack, 1e-4 * abs(modelled)):
+    elif proven and modelled - bound <= _tolerance(modelled, slack):
         status = "OPTIMAL"
     else:
         status = "FEASIBLE"
-    report = SolverReport(status=status, objective=objective, bound=bound, gap=gap, wall_s=wall_s)
-    return PoolSolution(problem=problem, assignment=chosen, cost=cost, report=report, source=source)
+    report = SolverReport(
+        status=status,
+        objective=cost.total,
+        bound=bound,
+        gap=_gap(modelled, bound),
+        wall_s=wall_s,
+    )
+    return PoolSolution(
+        problem=problem,
+        assignment=chosen,
+        cost=cost,
+        report=report,
+        source=source,
+    )
+
+
+def _tolerance(modelled: float, slack: float) -> float:
+    """How far a valid bound may lie above a plan's cost: rounding, relative or not."""
+    return max(slack, 1e-4 * abs(modelled))
 
 
 def _gap(modelled: float, bound: float) -> float:
@@ -155,7 +167,7 @@ def pack_counts(
     problem: PoolProblem,
     counts: Counts,
     *,
-    time_left_s: float,
+    exact_s: float,
     workers: int,
     seed: int,
     quick: bool = False,
@@ -164,8 +176,9 @@ def pack_counts(
     """Stage 2 for stage 1's counts, and the CP-SAT seconds it took.
 
     Pool totals can pack where single pods cannot (bytes and capacity fragment): then
-    an exact CP-SAT packing (small pools), else the least valuable hot replicas made
-    warm, else a repair that demotes whatever does not fit. None only for pins.
+    an exact CP-SAT packing (small pools, given ``exact_s`` seconds; none at 0), else
+    the least valuable hot replicas made warm, else a repair that demotes whatever does
+    not fit. None only for pins.
     ``quick`` (a retry's) goes from the greedy packing straight to the repair;
     ``reproducible``: the exact packing as ``placement.solver.timing`` says.
     """
@@ -173,11 +186,12 @@ def pack_counts(
     wall_s = 0.0
     if quick:
         return assignment or assign_pods(problem, counts, repair=True), wall_s
-    if assignment is None and _hot_pairs(problem, counts) <= EXACT_PACKING_PAIRS:
+    exact = exact_s > 0 and _hot_pairs(problem, counts) <= EXACT_PACKING_PAIRS
+    if assignment is None and exact:
         hot, wall_s = pack_hot(
             problem,
             counts,
-            time_limit_s=max(2.0, time_left_s),
+            time_limit_s=exact_s,
             workers=workers,
             seed=seed,
             reproducible=reproducible,

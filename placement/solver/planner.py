@@ -5,7 +5,7 @@ builds a problem itself. ``SolverPlanner`` is the placement of record (``build_p
 → ``solve`` → ``extract_plan``, hinted with the plan in force); ``GreedyPlanner`` is the
 solver's greedy plan alone (its hint and fallback), no CP-SAT, for fast replays.
 
-Pure but for the clock it is given: no IO.
+Pure but for the clocks it is given: no IO.
 """
 
 from __future__ import annotations
@@ -19,12 +19,19 @@ from placement.domain import AdapterId, Catalog, Fleet
 from placement.errors import InfeasibleError
 from placement.plan import Plan
 from placement.settings import Settings
-from placement.solver.choose import combine_reports, empty_solution, greedy_assignment, pick_plan
+from placement.solver.choose import (
+    combine_reports,
+    empty_solution,
+    greedy_assignment,
+    pick_plan,
+)
 from placement.solver.counts import options_from
+from placement.solver.improve import top_up
 from placement.solver.infeasible import capacity_notes, quick_reasons
-from placement.solver.problem import Demand, PlacementProblem, build_problem
-from placement.solver.solution import Solution
+from placement.solver.problem import Demand, PlacementProblem, PoolProblem, build_problem
+from placement.solver.solution import PoolSolution, Solution
 from placement.solver.solve import extract_plan, solve
+from placement.solver.timing import Deadline
 
 
 class Planner(Protocol):
@@ -74,7 +81,10 @@ class SolverPlanner(_ProblemPlanner):
     ``reproducible`` (by default: without a clock, as a replay plans) solves by CP-SAT's
     deterministic time (``SolveOptions.reproducible``), so that a replay gives the same
     plans, and the same figures, however busy the machine; the controller, with a clock,
-    plans by the wall clock within its time limit.
+    plans by the wall clock within its time limit. With ``deadline_clock`` (monotonic
+    seconds, not the warped scenario ``clock``) and not reproducible, the time limit is
+    a deadline for the whole plan, the problem's building included
+    (``placement.solver.budget``); without it only CP-SAT's seconds count.
     """
 
     def __init__(
@@ -84,9 +94,11 @@ class SolverPlanner(_ProblemPlanner):
         settings: Settings,
         clock: Clock | None,
         reproducible: bool | None = None,
+        deadline_clock: Clock | None = None,
     ) -> None:
         super().__init__(catalog, settings=settings, clock=clock)
         self._reproducible = clock is None if reproducible is None else reproducible
+        self._deadline_clock = None if self._reproducible else deadline_clock
 
     def __call__(
         self,
@@ -96,9 +108,13 @@ class SolverPlanner(_ProblemPlanner):
         valid_from: datetime,
         current: Plan | None,
     ) -> Plan:
+        deadline = None
+        if self._deadline_clock is not None:
+            limit_s = self._settings.planner.time_limit_s
+            deadline = Deadline.after(limit_s, clock=self._deadline_clock)
         problem = self._problem(demand, fleet=fleet, valid_from=valid_from, current=current)
         options = options_from(problem, reproducible=self._reproducible)
-        solution = solve(problem, options=options)
+        solution = solve(problem, options=options, deadline=deadline)
         return extract_plan(problem, solution, created_at=self._created_at(valid_from))
 
 
@@ -126,10 +142,12 @@ def greedy_solution(problem: PlacementProblem) -> Solution:
     if reasons:
         raise InfeasibleError(reasons)
     pools = [
-        pick_plan(pool, None, greedy_assignment(pool), 0.0)
-        if pool.candidates
-        else empty_solution(pool)
-        for pool in problem.pools
+        _greedy_plan(pool) if pool.candidates else empty_solution(pool) for pool in problem.pools
     ]
     notes = capacity_notes(problem, configured=problem.settings.planner.capacity_headroom)
     return Solution(pools=tuple(pools), report=combine_reports(pools), notes=tuple(notes))
+
+
+def _greedy_plan(pool: PoolProblem) -> PoolSolution:
+    fallback = greedy_assignment(pool)
+    return pick_plan(pool, None, top_up(pool, fallback[1]) if fallback else None, 0.0)

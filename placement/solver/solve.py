@@ -32,6 +32,7 @@ from ortools.sat.python import cp_model
 
 from placement.errors import InfeasibleError, SolverError
 from placement.plan import Plan
+from placement.solver.budget import MIN_SEARCH_S, Budget
 from placement.solver.choose import (
     combine_reports,
     empty_solution,
@@ -42,6 +43,7 @@ from placement.solver.choose import (
 )
 from placement.solver.counts import (
     SCALE,
+    ModelVars,
     SolveOptions,
     add_hint,
     build_model,
@@ -59,7 +61,7 @@ from placement.solver.infeasible import (
 from placement.solver.packing import Assignment, evaluate
 from placement.solver.problem import PlacementProblem, PoolProblem
 from placement.solver.solution import PoolSolution, Solution, assemble_plan
-from placement.solver.timing import spent_s
+from placement.solver.timing import Deadline, spent_s
 
 #: Headroom factors of the stage-1 retries when counts do not pack, and the seconds
 #: (and share of the pool's time) a retry needs left to start.
@@ -75,19 +77,30 @@ STAGE1_SHARE = 0.5
 GAP_NOTE = 0.01
 
 
-def solve(problem: PlacementProblem, *, options: SolveOptions | None = None) -> Solution:
-    """Solve every pool; raise InfeasibleError with actionable reasons when none exists."""
+def solve(
+    problem: PlacementProblem,
+    *,
+    options: SolveOptions | None = None,
+    deadline: Deadline | None = None,
+) -> Solution:
+    """Solve every pool; raise InfeasibleError with actionable reasons when none exists.
+
+    With a ``deadline`` (and ``options`` not reproducible) the time limit is wall time
+    for the whole solve, Python included, ending at the deadline or ``time_limit_s``
+    from now, whichever comes first (``placement.solver.budget``); without one, only
+    CP-SAT's seconds count against it.
+    """
     options = options or options_from(problem)
     reasons = quick_reasons(problem)
     if reasons:
         raise InfeasibleError(reasons)
+    budget = _budget(options, deadline)
     sizes = [max(1, len(p.candidates)) for p in problem.pools]
     solutions: list[PoolSolution] = []
     for index, pool in enumerate(problem.pools):
         # Time a pool leaves unused goes to the pools after it, by their size.
-        left_s = options.time_limit_s - sum(s.report.wall_s for s in solutions)
-        share = max(0.5, left_s) * sizes[index] / sum(sizes[index:])
-        solution = solve_pool(pool, replace(options, time_limit_s=share))
+        share = _pool_share_s(budget, sizes[index:])
+        solution = solve_pool(pool, options, budget=budget.part(share))
         if solution is None:
             raise InfeasibleError(explain_by_relaxing(pool, time_limit_s=max(1.0, share)))
         solutions.append(solution)
@@ -100,56 +113,95 @@ def solve(problem: PlacementProblem, *, options: SolveOptions | None = None) -> 
     )
 
 
-def solve_pool(problem: PoolProblem, options: SolveOptions) -> PoolSolution | None:
-    """One pool's plan, or None when CP-SAT proves its stage 1 infeasible."""
-    fallback = greedy_assignment(problem)
+def _budget(options: SolveOptions, deadline: Deadline | None) -> Budget:
+    """By the deadline, unless there is none or the solve must be reproducible."""
+    if deadline is None or options.reproducible:
+        return Budget.counted(options.time_limit_s)
+    return Budget.until(deadline, limit_s=options.time_limit_s)
+
+
+def _pool_share_s(budget: Budget, sizes: list[int]) -> float:
+    """The next pool's seconds: its size's share of what is left. Counted, at least
+    0.5 s (CP-SAT's seconds can overrun a share); by a deadline, nothing more than is
+    left."""
+    left_s = budget.left_s()
+    left_s = max(0.0, left_s) if budget.by_deadline else max(0.5, left_s)
+    return left_s * sizes[0] / sum(sizes)
+
+
+def solve_pool(
+    problem: PoolProblem, options: SolveOptions, *, budget: Budget | None = None
+) -> PoolSolution | None:
+    """One pool's plan, or None when CP-SAT proves its stage 1 infeasible; within
+    ``budget`` (by default ``options.time_limit_s`` of CP-SAT's seconds)."""
+    budget = budget or Budget.counted(options.time_limit_s)
+    fallback = budget.timed("greedy", lambda: greedy_assignment(problem))
     if not problem.candidates:
         return empty_solution(problem)
+    greedy = _topped(problem, fallback[1] if fallback else None, options, budget)
     # Stage 1 leaves a quarter of the pool's time to stage 2 and the greedy's checks;
-    # with whole pods in stage 1, half, for the retries and the top-up (Python time,
-    # which CP-SAT's clock does not count).
+    # with whole pods in stage 1, half, for the retries and the top-up.
     share = STAGE1_SHARE if options.per_pod else 0.75
-    stage1 = replace(options, time_limit_s=share * options.time_limit_s)
-    status, counts, bound, wall_s = solve_stage1(problem, stage1, fallback)
+    stage1 = replace(options, time_limit_s=share * budget.limit_s)
+    status, counts, bound, _ = solve_stage1(
+        problem, stage1, fallback, budget=budget, after=("pack", "top_up")
+    )
     if status == cp_model.INFEASIBLE:
         return None
     assignment = None
     if counts is not None:
-        assignment, extra_s = _pack(problem, counts, options, wall_s)
-        wall_s += extra_s
+        assignment = _pack(problem, counts, options, budget)
         if options.per_pod:
-            assignment = _widened(problem, counts, assignment, options, spent_s=wall_s, bound=bound)
-        assignment, extra_s = _retry_tighter(
-            problem, assignment, options, fallback, spent_s=wall_s, bound=bound
-        )
-        wall_s += extra_s
+            assignment = _widened(problem, counts, assignment, options, budget, bound=bound)
+        assignment = _retry_tighter(problem, assignment, options, fallback, budget, bound=bound)
     return pick_plan(
         problem,
-        assignment,
-        fallback,
-        wall_s,
+        _topped(problem, assignment, options, budget),
+        greedy,
+        budget.searched_s,
         proven=status == cp_model.OPTIMAL,
         bound=bound,
         slack=_rounding_slack(problem),
-        top_up_free=options.per_pod,
     )
 
 
+def _topped(
+    problem: PoolProblem, assignment: Assignment | None, options: SolveOptions, budget: Budget
+) -> Assignment | None:
+    """With whole pods (``per_pod``), free GPU slots given to the adapters worth most."""
+    if assignment is None or not options.per_pod:
+        return assignment
+    return budget.timed("top_up", lambda: top_up(problem, assignment))
+
+
 def solve_stage1(
-    problem: PoolProblem, options: SolveOptions, fallback: tuple[Counts, Assignment] | None
+    problem: PoolProblem,
+    options: SolveOptions,
+    fallback: tuple[Counts, Assignment] | None,
+    *,
+    budget: Budget | None = None,
+    after: tuple[str, ...] = (),
 ) -> tuple[cp_model.CpSolverStatus, Counts | None, float, float]:
-    """Stage 1's status, counts (None without a solution), bound and seconds.
+    """Stage 1's status, counts (None without a solution), bound and CP-SAT seconds,
+    within ``options.time_limit_s`` and by a deadline the ``budget``'s time left less
+    what the steps ``after`` it need (UNKNOWN, no search, when that is too little).
 
     Without a solution the bound is -inf: CP-SAT then answers 0 for its best objective
     bound whether or not it proved one (measured with a deterministic time of 1e-4 on a
     60-adapter pool), and a model with stability credits can go below 0.
     """
-    model, variables = build_model(problem, scale=options.scale, per_pod=options.per_pod)
-    if fallback is not None:
-        add_hint(model, variables, fallback[0])
-    solver = cp_solver(options, model_size=len(problem.candidates))
+    budget = budget or Budget.counted(options.time_limit_s)
+    unknown = (cp_model.UNKNOWN, None, float("-inf"), 0.0)
+    if not budget.affords("build", *after):
+        return unknown
+    model, variables = budget.timed("build", lambda: _stage1_model(problem, options, fallback))
+    limit_s = budget.search_s(options.time_limit_s, after=after)
+    if budget.by_deadline and limit_s < MIN_SEARCH_S:
+        return unknown
+    solver = cp_solver(replace(options, time_limit_s=limit_s), model_size=len(problem.candidates))
     status = solver.solve(model)
     spent = spent_s(solver, reproducible=options.reproducible)
+    budget.charge(spent)
     if status == cp_model.MODEL_INVALID:
         raise SolverError(f"pool {problem.pool}: invalid model: {model.validate()}")
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
@@ -158,24 +210,44 @@ def solve_stage1(
     return status, counts, solver.best_objective_bound / SCALE, spent
 
 
+def _stage1_model(
+    problem: PoolProblem, options: SolveOptions, fallback: tuple[Counts, Assignment] | None
+) -> tuple[cp_model.CpModel, ModelVars]:
+    model, variables = build_model(problem, scale=options.scale, per_pod=options.per_pod)
+    if fallback is not None:
+        add_hint(model, variables, fallback[0])
+    return model, variables
+
+
 def _pack(
     problem: PoolProblem,
     counts: Counts,
     options: SolveOptions,
-    spent_s: float,
+    budget: Budget,
     *,
     retry: bool = False,
-) -> tuple[Assignment | None, float]:
-    """Stage 2; a retry's goes from the greedy packing straight to the repair."""
-    return pack_counts(
-        problem,
-        counts,
-        time_left_s=options.time_limit_s - spent_s,
-        workers=options.workers,
-        seed=options.seed,
-        quick=retry,
-        reproducible=options.reproducible,
-    )
+) -> Assignment | None:
+    """Stage 2; a retry's goes from the greedy packing straight to the repair.
+
+    The exact packing gets what is left, at least 2 s when counted; by a deadline, what
+    is left less a model's building and the top-up after it.
+    """
+    exact_s = budget.search_s(max(2.0, budget.left_s()), after=("build", "top_up"))
+
+    def step() -> Assignment | None:
+        assignment, spent = pack_counts(
+            problem,
+            counts,
+            exact_s=exact_s if exact_s >= MIN_SEARCH_S else 0.0,
+            workers=options.workers,
+            seed=options.seed,
+            quick=retry,
+            reproducible=options.reproducible,
+        )
+        budget.charge(spent)
+        return assignment
+
+    return budget.timed("pack", step)
 
 
 def _widened(
@@ -183,8 +255,8 @@ def _widened(
     counts: Counts,
     assignment: Assignment | None,
     options: SolveOptions,
+    budget: Budget,
     *,
-    spent_s: float,
     bound: float,
 ) -> Assignment | None:
     """The best of the packed counts and the same counts with their busiest adapters
@@ -194,7 +266,9 @@ def _widened(
     q90 limit alone. ``bench.solver_overload --seed 3`` (docs/benchmarks.md, 2026-12-01):
     8B pool 3,246.2 -> 2,542.3 ms/s, 70B 5,051.9 -> 4,155.6, against bounds of 2,433.7
     and 3,863.3.
-    Skipped when the packed counts are already within the gap limit of the bound.
+    Skipped when the packed counts are already within the gap limit of the bound; by a
+    deadline, each widening only while its packing and three top-ups fit (its own, the
+    packed counts' and the chosen plan's).
     """
     if assignment is not None:
         cost = evaluate(problem, assignment).model_total
@@ -202,13 +276,15 @@ def _widened(
             return assignment
     plans = [assignment] if assignment is not None else []
     for share in WIDEN_SHARES:
+        if not budget.affords("pack", "top_up", "top_up", "top_up"):
+            break
         wider = widen_counts(problem, counts, share=share)
-        packed, _ = _pack(problem, wider, options, spent_s, retry=True)
+        packed = _pack(problem, wider, options, budget, retry=True)
         if packed is not None:
             plans.append(packed)
     if not plans:
         return None
-    topped = [top_up(problem, a) for a in plans]
+    topped = [_topped(problem, plan, options, budget) or plan for plan in plans]
     return min(topped, key=lambda a: evaluate(problem, a).model_total)
 
 
@@ -217,41 +293,44 @@ def _retry_tighter(
     assignment: Assignment | None,
     options: SolveOptions,
     fallback: tuple[Counts, Assignment] | None,
+    budget: Budget,
     *,
-    spent_s: float,
     bound: float,
-) -> tuple[Assignment | None, float]:
+) -> Assignment | None:
     """When stage 1's counts did not pack near its bound, stage 1 again with less
     headroom (each replica's q90 then leaves room on its pod), keeping the best plan.
 
     Per-pod q90 limits are a packing that stage 1 only relaxes; counts planned against
     a little less capacity pack with less repair. The bound stays the first solve's.
     Each retry takes a third of the time left, and none starts with under 40% of the
-    pool's time left: packing and the greedy run in Python, outside CP-SAT's clock.
+    pool's time left; by a deadline, none without room for its model, its packing and
+    two top-ups (its own and the chosen plan's) after the search.
     """
     if assignment is None or not options.per_pod:
-        return assignment, 0.0
+        return assignment
     best, best_cost = assignment, evaluate(problem, assignment).model_total
     if best_cost - bound <= options.gap_limit * abs(best_cost):
-        return assignment, 0.0
-    extra_s = 0.0
+        return assignment
     for factor in RETRY_HEADROOM:
-        left_s = options.time_limit_s - spent_s - extra_s
-        if left_s < max(RETRY_MIN_S, RETRY_MIN_SHARE * options.time_limit_s):
+        left_s = budget.left_s()
+        if left_s < max(RETRY_MIN_S, RETRY_MIN_SHARE * budget.limit_s):
             break
         tighter = replace(problem, headroom=problem.headroom * factor)
-        _, counts, _, wall_s = solve_stage1(
-            tighter, replace(options, time_limit_s=left_s / 3), fallback
+        _, counts, _, _ = solve_stage1(
+            tighter,
+            replace(options, time_limit_s=left_s / 3),
+            fallback,
+            budget=budget,
+            after=("pack", "top_up", "top_up"),
         )
-        extra_s += wall_s
         if counts is None:
             continue
-        packed, pack_s = _pack(problem, counts, options, spent_s + extra_s, retry=True)
-        extra_s += pack_s
-        packed = top_up(problem, packed) if packed is not None else None
+        packed = _topped(
+            problem, _pack(problem, counts, options, budget, retry=True), options, budget
+        )
         if packed is not None and evaluate(problem, packed).model_total < best_cost:
             best, best_cost = packed, evaluate(problem, packed).model_total
-    return best, extra_s
+    return best
 
 
 def _rounding_slack(problem: PoolProblem) -> float:

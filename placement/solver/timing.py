@@ -16,7 +16,11 @@ Pure: no IO, no clock (CP-SAT measures its own time).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ortools.sat.python import cp_model
+
+from placement.clock import Clock
 
 #: CP-SAT's deterministic seconds per second of one core on the solver's models,
 #: measured on the war story's overloaded replans (exact packings proven infeasible:
@@ -50,3 +54,22 @@ def spent_s(solver: cp_model.CpSolver, *, reproducible: bool) -> float:
     if reproducible:
         return solver.deterministic_time / DETERMINISTIC_PER_S
     return solver.wall_time
+
+
+@dataclass(frozen=True, kw_only=True)
+class Deadline:
+    """When a whole solve must be done, on a monotonic clock the caller gives.
+
+    The caller starts it before it builds the problem (``Deadline.after``), so that the
+    building counts too; the solver reads the clock only through it.
+    """
+
+    clock: Clock
+    end_s: float
+
+    @classmethod
+    def after(cls, seconds: float, *, clock: Clock) -> Deadline:
+        return cls(clock=clock, end_s=clock() + seconds)
+
+    def left_s(self) -> float:
+        return self.end_s - self.clock()

@@ -25,7 +25,7 @@ from placement.solver.packing_sat import pack_hot
 from placement.solver.planner import SolverPlanner
 from placement.solver.problem import Demand, PlacementProblem
 from placement.solver.solution import Solution
-from placement.solver.timing import DETERMINISTIC_PER_S, WALL_GUARD, limit
+from placement.solver.timing import DETERMINISTIC_PER_S, WALL_GUARD, Deadline, limit
 from tests.factories import adapter, catalog, demand, fleet, pool
 
 AT = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
@@ -94,10 +94,15 @@ def _planned_options(
     seen: list[SolveOptions] = []
     real = solve
 
-    def spy(problem: PlacementProblem, *, options: SolveOptions | None = None) -> Solution:
+    def spy(
+        problem: PlacementProblem,
+        *,
+        options: SolveOptions | None = None,
+        deadline: Deadline | None = None,
+    ) -> Solution:
         assert options is not None
         seen.append(options)
-        return real(problem, options=options)
+        return real(problem, options=options, deadline=deadline)
 
     monkeypatch.setattr(planner_module, "solve", spy)
     rates: Mapping[AdapterId, Demand] = demand(RATES)
