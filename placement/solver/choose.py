@@ -3,7 +3,8 @@
 The greedy plan (``greedy`` counts packed by ``packing``, repairing what does not fit)
 is the solver's hint and its fallback; ``pick_plan`` returns the better of the two by
 ``evaluate`` and says how it was reached (OPTIMAL, FEASIBLE or FALLBACK_GREEDY)
-with the objective, the best bound and the gap.
+with the objective, the best bound and the gap, and whether the bound had to be
+lowered to the plan's cost (``bound_notes``: an invalid cut).
 
 Pure: no IO, no clock.
 """
@@ -61,6 +62,10 @@ def pick_plan(
 ) -> PoolSolution:
     """The better of the solver's plan and the greedy one (each as it is: the caller
     tops them up); the greedy when the solver has none.
+
+    A bound above the chosen plan's cost by more than ``slack`` (coefficient rounding)
+    comes from an invalid cut: the plan is kept, the bound reported is its cost, and
+    the pool solution says so (``bound_excess``, a note of ``bound_notes``).
     """
     options = []
     if assignment is not None:
@@ -79,7 +84,9 @@ def pick_plan(
     # The bound is the model's (delay less stability credit), a lower bound on both;
     # rounded coefficients can lift it a hair above a proven objective.
     modelled = cost.model_total
-    bound = 0.0 if bound == float("-inf") else min(bound, modelled)
+    found = 0.0 if bound == float("-inf") else bound
+    excess = found - modelled if found - modelled > _tolerance(modelled, slack) else 0.0
+    bound = min(found, modelled)
     if assignment is None:
         status = "FALLBACK_GREEDY"
     elif proven and modelled - bound <= _tolerance(modelled, slack):
@@ -99,12 +106,26 @@ def pick_plan(
         cost=cost,
         report=report,
         source=source,
+        bound_excess=excess,
     )
 
 
 def _tolerance(modelled: float, slack: float) -> float:
     """How far a valid bound may lie above a plan's cost: rounding, relative or not."""
     return max(slack, 1e-4 * abs(modelled))
+
+
+def bound_notes(solutions: list[PoolSolution]) -> list[str]:
+    """Pools whose stage-1 bound came out above their plan's cost beyond rounding:
+    a cut that is not valid there, which the reported bound (the plan's cost) hides."""
+    return [
+        f"pool {s.problem.pool}: stage 1's bound {s.report.bound + s.bound_excess:.6g} "
+        f"ms/s is above the plan's cost {s.cost.model_total:.6g} ms/s beyond rounding: "
+        "a cut of stage 1 is not valid for this pool (a solver bug); the plan is kept "
+        "and its cost reported as the bound"
+        for s in solutions
+        if s.bound_excess > 0
+    ]
 
 
 def _gap(modelled: float, bound: float) -> float:

@@ -5,11 +5,14 @@ builds a problem itself. ``SolverPlanner`` is the placement of record (``build_p
 → ``solve`` → ``extract_plan``, hinted with the plan in force); ``GreedyPlanner`` is the
 solver's greedy plan alone (its hint and fallback), no CP-SAT, for fast replays.
 
-Pure but for the clocks it is given: no IO.
+Pure but for the clocks it is given and one log line: no IO. A stage-1 bound above its
+plan's cost (an invalid cut, ``placement.solver.choose.bound_notes``) is logged as a
+warning, since a controller's plans carry no notes.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Protocol
@@ -20,6 +23,7 @@ from placement.errors import InfeasibleError
 from placement.plan import Plan
 from placement.settings import Settings
 from placement.solver.choose import (
+    bound_notes,
     combine_reports,
     empty_solution,
     greedy_assignment,
@@ -32,6 +36,8 @@ from placement.solver.problem import Demand, PlacementProblem, PoolProblem, buil
 from placement.solver.solution import PoolSolution, Solution
 from placement.solver.solve import extract_plan, solve
 from placement.solver.timing import Deadline
+
+logger = logging.getLogger(__name__)
 
 
 class Planner(Protocol):
@@ -115,6 +121,8 @@ class SolverPlanner(_ProblemPlanner):
         problem = self._problem(demand, fleet=fleet, valid_from=valid_from, current=current)
         options = options_from(problem, reproducible=self._reproducible)
         solution = solve(problem, options=options, deadline=deadline)
+        for note in bound_notes(list(solution.pools)):
+            logger.warning("%s", note)
         return extract_plan(problem, solution, created_at=self._created_at(valid_from))
 
 

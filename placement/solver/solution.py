@@ -31,6 +31,9 @@ class PoolSolution:
     report: SolverReport
     #: Which plan won: "solver" or "greedy".
     source: str
+    #: How far stage 1's bound was above the plan's cost beyond rounding (ms/s): an
+    #: invalid cut; the report's bound is then the plan's cost. 0 when valid.
+    bound_excess: float = 0.0
 
 
 @dataclass(frozen=True, kw_only=True)

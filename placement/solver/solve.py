@@ -34,6 +34,7 @@ from placement.errors import InfeasibleError, SolverError
 from placement.plan import Plan
 from placement.solver.budget import MIN_SEARCH_S, Budget
 from placement.solver.choose import (
+    bound_notes,
     combine_reports,
     empty_solution,
     gap_notes,
@@ -105,6 +106,7 @@ def solve(
             raise InfeasibleError(explain_by_relaxing(pool, time_limit_s=max(1.0, share)))
         solutions.append(solution)
     notes = capacity_notes(problem, configured=problem.settings.planner.capacity_headroom)
+    notes.extend(bound_notes(solutions))
     notes.extend(gap_notes(solutions, gap_limit=GAP_NOTE))
     return Solution(
         pools=tuple(solutions),

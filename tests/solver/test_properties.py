@@ -36,7 +36,8 @@ class Case:
 
 
 @st.composite
-def cases(draw: st.DrawFn) -> Case:
+def cases(draw: st.DrawFn, capacities: tuple[float, ...] = (10.0, 50.0)) -> Case:
+    """Small catalogs and fleets; ``capacities`` of 2-3 rps a pod make q90 bind."""
     pods = draw(st.integers(1, 4))
     slots = draw(st.integers(1, 4))
     main = pool(
@@ -47,7 +48,7 @@ def cases(draw: st.DrawFn) -> Case:
         max_lora_rank=draw(st.sampled_from([16, 64])),
         hbm_mib=draw(st.integers(60, 400)),
         host_mib=draw(st.integers(120, 900)),
-        capacity_rps=draw(st.sampled_from([10.0, 50.0])),
+        capacity_rps=draw(st.sampled_from(capacities)),
     )
     if pods > 1 and draw(st.booleans()):
         # A second class of pods in the pool: one pod with more slots and GPU memory.
@@ -223,6 +224,20 @@ def test_never_worse_than_its_greedy_hint(case: Case) -> None:
         hint_cost = evaluate(pool_solution.problem, greedy[1]).model_total
         assert pool_solution.cost.model_total <= hint_cost + 1e-9
         assert pool_solution.report.bound <= pool_solution.cost.model_total + 1e-3
+
+
+@SETTINGS
+@given(cases(capacities=(2.0, 3.0, 10.0)))
+def test_stage_1s_bound_never_exceeds_the_plans_cost_beyond_rounding(case: Case) -> None:
+    # pick_plan reports min(bound, cost), so the report's bound alone cannot show an
+    # invalid cut; bound_excess is how far the unclamped bound was above the plan.
+    # Pods of 2-3 rps against adapters of up to 4.5 rps q90 make the capacity cuts bind
+    # (a cut's terms tripled fails this test).
+    result = plan_or_reasons(problem_of(case))
+    if result is None:
+        return
+    solution, _ = result
+    assert [s.bound_excess for s in solution.pools] == [0.0] * len(solution.pools)
 
 
 def test_factories_size_in_mib() -> None:
