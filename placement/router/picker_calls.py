@@ -4,11 +4,12 @@
 
 A ``Process`` call runs as grpc.aio's handler did, message by message in the order the
 gateway sent them: each message is parsed (Envoy's published ``ProcessingRequest``) and
-answered where it arrives, on the loop, with no task; only the body's end, whose
-decision may wait (a cold load, memory pressure), runs in a task, and what arrives
-meanwhile waits its turn. An unparsable message or one out of the protocol's order ends
-the call with INVALID_ARGUMENT naming why; the stream's end (or a reset) finishes the
-request (its log row).
+answered where it arrives, on the loop, with no task. The body's end is decided there
+too, its coroutine started by hand; only a decision that waits (a cold load, memory
+pressure) goes on in a task (``resume``), and what arrives meanwhile waits its turn.
+An unparsable message or one out of the protocol's order ends the call with
+INVALID_ARGUMENT naming why; the stream's end (or a reset) finishes the request (its
+log row).
 
 Must not decide anything (``router.endpoint_picking``) nor know HTTP/2's framing.
 """
@@ -18,7 +19,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from typing import Any
+from collections.abc import Coroutine
+from typing import Any, TypeVar, cast
 
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_proc
 from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
@@ -38,9 +40,43 @@ from placement.router.picker_health import PickerHealth
 
 log = logging.getLogger("lorafleet.router")
 
+T = TypeVar("T")
+
 PROCESS = "/envoy.service.ext_proc.v3.ExternalProcessor/Process"
 HEALTH_CHECK = "/grpc.health.v1.Health/Check"
 HEALTH_WATCH = "/grpc.health.v1.Health/Watch"
+
+
+async def resume(coroutine: Coroutine[Any, Any, T], waiting: Any) -> T:
+    """Drive ``coroutine``, started by hand (``send(None)``) and suspended on
+    ``waiting`` (what it yielded: a future, or None for a bare yield), to its end in
+    the task that awaits this, as if that task had run it from the start (3.12's eager
+    tasks do this; 3.11 has none). What ``waiting`` raises, the coroutine reads from it
+    when resumed; this task's cancellation is thrown into it."""
+    while True:
+        try:
+            if waiting is None:
+                await asyncio.sleep(0)
+            else:
+                # As a task does with what its coroutine yields: the future's "a task
+                # waits on me" flag, set by the coroutine's await, is the task's to clear.
+                waiting._asyncio_future_blocking = False
+                await waiting
+        except asyncio.CancelledError as exc:
+            if waiting is None or not waiting.cancelled():  # this task was cancelled
+                try:
+                    waiting = coroutine.throw(exc)
+                except StopIteration as done:
+                    return cast(T, done.value)
+                continue
+        except Exception:
+            if waiting is None or not waiting.done():
+                raise
+            # The coroutine reads it from the future when resumed.
+        try:
+            waiting = coroutine.send(None)
+        except StopIteration as done:
+            return cast(T, done.value)
 
 
 def _parse(message_type: Any, payload: bytes, call: Call) -> Any | None:
@@ -79,8 +115,7 @@ class ProcessCall:
             return
         stream.note(message)
         if message.WhichOneof("request") == "request_body":
-            loop = asyncio.get_running_loop()
-            self.task = loop.create_task(self._body(message.request_body))
+            self._body(message.request_body)
             return
         try:
             responses = stream.answer(message)
@@ -89,25 +124,44 @@ class ProcessCall:
             return
         self._send(responses)
 
-    async def _body(self, chunk: Any) -> None:
+    def _body(self, chunk: Any) -> None:
+        """The body chunk's answer, at once when its decision never waits (most do not:
+        no load, no pressure), else from a task once it has."""
+        body = self.stream.body(chunk)
         try:
-            responses = await self.stream.body(chunk)
-        except ValueError as exc:
-            self.task = None
-            self._abort(str(exc))
+            waiting = body.send(None)
+        except StopIteration as decided:
+            self._decided(decided.value)
             return
         except Exception as exc:
+            self._failed(exc)
+            return
+        self.task = asyncio.get_running_loop().create_task(self._waited(body, waiting))
+
+    async def _waited(self, body: Coroutine[Any, Any, list[Any]], waiting: Any) -> None:
+        try:
+            responses = await resume(body, waiting)
+        except Exception as exc:
             self.task = None
-            log.exception("endpoint picker: deciding a request failed")
-            self.call.end(UNKNOWN, f"the picker failed: {type(exc).__name__}: {exc}")
-            self.stream.finish()
+            self._failed(exc)
             return
         self.task = None
-        self._send(responses)
+        self._decided(responses)
         while self.waiting and self.task is None and not self.call.ended:
             self._answer(self.waiting.popleft())
         if self.half_closed_ and self.task is None:
             self._close()
+
+    def _decided(self, responses: list[Any]) -> None:
+        self._send(responses)
+
+    def _failed(self, exc: Exception) -> None:
+        if isinstance(exc, ValueError):  # messages out of the protocol's order
+            self._abort(str(exc))
+            return
+        log.error("endpoint picker: deciding a request failed", exc_info=exc)
+        self.call.end(UNKNOWN, f"the picker failed: {type(exc).__name__}: {exc}")
+        self.stream.finish()
 
     def _send(self, responses: list[Any]) -> None:
         for response in responses:

@@ -12,7 +12,7 @@ from typing import Any
 import grpc
 import pytest
 
-from placement.router.picker_calls import PROCESS
+from placement.router.picker_calls import PROCESS, resume
 from placement.router.picker_hpack import Decoder, HpackError, huffman_decode, huffman_encode
 
 from .conftest import emulated
@@ -164,3 +164,50 @@ def test_a_body_larger_than_every_window_goes_through_and_comes_back_whole() -> 
         outcome = picking.send(body, chunks=20)
     assert outcome.forwarded == body
     assert outcome.status == 200
+
+
+# --- a decision started by hand, resumed in a task ------------------------------------
+
+
+async def _started(body: Any) -> tuple[Any, Any]:
+    coroutine = body()
+    return coroutine, coroutine.send(None)
+
+
+def test_a_coroutine_started_by_hand_ends_in_its_task_as_if_it_ran_there() -> None:
+    seen: list[str] = []
+
+    async def run() -> list[str]:
+        loop = asyncio.get_running_loop()
+        ready, failing, never = loop.create_future(), loop.create_future(), loop.create_future()
+
+        async def decision() -> str:
+            await asyncio.sleep(0)  # a bare yield
+            await asyncio.shield(ready)
+            try:
+                await failing
+            except KeyError:
+                seen.append("raised")
+            return "decided"
+
+        async def waiting_forever() -> None:
+            try:
+                await never
+            except asyncio.CancelledError:
+                seen.append("cancelled")
+                raise
+
+        coroutine, waiting = await _started(decision)
+        task = asyncio.create_task(resume(coroutine, waiting))
+        loop.call_soon(ready.set_result, None)
+        loop.call_later(0.001, failing.set_exception, KeyError("x"))
+        seen.append(await task)
+        coroutine, waiting = await _started(waiting_forever)
+        stuck = asyncio.create_task(resume(coroutine, waiting))
+        await asyncio.sleep(0)
+        stuck.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await stuck
+        return seen
+
+    assert asyncio.run(run()) == ["raised", "decided", "cancelled"]
