@@ -15,6 +15,7 @@ from types import MappingProxyType
 
 from placement.errors import InfeasibleError, SolverError
 from placement.plan import SolverReport
+from placement.solver.counts import rounding_slack
 from placement.solver.greedy import ClassKey, Counts, greedy_counts, trim_counts
 from placement.solver.infeasible import honours_pins, pin_packing_reasons
 from placement.solver.packing import Assignment, assign_around, assign_pods, evaluate
@@ -58,14 +59,14 @@ def pick_plan(
     *,
     proven: bool = False,
     bound: float = float("-inf"),
-    slack: float = 0.0,
 ) -> PoolSolution:
     """The better of the solver's plan and the greedy one (each as it is: the caller
     tops them up); the greedy when the solver has none.
 
-    A bound above the chosen plan's cost by more than ``slack`` (coefficient rounding)
-    comes from an invalid cut: the plan is kept, the bound reported is its cost, and
-    the pool solution says so (``bound_excess``, a note of ``bound_notes``).
+    A bound above the chosen plan's cost by more than rounding can lift it
+    (``rounding_slack`` at the plan's counts) comes from an invalid cut: the plan is
+    kept, the bound reported is its cost, and the pool solution says so
+    (``bound_excess``, a note of ``bound_notes``).
     """
     options = []
     if assignment is not None:
@@ -84,6 +85,7 @@ def pick_plan(
     # The bound is the model's (delay less stability credit), a lower bound on both;
     # rounded coefficients can lift it a hair above a proven objective.
     modelled = cost.model_total
+    slack = rounding_slack(problem, counts_of(problem, chosen))
     found = 0.0 if bound == float("-inf") else bound
     excess = found - modelled if found - modelled > _tolerance(modelled, slack) else 0.0
     bound = min(found, modelled)

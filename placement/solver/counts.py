@@ -225,6 +225,29 @@ def _coef(ms_per_s: float) -> int:
     return round(ms_per_s * SCALE)
 
 
+def rounding_slack(problem: PoolProblem, counts: Counts) -> float:
+    """How far above a plan's cost (ms/s) stage 1's objective at the plan's ``counts``,
+    and so its bound, can be lifted by rounding: each coefficient to 1/SCALE (an
+    adapter's four tier terms, two load terms a hot replica, one a warm registration,
+    the constant), and the imbalance term's rates to milli-rps (an adapter's mean and the
+    pool's mean pod load, once per replica: 2.1333 rps counted as 2.133 lifted a
+    two-replica adapter's bound 0.67e-3 ms/s above its plan, found by test_bounds'
+    mixed pools)."""
+    units = 1 + 4 * len(problem.candidates) + sum(counts.warm.values())
+    replicas: dict[str, int] = {}
+    for (adapter, _), n in counts.hot.items():
+        replicas[adapter] = replicas.get(adapter, 0) + n
+    units += 2 * sum(replicas.values())
+    per_milli = problem.imbalance_weight / 1000
+    coef_error = abs(_coef(per_milli) / SCALE - per_milli)
+    imbalance = sum(
+        coef_error * round(c.mean_rps * 1000) + per_milli * 0.5 * (1 + replicas[str(c.name)])
+        for c in problem.candidates
+        if c.mean_rps > problem.pod_mean_rps and replicas.get(str(c.name))
+    )
+    return units * 0.5 / SCALE + imbalance
+
+
 def _excess(
     model: cp_model.CpModel, expr: cp_model.LinearExprT, now: int, name: str
 ) -> cp_model.LinearExprT:

@@ -163,7 +163,6 @@ def solve_pool(
         budget.searched_s,
         proven=status == cp_model.OPTIMAL,
         bound=bound,
-        slack=_rounding_slack(problem),
     )
 
 
@@ -333,12 +332,6 @@ def _retry_tighter(
         if packed is not None and evaluate(problem, packed).model_total < best_cost:
             best, best_cost = packed, evaluate(problem, packed).model_total
     return best
-
-
-def _rounding_slack(problem: PoolProblem) -> float:
-    """How far rounding the model's coefficients to 1/SCALE can move an objective."""
-    terms = len(problem.candidates) * (3 + 2 * len(problem.classes))
-    return terms * 0.5 / SCALE
 
 
 def extract_plan(problem: PlacementProblem, solution: Solution, *, created_at: datetime) -> Plan:

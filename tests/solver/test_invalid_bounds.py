@@ -3,7 +3,7 @@
 ``pick_plan`` keeps the plan and reports its cost as the bound (the gap cannot go
 below zero), but records how far the bound was above it (``bound_excess``); the solve's
 notes name the pool, the bound and the plan's cost, and ``SolverPlanner`` logs them
-as warnings. Rounding (``slack``) is no such excess.
+as warnings. Rounding (``rounding_slack``) is no such excess.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ import pytest
 from placement.settings import Settings
 from placement.solver import Solution, SolveOptions, build_problem, solve
 from placement.solver import planner as planner_module
-from placement.solver.choose import bound_notes, greedy_assignment, pick_plan
+from placement.solver.choose import bound_notes, counts_of, greedy_assignment, pick_plan
+from placement.solver.counts import rounding_slack
 from placement.solver.packing import evaluate
 from placement.solver.planner import SolverPlanner
 from placement.solver.problem import PlacementProblem, PoolProblem
@@ -34,16 +35,20 @@ def _pool() -> PoolProblem:
 
 
 @pytest.mark.parametrize(
-    ("above", "flagged"),
-    [(0.0, False), (0.0009, False), (5.0, True)],
+    ("tolerances_above", "flagged"),
+    [(0.0, False), (0.9, False), (400.0, True)],
     ids=["at-the-plan", "within-rounding", "an-invalid-cut"],
 )
-def test_a_bound_above_the_plan_is_kept_visible(above: float, flagged: bool) -> None:
+def test_a_bound_above_the_plan_is_kept_visible(tolerances_above: float, flagged: bool) -> None:
+    # Rounding (rounding_slack at the plan's counts) or 1e-4 of the plan's cost, the
+    # larger, is no invalid cut.
     problem = _pool()
     greedy = greedy_assignment(problem)
     assert greedy is not None
     cost = evaluate(problem, greedy[1]).model_total
-    solved = pick_plan(problem, greedy[1], None, 0.1, bound=cost + above, slack=0.001)
+    slack = rounding_slack(problem, counts_of(problem, greedy[1]))
+    above = tolerances_above * max(slack, 1e-4 * cost)
+    solved = pick_plan(problem, greedy[1], None, 0.1, bound=cost + above)
     assert solved.report.bound == pytest.approx(cost)
     assert solved.report.gap == 0.0
     assert (solved.bound_excess > 0) is flagged
