@@ -1,13 +1,18 @@
 """Stage 1's bound against the best plan of small overloaded pools, by brute force.
 
-Every plan of a pool of one or two pods with a few adapters is enumerated: each adapter
+Every plan of a pool of one to three pods with a few adapters is enumerated: each adapter
 cold, warm on one pod, or hot on a set of pods with routing weights on a grid, and kept
 when every pod keeps its budgets (GPU slots and bytes, host places and bytes, rank, the
 pooled q90 within capacity and headroom, or above it on a pod alone with one replica at
 its adapter's equal share, as stage 2 packs). Stage 1, solved to optimality, must bound
-them all (up to its rounding); the solver's own plan must be one of them.
+them all (up to its rounding); the solver's own plan must be one of them. The pools
+are of one class of pods (``pools``) or of two (``mixed_pools``: pods differing in
+slots, GPU bytes or capacity, where a replica may sit alone above a small pod's limit:
+the one-class pools pass with the invalid cut that 50d747d fixed put back, or with
+1321b44's equal share taken at an adapter's most replicas instead of its fewest; the
+mixed ones fail on both).
 
-The best enumerated plan is the exact optimum of a one-pod pool, but of a two-pod pool
+The best enumerated plan is the exact optimum of a one-pod pool, but of a larger pool
 only an upper bound on it: a replica's weights off the grid (``SHARES``) may do better.
 So these tests catch a bound above the best grid plan, and miss one that lies between
 the true optimum and the best grid plan.
@@ -29,11 +34,13 @@ from ortools.sat.python import cp_model
 from placement.domain import AdapterId, PodId
 from placement.settings import PlannerSettings, Settings
 from placement.solver import SolveOptions, build_problem
-from placement.solver.counts import SCALE, build_model
+from placement.solver.choose import counts_of
+from placement.solver.counts import SCALE, build_model, rounding_slack
 from placement.solver.packing import Assignment, evaluate
 from placement.solver.problem import Candidate, Demand, PoolProblem
 from placement.solver.solve import solve_pool
 from tests.factories import adapter, catalog, fleet, pool
+from tests.factories import pod as make_pod
 
 AT = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 SEVENTY = "llama-3.1-70b"
@@ -48,6 +55,15 @@ EXACT = settings(
 def _problem(
     sizes_mib: list[int], rates: list[float], *, pods: int, slots: int, hbm_mib: int, rps: float
 ) -> PoolProblem:
+    return _pool_of(sizes_mib, rates, [(slots, hbm_mib, rps)] * pods)
+
+
+#: One pod: GPU slots, GPU MiB for adapters, capacity rps.
+PodSpec = tuple[int, int, float]
+
+
+def _pool_of(sizes_mib: list[int], rates: list[float], specs: list[PodSpec]) -> PoolProblem:
+    """One pool of the pods ``specs`` describe (one class each kind), in the order given."""
     names = [f"a{i}" for i in range(len(sizes_mib))]
     cat = catalog(
         *[
@@ -55,18 +71,20 @@ def _problem(
             for n, s in zip(names, sizes_mib, strict=True)
         ]
     )
-    fl = fleet(
-        pool(
-            "big",
-            pods,
-            base=SEVENTY,
+    members = tuple(
+        make_pod(
+            f"big-{i}",
+            pool="big",
+            url=f"http://127.0.0.1:{18000 + i}",
             max_loras=slots,
             max_cpu_loras=slots + 1,
             hbm_mib=hbm_mib,
             host_mib=1024,
             capacity_rps=rps,
         )
+        for i, (slots, hbm_mib, rps) in enumerate(specs)
     )
+    fl = fleet(replace(pool("big", 0, base=SEVENTY), pods=members))
     # q90 = 1.5 x mean + 1, as the overloaded benchmark's: every adapter has a spread.
     demand = {
         AdapterId(n): Demand(mean_rps=r, q90_rps=1.5 * r + 1.0)
@@ -120,10 +138,11 @@ def _pods_hold(
     return True
 
 
-def _grid_optimum(problem: PoolProblem) -> float:
+def _grid_optimum(problem: PoolProblem) -> tuple[float, float]:
+    """The best grid plan's cost, and how far rounding may lift stage 1's bound above it."""
     pods = problem.pods
     per_adapter = [list(_choices(c, pods)) for c in problem.candidates]
-    best = math.inf
+    best, slack = math.inf, 0.0
     for combo in itertools.product(*per_adapter):
         plan = {c.name: choice for c, choice in zip(problem.candidates, combo, strict=True)}
         if not _pods_hold(problem, plan):
@@ -137,8 +156,10 @@ def _grid_optimum(problem: PoolProblem) -> float:
                 {a: MappingProxyType(w) for a, (tier, w) in plan.items() if tier == "hot"}
             ),
         )
-        best = min(best, evaluate(problem, assignment).model_total)
-    return best
+        cost = evaluate(problem, assignment).model_total
+        if cost < best:
+            best, slack = cost, _slack(problem, assignment)
+    return best, slack
 
 
 def _stage1_bound(problem: PoolProblem) -> float:
@@ -150,9 +171,9 @@ def _stage1_bound(problem: PoolProblem) -> float:
     return solver.best_objective_bound / SCALE
 
 
-def _slack(problem: PoolProblem) -> float:
-    """How far rounding the model's coefficients to 1/SCALE can move its objective."""
-    return len(problem.candidates) * (3 + 2 * len(problem.classes)) * 0.5 / SCALE
+def _slack(problem: PoolProblem, assignment: Assignment) -> float:
+    """How far rounding can lift stage 1's bound above the cost of ``assignment``."""
+    return rounding_slack(problem, counts_of(problem, assignment))
 
 
 #: (adapter sizes in MiB, their mean rps, pods, GPU slots per pod, GPU MiB, capacity rps)
@@ -174,9 +195,9 @@ pools = st.builds(
 def test_the_bound_never_exceeds_the_best_grid_plan(case: Case) -> None:
     sizes, rates, pods, slots, hbm, rps = case
     problem = _problem(sizes, rates, pods=pods, slots=slots, hbm_mib=hbm, rps=rps)
-    optimum = _grid_optimum(problem)
+    optimum, slack = _grid_optimum(problem)
     assert optimum < math.inf
-    assert _stage1_bound(problem) <= optimum + _slack(problem)
+    assert _stage1_bound(problem) <= optimum + slack
 
 
 @EXACT
@@ -186,14 +207,57 @@ def test_the_solver_plans_within_every_pod_budget(case: Case) -> None:
     problem = _problem(sizes, rates, pods=pods, slots=slots, hbm_mib=hbm, rps=rps)
     solved = solve_pool(problem, ONE_WORKER)
     assert solved is not None
-    assignment = solved.assignment
+    assert _pods_hold(problem, _plan_of(solved.assignment))
+    assert solved.bound_excess == 0.0
+    optimum, slack = _grid_optimum(problem)
+    assert solved.report.bound <= optimum + slack
+
+
+def _plan_of(assignment: Assignment) -> dict[AdapterId, tuple[str, dict[PodId, float]]]:
+    """An assignment as the brute force's plans are written."""
     plan: dict[AdapterId, tuple[str, dict[PodId, float]]] = {
         a: ("hot", dict(assignment.weights[a])) for a in assignment.hot
     }
     plan.update({a: ("warm", dict.fromkeys(held, 0.0)) for a, held in assignment.warm.items()})
-    assert _pods_hold(problem, plan)
-    assert solved.report.bound <= evaluate(problem, assignment).model_total
-    assert solved.report.bound <= _grid_optimum(problem) + _slack(problem)
+    return plan
+
+
+#: (adapter sizes in MiB, their mean rps, the pool's pods)
+MixedCase = tuple[list[int], list[float], list[PodSpec]]
+
+pod_specs = st.tuples(
+    st.integers(1, 3), st.sampled_from([128, 256, 300]), st.sampled_from([2.0, 3.0, 5.0, 10.0])
+)
+
+
+@st.composite
+def mixed_pools(draw: st.DrawFn) -> MixedCase:
+    """Pools of two kinds of pod (slots, GPU bytes or capacity differ), two or three
+    pods: where an adapter's fewest replicas are set by the larger pods, a replica may
+    sit alone above a small pod's limit (the invalid cuts of 50d747d and 1321b44). Three
+    pods take at most three adapters, to keep the enumeration small."""
+    kinds = draw(st.lists(pod_specs, min_size=2, max_size=2, unique=True))
+    specs = kinds + draw(st.sampled_from([[], kinds[:1], kinds[1:]]))
+    most = 4 if len(specs) == 2 else 3
+    sizes = draw(st.lists(st.sampled_from([30, 60, 120, 250]), min_size=2, max_size=most))
+    rates = draw(st.lists(st.sampled_from([0.1, 0.4, 1.0, 2.0, 3.5, 6.0]), min_size=4, max_size=4))
+    return sizes, rates[: len(sizes)], draw(st.permutations(specs))
+
+
+@EXACT
+@given(mixed_pools())
+def test_a_mixed_pools_bound_never_exceeds_its_best_grid_plan(case: MixedCase) -> None:
+    sizes, rates, specs = case
+    problem = _pool_of(sizes, rates, specs)
+    assert len(problem.classes) == 2
+    optimum, slack = _grid_optimum(problem)
+    assert optimum < math.inf
+    assert _stage1_bound(problem) <= optimum + slack
+    solved = solve_pool(problem, ONE_WORKER)
+    assert solved is not None
+    assert _pods_hold(problem, _plan_of(solved.assignment))
+    assert solved.bound_excess == 0.0
+    assert solved.report.bound <= optimum + slack
 
 
 def test_the_bound_counts_a_busy_adapters_spread_where_its_replicas_share_pods() -> None:
@@ -202,8 +266,8 @@ def test_the_bound_counts_a_busy_adapters_spread_where_its_replicas_share_pods()
     # limit, and the cut counts its spread in full. The best grid plan is exact here:
     # a bound far below it (one counting a1 at most one pod's limit) says nothing.
     problem = _problem([250, 30], [1.0, 3.5], pods=2, slots=2, hbm_mib=256, rps=3.0)
-    optimum = _grid_optimum(problem)
-    assert _stage1_bound(problem) >= optimum - _slack(problem)
+    optimum, slack = _grid_optimum(problem)
+    assert _stage1_bound(problem) >= optimum - slack
 
 
 def _mixed_problem() -> PoolProblem:
@@ -233,7 +297,7 @@ def test_the_bound_counts_a_replica_alone_over_a_small_pods_limit() -> None:
         weights=MappingProxyType({a: MappingProxyType(w) for a, (_, w) in plan.items()}),
     )
     cost = evaluate(problem, assignment).model_total
-    assert _stage1_bound(problem) <= cost + _slack(problem)
+    assert _stage1_bound(problem) <= cost + _slack(problem, assignment)
 
 
 def test_the_solver_gives_each_replica_over_a_small_pods_limit_a_pod_alone() -> None:
