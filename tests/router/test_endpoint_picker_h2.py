@@ -11,12 +11,23 @@ from typing import Any
 
 import grpc
 import pytest
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_proc
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_proc_grpc
+from prometheus_client import CollectorRegistry
 
+from placement.router import MemoryRequestLog, build_router
 from placement.router.picker_calls import PROCESS, resume
 from placement.router.picker_hpack import Decoder, HpackError, huffman_decode, huffman_encode
+from placement.router.wiring import RouterWithPicker, ServedApp
 
-from .conftest import emulated
-from .test_endpoint_picker import picker_for, request_headers
+from .conftest import MANUAL, emulated
+from .test_endpoint_picker import (
+    _headers,
+    body_chunks,
+    picker_for,
+    request_headers,
+    with_transport,
+)
 
 # --- HPACK ---------------------------------------------------------------------------
 
@@ -211,3 +222,52 @@ def test_a_coroutine_started_by_hand_ends_in_its_task_as_if_it_ran_there() -> No
         return seen
 
     assert asyncio.run(run()) == ["raised", "decided", "cancelled"]
+
+
+# --- a graceful stop ---------------------------------------------------------------------
+
+
+def test_a_stop_lets_the_open_stream_end_then_closes_the_port() -> None:
+    log = MemoryRequestLog()
+    with emulated(1) as pods:
+        app = build_router(
+            fleet=pods.domain,
+            settings=MANUAL,
+            registry=CollectorRegistry(),
+            request_log=log,
+        )
+        with_picker = with_transport(RouterWithPicker(app, host="127.0.0.1", port=0))
+        with ServedApp(with_picker) as served:
+            port = with_picker.picker.port
+            assert port
+
+            async def begin_stop() -> asyncio.Task[None]:
+                stopping = asyncio.create_task(with_picker.picker.stop(grace_s=3600.0))
+                await asyncio.sleep(0)  # one turn: the GOAWAY is out, the stop waits
+                return stopping
+
+            async def ended(stopping: asyncio.Task[None]) -> None:
+                await stopping
+
+            async def gateway() -> grpc.StatusCode:
+                body = json.dumps({"model": "base-model"}).encode()
+                async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                    call = ext_proc_grpc.ExternalProcessorStub(channel).Process()
+                    await call.write(request_headers(body))
+                    await call.write(body_chunks(body, 1)[0])
+                    assert (await call.read()).HasField("request_headers")
+                    await call.read()  # the body, sent on
+                    stopping = served.call(begin_stop())
+                    answer = ext_proc.HttpHeaders(headers=_headers([(":status", "200")]))
+                    await call.write(ext_proc.ProcessingRequest(response_headers=answer))
+                    assert (await call.read()).HasField("response_headers")
+                    await call.done_writing()
+                    assert await call.read() == grpc.aio.EOF
+                    code: grpc.StatusCode = await call.code()
+                served.call(ended(stopping))
+                return code
+
+            assert asyncio.run(gateway()) == grpc.StatusCode.OK
+            with pytest.raises(OSError):
+                socket.create_connection(("127.0.0.1", port), timeout=10).close()
+    assert [row.status for row in log.rows] == [200]  # the request finished, logged
