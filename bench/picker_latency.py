@@ -27,7 +27,8 @@ started: nothing scrapes, every pod stays healthy), requests drawing adapters un
 5. the same streams against a trivial ext_proc server (the same messages, one fixed
    endpoint, no decision): what the transport and the client cost by themselves;
    ``--transports`` also runs it on grpc.aio over asyncio's own loop and on
-   ``grpc.server`` (a thread pool of 8, the handler reading a request iterator), and
+   ``grpc.server`` (a thread pool of 8, the handler reading a request iterator), on the
+   picker's own HTTP/2 server (``router.picker_h2``, what it costs by itself), and
    (lean client only) as ``bench.ext_proc_h2_floor``: the same answers from a bare
    HTTP/2 protocol on uvloop, no gRPC library (not deployable: no HPACK decoding, no
    flow control), for what a stream costs without grpc's C-core; and the picker's own
@@ -73,7 +74,9 @@ from bench.loop_server import LoopServer
 from bench.routing_latency import make_topology, measure
 from placement.router.core import Router
 from placement.router.endpoint_picking import GatewayRequest
+from placement.router.picker_calls import PROCESS
 from placement.router.picker_grpc import EndpointPickerServer, RoutedAnswers, _Stream
+from placement.router.picker_h2 import Call, GrpcH2Server
 from placement.router.sources import StaticPlanSource
 from placement.router.state import Topology, Upstream
 from placement.settings import RouterSettings
@@ -210,6 +213,47 @@ class SyncServer:
         self.server.stop(1.0).wait(10)
 
 
+class H2FloorCall:
+    """``Floor`` as a call on the picker's own HTTP/2 server (``router.picker_h2``):
+    what that server costs a stream by itself."""
+
+    def __init__(self, call: Call, routed: bytes) -> None:
+        self.call, self.routed = call, routed
+
+    def message(self, payload: bytes) -> None:
+        message = ext_proc.ProcessingRequest.FromString(payload)
+        if message.WhichOneof("request") == "request_body":
+            echoed = ext_proc.ProcessingResponse()
+            streamed = echoed.request_body.response.body_mutation.streamed_response
+            streamed.body = message.request_body.body
+            streamed.end_of_stream = True
+            self.call.send(self.routed)
+            self.call.send(echoed.SerializeToString())
+
+    def half_closed(self) -> None:
+        self.call.end()
+
+    def cancelled(self) -> None:
+        pass
+
+
+class H2Server(LoopServer):
+    """The trivial server on the picker's own HTTP/2 server, for ``--transports``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        routed = Floor().routed.SerializeToString()
+        self.server = GrpcH2Server(
+            {PROCESS: lambda call: H2FloorCall(call, routed)}, max_message_bytes=1 << 22
+        )
+
+    async def _start(self) -> int:
+        return await self.server.start("127.0.0.1", 0)
+
+    async def _stop(self) -> None:
+        await self.server.stop(1.0)
+
+
 class ServerThread(LoopServer):
     """A gRPC server (the picker's, or the floor's) on its own event loop (uvloop, as
     the router's loop under uvicorn is; ``uvloop=False``: asyncio's), in a thread."""
@@ -254,7 +298,7 @@ class StreamFigures:
 
 
 def run_streams(
-    server: ServerThread | SyncServer | H2FloorServer,
+    server: ServerThread | SyncServer | H2FloorServer | H2Server,
     requests: list[str],
     *,
     concurrency: int,
@@ -442,7 +486,7 @@ def main() -> None:
     stream_p50, stream_p99 = measure_async(loop, translated, requests)
     loop.close()
 
-    def streams_to(server: ServerThread | SyncServer | H2FloorServer) -> StreamFigures:
+    def streams_to(server: ServerThread | SyncServer | H2FloorServer | H2Server) -> StreamFigures:
         return run_streams(
             server,
             requests,
@@ -459,6 +503,7 @@ def main() -> None:
     if args.transports:
         others["grpc.aio on asyncio's loop"] = streams_to(ServerThread(None, use_uvloop=False))
         others["grpc.server, 8 threads"] = streams_to(SyncServer())
+        others["picker_h2, the picker's own"] = streams_to(H2Server())
         if gateway == "lean":
             h2_floor = H2FloorServer(Floor().routed)
             others["bare HTTP/2, no gRPC (bench only)"] = streams_to(h2_floor)
