@@ -3,16 +3,16 @@
 What the pod holds is ``placement.residency.PodResidency``, the one engine model the
 replay and the ledgers run too: this module asks it what each load, unload and request
 does (``Effects``) and keeps only what the model does not: time (a cold read timed by
-size and by the pool's storage, which on vLLM stalls the running batch as the engine's
-one loop reads; the drain while weights move onto the GPU), a lock per adapter name on
-loads and unloads, requests in flight (passed to the model as ``busy``; a request waits while
-every GPU slot holds a running or pinned adapter, as a scheduler holds it back), SGLang's
-unload waiting for the adapter's requests in flight, failure injection, and counters
-that let tests see thrashing. With a ``BatchTiming`` (the replay's pod) a request first
-waits for a place in the running batch (``placement.emulator.seats``: at most
-``max_num_seqs``, first come first served), its first token after a prefill of its
-prompt, and each token after one decode step, whose time is read at that step from the
-batch's size and distinct adapters.
+size and by the pool's storage, which stalls the running batch as each engine's one
+loop reads; the drain while weights move onto the GPU), the locks loads and unloads
+take (vLLM's per adapter name, SGLang's one for all), requests in flight (passed to the
+model as ``busy``; a request waits while every GPU slot holds a running or pinned
+adapter, as a scheduler holds it back), SGLang's unload waiting for the adapter's
+requests in flight, failure injection, and counters that let tests see thrashing. With
+a ``BatchTiming`` (the replay's pod) a request first waits for a place in the running
+batch (``placement.emulator.seats``: at most ``max_num_seqs``, first come first
+served), its first token after a prefill of its prompt, and each token after one decode
+step, whose time is read at that step from the batch's size and distinct adapters.
 
 Configuration, adapter existence and where a cold read's time comes from (the storage
 the engine reads through, not the engine) live in ``placement.emulator.config``. Every
@@ -50,6 +50,7 @@ from placement.emulator.seats import Seats
 from placement.residency import Effects, EngineModel, PodResidency
 
 Sleep = Callable[[float], Awaitable[None]]
+_NO_LOCK = contextlib.nullcontext()
 
 
 class EmulatedPod:
@@ -97,6 +98,8 @@ class EmulatedPod:
         self.waiting: Counter[str] = Counter()
         self.running_tokens = 0
         self.locks: dict[str, asyncio.Lock] = {}
+        #: SGLang's ``lora_update_lock``: one load or unload at a time, whatever the name.
+        self.lora_updates = asyncio.Lock()
         self.slots = asyncio.Condition()
         self.engine_step = asyncio.Lock()
         self.lora_info: dict[tuple[str, str], float] = {}
@@ -156,6 +159,13 @@ class EmulatedPod:
 
     # loads and unloads -------------------------------------------------------------
     def _lock(self, name: str) -> asyncio.Lock:
+        """The lock a load or unload of ``name`` holds: vLLM's per name; SGLang's one
+        ``lora_update_lock`` for every load and unload (sgl-project/sglang
+        python/sglang/srt/managers/tokenizer_control_mixin.py ``load_lora_adapter``,
+        ``unload_lora_adapter``), held through the soft cap's unloads and their wait
+        for requests in flight (``_unload_lora_adapter_locked``)."""
+        if self.config.model.is_sglang:
+            return self.lora_updates
         return self.locks.setdefault(name, asyncio.Lock())
 
     def _alive(self, generation: int) -> None:
@@ -174,14 +184,13 @@ class EmulatedPod:
             self._alive(generation)
             adapter = self._check_load(name, path, pinned=pinned, inplace=inplace)
             read_ms = self.config.cold_read_ms(adapter.size_bytes)
-            one_loop = not self.config.model.is_sglang
-            # vLLM reads and activates in one call on its engine's loop (``_read``); an
-            # injected slow load is a slow read, so on vLLM it stalls the batch as well.
-            async with self.engine_step if one_loop else contextlib.nullcontext():
+            # Both engines read on their one loop (``_read``), vLLM activating in the
+            # same call; an injected slow load is a slow read: it stalls the batch too.
+            async with self.engine_step:
                 await self._pause(read_ms + self.faults.slow_load_ms)
                 self._alive(generation)
                 effects = self._register(name, path, adapter, pinned=pinned, inplace=inplace)
-                await self._apply(name, effects, size_bytes=adapter.size_bytes, held=one_loop)
+                await self._apply(name, effects, size_bytes=adapter.size_bytes, held=True)
             await self._drain_unlisted(effects.unlisted)
             return adapter
 
@@ -286,17 +295,27 @@ class EmulatedPod:
         self.lora_info[(waiting, running)] = time.time()
 
     async def _read(self, ms: float) -> None:
-        """Read an adapter's weights from storage. vLLM reads them on its engine's one
-        loop, so every running request waits: a load over HTTP is ``EngineCore.add_lora``,
-        run between steps (``vllm/v1/engine/core.py``), and a listed adapter whose weights
+        """Read an adapter's weights from storage on the engine's one loop, so every
+        running request waits, and reads on one pod run one at a time.
+
+        vLLM: a load over HTTP is ``EngineCore.add_lora``, run between steps
+        (vllm-project/vllm ``vllm/v1/engine/core.py``), and a listed adapter whose weights
         left the host cache is read again inside a step by ``set_active_loras``
         (``vllm/v1/worker/lora_model_runner_mixin.py``); both end in
         ``LRUCacheWorkerLoRAManager.add_adapter`` -> ``_load_adapter``
         (``vllm/lora/worker_manager.py``), which reads the checkpoint before it returns.
-        Reads on one vLLM pod therefore run one at a time, too. On SGLang the batch runs
-        on during a read, as before: its load path has not been checked against its
-        source."""
-        async with contextlib.nullcontext() if self.config.model.is_sglang else self.engine_step:
+
+        SGLang: the scheduler's loop (sgl-project/sglang
+        ``python/sglang/srt/managers/scheduler.py``, ``event_loop_normal`` and
+        ``event_loop_overlap``) runs ``process_input_requests`` before it builds and
+        runs the next batch; its dispatcher sends a ``LoadLoRAAdapterReqInput`` to
+        ``Scheduler.load_lora_adapter`` -> the worker's -> ``ModelRunner.load_lora_adapter``
+        -> ``LoRAManager.load_lora_adapter`` -> ``load_lora_weights``
+        (``python/sglang/srt/lora/lora_manager.py``), which reads the weights into host
+        memory before it returns. A request for an adapter the soft cap unloaded goes
+        the same way (``TokenizerManager._resolve_lora_path`` calls
+        ``load_lora_adapter``)."""
+        async with self.engine_step:
             await self._pause(ms)
 
     async def _swap(self, size_bytes: int) -> None:
@@ -339,7 +358,11 @@ class EmulatedPod:
     async def _run_on_gpu(self, name: str, generation: int) -> Effects:
         """Put ``name`` on a GPU slot (a cold read first when its weights left the host)."""
         if name in self.residency.parked or name not in self.residency.in_host():
-            await self._read(self.config.cold_read_ms(self.files[name].size_bytes))
+            # SGLang loads a parked adapter again through ``load_lora_adapter``: under
+            # its one update lock, behind any load or unload in progress.
+            reload = self.lora_updates if self.config.model.is_sglang else _NO_LOCK
+            async with reload:
+                await self._read(self.config.cold_read_ms(self.files[name].size_bytes))
             self._alive(generation)
         async with self.slots:
             await self.slots.wait_for(

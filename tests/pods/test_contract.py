@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -439,6 +439,58 @@ async def test_sglang_unload_waits_for_requests_in_flight(target: Target) -> Non
     assert (await unloading).status_code == 200
 
 
+async def test_sglang_a_load_waits_behind_an_unload_waiting_for_requests(target: Target) -> None:
+    """Every load and unload runs under the tokenizer manager's one ``lora_update_lock``,
+    and an unload holds it while it waits for the adapter's requests in flight
+    (sgl-project/sglang python/sglang/srt/managers/tokenizer_control_mixin.py
+    ``load_lora_adapter``, ``unload_lora_adapter`` and ``_unload_lora_adapter_locked``,
+    which awaits ``LoRARegistry.wait_for_unload`` under the lock): a load of another
+    adapter waits for those requests too."""
+    _only(target, Engine.SGLANG)
+    if target.emulated is None:
+        pytest.skip("holding a request open on a real engine is not deterministic")
+    await target.load("c-a")
+    await target.emulated.admit("c-a")
+    unloading = asyncio.create_task(target.unload("c-a"))
+    for _ in range(20):
+        await asyncio.sleep(0)
+    loading = asyncio.create_task(target.load("c-b"))
+    for _ in range(20):
+        await asyncio.sleep(0)
+    done_early = (unloading.done(), loading.done())
+    await target.emulated.release("c-a")  # before any assert: a failure must not hang
+    answers = await asyncio.gather(unloading, loading)
+    assert done_early == (False, False)
+    assert [answer.status_code for answer in answers] == [200, 200]
+    assert await target.listed() == ["c-b"]
+
+
+async def test_sglang_a_request_waits_while_the_batch_has_max_loras_per_batch_adapters() -> None:
+    """The scheduler admits a waiting request only when its adapter and the running
+    batch's fit the LoRA memory pool (sgl-project/sglang
+    python/sglang/srt/managers/scheduler.py ``Scheduler.get_new_batch_prefill`` skips it
+    otherwise; python/sglang/srt/lora/lora_manager.py ``LoRAManager.validate_lora_batch``:
+    at most ``--max-loras-per-batch`` distinct adapters); the batch's weights are copied
+    into the pool's slots before the step (``fetch_new_loras`` ->
+    python/sglang/srt/lora/mem_pool.py ``LoRAMemoryPool.prepare_lora_batch``)."""
+    config = PodConfig(engine=Engine.SGLANG, latency=ZERO_LATENCY, max_loras=2, max_cpu_loras=4)
+    pod = EmulatedPod(config)
+    for name in ("a", "b", "c"):
+        await pod.load(name, f"s3://adapters/{name}")
+    assert not pod.gpu  # a load reads into host memory only
+    await pod.admit("a")
+    await pod.admit("b")
+    third = asyncio.ensure_future(pod.admit("c"))
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert not third.done()
+    await pod.release("a")
+    await third
+    assert pod.gpu == ("b", "c")
+    for name in ("b", "c"):
+        await pod.release(name)
+
+
 # -- the batch: what a request's time is made of (emulated pods with the replay's model) --
 
 
@@ -490,7 +542,9 @@ async def test_vllm_a_step_grows_with_the_batch_and_its_distinct_adapters() -> N
 COLD = replace(ZERO_LATENCY, load_ms=100.0)
 
 
-def _cold_pod(engine: Engine, time: VirtualTime) -> EmulatedPod:
+def _cold_pod(
+    engine: Engine, time: VirtualTime, *, max_loras: int = 4, max_cpu_loras: int = 8
+) -> EmulatedPod:
     flat = BatchTiming(
         max_num_seqs=4,
         prefill_ms_per_token=0.0,
@@ -498,7 +552,13 @@ def _cold_pod(engine: Engine, time: VirtualTime) -> EmulatedPod:
         batch_step_slowdown=0.0,
         adapter_step_cost=0.0,
     )
-    config = PodConfig(engine=engine, latency=COLD, batch=flat, max_loras=4, max_cpu_loras=8)
+    config = PodConfig(
+        engine=engine,
+        latency=COLD,
+        batch=flat,
+        max_loras=max_loras,
+        max_cpu_loras=max_cpu_loras,
+    )
     return EmulatedPod(config, clock=time, sleep=time.sleep)
 
 
@@ -507,47 +567,62 @@ async def _drain(tokens: AsyncIterator[int]) -> None:
         pass
 
 
-async def _token_gap_during_a_load(pod: EmulatedPod, time: VirtualTime) -> float:
-    """Seconds between two tokens of a running request while another adapter loads."""
-    await time.run(pod.load("a", "s3://adapters/a"))
-    await time.run(pod.admit("a"))
+async def _token_gap(
+    pod: EmulatedPod, time: VirtualTime, *, runs: str, meanwhile: Awaitable[object]
+) -> float:
+    """Seconds between two tokens of a request for ``runs`` while ``meanwhile`` starts."""
+    await time.run(pod.admit(runs))
     tokens = pod.generate(prompt_tokens=0, max_tokens=3)
     await anext(tokens)
     before = time()
-    load = asyncio.ensure_future(pod.load("b", "s3://adapters/b"))
-    await time.settle()  # the load starts its read before the next token is due
+    other = asyncio.ensure_future(meanwhile)
+    await time.settle()  # it starts its read before the next token is due
     task = asyncio.ensure_future(anext(tokens))
     while not task.done():
         await time.step()
     gap = time() - before
-    await time.run(load, _drain(tokens))
-    await pod.release("a")
+    await time.run(other, _drain(tokens))
+    await pod.release(runs)
     return gap
 
 
-@pytest.mark.parametrize(
-    ("engine", "gap_s"),
-    [(Engine.VLLM, 0.100), (Engine.SGLANG, 0.010)],
-    ids=["vllm-stalls", "sglang-runs-on"],
-)
-async def test_vllm_a_cold_read_stalls_the_running_batch(engine: Engine, gap_s: float) -> None:
-    """vLLM reads an adapter's weights on its engine's one loop: a load over HTTP is
-    ``EngineCore.add_lora``, run between steps (vllm-project/vllm vllm/v1/engine/core.py),
-    and a listed adapter whose weights left the host cache is read inside a step by
-    ``set_active_loras`` (vllm/v1/worker/lora_model_runner_mixin.py); both reach
+async def _token_gap_during_a_load(pod: EmulatedPod, time: VirtualTime) -> float:
+    """Seconds between two tokens of a running request while another adapter loads."""
+    await time.run(pod.load("a", "s3://adapters/a"))
+    return await _token_gap(pod, time, runs="a", meanwhile=pod.load("b", "s3://adapters/b"))
+
+
+@pytest.mark.parametrize("engine", [Engine.VLLM, Engine.SGLANG], ids=["vllm", "sglang"])
+async def test_a_cold_read_stalls_the_running_batch(engine: Engine) -> None:
+    """Both engines read an adapter's weights on their one loop, so a running request's
+    next token (a 10 ms step) waits out a 100 ms read.
+
+    vLLM: a load over HTTP is ``EngineCore.add_lora``, run between steps
+    (vllm-project/vllm vllm/v1/engine/core.py), and a listed adapter whose weights left
+    the host cache is read inside a step by ``set_active_loras``
+    (vllm/v1/worker/lora_model_runner_mixin.py); both reach
     ``LRUCacheWorkerLoRAManager.add_adapter``, whose ``_load_adapter`` reads the
-    checkpoint before it returns (vllm/lora/worker_manager.py). So a running request's
-    next token (a 10 ms step) waits out a 100 ms read. SGLang's batch runs on (its load
-    path is not modelled as a stall)."""
+    checkpoint before it returns (vllm/lora/worker_manager.py).
+
+    SGLang: ``Scheduler.event_loop_normal`` (and ``event_loop_overlap``) runs
+    ``process_input_requests`` before ``get_next_batch_to_run`` and ``run_batch``
+    (sgl-project/sglang python/sglang/srt/managers/scheduler.py); its dispatcher hands a
+    ``LoadLoRAAdapterReqInput`` to ``Scheduler.load_lora_adapter``, which calls down to
+    ``LoRAManager.load_lora_adapter`` and ``load_lora_weights``, reading the weights
+    into host memory before it returns (python/sglang/srt/lora/lora_manager.py)."""
     time = VirtualTime()
-    assert await _token_gap_during_a_load(_cold_pod(engine, time), time) == pytest.approx(gap_s)
+    assert await _token_gap_during_a_load(_cold_pod(engine, time), time) == pytest.approx(0.100)
 
 
-async def test_vllm_cold_reads_on_one_pod_run_one_after_another() -> None:
+@pytest.mark.parametrize("engine", [Engine.VLLM, Engine.SGLANG], ids=["vllm", "sglang"])
+async def test_cold_reads_on_one_pod_run_one_after_another(engine: Engine) -> None:
     """The same one loop reads one adapter at a time: three loads sent together end one
-    read apart (each read and activation is one ``add_lora`` call)."""
+    read apart (vLLM: each read and activation is one ``add_lora`` call; SGLang: each
+    ``load_lora_adapter`` holds the tokenizer manager's one ``lora_update_lock``
+    (python/sglang/srt/managers/tokenizer_control_mixin.py ``load_lora_adapter``) and is
+    read by the scheduler's loop in turn)."""
     time = VirtualTime()
-    pod = _cold_pod(Engine.VLLM, time)
+    pod = _cold_pod(engine, time)
     ends: list[float] = []
 
     async def load(name: str) -> None:
@@ -556,6 +631,25 @@ async def test_vllm_cold_reads_on_one_pod_run_one_after_another() -> None:
 
     await time.run(load("a"), load("b"), load("c"))
     assert ends == pytest.approx([0.1, 0.2, 0.3])  # one engine loop reads each in turn
+
+
+async def test_sglang_a_request_for_an_adapter_the_soft_cap_unloaded_stalls_the_batch() -> None:
+    """A request for an adapter the soft cap unloaded loads it again through the load
+    path (sgl-project/sglang python/sglang/srt/managers/tokenizer_manager.py
+    ``TokenizerManager._resolve_lora_path`` calls ``load_lora_adapter``), so its read on
+    the scheduler's loop stalls the running batch as a load's does."""
+    time = VirtualTime()
+    pod = _cold_pod(Engine.SGLANG, time, max_loras=2, max_cpu_loras=2)
+    for name in ("a", "b", "c"):  # c past --max-loaded-loras 2 unloads a, the LRU
+        await time.run(pod.load(name, f"s3://adapters/{name}"))
+    assert "a" in pod.residency.parked
+
+    async def request_a() -> None:
+        await pod.admit("a")
+        await pod.release("a")
+
+    assert await _token_gap(pod, time, runs="b", meanwhile=request_a()) == pytest.approx(0.100)
+    assert pod.counters["cold_reloads"] == 1
 
 
 def _batch_config(*, places: int = 2) -> PodConfig:
