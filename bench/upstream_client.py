@@ -74,7 +74,7 @@ async def _upstream(url: str, requests: int, workers: int) -> float:
     )
 
     async def one() -> None:
-        reply = await client.post("pod-0", url, BODY)
+        reply = await client.post("pod-0", url, BODY, whole=True)  # as the proxy reads an answer
         try:
             await reply.read()
             if reply.status != 200:

@@ -143,7 +143,11 @@ async def forward(
     _note_admission(relay, state, exchange)
     state.begin(adapter)
     try:
-        reply = await session.post(state.upstream.pod, url, body, auth=exchange.auth)
+        # A whole answer is waited for whole: one wake-up, not one at its head and
+        # another at its body.
+        reply = await session.post(
+            state.upstream.pod, url, body, auth=exchange.auth, whole=not exchange.stream
+        )
         try:
             if reply.status == 503 and not last_try:
                 await reply.read()

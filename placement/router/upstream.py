@@ -4,7 +4,9 @@
 (``post``) as its head and body in one ``writelines``; the answer is parsed by
 httptools' response parser (the one uvicorn's server side uses) and read back whole
 (``Reply.read``) or chunk by chunk as the pod wrote it (``Reply.chunk``), so an SSE
-stream passes through unchanged. Nothing is decompressed, and no header is added
+stream passes through unchanged. ``post(whole=True)`` returns once the whole answer is
+in, waking its caller once rather than at the head and again at the body (uvicorn, as
+vLLM and SGLang run it, writes them apart). Nothing is decompressed, and no header is added
 beyond Host, Content-Type, Content-Length and the client's Authorization.
 
 Failures are ``OSError``s that name the pod, as the proxy's callers expect of a pod
@@ -67,8 +69,11 @@ class Upstreams:
         self._heads: dict[str, tuple[tuple[str, int], bytes]] = {}
         self._closing = False
 
-    async def post(self, pod: str, url: str, body: bytes, *, auth: bytes | None = None) -> Reply:
-        """POST ``body`` (JSON) to ``url`` on ``pod``: the reply with its head read.
+    async def post(
+        self, pod: str, url: str, body: bytes, *, auth: bytes | None = None, whole: bool = False
+    ) -> Reply:
+        """POST ``body`` (JSON) to ``url`` on ``pod``: the reply with its head read, or
+        with all of it (``whole``: ``Reply.read`` then returns at once).
 
         The caller must ``release`` it, whatever happens next."""
         key, prefix = self._head_of(pod, url)
@@ -82,7 +87,7 @@ class Upstreams:
         for fresh in (False, True):
             try:
                 reply.send(head, body, deadline)
-                await reply.head()
+                await (reply.whole() if whole else reply.head())
                 return reply
             except _StaleError:
                 reply.release()

@@ -123,12 +123,15 @@ class Reply(asyncio.Protocol):
         self.status = self._parser.get_status_code()
         self._keep_alive = self._parser.should_keep_alive()
         self._head_done = True
-        self._wake()
+        if not self._whole:  # a whole read waits for the end alone
+            self._wake()
 
     def on_body(self, body: bytes) -> None:
         self._chunks.append(body)
         self._buffered += len(body)
-        if self._buffered > _HIGH_WATER and not (self._paused or self._whole):
+        if self._whole:
+            return
+        if self._buffered > _HIGH_WATER and not self._paused:
             self._paused = True
             if self._transport is not None:
                 self._transport.pause_reading()
@@ -139,12 +142,14 @@ class Reply(asyncio.Protocol):
 
     async def read(self) -> bytes:
         """The whole body."""
-        self._whole = True
-        self._resume()
+        if not self._whole:
+            self._whole = True
+            self._resume()
         while not self._done:
             await self._wait()
-        data = b"".join(self._chunks)
-        self._chunks.clear()
+        chunks = self._chunks
+        data = chunks.popleft() if len(chunks) == 1 else b"".join(chunks)
+        chunks.clear()
         self._buffered = 0
         return data
 
@@ -199,6 +204,15 @@ class Reply(asyncio.Protocol):
     async def head(self) -> None:
         """Until the answer's status line and headers are in."""
         while not self._head_done:
+            await self._wait()
+
+    async def whole(self) -> None:
+        """Until the whole answer is in, without waking at its head or each part of
+        its body (a pod's head and body often come in two reads): ``read`` then
+        takes it at once. Never pauses reading."""
+        self._whole = True
+        self._resume()
+        while not self._done:
             await self._wait()
 
     @property

@@ -215,6 +215,29 @@ async def test_a_pod_that_closes_mid_answer_fails_the_read() -> None:
         await client.close()
 
 
+async def test_an_answer_waited_for_whole_has_its_head_and_body_however_they_came() -> None:
+    split = ok(b'{"whole":1}')
+    cut = b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nonly ten b"
+    head_then_body = [split[:-11], split[-11:]]  # the head in one write, the body in another
+    async with fake_pod(head_then_body, ok(b"first"), CLOSE, ok(b"again"), [cut, CLOSE]) as pod:
+        client = upstreams()
+        reply = await client.post(POD, pod.url, b"{}", whole=True)
+        assert (reply.status, reply.headers[b"content-type"]) == (200, b"application/json")
+        assert await reply.read() == b'{"whole":1}'
+        reply.release()
+        reply = await client.post(POD, pod.url, b"{}", whole=True)
+        assert await reply.read() == b"first"
+        reply.release()
+        reply = await client.post(POD, pod.url, b"{}", whole=True)  # stale: a fresh one
+        assert await reply.read() == b"again"
+        reply.release()
+        with pytest.raises(UpstreamError, match=f"pod {POD} closed the connection during"):
+            await client.post(POD, pod.url, b"{}", whole=True)
+        assert (pod.connections, len(pod.requests)) == (2, 5)  # the stale one took its request
+        assert client.open_connections == 0
+        await client.close()
+
+
 async def test_a_pod_that_does_not_answer_in_time_is_a_timeout_naming_it() -> None:
     async with fake_pod(HANG) as pod:
         client = upstreams(timeout_s=0.5)  # a connect on a starved machine fits in it
