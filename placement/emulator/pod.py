@@ -5,7 +5,7 @@ replay and the ledgers run too: this module asks it what each load, unload and r
 does (``Effects``) and keeps only what the model does not: time (a cold read timed by
 size and by the pool's storage, which stalls the running batch as each engine's one
 loop reads; the drain while weights move onto the GPU), the locks loads and unloads
-take (vLLM's per adapter name, SGLang's one for all), requests in flight (passed to the
+take (both in ``placement.emulator.engine_loop``), requests in flight (passed to the
 model as ``busy``; a request waits while every GPU slot holds a running or pinned
 adapter, as a scheduler holds it back), SGLang's unload waiting for the adapter's
 requests in flight, failure injection, and counters that let tests see thrashing. With
@@ -26,7 +26,6 @@ each engine's status codes and texts. No HTTP here.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
 import time
 from collections import Counter, deque
@@ -35,6 +34,7 @@ from dataclasses import asdict, replace
 
 from placement import residency
 from placement.emulator.config import AdapterFile, Faults, PodConfig, resolve_adapter
+from placement.emulator.engine_loop import EngineLoop
 from placement.emulator.refusals import (
     AlreadyLoadedError,
     BadPathError,
@@ -50,7 +50,6 @@ from placement.emulator.seats import Seats
 from placement.residency import Effects, EngineModel, PodResidency
 
 Sleep = Callable[[float], Awaitable[None]]
-_NO_LOCK = contextlib.nullcontext()
 
 
 class EmulatedPod:
@@ -97,11 +96,9 @@ class EmulatedPod:
         self.running: Counter[str] = Counter()
         self.waiting: Counter[str] = Counter()
         self.running_tokens = 0
-        self.locks: dict[str, asyncio.Lock] = {}
-        #: SGLang's ``lora_update_lock``: one load or unload at a time, whatever the name.
-        self.lora_updates = asyncio.Lock()
+        #: The batch's one loop (reads and swaps stall it) and the load and unload locks.
+        self.loop = EngineLoop(self.config.model, pause=self._pause)
         self.slots = asyncio.Condition()
-        self.engine_step = asyncio.Lock()
         self.lora_info: dict[tuple[str, str], float] = {}
 
     # what the pod holds (read from the engine model) ---------------------------------
@@ -158,16 +155,6 @@ class EmulatedPod:
         return self.faults
 
     # loads and unloads -------------------------------------------------------------
-    def _lock(self, name: str) -> asyncio.Lock:
-        """The lock a load or unload of ``name`` holds: vLLM's per name; SGLang's one
-        ``lora_update_lock`` for every load and unload (sgl-project/sglang
-        python/sglang/srt/managers/tokenizer_control_mixin.py ``load_lora_adapter``,
-        ``unload_lora_adapter``), held through the soft cap's unloads and their wait
-        for requests in flight (``_unload_lora_adapter_locked``)."""
-        if self.config.model.is_sglang:
-            return self.lora_updates
-        return self.locks.setdefault(name, asyncio.Lock())
-
     def _alive(self, generation: int) -> None:
         if generation != self.generation:
             raise PodDownError()
@@ -180,13 +167,13 @@ class EmulatedPod:
     ) -> AdapterFile:
         """``load_lora_adapter``: read the weights, then do what the engine model says."""
         generation = self.generation
-        async with self._lock(name):
+        async with self.loop.updates(name):
             self._alive(generation)
             adapter = self._check_load(name, path, pinned=pinned, inplace=inplace)
             read_ms = self.config.cold_read_ms(adapter.size_bytes)
-            # Both engines read on their one loop (``_read``), vLLM activating in the
-            # same call; an injected slow load is a slow read: it stalls the batch too.
-            async with self.engine_step:
+            # Both engines read on their one loop (``EngineLoop.read``), vLLM activating in
+            # the same call; an injected slow load is a slow read: it stalls the batch too.
+            async with self.loop.step:
                 await self._pause(read_ms + self.faults.slow_load_ms)
                 self._alive(generation)
                 effects = self._register(name, path, adapter, pinned=pinned, inplace=inplace)
@@ -233,7 +220,7 @@ class EmulatedPod:
     async def unload(self, name: str) -> None:
         """``unload_lora_adapter``: SGLang waits for the adapter's requests in flight."""
         generation = self.generation
-        async with self._lock(name):
+        async with self.loop.updates(name):
             self._alive(generation)
             if name not in self.residency.listed:
                 raise NotLoadedError()
@@ -273,7 +260,7 @@ class EmulatedPod:
         if effects.activated and held:
             await self._pause(self.config.latency.swap_ms(size_bytes))
         elif effects.activated:
-            await self._swap(size_bytes)
+            await self.loop.swap(self.config.latency.swap_ms(size_bytes))
 
     def _note_evictions(self, names: Iterable[str]) -> None:
         """End the oldest GPU residency of each name (a vLLM ghost's before its successor's)."""
@@ -293,35 +280,6 @@ class EmulatedPod:
         running = ",".join(sorted(n for n, c in self.running.items() if c > 0 and n))
         waiting = ",".join(sorted(n for n, c in self.waiting.items() if c > 0 and n))
         self.lora_info[(waiting, running)] = time.time()
-
-    async def _read(self, ms: float) -> None:
-        """Read an adapter's weights from storage on the engine's one loop, so every
-        running request waits, and reads on one pod run one at a time.
-
-        vLLM: a load over HTTP is ``EngineCore.add_lora``, run between steps
-        (vllm-project/vllm ``vllm/v1/engine/core.py``), and a listed adapter whose weights
-        left the host cache is read again inside a step by ``set_active_loras``
-        (``vllm/v1/worker/lora_model_runner_mixin.py``); both end in
-        ``LRUCacheWorkerLoRAManager.add_adapter`` -> ``_load_adapter``
-        (``vllm/lora/worker_manager.py``), which reads the checkpoint before it returns.
-
-        SGLang: the scheduler's loop (sgl-project/sglang
-        ``python/sglang/srt/managers/scheduler.py``, ``event_loop_normal`` and
-        ``event_loop_overlap``) runs ``process_input_requests`` before it builds and
-        runs the next batch; its dispatcher sends a ``LoadLoRAAdapterReqInput`` to
-        ``Scheduler.load_lora_adapter`` -> the worker's -> ``ModelRunner.load_lora_adapter``
-        -> ``LoRAManager.load_lora_adapter`` -> ``load_lora_weights``
-        (``python/sglang/srt/lora/lora_manager.py``), which reads the weights into host
-        memory before it returns. A request for an adapter the soft cap unloaded goes
-        the same way (``TokenizerManager._resolve_lora_path`` calls
-        ``load_lora_adapter``)."""
-        async with self.engine_step:
-            await self._pause(ms)
-
-    async def _swap(self, size_bytes: int) -> None:
-        # Weights move between batch steps: every running request stalls (the drain).
-        async with self.engine_step:
-            await self._pause(self.config.latency.swap_ms(size_bytes))
 
     async def admit(self, name: str | None) -> None:
         """Wait until ``name`` (None: the base model) runs, reading it in as needed.
@@ -358,11 +316,8 @@ class EmulatedPod:
     async def _run_on_gpu(self, name: str, generation: int) -> Effects:
         """Put ``name`` on a GPU slot (a cold read first when its weights left the host)."""
         if name in self.residency.parked or name not in self.residency.in_host():
-            # SGLang loads a parked adapter again through ``load_lora_adapter``: under
-            # its one update lock, behind any load or unload in progress.
-            reload = self.lora_updates if self.config.model.is_sglang else _NO_LOCK
-            async with reload:
-                await self._read(self.config.cold_read_ms(self.files[name].size_bytes))
+            async with self.loop.reload():
+                await self.loop.read(self.config.cold_read_ms(self.files[name].size_bytes))
             self._alive(generation)
         async with self.slots:
             await self.slots.wait_for(
@@ -408,7 +363,7 @@ class EmulatedPod:
             for index in range(max_tokens):
                 if index:
                     await self._pause(self.step_ms())
-                async with self.engine_step:
+                async with self.loop.step:
                     pass
                 yield index
         finally:
