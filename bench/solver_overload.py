@@ -206,10 +206,11 @@ def diagnose(problem: PlacementProblem, after: Run) -> None:
     for pool, solved in zip(problem.pools, after.solution.pools, strict=True):
         options = replace(options_from(problem, time_limit_s=30.0), gap_limit=0.0)
         fallback = greedy_assignment(pool)
-        status, _, bound, wall_s = solve_stage1(pool, options, fallback)
+        alone = solve_stage1(pool, options, fallback)
         print(
-            f"{pool.pool}: stage 1 alone {cp_model.CpSolver().status_name(status)}, bound"
-            f" {bound:.1f} in {wall_s:.1f} s (the plan's bound {solved.report.bound:.1f});"
+            f"{pool.pool}: stage 1 alone {cp_model.CpSolver().status_name(alone.status)}, bound"
+            f" {alone.bound:.1f} in {alone.spent_s:.1f} s (the plan's bound"
+            f" {solved.report.bound:.1f});"
             f" {len(solved.assignment.hot)} adapters hot; pods by binding limit:"
             f" {binding(solved)}"
         )

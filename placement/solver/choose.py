@@ -59,6 +59,7 @@ def pick_plan(
     *,
     proven: bool = False,
     bound: float = float("-inf"),
+    relaxed: float | None = None,
 ) -> PoolSolution:
     """The better of the solver's plan and the greedy one (each as it is: the caller
     tops them up); the greedy when the solver has none.
@@ -66,7 +67,8 @@ def pick_plan(
     A bound above the chosen plan's cost by more than rounding can lift it
     (``rounding_slack`` at the plan's counts) comes from an invalid cut: the plan is
     kept, the bound reported is its cost, and the pool solution says so
-    (``bound_excess``, a note of ``bound_notes``).
+    (``bound_excess``, a note of ``bound_notes``). ``proven`` and ``relaxed`` are
+    stage 1's: whether it ended OPTIMAL, and its counts' objective (``gap_notes``).
     """
     options = []
     if assignment is not None:
@@ -109,6 +111,7 @@ def pick_plan(
         report=report,
         source=source,
         bound_excess=excess,
+        relaxed_ms_per_s=relaxed,
     )
 
 
@@ -158,7 +161,8 @@ def combine_reports(solutions: list[PoolSolution]) -> SolverReport:
 
 
 def gap_notes(solutions: list[PoolSolution], *, gap_limit: float) -> list[str]:
-    """Pools whose plan ended further from its bound than ``gap_limit``, and why.
+    """Pools whose plan ended further from its bound than ``gap_limit``, and what
+    the gap is made of there (``_gap_split``).
 
     Stage 1 counts against pool totals (exact per pod only for GPU slots and bytes);
     a pod's q90 limit is a packing it relaxes. When those limits bind (an overloaded
@@ -179,11 +183,32 @@ def gap_notes(solutions: list[PoolSolution], *, gap_limit: float) -> list[str]:
         )
         notes.append(
             f"pool {problem.pool}: the plan is within {report.gap:.1%} of its bound after "
-            f"{report.wall_s:.1f} s, not {gap_limit:.1%}: {load}, and the bound counts "
-            "each pod's q90 limit only as a pool total, so the plan may be closer to the "
-            "best than that; add pods or raise capacity_rps to plan with room"
+            f"{report.wall_s:.1f} s, not {gap_limit:.1%}: {load}; {_gap_split(solution)}, "
+            "so the plan may be closer to the best than that; add pods or raise "
+            "capacity_rps to plan with room"
         )
     return notes
+
+
+def _gap_split(solution: PoolSolution) -> str:
+    """What the gap is made of. Stage 1's counts priced on pool totals lie between its
+    bound and the plan: above its bound is as far as more stage-1 time could raise
+    it (the relaxation's optimum is no higher); above them is per-pod packing, which
+    either the plan or the bound leaves, the bound counting each pod's q90 limit only
+    as a pool total."""
+    relaxed, bound = solution.relaxed_ms_per_s, solution.report.bound
+    if relaxed is None:
+        return "stage 1 found no counts in its time, so the bound is 0; raise --time-limit"
+    plan = solution.cost.model_total
+    search = max(0.0, min(relaxed, plan) - bound)
+    packing = max(0.0, plan - max(relaxed, bound))
+    whole = max(search + packing, 1e-9)
+    return (
+        f"stage 1's counts cost {relaxed:,.1f} ms/s on pool totals, {search / whole:.0%} "
+        "of the gap above its bound (the most more time could raise it), and "
+        f"{plan:,.1f} as the pods hold them: {packing / whole:.0%} of the gap is per-pod "
+        "packing, and the bound counts each pod's q90 limit only as a pool total"
+    )
 
 
 def pack_counts(

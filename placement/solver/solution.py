@@ -34,6 +34,10 @@ class PoolSolution:
     #: How far stage 1's bound was above the plan's cost beyond rounding (ms/s): an
     #: invalid cut; the report's bound is then the plan's cost. 0 when valid.
     bound_excess: float = 0.0
+    #: Stage 1's own counts priced on pool totals (ms/s), None when it found none: the
+    #: gap is this less the bound (the most more stage-1 time could raise it) plus the
+    #: plan less this (per-pod packing, which the bound relaxes).
+    relaxed_ms_per_s: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -25,7 +25,7 @@ Pure: no IO, no clock (wall time is measured by CP-SAT and reported).
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 from ortools.sat.python import cp_model
@@ -145,12 +145,10 @@ def solve_pool(
     # with whole pods in stage 1, half, for the retries and the top-up.
     share = STAGE1_SHARE if options.per_pod else 0.75
     stage1 = replace(options, time_limit_s=share * budget.limit_s)
-    status, counts, bound, _ = solve_stage1(
-        problem, stage1, fallback, budget=budget, after=("pack", "top_up")
-    )
-    if status == cp_model.INFEASIBLE:
+    first = solve_stage1(problem, stage1, fallback, budget=budget, after=("pack", "top_up"))
+    if first.status == cp_model.INFEASIBLE:
         return None
-    assignment = None
+    assignment, counts, bound = None, first.counts, first.bound
     if counts is not None:
         assignment = _pack(problem, counts, options, budget)
         if options.per_pod:
@@ -161,8 +159,9 @@ def solve_pool(
         _topped(problem, assignment, options, budget),
         greedy,
         budget.searched_s,
-        proven=status == cp_model.OPTIMAL,
+        proven=first.status == cp_model.OPTIMAL,
         bound=bound,
+        relaxed=first.objective,
     )
 
 
@@ -175,6 +174,23 @@ def _topped(
     return budget.timed("top_up", lambda: top_up(problem, assignment))
 
 
+@dataclass(frozen=True, kw_only=True)
+class Stage1:
+    """What stage 1 found: its status, counts (None without a solution), bound, the
+    objective of its counts on pool totals (ms/s; None without) and CP-SAT seconds.
+
+    Without a solution the bound is -inf: CP-SAT then answers 0 for its best objective
+    bound whether or not it proved one (measured with a deterministic time of 1e-4 on a
+    60-adapter pool), and a model with stability credits can go below 0.
+    """
+
+    status: cp_model.CpSolverStatus
+    counts: Counts | None = None
+    bound: float = float("-inf")
+    objective: float | None = None
+    spent_s: float = 0.0
+
+
 def solve_stage1(
     problem: PoolProblem,
     options: SolveOptions,
@@ -182,17 +198,11 @@ def solve_stage1(
     *,
     budget: Budget | None = None,
     after: tuple[str, ...] = (),
-) -> tuple[cp_model.CpSolverStatus, Counts | None, float, float]:
-    """Stage 1's status, counts (None without a solution), bound and CP-SAT seconds,
-    within ``options.time_limit_s`` and by a deadline the ``budget``'s time left less
-    what the steps ``after`` it need (UNKNOWN, no search, when that is too little).
-
-    Without a solution the bound is -inf: CP-SAT then answers 0 for its best objective
-    bound whether or not it proved one (measured with a deterministic time of 1e-4 on a
-    60-adapter pool), and a model with stability credits can go below 0.
-    """
+) -> Stage1:
+    """Stage 1 within ``options.time_limit_s`` and, by a deadline, the ``budget``'s time
+    left less what the steps ``after`` it need (UNKNOWN, no search, when too little)."""
     budget = budget or Budget.counted(options.time_limit_s)
-    unknown = (cp_model.UNKNOWN, None, float("-inf"), 0.0)
+    unknown = Stage1(status=cp_model.UNKNOWN)
     if not budget.affords("build", *after):
         return unknown
     model, variables = budget.timed("build", lambda: _stage1_model(problem, options, fallback))
@@ -206,9 +216,14 @@ def solve_stage1(
     if status == cp_model.MODEL_INVALID:
         raise SolverError(f"pool {problem.pool}: invalid model: {model.validate()}")
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return status, None, float("-inf"), spent
-    counts = counts_from(solver, variables)
-    return status, counts, solver.best_objective_bound / SCALE, spent
+        return Stage1(status=status, spent_s=spent)
+    return Stage1(
+        status=status,
+        counts=counts_from(solver, variables),
+        bound=solver.best_objective_bound / SCALE,
+        objective=solver.objective_value / SCALE,
+        spent_s=spent,
+    )
 
 
 def _stage1_model(
@@ -317,13 +332,13 @@ def _retry_tighter(
         if left_s < max(RETRY_MIN_S, RETRY_MIN_SHARE * budget.limit_s):
             break
         tighter = replace(problem, headroom=problem.headroom * factor)
-        _, counts, _, _ = solve_stage1(
+        counts = solve_stage1(
             tighter,
             replace(options, time_limit_s=left_s / 3),
             fallback,
             budget=budget,
             after=("pack", "top_up", "top_up"),
-        )
+        ).counts
         if counts is None:
             continue
         packed = _topped(

@@ -11,6 +11,7 @@ import itertools
 from dataclasses import replace
 from datetime import UTC, datetime
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from ortools.sat.python import cp_model
@@ -144,7 +145,29 @@ def test_top_up_never_makes_a_plan_worse(
         assert len(topped.hot) == min(len(names), 2 * slots)
 
 
-def test_a_pool_far_from_its_bound_says_why() -> None:
+OVERLOADED = (
+    "pool llama-70b: the plan is within 50.0% of its bound after 9.5 s, not 1.0%: the "
+    "pool is overloaded (forecast q90 27.07 rps on 20 rps of pods, planned at 135% of "
+    "capacity); "
+)
+SUFFIX = (
+    ", so the plan may be closer to the best than that; add pods or raise capacity_rps "
+    "to plan with room"
+)
+
+
+@pytest.mark.parametrize(
+    ("relaxed_share", "split"),
+    [
+        (0.5, "stage 1's counts cost {r} ms/s on pool totals, 0% of the gap above its bound"),
+        (0.75, "stage 1's counts cost {r} ms/s on pool totals, 50% of the gap above its bound"),
+        (None, "stage 1 found no counts in its time, so the bound is 0; raise --time-limit"),
+    ],
+    ids=["all-packing", "half-search", "no-counts"],
+)
+def test_a_pool_far_from_its_bound_says_what_the_gap_is_made_of(
+    relaxed_share: float | None, split: str
+) -> None:
     cat = catalog(adapter("a", base=SEVENTY), adapter("b", base=SEVENTY))
     fl = fleet(pool("llama-70b", 2, base=SEVENTY, capacity_rps=10.0))
     problem = build_problem(
@@ -152,14 +175,17 @@ def test_a_pool_far_from_its_bound_says_why() -> None:
     )
     solved = solve(problem, options=FAST).pools[0]
     assert gap_notes([solved], gap_limit=0.01) == []
-    loose = replace(
-        solved,
-        report=SolverReport(status="FEASIBLE", objective=100.0, bound=80.0, gap=0.2, wall_s=9.5),
-    )
-    assert gap_notes([loose], gap_limit=0.01) == [
-        "pool llama-70b: the plan is within 20.0% of its bound after 9.5 s, not 1.0%: the "
-        "pool is overloaded (forecast q90 27.07 rps on 20 rps of pods, planned at 135% of "
-        "capacity), and the bound counts each pod's q90 limit only as a pool total, so the "
-        "plan may be closer to the best than that; add pods or raise capacity_rps to plan "
-        "with room"
-    ]
+    cost = solved.cost.model_total
+    relaxed = None if relaxed_share is None else relaxed_share * cost
+    report = SolverReport(status="FEASIBLE", objective=cost, bound=cost / 2, gap=0.5, wall_s=9.5)
+    loose = replace(solved, report=report, relaxed_ms_per_s=relaxed)
+    tail = ""
+    if relaxed is not None:
+        packing = "100%" if relaxed_share == 0.5 else "50%"
+        tail = (
+            f" (the most more time could raise it), and {cost:,.1f} as the pods hold them: "
+            f"{packing} of the gap is per-pod packing, and the bound counts each pod's q90 "
+            "limit only as a pool total"
+        )
+    expected = OVERLOADED + split.format(r=f"{relaxed or 0:,.1f}") + tail + SUFFIX
+    assert gap_notes([loose], gap_limit=0.01) == [expected]
