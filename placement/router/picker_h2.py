@@ -442,7 +442,7 @@ class _Connection(asyncio.Protocol):
         if factory is None:
             call.end(UNIMPLEMENTED, f"no method {path!r} here")
             return
-        stream.handler = self._guarded(call, lambda: factory(call))
+        stream.handler = self._guarded(stream, lambda: factory(call))
 
     def _messages(self, stream: _Stream) -> None:
         inbox = stream.inbox
@@ -461,7 +461,7 @@ class _Connection(asyncio.Protocol):
             del inbox[: 5 + size]
             handler = stream.handler
             if handler is not None:
-                self._guarded(Call(self, stream), partial(handler.message, payload))
+                self._guarded(stream, partial(handler.message, payload))
 
     def _remote_closed(self, stream: _Stream) -> None:
         stream.remote_closed = True
@@ -470,15 +470,19 @@ class _Connection(asyncio.Protocol):
             return
         handler = stream.handler
         if handler is not None:
-            self._guarded(Call(self, stream), handler.half_closed)
+            self._guarded(stream, handler.half_closed)
 
-    def _guarded(self, call: Call, run: Callable[[], Any]) -> Any:
-        """A handler's step; what it raises ends its call (UNKNOWN), not the connection."""
+    def _guarded(self, stream: _Stream, run: Callable[[], Any]) -> Any:
+        """A handler's step; what it raises ends its call (UNKNOWN), not the connection,
+        and the handler is told it is over (``cancelled``: it frees what it holds)."""
         try:
             return run()
         except Exception as exc:  # the handler's bug must not take the connection down
             log.exception("endpoint picker: a call failed")
-            call.end(UNKNOWN, f"the picker failed: {type(exc).__name__}: {exc}")
+            handler = stream.handler
+            self.end(stream, UNKNOWN, f"the picker failed: {type(exc).__name__}: {exc}")
+            stream.handler = handler  # the trailers may have cleared it: it hears first
+            self._cancel(stream)
             return None
 
     def _cancel(self, stream: _Stream) -> None:

@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry
 
 from placement.router import MemoryRequestLog, build_router
 from placement.router.picker_calls import PROCESS, resume
+from placement.router.picker_h2 import GrpcH2Server
 from placement.router.picker_hpack import Decoder, HpackError, huffman_decode, huffman_encode
 from placement.router.wiring import RouterWithPicker, ServedApp
 
@@ -271,3 +272,41 @@ def test_a_stop_lets_the_open_stream_end_then_closes_the_port() -> None:
             with pytest.raises(OSError):
                 socket.create_connection(("127.0.0.1", port), timeout=10).close()
     assert [row.status for row in log.rows] == [200]  # the request finished, logged
+
+
+# --- a call whose handler fails ------------------------------------------------------
+
+
+class _Failing:
+    """A call that fails on its first message, and notes that it heard it was over."""
+
+    def __init__(self, heard: list[str]) -> None:
+        self.heard = heard
+
+    def message(self, payload: bytes) -> None:
+        raise RuntimeError(f"no answer to {payload!r}")
+
+    def half_closed(self) -> None:
+        self.heard.append("half-closed")
+
+    def cancelled(self) -> None:
+        self.heard.append("cancelled")
+
+
+def test_a_failing_call_ends_unknown_naming_why_is_told_so_and_the_server_goes_on() -> None:
+    heard: list[str] = []
+
+    async def run() -> list[grpc.aio.AioRpcError]:
+        server = GrpcH2Server(
+            {"/t.T/Fail": lambda call: _Failing(heard)}, max_message_bytes=1 << 20
+        )
+        port = await server.start("127.0.0.1", 0)
+        try:
+            return [await _raw_call(port, "/t.T/Fail", b"x") for _ in range(2)]
+        finally:
+            await server.stop(None)
+
+    errors = asyncio.run(run())
+    assert [error.code() for error in errors] == [grpc.StatusCode.UNKNOWN] * 2
+    assert "the picker failed: RuntimeError: no answer to b'x'" in (errors[0].details() or "")
+    assert heard == ["cancelled", "cancelled"]
