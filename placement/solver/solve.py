@@ -145,7 +145,8 @@ def solve_pool(
     # with whole pods in stage 1, half, for the retries and the top-up.
     share = STAGE1_SHARE if options.per_pod else 0.75
     stage1 = replace(options, time_limit_s=share * budget.limit_s)
-    first = solve_stage1(problem, stage1, fallback, budget=budget, after=("pack", "top_up"))
+    after = ("pack", "top_up") if options.per_pod else ("pack",)
+    first = solve_stage1(problem, stage1, fallback, budget=budget, after=after)
     if first.status == cp_model.INFEASIBLE:
         return None
     assignment, counts, bound = None, first.counts, first.bound
