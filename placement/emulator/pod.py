@@ -30,7 +30,7 @@ import random
 import time
 from collections import Counter, deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from dataclasses import asdict, replace
+from dataclasses import replace
 
 from placement import residency
 from placement.emulator.config import AdapterFile, Faults, PodConfig, resolve_adapter
@@ -372,39 +372,3 @@ class EmulatedPod:
     @property
     def kv_usage(self) -> float:
         return min(1.0, self.running_tokens / max(1, self.config.kv_capacity_tokens))
-
-    def stats(self) -> dict[str, object]:
-        model = self.residency
-        now = self.clock()
-        return {
-            "pod": self.config.name,
-            "engine": self.config.engine.value,
-            "engine_model": self.config.model.value,
-            "registered": list(model.listed),
-            "listed": list(model.listed),
-            "parked": list(model.parked),
-            "host": list(model.in_host()),
-            "gpu": list(model.on_gpu()),
-            "ghosts": model.ghosts_on_gpu(),
-            "residency_s": {
-                "ended": [round(v, 3) for v in self.residencies_s],
-                "ongoing": [
-                    round(now - t, 3) for stamps in self.activated_at.values() for t in stamps
-                ],
-            },
-            "pinned": sorted(model.pinned),
-            "running": sum(self.running.values()),
-            "waiting": sum(self.waiting.values()),
-            "limits": {"max_loras": self.config.max_loras, "max_cpu_loras": self.config.cpu_slots},
-            "storage": self.config.storage_stats(),
-            "batch": None if self.config.batch is None else asdict(self.config.batch),
-            "queued": self.seats.queued,
-            "batch_peaks": {"running": self.seats.peak_taken, "queued": self.seats.peak_queued},
-            "counters": dict(self.counters),
-            "peaks": dict(self.peaks),
-            "faults": {
-                "error_rate": self.faults.error_rate,
-                "slow_load_ms": self.faults.slow_load_ms,
-                "down": self.is_down(),
-            },
-        }

@@ -19,6 +19,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import asdict
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -142,10 +143,46 @@ def models_listing(pod: EmulatedPod, *, owned_by: str) -> dict[str, Any]:
     return {"object": "list", "data": [base, *cards]}
 
 
+def pod_stats(pod: EmulatedPod) -> dict[str, object]:
+    """What ``GET /admin/stats`` answers (the module docstring lists it)."""
+    model = pod.residency
+    now = pod.clock()
+    return {
+        "pod": pod.config.name,
+        "engine": pod.config.engine.value,
+        "engine_model": pod.config.model.value,
+        "registered": list(model.listed),
+        "listed": list(model.listed),
+        "parked": list(model.parked),
+        "host": list(model.in_host()),
+        "gpu": list(model.on_gpu()),
+        "ghosts": model.ghosts_on_gpu(),
+        "residency_s": {
+            "ended": [round(v, 3) for v in pod.residencies_s],
+            "ongoing": [round(now - t, 3) for stamps in pod.activated_at.values() for t in stamps],
+        },
+        "pinned": sorted(model.pinned),
+        "running": sum(pod.running.values()),
+        "waiting": sum(pod.waiting.values()),
+        "limits": {"max_loras": pod.config.max_loras, "max_cpu_loras": pod.config.cpu_slots},
+        "storage": pod.config.storage_stats(),
+        "batch": None if pod.config.batch is None else asdict(pod.config.batch),
+        "queued": pod.seats.queued,
+        "batch_peaks": {"running": pod.seats.peak_taken, "queued": pod.seats.peak_queued},
+        "counters": dict(pod.counters),
+        "peaks": dict(pod.peaks),
+        "faults": {
+            "error_rate": pod.faults.error_rate,
+            "slow_load_ms": pod.faults.slow_load_ms,
+            "down": pod.is_down(),
+        },
+    }
+
+
 def add_admin_routes(app: FastAPI, pod: EmulatedPod) -> None:
     @app.get("/admin/stats")
     async def stats() -> JSONResponse:
-        return JSONResponse(pod.stats())
+        return JSONResponse(pod_stats(pod))
 
     @app.post("/admin/fault")
     async def fault(request: Request) -> JSONResponse:
@@ -158,7 +195,7 @@ def add_admin_routes(app: FastAPI, pod: EmulatedPod) -> None:
         pod.set_faults(**changes)
         if isinstance(body.get("down_s"), int | float):
             pod.kill(float(body["down_s"]))
-        return JSONResponse(pod.stats()["faults"])
+        return JSONResponse(pod_stats(pod)["faults"])
 
     @app.post("/admin/restart")
     async def restart() -> JSONResponse:

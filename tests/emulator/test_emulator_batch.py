@@ -15,6 +15,7 @@ from placement.emulator import ZERO_LATENCY, EmulatedFleet, EmulatedPod, PodConf
 from placement.emulator.config import BatchTiming
 from placement.emulator.refusals import PodDownError
 from placement.emulator.seats import Seats
+from placement.emulator.wire import pod_stats
 from placement.settings import SimSettings
 from tests.emulator.virtual_time import VirtualTime
 
@@ -63,7 +64,7 @@ async def test_the_fifth_request_of_four_places_waits_until_one_ends() -> None:
     requests = [_request(pod, time, None, prompt=1, tokens=3) for _ in range(5)]
     runs = asyncio.gather(*requests)
     await time.settle()
-    assert pod.stats()["running"] == 4 and pod.stats()["waiting"] == 1
+    assert pod_stats(pod)["running"] == 4 and pod_stats(pod)["waiting"] == 1
     while not runs.done():
         await time.step()
     times = runs.result()
@@ -71,7 +72,7 @@ async def test_the_fifth_request_of_four_places_waits_until_one_ends() -> None:
     # its first token came at its admission (no prefill here), 20 ms after it arrived
     assert times[4][1] == pytest.approx(0.020)
     assert times[4][2] == pytest.approx(0.040)
-    assert pod.seats.taken == 0 and pod.stats()["waiting"] == 0
+    assert pod.seats.taken == 0 and pod_stats(pod)["waiting"] == 0
 
 
 async def test_without_a_batch_model_every_request_runs_at_once() -> None:

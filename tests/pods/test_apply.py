@@ -21,6 +21,7 @@ from placement.actuation.executor import Executor, Ledger, Status, backoff_s
 from placement.clock import ManualClock
 from placement.domain import AdapterId, Catalog, Engine, Load, PodId
 from placement.emulator import ZERO_LATENCY, EmulatedFleet, Faults, Latency, PodConfig
+from placement.emulator.wire import pod_stats
 from placement.plan import Plan
 from placement.settings import ExecutorSettings
 from tests.factories import adapter, catalog, make_plan
@@ -103,7 +104,7 @@ def _assert_holds(fleet: EmulatedFleet, plan: Plan) -> None:
     """Each pod lists the plan's adapters and its GPU holds the plan's hot set (exactly,
     when the hot set fills the GPU)."""
     for handle in fleet.handles:
-        pod_plan, stats = plan.pods[handle.name], handle.pod.stats()
+        pod_plan, stats = plan.pods[handle.name], pod_stats(handle.pod)
         assert set(stats["listed"]) == set(pod_plan.registered), handle.name  # type: ignore[call-overload]
         gpu = set(stats["gpu"])  # type: ignore[call-overload]
         assert set(pod_plan.hot) <= gpu, (handle.name, gpu)
@@ -115,7 +116,7 @@ def _assert_never_over_limits(fleet: EmulatedFleet) -> None:
     """SGLang never lists more than ``--max-loaded-loras``, so its soft cap never unloads
     an adapter; vLLM lists without limit (an unload frees nothing, so loads come first)."""
     for handle in fleet.handles:
-        stats = handle.pod.stats()
+        stats = pod_stats(handle.pod)
         counters, peaks = stats["counters"], stats["peaks"]
         assert counters.get("unlisted", 0) == 0  # type: ignore[union-attr]
         if fleet.engine is Engine.SGLANG:
@@ -411,4 +412,4 @@ async def test_actions_of_one_pod_run_in_order_whatever_after_says() -> None:
         report = await executor.run(actions, after=((), (), ()))
     assert report.ok
     assert counting.peak["all"] == 1
-    assert fleet.pod("pod-0").stats()["gpu"] == ["a1", "a2"]
+    assert pod_stats(fleet.pod("pod-0"))["gpu"] == ["a1", "a2"]
