@@ -4,16 +4,30 @@ The event preloads weigh an adapter they would displace by its recent use
 (``PodView.idle_s``); the router's live request log is the one record of it the
 controller has (the router's own state is in another process, and the ledger sees only
 lorafleet's own loads and warm-ups). Reads only; the router owns the files.
+
+A read costs what the whole log costs (the reader parses only what is new, but hands
+back every row): on a 150,000-row JSON-lines log, 0.4 to 1.1 s on a shared two-core
+machine. So an answer serves every event for ``REFRESH_S`` after its read, as a flood
+of logins would otherwise keep a core reading; the log itself lags by the router's
+``log_flush_s`` (1 s), and an idle time is weighed at one minute at least
+(``event_preloads.MIN_WINDOW_S``), so two seconds more staleness moves few decisions.
 """
 
 from __future__ import annotations
 
+import math
 import threading
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from placement.adapters.live_request_log import LiveRequestLog
 from placement.domain import AdapterId, PodId
+
+#: How long one read's answer serves the events that follow (seconds, ``clock``'s).
+REFRESH_S = 2.0
+
+LastUse = Mapping[PodId, Mapping[AdapterId, float]]
 
 
 class RouterLogUse:
@@ -21,17 +35,34 @@ class RouterLogUse:
     of each adapter's latest request the pod served (a row with an outcome; one the
     router or the pod refused did not use the adapter there). Its own reader, so an
     event's read, incremental like the ingest's, does not disturb the ingest's; a lock
-    keeps two events' reads in turn. A log of counts per bucket tells no moment: none."""
+    keeps two events' reads in turn, and an answer younger than ``refresh_s`` on
+    ``clock`` is given again. A log of counts per bucket tells no moment: none."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        refresh_s: float = REFRESH_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._log = LiveRequestLog(path)
         self._lock = threading.Lock()
+        self._refresh_s = refresh_s
+        self._clock = clock
+        self._answer: LastUse = {}
+        self._read_at_s = -math.inf
 
-    def __call__(self) -> Mapping[PodId, Mapping[AdapterId, float]]:
+    def __call__(self) -> LastUse:
         with self._lock:
-            if not self._log.path.exists():
-                return {}
-            log = self._log.read()
+            now_s = self._clock()
+            if not 0.0 <= now_s - self._read_at_s < self._refresh_s:
+                self._answer, self._read_at_s = self._read(), now_s
+            return self._answer
+
+    def _read(self) -> LastUse:
+        if not self._log.path.exists():
+            return {}
+        log = self._log.read()
         frame = log.frame
         if log.aggregated or frame.empty or "pod" not in frame:
             return {}

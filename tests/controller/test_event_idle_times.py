@@ -105,7 +105,7 @@ async def rig(
             plans=MemoryPlanStore(),
             state=MemoryStateStore(),
             predictor=pipeline_predictor(LOGINS, CATALOG),
-            recent_use=RouterLogUse(router_log.path),
+            recent_use=RouterLogUse(router_log.path, clock=clock),
         )
         controller = Controller(ports, settings=SETTINGS, clock=clock)
         app = create_webhook_app(
@@ -215,3 +215,19 @@ def test_idle_times_count_from_the_later_of_use_and_landing() -> None:
         "b": 30.0,
         "c": 0.0,  # a time ahead of the controller's clock: in use, never idler
     }
+
+
+def test_one_read_serves_the_events_of_the_next_seconds(tmp_path: Path) -> None:
+    """A read costs the whole log: its answer is given again for ``refresh_s``."""
+    path, clock = tmp_path / "router-requests.jsonl", FakeClock()
+    writer = JsonLinesRequestLog(path)
+    use = RouterLogUse(path, refresh_s=2.0, clock=clock)
+    t = T0.timestamp()
+    writer.write([served(t, "beta-a")])
+    assert use() == {"pod-0": {"beta-a": t}}
+    writer.write([served(t + 1, "beta-b")])
+    clock.advance(1.9)
+    assert use() == {"pod-0": {"beta-a": t}}
+    clock.advance(0.1)
+    assert use() == {"pod-0": {"beta-a": t, "beta-b": t + 1}}
+    writer.close()
