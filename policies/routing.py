@@ -79,6 +79,7 @@ __all__ = [
     "route_plan",
     "route_round_robin",
     "victim_worth_s",
+    "weighs_cold_victims",
 ]
 
 
@@ -99,6 +100,12 @@ def _bounded_best(ctx: RoutingContext, candidates: Sequence[PodLike]) -> tuple[P
     (``victim_worth_s``), after the warm-ups its classes call for (``class_refresh``),
     each costing a queued request. The loop inlines ``predicted_delay_s`` and ``load_penalty_s``
     for speed.
+
+    A read from storage is weighed by its victim only where storage is fast
+    (``weighs_cold_victims``). On slow storage a cold load also pushes the pod's last
+    GPU victim out of its host cache, which the GPU victim's worth (at most a reload
+    from host) does not see; those loads keep bounded affinity's order, the pod whose
+    victim has idled longest, which keeps the host caches in LRU order too.
     """
     adapter = ctx.adapter
     per_request_s = ctx.per_request_s
@@ -106,6 +113,7 @@ def _bounded_best(ctx: RoutingContext, candidates: Sequence[PodLike]) -> tuple[P
     warm_load_s = ctx.warm_load_s * ctx.load_penalty_factor
     cold_load_s = ctx.cold_load_s * ctx.load_penalty_factor
     victims = ctx.victims
+    weigh_cold = weighs_cold_victims(ctx)
     best: PodLike = candidates[0]
     best_key: _Key = (math.inf, 2, 0.0, 0)
     for pod in candidates:
@@ -119,11 +127,13 @@ def _bounded_best(ctx: RoutingContext, candidates: Sequence[PodLike]) -> tuple[P
         else:
             if loading:
                 delay += busy_s
-            delay += warm_load_s if adapter in pod.registered else cold_load_s
+            warm = adapter in pod.registered
+            delay += warm_load_s if warm else cold_load_s
             if pod.free_slots > 0:
                 key = (delay, 1, 0.0, pod.running)
             else:
-                if victims is not None and delay <= best_key[0]:  # skip hopeless pods
+                weigh = victims is not None and (warm or weigh_cold)
+                if weigh and delay <= best_key[0]:  # skip hopeless pods
                     refresh = class_refresh(pod, victims)
                     delay += victim_worth_s(pod, ctx, refresh=refresh)
                     delay += len(refresh) * per_request_s
@@ -131,6 +141,16 @@ def _bounded_best(ctx: RoutingContext, candidates: Sequence[PodLike]) -> tuple[P
         if key < best_key:
             best, best_key = pod, key
     return best, best_key
+
+
+def weighs_cold_victims(ctx: RoutingContext) -> bool:
+    """Whether a load read from storage pays its victim's worth: only where the read
+    adds no more than a load from host RAM itself costs (NVMe adds 5-13 ms to 336 ms).
+    On object storage (legal-research: 735 ms more) weighing the GPU victim alone sent
+    those loads where the host cache lost an adapter soon read again: 7,470 loads
+    against bounded affinity's 7,296, and 7,211 with those loads left unweighed
+    (docs/benchmarks.md, "Reads from slow storage")."""
+    return ctx.cold_load_s - ctx.warm_load_s <= ctx.warm_load_s
 
 
 def _bounded_pick(ctx: RoutingContext, candidates: Sequence[PodLike]) -> tuple[PodLike, bool]:

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -21,6 +22,7 @@ from policies.routing import (
     route_bounded,
     route_plan,
     victim_worth_s,
+    weighs_cold_victims,
 )
 
 WANTED = "wanted"
@@ -140,6 +142,51 @@ def test_a_load_evicts_where_the_victim_is_forecast_to_be_asked_for_least() -> N
     assert victim_worth_s(pods[0], ctx) > victim_worth_s(pods[1], ctx) == 0.0
     decision = route_plan(ctx, None, fallback=fallback_for(pods), tail=True)
     assert (decision.pod_id, decision.reason) == ("pod-1", RouteReason.GENERAL_POOL)
+
+
+def _slow_storage(ctx: RoutingContext) -> RoutingContext:
+    """``ctx`` with a read from storage adding twice a load from host RAM (object
+    storage: 735 ms on 340)."""
+    return replace(ctx, cold_load_s=3.0 * ctx.warm_load_s)
+
+
+@pytest.mark.parametrize(
+    ("slow", "in_host", "expected"),
+    [
+        (False, False, "pod-1"),
+        (True, True, "pod-1"),
+        (True, False, "pod-0"),
+    ],
+    ids=["fast-storage-weighed", "slow-storage-from-host-weighed", "slow-storage-cold-lru"],
+)
+def test_on_slow_storage_a_cold_load_keeps_bounded_affinitys_victim(
+    slow: bool, in_host: bool, expected: str
+) -> None:
+    # pod-0's victim idled longer (bounded's pick), pod-1's is not forecast. A load read
+    # from slow storage also pushes the pod's last victim out of its host cache, which
+    # the GPU victim's worth cannot see: it goes where bounded affinity sends it.
+    registered = frozenset({WANTED}) if in_host else frozenset()
+    pods = [
+        PodSnapshot(
+            pod_id="pod-0",
+            gpu_adapters=("hot", "x"),
+            registered=registered,
+            max_loras=2,
+            victim_last_used_s=1.0,
+        ),
+        PodSnapshot(
+            pod_id="pod-1",
+            gpu_adapters=("cold", "y"),
+            registered=registered,
+            max_loras=2,
+            victim_last_used_s=50.0,
+        ),
+    ]
+    ctx = context(pods, victims=worth({"hot": 1.0, "cold": 0.0}))
+    ctx = _slow_storage(ctx) if slow else ctx
+    assert weighs_cold_victims(ctx) is not slow
+    decision = route_plan(ctx, None, fallback=fallback_for(pods), tail=True)
+    assert decision.pod_id == expected
 
 
 def test_a_victim_held_on_several_pods_is_worth_a_share_of_its_rate() -> None:
