@@ -9,7 +9,7 @@ same questions either way:
   greedy plan, a packing, a top-up, a model's building: the longest of each kind, less
   any CP-SAT search inside it); ``search_s`` gives a CP-SAT search what is left less
   what the steps after it were measured to need, times ``MARGIN``; ``affords`` says
-  whether an optional step (a wider packing, a retry) still fits.
+  whether an optional step (a top-up, a wider packing, a retry) still fits.
 - **By CP-SAT's seconds** (``Budget.counted``: a reproducible solve, whose plans must
   not depend on how busy the machine is, or a caller that gives no clock). Only what
   CP-SAT reports it spent counts (``charge``: deterministic seconds in a reproducible
@@ -17,9 +17,10 @@ same questions either way:
   the solver's arithmetic from before deadlines, unchanged.
 
 A deadline solve can still end late by what its last steps take beyond their
-reserve: the top-up of the chosen plan after the last search and, in a pool whose
-time has run out, the greedy plan and its top-up, which always run (the greedy plan is
-the fallback). ``bench.solver_overload`` prints the wall time against the limit.
+estimate: a packing of stage 1's counts (always run: the search reserved room for it)
+or a top-up (run only where its estimate fits) and, in a pool whose time has run out,
+the greedy plan, which always runs (it is the fallback). ``bench.solver_overload``
+prints the wall time against the limit.
 
 Pure but for the clock it is given: no IO. A ``Budget`` keeps what it measured, so one
 belongs to one solve.
@@ -37,10 +38,11 @@ T = TypeVar("T")
 #: The steps after a search are reserved this multiple of their longest measured time.
 MARGIN = 1.5
 #: Before a step has run once in a pool, its cost is guessed as this multiple of the
-#: greedy plan's (``bench.solver_overload`` seeds 3, 7, 11, per 1,000-adapter pool: a
-#: greedy 0.03-0.10 s, a model's building 0.05-0.07 s, a packing 0.01-0.14 s, a top-up
-#: 0.01-0.14 s; the top-up is measured early, on the greedy plan).
-GUESS_OVER_GREEDY = {"build": 2.5, "pack": 4.0, "top_up": 4.0}
+#: greedy plan's. Measured per pool: ``bench.solver_overload`` seeds 3, 7, 11 (1,000
+#: adapters) a greedy 0.03-0.10 s, a model's building 0.05-0.07 s, a packing 0.01-0.14
+#: s, a top-up 0.01-0.14 s; ``bench.solver_scale`` 10,000 x 256 (5,000 adapters, a
+#: loaded machine) a greedy 1.4-2.6 s, a building 1.1-1.3 s, a top-up 7.2-9.0 s.
+GUESS_OVER_GREEDY = {"build": 1.5, "pack": 2.0, "top_up": 4.0}
 #: A deadline solve starts no CP-SAT search shorter than this.
 MIN_SEARCH_S = 0.05
 

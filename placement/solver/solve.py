@@ -140,13 +140,19 @@ def solve_pool(
     fallback = budget.timed("greedy", lambda: greedy_assignment(problem))
     if not problem.candidates:
         return empty_solution(problem)
-    greedy = _topped(problem, fallback[1] if fallback else None, options, budget)
+    # The greedy plan's top-up runs first where it fits beside stage 1, so that the
+    # reserves after the search know what a top-up takes; else last, if time is left.
+    greedy = fallback[1] if fallback else None
+    early = budget.affords("top_up", "build", "pack")
+    if early:
+        greedy = _topped(problem, greedy, options, budget)
     # Stage 1 leaves a quarter of the pool's time to stage 2 and the greedy's checks;
-    # with whole pods in stage 1, half, for the retries and the top-up.
+    # with whole pods in stage 1, half, for the retries and the top-ups.
     share = STAGE1_SHARE if options.per_pod else 0.75
     stage1 = replace(options, time_limit_s=share * budget.limit_s)
-    after = ("pack", "top_up") if options.per_pod else ("pack",)
-    first = solve_stage1(problem, stage1, fallback, budget=budget, after=after)
+    # By a deadline the search leaves room for the packing its counts need; the top-ups
+    # after it improve a plan and run only where they still fit.
+    first = solve_stage1(problem, stage1, fallback, budget=budget, after=("pack",))
     if first.status == cp_model.INFEASIBLE:
         return None
     assignment, counts, bound = None, first.counts, first.bound
@@ -155,9 +161,12 @@ def solve_pool(
         if options.per_pod:
             assignment = _widened(problem, counts, assignment, options, budget, bound=bound)
         assignment = _retry_tighter(problem, assignment, options, fallback, budget, bound=bound)
+    solver_plan = _topped(problem, assignment, options, budget)
+    if not early:
+        greedy = _topped(problem, greedy, options, budget)
     return pick_plan(
         problem,
-        _topped(problem, assignment, options, budget),
+        solver_plan,
         greedy,
         budget.searched_s,
         proven=first.status == cp_model.OPTIMAL,
@@ -169,8 +178,9 @@ def solve_pool(
 def _topped(
     problem: PoolProblem, assignment: Assignment | None, options: SolveOptions, budget: Budget
 ) -> Assignment | None:
-    """With whole pods (``per_pod``), free GPU slots given to the adapters worth most."""
-    if assignment is None or not options.per_pod:
+    """With whole pods (``per_pod``), free GPU slots given to the adapters worth most;
+    by a deadline, only while a top-up still fits (at 5,000 adapters one takes 7-9 s)."""
+    if assignment is None or not options.per_pod or not budget.affords("top_up"):
         return assignment
     return budget.timed("top_up", lambda: top_up(problem, assignment))
 
