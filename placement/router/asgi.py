@@ -13,6 +13,13 @@ metrics of each request. A name the router does not know shares the ``_unknown``
 label; with a catalog, such a name is answered 404 here (no pod could load it), else
 it goes to its hashed pod as it is, outside the ledger. Must not make routing
 decisions.
+
+A proxied request served by the router's own server (``router.http_cycle``) with no
+middleware wrapping its ``send`` is read and answered through its ``RequestCycle``
+(``cycle_of``): no ASGI message per read or write, and the cycle says when the client
+goes away (``on_lost``), with no timer or watcher task per request. Behind middleware
+(``router.workers``' connection balancing) or another server, the same code runs over
+ASGI messages (``_AsgiClient``), watching for the disconnect after ``WATCH_AFTER_S``.
 """
 
 from __future__ import annotations
@@ -21,13 +28,15 @@ import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from typing import Any, Protocol
 
 from placement.domain import AdapterId, Engine, PodId
 from placement.errors import PermanentEngineError, RetryableEngineError
 from placement.router.core import Router
-from placement.router.forward import Exchange, forward
-from placement.router.front import Refusal, parse_request, read_body
+from placement.router.forward import Client, Exchange, Headers, forward
+from placement.router.front import Receive as BodyReceive
+from placement.router.front import Refusal, body_too_large, parse_request, read_body
+from placement.router.http_cycle import cycle_of
 from placement.router.metrics import CONTENT_TYPE
 from placement.router.picking import Choice, Reject
 from placement.router.reqlog import LogRow
@@ -57,6 +66,47 @@ async def _respond(
     head.append((b"content-length", str(len(body)).encode()))
     await send({"type": "http.response.start", "status": status, "headers": head})
     await send({"type": "http.response.body", "body": body})
+
+
+class ClientSide(Client, Protocol):
+    """A proxied request's client: its body and where its answer goes (a
+    ``RequestCycle`` of ``router.http_cycle`` when no middleware wraps ``send``, else
+    ``_AsgiClient``)."""
+
+    @property
+    def receive(self) -> BodyReceive: ...
+
+    def body_now(self) -> bytes | None:
+        """The whole body if it is in already, else None (``receive`` reads it)."""
+        ...
+
+
+class _AsgiClient:
+    """``ClientSide`` over ASGI's ``receive`` and ``send``."""
+
+    __slots__ = ("_receive", "_send")
+
+    def __init__(self, receive: Receive, send: Send) -> None:
+        self._receive, self._send = receive, send
+
+    @property
+    def receive(self) -> Receive:
+        return self._receive
+
+    def body_now(self) -> bytes | None:
+        return None
+
+    async def answer(self, status: int, headers: Headers, body: bytes) -> None:
+        await _respond(self._send, status, body, headers)
+
+    async def begin(self, status: int, headers: Headers) -> None:
+        await self._send({"type": "http.response.start", "status": status, "headers": headers})
+
+    async def part(self, body: bytes) -> None:
+        await self._send({"type": "http.response.body", "body": body, "more_body": True})
+
+    async def end(self, body: bytes = b"") -> None:
+        await self._send({"type": "http.response.body", "body": body, "more_body": False})
 
 
 class RouterApp:
@@ -147,10 +197,19 @@ class RouterApp:
         router = self.router
         exchange = Exchange(started_s=router.timer(), arrived_s=router.clock(), path=scope["path"])
         headers = scope.get("headers", ())
-        try:
-            body = await read_body(receive, headers, max_bytes=router.settings.max_body_bytes)
-        except ConnectionResetError:
-            return
+        # The router's own server, with no middleware between: its cycle's methods, not
+        # ASGI messages, and its word when the client goes away.
+        cycle = cycle_of(send)
+        client: ClientSide = cycle if cycle is not None else _AsgiClient(receive, send)
+        max_bytes = router.settings.max_body_bytes
+        whole = client.body_now()
+        if whole is None:
+            try:
+                body = await read_body(client.receive, headers, max_bytes=max_bytes)
+            except ConnectionResetError:
+                return
+        else:
+            body = whole if len(whole) <= max_bytes else body_too_large(max_bytes)
         refusal = body if isinstance(body, Refusal) else None
         if refusal is None:
             assert isinstance(body, bytes)
@@ -165,20 +224,24 @@ class RouterApp:
             router.metrics.refused.labels(reason=refusal.reason).inc()
             kind = "RequestTooLargeError" if refusal.status == 413 else "BadRequestError"
             message = _error(refusal.message, kind, param=refusal.param, code=refusal.status)
-            await _respond(send, refusal.status, message)
+            await client.answer(refusal.status, _JSON, message)
             return
         exchange.known = router.knows(exchange.model)
         if not exchange.known and router.adapters.sources:
-            await self._refuse(exchange, Choice(None, reject=Reject.UNKNOWN_MODEL), send)
+            await self._refuse(exchange, Choice(None, reject=Reject.UNKNOWN_MODEL), client)
             self._record(exchange)
             return
         handler = asyncio.current_task()
-        # Most answers are over before a client could go away: the watcher starts only
-        # once a request has taken WATCH_AFTER_S (a timer costs less than a task).
-        watcher = _Watcher(receive, handler, exchange)
-        timer = asyncio.get_running_loop().call_later(WATCH_AFTER_S, watcher.start)
+        timer: asyncio.TimerHandle | None = None
+        if cycle is not None:
+            cycle.on_lost = _Gone(handler, exchange)
+        else:
+            # Most answers are over before a client could go away: the watcher starts
+            # only once a request has taken WATCH_AFTER_S (a timer costs less than a task).
+            watcher = _Watcher(receive, handler, exchange)
+            timer = asyncio.get_running_loop().call_later(WATCH_AFTER_S, watcher.start)
         try:
-            await self._route(exchange, send)
+            await self._route(exchange, client)
         except asyncio.CancelledError:
             if not exchange.client_gone or handler is None:
                 raise
@@ -189,11 +252,14 @@ class RouterApp:
             log.warning("upstream %s failed mid-response: %s", exchange.pod, exc)
             exchange.status = 502
         finally:
-            timer.cancel()
-            watcher.cancel()
+            if cycle is not None:
+                cycle.on_lost = None
+            elif timer is not None:
+                timer.cancel()
+                watcher.cancel()
             self._record(exchange)
 
-    async def _route(self, exchange: Exchange, send: Send) -> None:
+    async def _route(self, exchange: Exchange, client: ClientSide) -> None:
         router = self.router
         exclude: frozenset[PodId] = frozenset()
         attempt = 0
@@ -202,7 +268,7 @@ class RouterApp:
             choice, pressed = await self._choose(exchange, exclude)
             cause = "pressure" if pressed and cause is not None else cause
             if choice.pod is None:
-                await self._refuse(exchange, choice, send)
+                await self._refuse(exchange, choice, client)
                 return
             state = choice.pod
             # A name the router does not know stays out of the ledger: the pod will
@@ -221,7 +287,7 @@ class RouterApp:
                     cause = "load" if cause is not None else None
                     await router.load(state, adapter)
             except PermanentEngineError as exc:
-                await self._load_failed(exchange, exc, send)
+                await self._load_failed(exchange, exc, client)
                 return
             except (RetryableEngineError, OSError) as exc:
                 log.warning("loading %s on %s failed: %s", adapter, state.upstream.pod, exc)
@@ -230,10 +296,10 @@ class RouterApp:
                     router.metrics.request_queued(cause, router.timer() - exchange.started_s)
                     cause = None
                 try:
-                    if await forward(router, state, exchange, send, last_try=attempt == 1):
+                    if await forward(router, state, exchange, client, last_try=attempt == 1):
                         return
                 except PoolFullError as exc:  # the router's limit: the pod is not to blame
-                    await self._busy(exchange, str(exc), send)
+                    await self._busy(exchange, str(exc), client)
                     return
                 except (TimeoutError, OSError) as exc:
                     if exchange.streamed_bytes:
@@ -247,9 +313,10 @@ class RouterApp:
             attempt += 1
         exchange.status = 502
         exchange.finished = True
-        await _respond(send, 502, _error("every pod tried failed", "BadGatewayError", code=502))
+        message = _error("every pod tried failed", "BadGatewayError", code=502)
+        await client.answer(502, _JSON, message)
 
-    async def _busy(self, exchange: Exchange, why: str, send: Send) -> None:
+    async def _busy(self, exchange: Exchange, why: str, client: Client) -> None:
         """The router has no upstream connection free: 503, retry later."""
         log.warning("request for %s refused: %s", exchange.model, why)
         exchange.status = 503
@@ -257,14 +324,16 @@ class RouterApp:
         retry_after = str(self.router.settings.retry_after_s).encode()
         headers = [*_JSON, (b"retry-after", retry_after)]
         message = f"the router is at its upstream connection limit ({why}); retry later"
-        await _respond(send, 503, _error(message, "ServiceUnavailableError", code=503), headers)
+        await client.answer(503, headers, _error(message, "ServiceUnavailableError", code=503))
 
-    async def _load_failed(self, exchange: Exchange, exc: PermanentEngineError, send: Send) -> None:
+    async def _load_failed(
+        self, exchange: Exchange, exc: PermanentEngineError, client: Client
+    ) -> None:
         """The pod refused to load the adapter (bad path, rank too large): say so."""
         exchange.status = 502
         exchange.finished = True
         message = f"loading {exchange.model} failed: {exc}"
-        await _respond(send, 502, _error(message, "BadGatewayError", param="model", code=502))
+        await client.answer(502, _JSON, _error(message, "BadGatewayError", param="model", code=502))
 
     async def _choose(self, exchange: Exchange, exclude: frozenset[PodId]) -> tuple[Choice, bool]:
         """Pick a pod; under soft memory pressure wait a little for room before refusing
@@ -280,13 +349,14 @@ class RouterApp:
             choice = router.picker.pick(router.topology, exchange.model, exclude=exclude)
         return choice, waited_s > 0.0
 
-    async def _refuse(self, exchange: Exchange, choice: Choice, send: Send) -> None:
+    async def _refuse(self, exchange: Exchange, choice: Choice, client: Client) -> None:
         settings = self.router.settings
         exchange.finished = True
         if choice.reject == Reject.UNKNOWN_MODEL:
             exchange.status = 404
             message = f"The model `{exchange.model}` does not exist."
-            await _respond(send, 404, _error(message, "NotFoundError", param="model", code=404))
+            body = _error(message, "NotFoundError", param="model", code=404)
+            await client.answer(404, _JSON, body)
             return
         exchange.status = 503
         if choice.reject == Reject.NO_POD:
@@ -294,7 +364,7 @@ class RouterApp:
         else:
             message = "every pod for this model is under memory pressure; retry later"
         headers = [*_JSON, (b"retry-after", str(settings.retry_after_s).encode())]
-        await _respond(send, 503, _error(message, "ServiceUnavailableError", code=503), headers)
+        await client.answer(503, headers, _error(message, "ServiceUnavailableError", code=503))
 
     def _record(self, exchange: Exchange) -> None:
         router = self.router
@@ -335,6 +405,21 @@ def _failure_label(status: int) -> str:
 
 #: How long a request runs before the router watches for its client going away.
 WATCH_AFTER_S = 0.05
+
+
+class _Gone:
+    """The client went away: cancel the proxying task (and so the upstream call), unless
+    its answer is complete (the router's own server calls this: ``RequestCycle.on_lost``)."""
+
+    __slots__ = ("_exchange", "_handler")
+
+    def __init__(self, handler: asyncio.Task[Any] | None, exchange: Exchange) -> None:
+        self._handler, self._exchange = handler, exchange
+
+    def __call__(self) -> None:
+        if not self._exchange.finished and self._handler is not None:
+            self._exchange.client_gone = True
+            self._handler.cancel()
 
 
 class _Watcher:

@@ -14,7 +14,9 @@ adapters are not loaded" (or, since its soft cap, "Got LoRA adapter that has nev
 loaded"), or, streaming, 200 and that error as the first event, which is read before
 anything goes to the client.
 
-The request was read and checked at the front door (``router.front``) first.
+The request was read and checked at the front door (``router.front``) first. The
+answer goes to a ``Client``: the router's own server's ``RequestCycle`` (no ASGI
+messages), or ASGI's ``send`` wrapped by ``router.asgi``.
 
 ``forward`` takes a ``Relay``: the few parts of the router it uses (the upstream
 client, ``router.upstream``; the clock, the timer, the metrics), not the router itself.
@@ -30,7 +32,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -41,7 +43,25 @@ from placement.router.metrics import RouterMetrics
 from placement.router.state import LivePod
 from placement.router.upstream import Reply, Upstreams
 
-Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+Headers = list[tuple[bytes, bytes]]
+
+
+class Client(Protocol):
+    """Where a request's answer goes: the client's connection (``router.http_cycle``'s
+    ``RequestCycle``, or ASGI's ``send`` through ``router.asgi``)."""
+
+    async def answer(self, status: int, headers: Headers, body: bytes) -> None:
+        """A whole answer; its Content-Length is added here."""
+        ...
+
+    async def begin(self, status: int, headers: Headers) -> None:
+        """A stream's status and headers."""
+        ...
+
+    async def part(self, body: bytes) -> None: ...
+
+    async def end(self, body: bytes = b"") -> None: ...
+
 
 _TAIL_BYTES = 4096
 #: SGLang's refusals of an adapter it does not serve: the registry's "The following
@@ -132,7 +152,7 @@ def _note_admission(relay: Relay, state: LivePod, exchange: Exchange) -> None:
 
 
 async def forward(
-    relay: Relay, state: LivePod, exchange: Exchange, send: Send, *, last_try: bool
+    relay: Relay, state: LivePod, exchange: Exchange, client: Client, *, last_try: bool
 ) -> bool:
     """Send the request to ``state``'s pod and relay the answer; False means try another."""
     session = relay.session
@@ -164,9 +184,9 @@ async def forward(
                     return False
             exchange.status = reply.status
             if exchange.stream and reply.status == 200:
-                await _relay_stream(relay.timer, state, exchange, reply, send, head=head or b"")
+                await _relay_stream(relay.timer, state, exchange, reply, client, head=head or b"")
             else:
-                await _relay_whole(relay.timer, state, exchange, reply, send, data=head)
+                await _relay_whole(relay.timer, state, exchange, reply, client, data=head)
             return True
         finally:
             reply.release()
@@ -203,7 +223,7 @@ def _adapter_missing(state: LivePod, status: int, head: bytes | None) -> bool:
     return status in (200, 400) and any(text in first_event for text in SGLANG_NOT_LOADED)
 
 
-def _reply_headers(reply: Reply) -> list[tuple[bytes, bytes]]:
+def _reply_headers(reply: Reply) -> Headers:
     headers = [(b"content-type", reply.headers.get(b"content-type", b"application/json"))]
     retry_after = reply.headers.get(b"retry-after")
     if retry_after is not None:
@@ -216,7 +236,7 @@ async def _relay_whole(
     state: LivePod,
     exchange: Exchange,
     reply: Reply,
-    send: Send,
+    client: Client,
     *,
     data: bytes | None = None,
 ) -> None:
@@ -226,11 +246,8 @@ async def _relay_whole(
     state.observe_ttfb(exchange.ttft_s * 1000.0)
     if reply.status == 200:
         _usage_from_text(exchange, data)
-    headers = _reply_headers(reply)
-    headers.append((b"content-length", str(len(data)).encode()))
     exchange.streamed_bytes = True
-    await send({"type": "http.response.start", "status": reply.status, "headers": headers})
-    await send({"type": "http.response.body", "body": data})
+    await client.answer(reply.status, _reply_headers(reply), data)
     exchange.finished = True  # before any await: a disconnect now is not a cancellation
 
 
@@ -239,7 +256,7 @@ async def _relay_stream(
     state: LivePod,
     exchange: Exchange,
     reply: Reply,
-    send: Send,
+    client: Client,
     *,
     head: bytes = b"",
 ) -> None:
@@ -247,7 +264,7 @@ async def _relay_stream(
     headers = _reply_headers(reply)
     headers.append((b"cache-control", b"no-cache"))
     exchange.streamed_bytes = True
-    await send({"type": "http.response.start", "status": reply.status, "headers": headers})
+    await client.begin(reply.status, headers)
     events = 0
     tail = b""
     async for chunk in _chunks(head, reply):
@@ -256,8 +273,8 @@ async def _relay_stream(
             state.observe_ttfb(exchange.ttft_s * 1000.0)
         events += chunk.count(b"data: ") - chunk.count(b"data: [DONE]")
         tail = (tail + chunk)[-_TAIL_BYTES:]
-        await send({"type": "http.response.body", "body": chunk, "more_body": True})
-    await send({"type": "http.response.body", "body": b"", "more_body": False})
+        await client.part(chunk)
+    await client.end()
     exchange.finished = True
     exchange.output_tokens = events
     _usage_from_tail(exchange, tail)

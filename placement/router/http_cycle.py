@@ -13,6 +13,14 @@ answer leaves in one write and a stream's head never waits for its first event.
 Once the response is complete the connection is told (``Link.answered``), and a body
 the app did not read is dropped as it arrives: a 413 from the Content-Length never
 buffers what follows it. Must not know what the app is.
+
+An app that finds its ``send`` is a cycle's own (``cycle_of``: no middleware between)
+may answer through the cycle's methods instead of ASGI messages, with the same checks:
+``answer`` (a whole answer, its Content-Length added, head and body in one write with
+no head held over), ``begin``, ``part`` and ``end`` (a stream), ``body_now`` (the body
+if it has all arrived) and ``on_lost`` (called once if the client goes away before the
+answer is complete). That skips a message dict per call and the app's own watch for
+the disconnect.
 """
 
 from __future__ import annotations
@@ -87,6 +95,7 @@ class RequestCycle:
         "body_done",
         "disconnected",
         "keep_alive",
+        "on_lost",
         "response_complete",
         "response_started",
         "scope",
@@ -105,6 +114,8 @@ class RequestCycle:
         self._head: bytes | None = None
         self._chunked: bool | None = None
         self._remaining = 0
+        #: Called once if the client goes away before the answer is complete.
+        self.on_lost: Callable[[], None] | None = None
 
     # -- from the connection -----------------------------------------------------------
 
@@ -125,6 +136,9 @@ class RequestCycle:
         """The client closed the connection."""
         if not self.response_complete:
             self.disconnected = True
+            gone, self.on_lost = self.on_lost, None
+            if gone is not None:
+                gone()
         self._wake()
 
     # -- the app's side ----------------------------------------------------------------
@@ -174,10 +188,7 @@ class RequestCycle:
         return {"type": "http.disconnect"}
 
     async def send(self, message: Message) -> None:
-        link = self._link
-        if link.write_paused and not self.disconnected:
-            await link.drain()
-        if self.disconnected:
+        if await self._gone():
             return
         kind = message["type"]
         if not self.response_started:
@@ -186,13 +197,69 @@ class RequestCycle:
                     f"Expected ASGI message 'http.response.start', but got '{kind}'."
                 )
             self._start(message["status"], message.get("headers", ()))
+            self._link.loop.call_soon(self._flush_head)
             return
         if self.response_complete:
             raise RuntimeError(f"Unexpected ASGI message '{kind}' after the response's end.")
         if kind != "http.response.body":
             raise RuntimeError(f"Expected ASGI message 'http.response.body', but got '{kind}'.")
-        body = message.get("body", b"")
-        more = message.get("more_body", False)
+        self._body(message.get("body", b""), more=message.get("more_body", False))
+
+    # -- the app's side, without ASGI messages ---------------------------------------
+
+    def body_now(self) -> bytes | None:
+        """The request's whole body if it has all arrived and none of it was taken (no
+        100 Continue owed), else None: ``receive`` then reads it."""
+        if not self.body_done or self._end_given or self._expect_100:
+            return None
+        chunks, self._chunks = self._chunks, []
+        self._end_given = True
+        self._link.read_more()
+        if len(chunks) == 1:
+            return chunks[0]
+        return b"".join(chunks)
+
+    async def answer(self, status: int, headers: Any, body: bytes) -> None:
+        """A whole answer, its ``content-length`` added here: one write."""
+        if await self._gone():
+            return
+        if self.response_started:
+            raise RuntimeError("An answer after the response's start.")
+        self._start(status, headers, length=len(body))
+        self._body(body, more=False)
+
+    async def begin(self, status: int, headers: Any) -> None:
+        """A response's status and headers (held until the body's first part, or the
+        end of the event loop's iteration)."""
+        if await self._gone():
+            return
+        if self.response_started:
+            raise RuntimeError("A second response start.")
+        self._start(status, headers)
+        self._link.loop.call_soon(self._flush_head)
+
+    async def part(self, body: bytes) -> None:
+        """A part of the response's body, more to follow."""
+        if not await self._gone():
+            self._body(body, more=True)
+
+    async def end(self, body: bytes = b"") -> None:
+        """The response body's last part: the response is complete."""
+        if not await self._gone():
+            self._body(body, more=False)
+
+    async def _gone(self) -> bool:
+        """Waits while the connection's writes are paused; True once the client is gone
+        (nothing more is written)."""
+        if self._link.write_paused and not self.disconnected:
+            await self._link.drain()
+        return self.disconnected
+
+    def _body(self, body: bytes, *, more: bool) -> None:
+        if not self.response_started:
+            raise RuntimeError("A response body before the response's start.")
+        if self.response_complete:
+            raise RuntimeError("A response body after the response's end.")
         if self._head_only:
             out = b""
             self._remaining = 0
@@ -211,13 +278,16 @@ class RequestCycle:
                 raise RuntimeError("Response content shorter than Content-Length")
             self.response_complete = True
             self._wake()
+            link = self._link
             if not self.keep_alive:
                 link.transport.close()
             link.answered(self)
 
     # -- the rest ----------------------------------------------------------------------
 
-    def _start(self, status: int, headers: Any) -> None:
+    def _start(self, status: int, headers: Any, *, length: int | None = None) -> None:
+        """The head, held in ``_head`` until the body's first write; ``length``: the
+        Content-Length to add (a whole answer's)."""
         self.response_started = True
         self._expect_100 = False
         parts = [_STATUS_LINES.get(status) or _status_line(status)]
@@ -239,6 +309,10 @@ class RequestCycle:
                 self.keep_alive = False
                 closes = True
             parts += (name, b": ", value, b"\r\n")
+        if length is not None and self._chunked is None:
+            self._remaining = length
+            self._chunked = False
+            parts.append(b"content-length: %d\r\n" % length)
         if not self.keep_alive and not closes:
             parts.append(b"connection: close\r\n")
         if self._chunked is None and not self._head_only and status not in (204, 304):
@@ -246,7 +320,6 @@ class RequestCycle:
             parts.append(b"transfer-encoding: chunked\r\n")
         parts.append(b"\r\n")
         self._head = b"".join(parts)
-        self._link.loop.call_soon(self._flush_head)
 
     def _write(self, data: bytes) -> None:
         head = self._head
@@ -285,3 +358,9 @@ class RequestCycle:
         ]
         await self.send({"type": "http.response.start", "status": 500, "headers": headers})
         await self.send({"type": "http.response.body", "body": b"Internal Server Error"})
+
+
+def cycle_of(send: Send) -> RequestCycle | None:
+    """The cycle whose own ``send`` this is (no middleware wrapped it), else None."""
+    cycle = getattr(send, "__self__", None)
+    return cycle if type(cycle) is RequestCycle else None
