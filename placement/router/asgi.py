@@ -39,7 +39,6 @@ from placement.router.front import Refusal, body_too_large, parse_request, read_
 from placement.router.http_cycle import cycle_of
 from placement.router.metrics import CONTENT_TYPE
 from placement.router.picking import Choice, Reject
-from placement.router.reqlog import LogRow
 from placement.router.upstream import PoolFullError
 from placement.router.warmups import send_warmups
 
@@ -372,19 +371,20 @@ class RouterApp:
         label = outcome if exchange.status < 400 and outcome else _failure_label(exchange.status)
         ttft_s = exchange.ttft_s
         router.metrics.request(self._label(exchange), label, ttft_s)
-        router.request_log.append(
-            LogRow(
-                ts_s=exchange.arrived_s,
-                adapter=exchange.model,
-                tenant=exchange.tenant,
-                prompt_tokens=exchange.prompt_tokens,
-                output_tokens=exchange.output_tokens,
-                pod=exchange.pod,
-                outcome=outcome if exchange.status < 400 else None,
-                ttft_ms=None if ttft_s is None else ttft_s * 1000.0,
-                status=exchange.status,
+        if router.request_log.sink is not None:
+            router.request_log.append(
+                (
+                    exchange.arrived_s,
+                    exchange.model,
+                    exchange.tenant,
+                    exchange.prompt_tokens,
+                    exchange.output_tokens,
+                    exchange.pod,
+                    outcome if exchange.status < 400 else None,
+                    None if ttft_s is None else ttft_s * 1000.0,
+                    exchange.status,
+                )
             )
-        )
 
     def _label(self, exchange: Exchange) -> str:
         """The bounded ``adapter`` label of the request's model."""

@@ -6,7 +6,10 @@ The columns are ARCHITECTURE.md's request-log contract, which the forecaster rea
 refused), ``ttft_ms``, plus the optional ``status`` (the HTTP status returned).
 
 The hot path only appends a row to a list (at most ``max_pending_rows``: beyond, new
-rows are dropped and counted, so a stuck disk cannot grow the router's memory). The log
+rows are dropped and counted, so a stuck disk cannot grow the router's memory); the
+proxy appends its rows' fields as a plain tuple (``RowFields``), made a ``LogRow`` by the
+writer's thread at the flush (a frozen dataclass costs some 2 us to build, a tuple a
+tenth of that), and without a sink nothing is kept. The log
 loop calls ``flush`` every ``flush_interval_s``; it hands the batch to a thread that
 drops the rows that cannot be written (``row_problem``: counted, never a reason to
 lose the batch) and writes the rest. A batch the file refused with an ``OSError`` (a
@@ -28,7 +31,7 @@ import asyncio
 import logging
 import threading
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Protocol, TypeAlias
 
 from placement.adapters.request_log_files import (
     SCHEMA,
@@ -41,6 +44,12 @@ from placement.adapters.request_log_files import (
 from placement.router.metrics import RouterMetrics
 
 log = logging.getLogger("lorafleet.router")
+
+#: A row's fields in ``LogRow``'s order: ts_s, adapter, tenant, prompt_tokens,
+#: output_tokens, pod, outcome, ttft_ms, status.
+RowFields: TypeAlias = tuple[
+    float, str, str | None, int | None, int | None, str | None, str | None, float | None, int
+]
 
 
 class RequestLogSink(Protocol):
@@ -79,7 +88,7 @@ class RequestLogger:
         self.flush_interval_s = flush_interval_s
         self.max_pending_rows = max_pending_rows
         self.metrics = metrics
-        self._rows: list[LogRow] = []
+        self._rows: list[LogRow | RowFields] = []
         self._lock = asyncio.Lock()
 
     @property
@@ -88,7 +97,8 @@ class RequestLogger:
         where = getattr(sink, "path", None) or getattr(sink, "directory", None)
         return f"request log {where}" if where is not None else "request log"
 
-    def append(self, row: LogRow) -> None:
+    def append(self, row: LogRow | RowFields) -> None:
+        """A row, or its fields (made a ``LogRow`` at the flush)."""
         if self.sink is None:
             return
         if len(self._rows) >= self.max_pending_rows:
@@ -111,10 +121,11 @@ class RequestLogger:
                 self.metrics.log_rows_dropped.labels(reason="write_error").inc(len(rows))
                 raise
 
-    def _write(self, rows: list[LogRow]) -> None:
+    def _write(self, rows: list[LogRow | RowFields]) -> None:
         assert self.sink is not None
         good = []
-        for row in rows:
+        for given in rows:
+            row = given if isinstance(given, LogRow) else LogRow(*given)
             problem = row_problem(row)
             if problem is None:
                 good.append(row)
@@ -124,7 +135,7 @@ class RequestLogger:
         if good:
             self.sink.write(good)
 
-    def _keep(self, rows: list[LogRow]) -> None:
+    def _keep(self, rows: list[LogRow | RowFields]) -> None:
         """Put a refused batch back before the rows collected since; past the bound the
         newest go, as ``append`` drops them."""
         pending = rows + self._rows
