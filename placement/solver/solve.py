@@ -16,11 +16,13 @@ the forecast mean), plus the plan's own loads amortised over its validity; stage
 adds the load imbalance. A greedy plan is the hint and the fallback; the plan
 returned is never worse than the greedy one by ``evaluate``.
 
-Time is CP-SAT's: wall time, or with ``SolveOptions.reproducible`` its deterministic
-time (``placement.solver.timing``), so that a replay's plans do not depend on how busy
-the machine is.
+Time: with a ``Deadline`` from the caller, the limit is wall time for the whole solve,
+Python included (``placement.solver.budget``); without one, CP-SAT's wall time, or
+with ``SolveOptions.reproducible`` its deterministic time (``placement.solver.timing``,
+the deadline then ignored), so that a replay's plans do not depend on how busy the
+machine is.
 
-Pure: no IO, no clock (wall time is measured by CP-SAT and reported).
+Pure: no IO, no clock but the deadline's (CP-SAT's seconds are reported).
 """
 
 from __future__ import annotations
