@@ -6,8 +6,9 @@
 they plan for. ``ReplayHistory`` hands a forecaster the requests a replay has seen so
 far as the request log a controller would have (per-minute counts); ``RecentFloor``
 keeps an adapter that just appeared from being forecast at nothing; ``TrueDemand`` is
-the oracle's forecaster (the demand actually coming); ``observed_plan`` states what the
-pods hold, for the planner's hint.
+the oracle's forecaster (the demand actually coming); ``WindowRates`` the recent
+rates a victim's worth is capped by, at each decision as the live router reads them;
+``observed_plan`` states what the pods hold, for the planner's hint.
 
 Pure: requests in, demand and plans out; no IO, no clock.
 """
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from types import MappingProxyType
@@ -165,6 +166,41 @@ class TrueDemand:
             name: Demand(mean_rps=mean, q90_rps=max(mean, peaks.get(name, 0.0)))
             for name, mean in means.items()
         }
+
+
+class WindowRates(Mapping[str, float]):
+    """Each adapter's rate (req/s over the fleet) of the requests that arrived in the
+    ``window_s`` before ``now_s``, read at the moment a router sets: the live router's
+    recent rate (it counts what it routed over the last 20 minutes, at each decision),
+    for ``VictimWorth.recent_rps``. A window cut short by the start of the replay
+    counts over what has passed of it (at least a minute)."""
+
+    def __init__(self, workload: SimWorkload, *, window_s: float = RECENT_S) -> None:
+        self.window_s = window_s
+        self.now_s = 0.0
+        self._arrivals: dict[str, list[float]] = {}
+        for moment, adapter in zip(workload.arrival_s, workload.adapters, strict=True):
+            self._arrivals.setdefault(adapter, []).append(moment)
+
+    def get(self, adapter: str, default: float = 0.0) -> float:  # type: ignore[override]
+        times = self._arrivals.get(adapter)
+        if times is None:
+            return default
+        end = bisect_left(times, self.now_s)
+        count = end - bisect_left(times, self.now_s - self.window_s, 0, end)
+        return count / max(MINUTE_S, min(self.window_s, self.now_s)) if count else default
+
+    def __getitem__(self, adapter: str) -> float:
+        rate = self.get(adapter, -1.0)
+        if rate < 0.0:
+            raise KeyError(adapter)
+        return rate
+
+    def __iter__(self) -> Iterator[str]:
+        return (name for name in self._arrivals if self.get(name, -1.0) >= 0.0)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
 
 
 def observed_plan(gpu_adapters: Mapping[str, frozenset[str]], *, at: datetime) -> Plan:

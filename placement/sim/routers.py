@@ -37,7 +37,13 @@ from placement.settings import Settings
 from placement.sim.engine import FleetReplay
 from placement.sim.events import EventController
 from placement.sim.eviction_choice import VictimWait
-from placement.sim.planning import RECENT_S, ReplayHistory, ReplayPlanning, observed_plan
+from placement.sim.planning import (
+    RECENT_S,
+    ReplayHistory,
+    ReplayPlanning,
+    WindowRates,
+    observed_plan,
+)
 from placement.sim.pods import SimPod
 from placement.solver.problem import Demand
 from policies.eviction import EvictionPolicy
@@ -260,6 +266,9 @@ class PlannedRouter(_Base):
         self.known: frozenset[str] = frozenset()
         #: The latest forecast's mean rates: what a load's victim is worth.
         self.victims: VictimWorth | None = None
+        #: The rates of the last 20 minutes that cap a victim's forecast, read at each
+        #: decision as the live router reads its own (``route`` sets the moment).
+        self.recent = WindowRates(history.workload, window_s=RECENT_S)
         self.unplanned = DecayedCounts(settings.sim.rate_window_s)
         self.last_plan_s = -math.inf
         #: Plans by how they were reached (the solver's status, or "failed").
@@ -267,6 +276,7 @@ class PlannedRouter(_Base):
 
     def route(self, adapter: str, now_s: float) -> RouteDecision:
         """``route_plan`` with the latest forecast's victims (and the warm-ups it names)."""
+        self.recent.now_s = now_s
         ctx = replace(self.context(adapter, now_s), victims=self.victims)
         decision = route_plan(ctx, self.weights.get(adapter), fallback=self.fallback, tail=True)
         if self.warm_to_true_victim and decision.pod_id is not None:
@@ -310,11 +320,12 @@ class PlannedRouter(_Base):
         replay.forecast_rps = {str(name): entry.mean_rps for name, entry in demand.items()}
         # A victim is worth what both the forecast and the last minutes say
         # (VictimWorth.rate, the live router's rule too), fading as it idles on its
-        # pod (victim_worth_s).
-        recent = self.history.rates(max(0.0, now_s - RECENT_S), now_s)
+        # pod (victim_worth_s). The last minutes are those before each decision, as the
+        # live router counts them: a rate read at the replan stood for 15 minutes, so a
+        # session that had ended still protected its adapter.
         self.victims = VictimWorth(
             forecast_rps=replay.forecast_rps,
-            recent_rps={str(name): rate for name, rate in recent.items()},
+            recent_rps=self.recent,
             victim_horizon_s=self.settings.router.victim_horizon_s,
             class_weight=self.class_weight,
             # The name whose rate it weighs is the engine's victim, the one whose wait

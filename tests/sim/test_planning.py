@@ -20,6 +20,7 @@ from placement.sim.planning import (
     ReplayHistory,
     ReplayPlanning,
     TrueDemand,
+    WindowRates,
     observed_plan,
 )
 from placement.sim.replay import pod_specs
@@ -131,6 +132,21 @@ def test_the_history_holds_only_complete_minutes_before_now() -> None:
     assert log.frame["ts"].max() < START + timedelta(seconds=100)
     assert int(log.frame["requests"].sum()) == 90  # 09:00:30 to 09:02:00, one a second
     assert history.log_until(0.0).frame.empty
+
+
+def test_the_recent_rates_are_of_the_window_before_the_moment_read() -> None:
+    rates = WindowRates(LOAD, window_s=1200.0)
+    rates.now_s = 100.0  # 100 requests of "busy" in the 100 s the replay has run
+    assert dict(rates) == {"busy": 1.0}
+    assert rates.get("rare") == 0.0  # asked for at 150.5 s: not yet
+    rates.now_s = 200.0
+    assert rates["busy"] == 1.0
+    assert rates["rare"] == 1 / 200.0
+    rates.now_s = 1400.0  # the window is 200-1,400 s: 100 of "busy", not "rare"
+    assert dict(rates) == {"busy": 100 / 1200.0}
+    rates.now_s = 1500.0  # "busy" stopped at 299 s
+    assert dict(rates) == {}
+    assert rates.get("busy") == 0.0
 
 
 def test_the_oracle_sees_the_mean_and_the_busiest_window_coming() -> None:

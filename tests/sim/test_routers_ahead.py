@@ -190,3 +190,21 @@ def test_a_forecast_the_traffic_does_not_bear_out_protects_no_victim() -> None:
     )
     lorafleet.plan(100.0, replay)
     assert lorafleet.route("new", 100.0).pod_id == "pod-0"  # as bounded affinity
+
+
+def test_a_session_that_ended_since_the_plan_protects_its_victim_no_longer() -> None:
+    # "busy" was last asked for at 90 s; at 1,400 s no request of it is in the last
+    # 20 minutes, the live router's window: its forecast protects it no more, though no
+    # replan has come since 100 s (a rate read at the replan protected it until the next).
+    replay, settings, planning = full_pods()
+    lorafleet = PlannedRouter(
+        "lorafleet",
+        replay,
+        settings,
+        EvictionPolicy.LRU,
+        planning=planning,
+        history=ReplayHistory(replay.workload),
+    )
+    lorafleet.plan(100.0, replay)
+    assert lorafleet.route("new", 100.0).pod_id == "pod-1"
+    assert lorafleet.route("new", 1400.0).pod_id == "pod-0"  # as bounded affinity
