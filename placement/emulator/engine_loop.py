@@ -13,9 +13,7 @@ wait goes through the pod's ``pause``. No HTTP, no clock.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable
-from contextlib import AbstractAsyncContextManager
 
 from placement.residency import EngineModel
 
@@ -45,12 +43,6 @@ class EngineLoop:
         if self.model.is_sglang:
             return self.lora_updates
         return self._by_name.setdefault(name, asyncio.Lock())
-
-    def reload(self) -> AbstractAsyncContextManager[object]:
-        """What a request's cold read holds before ``read``: SGLang loads a parked adapter
-        again through ``load_lora_adapter``, so under its one update lock, behind any load
-        or unload in progress; vLLM's reload is part of a step, under no other lock."""
-        return self.lora_updates if self.model.is_sglang else contextlib.nullcontext()
 
     async def read(self, ms: float) -> None:
         """Read an adapter's weights from storage on the engine's one loop, so every

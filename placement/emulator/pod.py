@@ -6,13 +6,13 @@ does (``Effects``) and keeps only what the model does not: time (a cold read tim
 size and by the pool's storage, which stalls the running batch as each engine's one
 loop reads; the drain while weights move onto the GPU), the locks loads and unloads
 take (both in ``placement.emulator.engine_loop``), requests in flight (passed to the
-model as ``busy``; a request waits while every GPU slot holds a running or pinned
-adapter, as a scheduler holds it back), SGLang's unload waiting for the adapter's
-requests in flight, failure injection, and counters that let tests see thrashing. With
-a ``BatchTiming`` (the replay's pod) a request first waits for a place in the running
-batch (``placement.emulator.seats``: at most ``max_num_seqs``, first come first
-served), its first token after a prefill of its prompt, and each token after one decode
-step, whose time is read at that step from the batch's size and distinct adapters.
+model as ``busy``), SGLang's unload waiting for the adapter's requests in flight,
+failure injection, and counters that let tests see thrashing. A request waits in the
+engine's queue (``placement.emulator.seats``) until it can run: a GPU slot its adapter
+takes without pushing off a running or pinned one and, with a ``BatchTiming`` (the
+replay's pod), a place in the batch (at most ``max_num_seqs``); then its first token
+after a prefill of its prompt, and each token after one decode step, whose time is read
+at that step from the batch's size and distinct adapters.
 
 Configuration, adapter existence and where a cold read's time comes from (the storage
 the engine reads through, not the engine) live in ``placement.emulator.config``. Every
@@ -85,6 +85,9 @@ class EmulatedPod:
         old = getattr(self, "seats", None)
         if old is not None:
             old.close(PodDownError())  # a restarted pod drops its queue
+        for waiter in (w for ws in getattr(self, "_idle", {}).values() for w in ws):
+            if not waiter.done():  # an unload waiting for requests the restart ended
+                waiter.set_exception(PodDownError())
         batch = self.config.batch
         #: Places in the running batch (``max_num_seqs``); None: no cap.
         self.seats = Seats(None if batch is None else batch.max_num_seqs)
@@ -98,7 +101,8 @@ class EmulatedPod:
         self.running_tokens = 0
         #: The batch's one loop (reads and swaps stall it) and the load and unload locks.
         self.loop = EngineLoop(self.config.model, pause=self._pause)
-        self.slots = asyncio.Condition()
+        #: Unloads waiting for an adapter's requests in flight to end, by name.
+        self._idle: dict[str, list[asyncio.Future[None]]] = {}
         self.lora_info: dict[tuple[str, str], float] = {}
 
     # what the pod holds (read from the engine model) ---------------------------------
@@ -233,8 +237,6 @@ class EmulatedPod:
                 raise refusal(exc) from exc
             self.counters["unloads"] += 1
             self._note_evictions(effects.gpu_evicted)
-            async with self.slots:
-                self.slots.notify_all()
 
     async def _drain_unlisted(self, names: Iterable[str]) -> None:
         """SGLang's soft cap unloads through the unload path: it waits for their requests."""
@@ -243,8 +245,10 @@ class EmulatedPod:
             await self._wait_idle(name)
 
     async def _wait_idle(self, name: str) -> None:
-        async with self.slots:
-            await self.slots.wait_for(lambda: not self.running[name])
+        if self.running[name]:
+            waiter = asyncio.get_running_loop().create_future()
+            self._idle.setdefault(name, []).append(waiter)
+            await waiter
 
     async def _apply(
         self, name: str, effects: Effects, *, size_bytes: int, held: bool = False
@@ -269,6 +273,7 @@ class EmulatedPod:
             stamps = self.activated_at.get(name)
             if stamps:
                 self.residencies_s.append(self.clock() - stamps.popleft())
+        self.seats.reconsider()  # a freed GPU slot (or an unload) moves the queue on
 
     def _peak(self) -> None:
         self.peaks["registered"] = max(self.peaks["registered"], len(self.residency.listed))
@@ -288,58 +293,79 @@ class EmulatedPod:
         self.counters["requests"] += 1
         if name is not None and not self.residency.serves(name):
             raise NotLoadedError()
-        generation, seats, waiting = self.generation, self.seats, self.waiting
+        generation, waiting = self.generation, self.waiting
         waiting[name or ""] += 1
         self._record_info()
         try:
-            await seats.take()  # the batch is full: wait in arrival order
-            try:
-                self._alive(generation)
-                if name is None:
-                    self.running[""] += 1
-                    return
-                effects = await self._run_on_gpu(name, generation)
-            except BaseException:
-                seats.give_back()
-                raise
+            if name is not None and name in self.residency.parked:
+                await self._reload(name, generation)
+            effects = await self._schedule(name, generation)
         finally:
             waiting[name or ""] -= 1
             self._record_info()
+        if name is None or effects is None:
+            return
         self.counters["cold_reloads"] += int(effects.cold)
+        size_bytes = self.files[name].size_bytes
         try:
-            await self._apply(name, effects, size_bytes=self.files[name].size_bytes)
+            if effects.cold:  # vLLM reads it in the step that runs it (``EngineLoop.read``)
+                await self.loop.read(self.config.cold_read_ms(size_bytes))
+            await self._apply(name, effects, size_bytes=size_bytes)
             await self._drain_unlisted(effects.unlisted)
-        except BaseException:  # the client left during the swap: no release will come
+        except BaseException:  # the client left during the read or swap: no release comes
             await self.release(name)
             raise
 
-    async def _run_on_gpu(self, name: str, generation: int) -> Effects:
-        """Put ``name`` on a GPU slot (a cold read first when its weights left the host)."""
-        if name in self.residency.parked or name not in self.residency.in_host():
-            async with self.loop.reload():
-                await self.loop.read(self.config.cold_read_ms(self.files[name].size_bytes))
+    async def _reload(self, name: str, generation: int) -> None:
+        """SGLang loads an adapter its soft cap unloaded before the scheduler sees the
+        request (``TokenizerManager._resolve_lora_path`` -> ``load_lora_adapter``): under
+        ``lora_update_lock`` through its own unloads' waits (``EngineLoop.updates``)."""
+        async with self.loop.updates(name):
             self._alive(generation)
-        async with self.slots:
-            await self.slots.wait_for(
-                lambda: self.residency.can_activate_now(name, busy=self._busy())
-            )
+            path = self.residency.parked.get(name)
+            if path is None:  # loaded again while it waited ("already loaded" passes)
+                return
+            adapter = self.files[name]
+            await self.loop.read(self.config.cold_read_ms(adapter.size_bytes))
             self._alive(generation)
-            if not self.residency.serves(name):  # unloaded while it waited
-                raise NotLoadedError()
-            try:
-                effects = self.residency.request(name, busy=self._busy())
+            try:  # the load path's soft cap: the LRU unpinned adapter, running or not
+                effects = self.residency.load(name, path)
             except residency.ResidencyError as exc:
                 raise refusal(exc) from exc
-            self.running[name] += 1
-        return effects
+            self.counters["cold_reloads"] += 1
+            await self._apply(name, effects, size_bytes=adapter.size_bytes)
+            await self._drain_unlisted(effects.unlisted)
+
+    async def _schedule(self, name: str | None, generation: int) -> Effects | None:
+        """Wait in the queue until the request runs (``Seats.take``), holding nothing."""
+        key, started = name or "", list[Effects]()
+
+        def start() -> bool:
+            if name is not None:
+                if not self.residency.serves(name):  # unloaded while it waited
+                    raise NotLoadedError()
+                busy = self._busy()
+                if not self.residency.can_activate_now(name, busy=busy):
+                    return False
+                started.append(self.residency.request(name, busy=busy))  # served: no refusal
+            self.running[key] += 1
+            return True
+
+        await self.seats.take(start, abandon=lambda: self._end(key))
+        self._alive(generation)
+        return started[0] if started else None
+
+    def _end(self, key: str) -> None:
+        """One request for ``key`` ("": the base model) leaves the batch."""
+        if self.running[key] > 0:  # a restart in between already forgot the request
+            self.running[key] -= 1
+            self.seats.give_back()
+        for waiter in () if self.running[key] else self._idle.pop(key, ()):
+            if not waiter.done():  # an unload waiting for the adapter's requests
+                waiter.set_result(None)
 
     async def release(self, name: str | None) -> None:
-        key = name or ""
-        async with self.slots:
-            if self.running[key] > 0:  # a restart in between already forgot the request
-                self.running[key] -= 1
-                self.seats.give_back()
-            self.slots.notify_all()
+        self._end(name or "")
         self._record_info()
 
     def step_ms(self) -> float:

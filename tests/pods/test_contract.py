@@ -29,6 +29,7 @@ from placement.adapters.engines import engine_client
 from placement.domain import AdapterId, Engine, Pod
 from placement.emulator import ZERO_LATENCY, EmulatedFleet, EmulatedPod, PodConfig
 from placement.emulator.config import BatchTiming
+from placement.emulator.wire import pod_stats
 from placement.errors import PermanentEngineError
 from placement.ports import EngineClient
 from placement.residency import EngineModel
@@ -491,6 +492,39 @@ async def test_sglang_a_request_waits_while_the_batch_has_max_loras_per_batch_ad
         await pod.release(name)
 
 
+async def test_sglang_a_reload_on_a_request_holds_the_update_lock_through_its_unloads_wait() -> (
+    None
+):
+    """A request for an adapter the soft cap unloaded loads it again through the load
+    path (sgl-project/sglang python/sglang/srt/managers/tokenizer_manager.py
+    ``TokenizerManager._resolve_lora_path`` -> ``load_lora_adapter``), which holds the
+    one ``lora_update_lock`` (python/sglang/srt/managers/tokenizer_control_mixin.py
+    ``load_lora_adapter``) while its soft cap unloads the least recently used unpinned
+    adapter, running or not (``LoRARegistry.lru_lora_name(exclude_pinned=True)``), and
+    waits for that adapter's requests in flight (``_unload_lora_adapter_locked`` ->
+    ``LoRARegistry.wait_for_unload``): the request, and a load sent meanwhile, wait for
+    those requests."""
+    config = PodConfig(engine=Engine.SGLANG, latency=ZERO_LATENCY, max_loras=2, max_cpu_loras=2)
+    pod = EmulatedPod(config)
+    for name in ("a", "b", "c"):  # c past --max-loaded-loras 2 unloads a
+        await pod.load(name, f"s3://adapters/{name}")
+    await pod.admit("b")  # b runs throughout ...
+    await pod.admit("c")
+    await pod.release("c")  # ... and is the least recently used
+    request = asyncio.ensure_future(pod.admit("a"))  # reloads a: unloads b, waits for it
+    for _ in range(20):
+        await asyncio.sleep(0)
+    loading = asyncio.ensure_future(pod.load("d", "s3://adapters/d"))
+    for _ in range(20):
+        await asyncio.sleep(0)
+    done_early = (request.done(), loading.done())
+    await pod.release("b")  # before any assert: a failure must not hang
+    await asyncio.gather(request, loading)
+    assert done_early == (False, False)
+    assert "b" in pod.residency.parked and pod.counters["cold_reloads"] == 1
+    await pod.release("a")
+
+
 # -- the batch: what a request's time is made of (emulated pods with the replay's model) --
 
 
@@ -535,6 +569,51 @@ async def test_vllm_a_step_grows_with_the_batch_and_its_distinct_adapters() -> N
     mixed = pod.step_ms()
     assert (alone, two, mixed) == pytest.approx((10 * 1.125, 10 * 1.25, 10 * 1.375 * 1.1))
     for name in ("c-a", "c-a", "c-b"):
+        await pod.release(name)
+
+
+@pytest.mark.parametrize("engine", [Engine.VLLM, Engine.SGLANG], ids=["vllm", "sglang"])
+async def test_a_request_waiting_for_a_lora_slot_holds_no_place_in_the_batch(
+    engine: Engine,
+) -> None:
+    """A waiting request whose adapter would take the batch past its distinct adapters
+    stays in the waiting queue, holding no place, and later requests that fit run
+    first. vLLM: vllm-project/vllm vllm/v1/core/sched/scheduler.py ``Scheduler.schedule``
+    moves it to ``skipped_waiting_requests`` ("Scheduling would exceed max_loras, skip"),
+    puts it back at the head of ``self.waiting`` after the pass, and counts only
+    ``self.running`` against ``max_num_running_reqs``. SGLang: sgl-project/sglang
+    python/sglang/srt/managers/scheduler.py ``Scheduler.get_new_batch_prefill`` ->
+    ``_get_new_batch_prefill_raw`` passes over it (``_can_schedule_lora_req`` ->
+    python/sglang/srt/lora/lora_manager.py ``LoRAManager.validate_lora_batch``, then
+    ``continue``); only the requests it takes leave ``waiting_queue``, and
+    ``get_num_allocatable_reqs`` counts the running batch."""
+    flat = BatchTiming(
+        max_num_seqs=3,
+        prefill_ms_per_token=0.0,
+        decode_ms_per_step=10.0,
+        batch_step_slowdown=0.0,
+        adapter_step_cost=0.0,
+    )
+    config = PodConfig(
+        engine=engine, latency=ZERO_LATENCY, batch=flat, max_loras=2, max_cpu_loras=4
+    )
+    pod = EmulatedPod(config)
+    for name in ("a", "b", "c"):
+        await pod.load(name, f"s3://adapters/{name}")
+    await pod.admit("a")
+    await pod.admit("b")  # two adapters run: both GPU slots are busy
+    blocked = asyncio.ensure_future(pod.admit("c"))
+    for _ in range(20):
+        await asyncio.sleep(0)
+    later = asyncio.ensure_future(pod.admit("a"))  # its adapter runs: it fits
+    for _ in range(20):
+        await asyncio.sleep(0)
+    state = (blocked.done(), later.done(), pod.seats.taken, pod_stats(pod)["waiting"])
+    await pod.release("b")  # b's place and GPU slot: c runs
+    await blocked
+    assert state == (False, True, 3, 1)
+    assert pod.seats.taken == 3 and pod.gpu == ("a", "c")
+    for name in ("a", "a", "c"):
         await pod.release(name)
 
 
