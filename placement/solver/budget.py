@@ -42,7 +42,7 @@ MARGIN = 1.5
 #: adapters) a greedy 0.03-0.10 s, a model's building 0.05-0.07 s, a packing 0.01-0.14
 #: s, a top-up 0.01-0.14 s; ``bench.solver_scale`` 10,000 x 256 (5,000 adapters, a
 #: loaded machine) a greedy 1.4-2.6 s, a building 1.1-1.3 s, a top-up 7.2-9.0 s.
-GUESS_OVER_GREEDY = {"build": 1.5, "pack": 2.0, "top_up": 4.0}
+GUESS_OVER_GREEDY = {"build": 1.5, "pack": 2.0, "quick_pack": 1.0, "top_up": 4.0}
 #: A deadline solve starts no CP-SAT search shorter than this.
 MIN_SEARCH_S = 0.05
 
