@@ -192,6 +192,46 @@ async def test_a_place_handed_to_a_cancelled_waiter_goes_on_to_the_next() -> Non
     assert seats.taken == 1
 
 
+async def test_a_waiter_that_cannot_start_keeps_its_turn_and_holds_no_place() -> None:
+    seats, ready = Seats(2), {"blocked": False}
+    await seats.take()
+    blocked = asyncio.ensure_future(seats.take(lambda: ready["blocked"]))
+    await asyncio.sleep(0)
+    await seats.take()  # the one behind it starts: the blocked one holds no place
+    assert (seats.taken, seats.queued, blocked.done()) == (2, 1, False)
+    ready["blocked"] = True
+    seats.reconsider()  # no place free: it waits on
+    await asyncio.sleep(0)
+    assert not blocked.done()
+    seats.give_back()
+    await blocked
+    assert (seats.taken, seats.queued) == (2, 0)
+
+
+async def test_a_start_that_raises_fails_its_waiter_alone() -> None:
+    seats = Seats(1)
+
+    def refuse() -> bool:
+        raise PodDownError()
+
+    with pytest.raises(PodDownError):
+        await seats.take(refuse)
+    await seats.take()
+    assert seats.taken == 1 and seats.queued == 0
+
+
+async def test_a_waiter_started_as_it_was_cancelled_is_abandoned() -> None:
+    seats, abandoned = Seats(1), []
+    await seats.take()
+    waiter = asyncio.ensure_future(seats.take(abandon=lambda: abandoned.append(True)))
+    await asyncio.sleep(0)
+    seats.give_back()  # it starts ...
+    waiter.cancel()  # ... and is cancelled before it runs
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    assert abandoned == [True]
+
+
 async def test_a_restart_fails_the_queue_and_frees_every_place() -> None:
     time = VirtualTime()
     pod = _pod(FLAT, time)
