@@ -14,7 +14,12 @@ stop (GOAWAY, then the open streams get their grace). Per stream, gRPC's framing
 method from ``:path``, length-prefixed messages up to ``max_message_bytes``, the
 answer's headers, messages and trailers (``grpc-status``, ``grpc-message``). Errors a
 peer can cause end its stream with a gRPC status naming what was wrong, or the
-connection with a GOAWAY naming it, and never the server.
+connection with a GOAWAY naming it, and never the server. What a peer can make it hold
+is bounded: frames of 16 KiB, a header block of 64 KiB in at most 33 frames and a header
+list of 64 KiB decoded, ``max_streams`` streams a connection, what each sends by the
+window we grant, and nothing more read from a peer that does not read our answers
+(``pause_writing``); a connection with no stream is closed after ``idle_timeout_s``
+(one with no preface after ``preface_timeout_s``).
 
 What it does not: TLS, compression (a compressed message is UNIMPLEMENTED), deadlines
 (``grpc-timeout`` is not enforced: a stream lasts as long as the gateway keeps it),
@@ -45,7 +50,13 @@ STREAM_CLOSED, FRAME_SIZE_ERROR, REFUSED_STREAM, COMPRESSION_ERROR = 0x5, 0x6, 0
 _PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 _MAX_FRAME_BYTES = 16384  # ours, the protocol's default: we do not raise it
 _MAX_HEADER_BLOCK_BYTES = 64 * 1024
+#: A header block's CONTINUATIONs: 64 KiB needs 4 of our frames; an endless run of
+#: empty ones (which add no bytes) must end too.
+_MAX_CONTINUATIONS = 32
 _MAX_STREAMS = 1024
+#: A connection with no open stream (or no preface yet) is closed (GOAWAY NO_ERROR).
+IDLE_TIMEOUT_S = 300.0
+PREFACE_TIMEOUT_S = 10.0
 #: Each stream may send us this much before we grant more; the connection, more.
 _STREAM_WINDOW = 1 << 20
 _CONNECTION_WINDOW = 1 << 30
@@ -115,6 +126,32 @@ class Call:
 HandlerFactory = Callable[[Call], Handler]
 
 
+#: Request pseudo-headers (RFC 9113, 8.3.1) and the fields HTTP/2 forbids (8.2.2).
+_PSEUDO = frozenset((b":method", b":scheme", b":path", b":authority"))
+_CONNECTION_FIELDS = frozenset(
+    (b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade")
+)
+
+
+def _malformed(headers: list[tuple[bytes, bytes]]) -> str:
+    """Why a request's header list is malformed (RFC 9113, 8.2-8.3), or ``""``."""
+    seen: set[bytes] = set()
+    regular = False
+    for name, value in headers:
+        if name != name.lower():
+            return f"an upper-case field name {name!r}"
+        if name.startswith(b":"):
+            if regular or name not in _PSEUDO or name in seen:
+                return f"the pseudo-header {name!r} out of place, unknown or repeated"
+            seen.add(name)
+        else:
+            regular = True
+            if name in _CONNECTION_FIELDS or (name == b"te" and value != b"trailers"):
+                return f"a connection-specific field {name!r}"
+    missing = {b":method", b":scheme", b":path"} - seen
+    return f"no {sorted(missing)!r}" if missing else ""
+
+
 class _Stream:
     __slots__ = (
         "ended",
@@ -164,6 +201,7 @@ class _Connection(asyncio.Protocol):
         self.unacked = 0
         #: A header block waiting for its CONTINUATIONs: stream id, END_STREAM, parts.
         self.continuing: tuple[int, bool, list[bytes]] | None = None
+        self.timer: asyncio.TimerHandle | None = None
         self.out: list[bytes] = []
         self.receiving = False
         self.flush_soon = False
@@ -173,13 +211,17 @@ class _Connection(asyncio.Protocol):
 
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
-        settings = (0x3).to_bytes(2, "big") + _MAX_STREAMS.to_bytes(4, "big")
+        server = self.server
+        settings = (0x3).to_bytes(2, "big") + server.max_streams.to_bytes(4, "big")
         settings += (0x4).to_bytes(2, "big") + _STREAM_WINDOW.to_bytes(4, "big")
+        settings += (0x6).to_bytes(2, "big") + self.decoder.max_list_bytes.to_bytes(4, "big")
         grant = (_CONNECTION_WINDOW - _DEFAULT_WINDOW).to_bytes(4, "big")
         transport.write(frame(_SETTINGS, 0, 0, settings) + frame(_WINDOW_UPDATE, 0, 0, grant))
         self.server.connections.add(self)
+        self._arm(min(server.preface_timeout_s, server.idle_timeout_s), "no preface")
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
         self.server.connections.discard(self)
         streams, self.streams = self.streams, {}
         for stream in streams.values():
@@ -208,6 +250,7 @@ class _Connection(asyncio.Protocol):
                 raise _ConnectionError(PROTOCOL_ERROR, "not an HTTP/2 connection preface")
             del buffer[: len(_PREFACE)]
             self.preface = True
+            self._arm(self.server.idle_timeout_s, "idle")
         at = 0
         while len(buffer) - at >= 9 and self.transport is not None:
             size = int.from_bytes(buffer[at : at + 3], "big")
@@ -246,6 +289,37 @@ class _Connection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
 
+    def pause_writing(self) -> None:
+        """The peer is not reading what we write: read nothing more from it (its PINGs,
+        SETTINGS and calls all make answers) until it does."""
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.transport is not None:
+            self.transport.resume_reading()
+
+    def _arm(self, delay_s: float, why: str) -> None:
+        """Close the connection in ``delay_s`` unless a stream opens first."""
+        self._disarm()
+        self.timer = asyncio.get_running_loop().call_later(delay_s, self._timed_out, why)
+
+    def _disarm(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def _timed_out(self, why: str) -> None:
+        self.timer = None
+        if not self.streams:
+            self.fail(NO_ERROR, f"{why}: closed after its timeout")
+            self.server.changed()
+
+    def _stream_gone(self) -> None:
+        self.server.changed()
+        if not self.streams and self.transport is not None:
+            self._arm(self.server.idle_timeout_s, "idle")
+
     def flush(self) -> None:
         self.flush_soon = False
         if self.out and self.transport is not None:
@@ -264,6 +338,12 @@ class _Connection(asyncio.Protocol):
     def _frame(self, kind: int, flags: int, stream_id: int, payload: bytes) -> None:
         if self.continuing is not None and kind != _CONTINUATION:
             raise _ConnectionError(PROTOCOL_ERROR, "a header block without its CONTINUATION")
+        if kind in (_DATA, _RST_STREAM, _WINDOW_UPDATE) and (
+            stream_id > self.last_stream_id or stream_id % 2 == 0 < stream_id
+        ):  # 5.1: only HEADERS (and PRIORITY) may name an idle stream
+            raise _ConnectionError(
+                PROTOCOL_ERROR, f"a frame of type {kind} on idle stream {stream_id}"
+            )
         if kind == _DATA:
             self._data(flags, stream_id, payload)
         elif kind == _HEADERS:
@@ -285,7 +365,7 @@ class _Connection(asyncio.Protocol):
             stream = self.streams.pop(stream_id, None)
             if stream is not None:
                 self._cancel(stream)
-                self.server.changed()
+                self._stream_gone()
         elif kind == _PUSH_PROMISE:
             raise _ConnectionError(PROTOCOL_ERROR, "a client sent PUSH_PROMISE")
         elif kind == _PRIORITY and len(payload) != 5:
@@ -303,6 +383,8 @@ class _Connection(asyncio.Protocol):
         if stream_id:
             raise _ConnectionError(PROTOCOL_ERROR, "SETTINGS on a stream")
         if flags & _ACK:
+            if payload:
+                raise _ConnectionError(FRAME_SIZE_ERROR, "a SETTINGS ACK with a payload")
             return
         if len(payload) % 6:
             raise _ConnectionError(FRAME_SIZE_ERROR, "a SETTINGS frame not a multiple of 6")
@@ -315,6 +397,8 @@ class _Connection(asyncio.Protocol):
                 delta, self.peer_window = value - self.peer_window, value
                 for stream in self.streams.values():
                     stream.send_window += delta
+                    if stream.send_window > _MAX_WINDOW:  # 6.9.2
+                        raise _ConnectionError(FLOW_CONTROL_ERROR, "a stream window over 2**31-1")
             elif key == 0x5:
                 if not _MAX_FRAME_BYTES <= value <= (1 << 24) - 1:
                     raise _ConnectionError(PROTOCOL_ERROR, f"a max frame size of {value}")
@@ -329,8 +413,10 @@ class _Connection(asyncio.Protocol):
         if len(payload) != 4:
             raise _ConnectionError(FRAME_SIZE_ERROR, "a WINDOW_UPDATE frame not of 4 bytes")
         increment = int.from_bytes(payload, "big") & 0x7FFFFFFF
+        if not increment and not stream_id:  # 6.9: a protocol error, not flow control's
+            raise _ConnectionError(PROTOCOL_ERROR, "a window increment of 0")
         if not stream_id:
-            if not increment or self.send_window + increment > _MAX_WINDOW:
+            if self.send_window + increment > _MAX_WINDOW:
                 raise _ConnectionError(FLOW_CONTROL_ERROR, f"a window increment of {increment}")
             self.send_window += increment
             self._drain_all()
@@ -338,7 +424,10 @@ class _Connection(asyncio.Protocol):
         stream = self.streams.get(stream_id)
         if stream is None:
             return
-        if not increment or stream.send_window + increment > _MAX_WINDOW:
+        if not increment:
+            self._reset(stream, PROTOCOL_ERROR)
+            return
+        if stream.send_window + increment > _MAX_WINDOW:
             self._reset(stream, FLOW_CONTROL_ERROR)
             return
         stream.send_window += increment
@@ -349,6 +438,8 @@ class _Connection(asyncio.Protocol):
             raise _ConnectionError(PROTOCOL_ERROR, "DATA on stream 0")
         size = len(payload)
         self.unacked += size
+        if self.unacked > _CONNECTION_WINDOW:  # more than we granted (6.9.1)
+            raise _ConnectionError(FLOW_CONTROL_ERROR, "DATA past the connection's window")
         if self.unacked >= _CONNECTION_WINDOW // 2:
             self.out.append(frame(_WINDOW_UPDATE, 0, 0, self.unacked.to_bytes(4, "big")))
             self.unacked = 0
@@ -362,6 +453,15 @@ class _Connection(asyncio.Protocol):
             return
         data = self._unpad(flags, payload)
         stream.unacked += size
+        if stream.unacked > _STREAM_WINDOW:  # more than we granted (6.9.1)
+            self._reset(stream, FLOW_CONTROL_ERROR)
+            return
+        if stream.ended:
+            # Our answer is over (its trailers wait on the peer's window): what comes is
+            # dropped, and not granted back, so the peer stops at the window.
+            if flags & _END_STREAM:
+                self._remote_closed(stream)
+            return
         if stream.unacked >= _STREAM_WINDOW // 2 and not flags & _END_STREAM:
             grant = stream.unacked.to_bytes(4, "big")
             self.out.append(frame(_WINDOW_UPDATE, 0, stream_id, grant))
@@ -391,6 +491,10 @@ class _Connection(asyncio.Protocol):
             raise _ConnectionError(PROTOCOL_ERROR, "a CONTINUATION without its HEADERS")
         parts = self.continuing[2]
         parts.append(payload)
+        if len(parts) > _MAX_CONTINUATIONS + 1:
+            raise _ConnectionError(
+                PROTOCOL_ERROR, f"a header block in over {len(parts) - 1} frames"
+            )
         if sum(len(part) for part in parts) > _MAX_HEADER_BLOCK_BYTES:
             raise _ConnectionError(PROTOCOL_ERROR, "a header block over 64 KiB")
         if flags & _END_HEADERS:
@@ -416,10 +520,16 @@ class _Connection(asyncio.Protocol):
             return  # on a stream we ended (its block was decoded, for the table's sake)
         self.last_stream_id = stream_id
         stream = _Stream(stream_id, self.peer_window)
-        if self.stopping or len(self.streams) >= _MAX_STREAMS:
+        if self.stopping or len(self.streams) >= self.server.max_streams:
             self.out.append(frame(_RST_STREAM, 0, stream_id, REFUSED_STREAM.to_bytes(4, "big")))
             return
+        malformed = _malformed(headers)
+        if malformed:  # 8.1.1: a stream error; the peer learns the code only
+            log.info("endpoint picker: a malformed request: %s", malformed)
+            self.out.append(frame(_RST_STREAM, 0, stream_id, PROTOCOL_ERROR.to_bytes(4, "big")))
+            return
         self.streams[stream_id] = stream
+        self._disarm()
         self._open(stream, headers)
         if end_stream and not stream.ended:
             self._remote_closed(stream)
@@ -498,7 +608,7 @@ class _Connection(asyncio.Protocol):
         self.out.append(frame(_RST_STREAM, 0, stream.stream_id, code.to_bytes(4, "big")))
         if self.streams.pop(stream.stream_id, None) is not None:
             self._cancel(stream)
-            self.server.changed()
+            self._stream_gone()
 
     # -- sending ---------------------------------------------------------------------
 
@@ -557,15 +667,26 @@ class _Connection(asyncio.Protocol):
             self._queue(frame(_RST_STREAM, 0, stream.stream_id, NO_ERROR.to_bytes(4, "big")))
         stream.handler = None
         if self.streams.pop(stream.stream_id, None) is not None:
-            self.server.changed()
+            self._stream_gone()
 
 
 class GrpcH2Server:
     """The server: a listening socket on the running loop, its connections, a stop."""
 
-    def __init__(self, methods: Mapping[str, HandlerFactory], *, max_message_bytes: int) -> None:
+    def __init__(
+        self,
+        methods: Mapping[str, HandlerFactory],
+        *,
+        max_message_bytes: int,
+        max_streams: int = _MAX_STREAMS,
+        idle_timeout_s: float = IDLE_TIMEOUT_S,
+        preface_timeout_s: float = PREFACE_TIMEOUT_S,
+    ) -> None:
         self.methods = dict(methods)
         self.max_message_bytes = max_message_bytes
+        #: SETTINGS_MAX_CONCURRENT_STREAMS, per connection: past it, REFUSED_STREAM.
+        self.max_streams = max_streams
+        self.idle_timeout_s, self.preface_timeout_s = idle_timeout_s, preface_timeout_s
         self.connections: set[_Connection] = set()
         self._server: asyncio.Server | None = None
         self._changed = asyncio.Event()
@@ -573,8 +694,12 @@ class GrpcH2Server:
     async def start(self, host: str | None, port: int) -> int:
         """Listen (port 0: the kernel's choice); the port bound."""
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: _Connection(self), host, port)
+        self._server = await loop.create_server(self.protocol, host, port)
         return int(self._server.sockets[0].getsockname()[1])
+
+    def protocol(self) -> _Connection:
+        """A connection's protocol (what the listening socket makes per connection)."""
+        return _Connection(self)
 
     def changed(self) -> None:
         self._changed.set()

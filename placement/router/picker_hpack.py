@@ -219,6 +219,12 @@ _LENGTHS: dict[int, tuple[int, ...]] = {
 _EOS = 256
 #: The default (and our advertised) SETTINGS_HEADER_TABLE_SIZE.
 DEFAULT_TABLE_BYTES = 4096
+#: Our SETTINGS_MAX_HEADER_LIST_SIZE: a decoded list's names and values, 32 bytes more
+#: each (RFC 9113, 6.5.2). A block of a few bytes can name a 4 KiB entry many times.
+DEFAULT_LIST_BYTES = 64 * 1024
+#: Strings longer than this are decoded afresh: the cache holds what repeats (header
+#: values a gateway sends on every stream), not a peer's long strings.
+_CACHED_HUFFMAN_BYTES = 128
 
 
 class HpackError(ValueError):
@@ -250,9 +256,20 @@ _COUNTS = {length: len(symbols) for length, symbols in _LENGTHS.items()}
 _LENGTH_OF = {symbol: length for length, symbols in _LENGTHS.items() for symbol in symbols}
 
 
-@lru_cache(maxsize=2048)
 def huffman_decode(data: bytes) -> bytes:
-    """A Huffman-coded string (cached: the same strings come again and again)."""
+    """A Huffman-coded string (a short one cached: the same strings come again and
+    again; a long one not, so the cache's memory stays small)."""
+    if len(data) <= _CACHED_HUFFMAN_BYTES:
+        return _huffman_cached(data)
+    return _huffman(data)
+
+
+@lru_cache(maxsize=2048)
+def _huffman_cached(data: bytes) -> bytes:
+    return _huffman(data)
+
+
+def _huffman(data: bytes) -> bytes:
     out = bytearray()
     code = length = 0
     for byte in data:
@@ -307,9 +324,15 @@ def literal(name: bytes, value: bytes) -> bytes:
 class Decoder:
     """One connection's HPACK decoder: its dynamic table lives as long as it does."""
 
-    def __init__(self, max_table_bytes: int = DEFAULT_TABLE_BYTES) -> None:
+    def __init__(
+        self,
+        max_table_bytes: int = DEFAULT_TABLE_BYTES,
+        *,
+        max_list_bytes: int = DEFAULT_LIST_BYTES,
+    ) -> None:
         #: The limit we advertise (SETTINGS_HEADER_TABLE_SIZE); the peer may go under.
         self.max_table_bytes = max_table_bytes
+        self.max_list_bytes = max_list_bytes
         self.table_bytes = max_table_bytes
         self._table: list[tuple[bytes, bytes]] = []  # newest first
         self._size = 0
@@ -317,25 +340,30 @@ class Decoder:
     def decode(self, block: bytes) -> list[tuple[bytes, bytes]]:
         """A whole header block (HEADERS and its CONTINUATIONs) as (name, value)."""
         headers: list[tuple[bytes, bytes]] = []
-        at, end = 0, len(block)
+        at, end, list_bytes = 0, len(block), 0
         while at < end:
             byte = block[at]
-            if byte & 0x80:  # indexed field
-                index, at = self._integer(block, at, 7)
-                headers.append(self._entry(index))
-            elif byte & 0x40:  # literal, incremental indexing
-                field, at = self._literal(block, at, 6)
-                self._add(field)
-                headers.append(field)
-            elif byte & 0x20:  # dynamic table size update
+            if byte & 0x20 and not byte & 0xC0:  # dynamic table size update
+                if headers:  # only at a block's start (4.2, 6.3)
+                    raise HpackError("a table size update after a header field")
                 size, at = self._integer(block, at, 5)
                 if size > self.max_table_bytes:
                     raise HpackError(f"a table size of {size} over the {self.max_table_bytes}")
                 self.table_bytes = size
                 self._evict(0)
+                continue
+            if byte & 0x80:  # indexed field
+                index, at = self._integer(block, at, 7)
+                field = self._entry(index)
+            elif byte & 0x40:  # literal, incremental indexing
+                field, at = self._literal(block, at, 6)
+                self._add(field)
             else:  # literal without indexing (0000) or never indexed (0001)
                 field, at = self._literal(block, at, 4)
-                headers.append(field)
+            list_bytes += len(field[0]) + len(field[1]) + 32
+            if list_bytes > self.max_list_bytes:
+                raise HpackError(f"a header list over {self.max_list_bytes} bytes")
+            headers.append(field)
         return headers
 
     def _integer(self, block: bytes, at: int, prefix_bits: int) -> tuple[int, int]:
