@@ -8,6 +8,7 @@ place.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 MB = 1_000_000
@@ -216,6 +217,20 @@ class ControllerSettings:
     webhook_trusted_hops: int = 1
     #: A job run in flight longer than this counts as stuck: /healthz fails.
     job_stall_s: float = 1800.0
+    #: One read of the router's request log (``controller.recent_use``) serves the
+    #: preload events of this many seconds after it: a read hands back every row (0.4
+    #: to 1.1 s for 150,000 rows on two shared cores), and the log lags by the router's
+    #: ``log_flush_s`` (1 s) anyway. 0: every event reads the log.
+    recent_use_refresh_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        refresh_s = self.recent_use_refresh_s
+        if not (math.isfinite(refresh_s) and refresh_s >= 0):
+            raise ValueError(
+                "ControllerSettings.recent_use_refresh_s must be 0 or more finite seconds "
+                "(how long one read of the router's log serves the events after it; 0: "
+                f"every event reads it), got {refresh_s}"
+            )
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -7,10 +7,11 @@ lorafleet's own loads and warm-ups). Reads only; the router owns the files.
 
 A read costs what the whole log costs (the reader parses only what is new, but hands
 back every row): on a 150,000-row JSON-lines log, 0.4 to 1.1 s on a shared two-core
-machine. So an answer serves every event for ``REFRESH_S`` after its read, as a flood
-of logins would otherwise keep a core reading; the log itself lags by the router's
-``log_flush_s`` (1 s), and an idle time is weighed at one minute at least
-(``event_preloads.MIN_WINDOW_S``), so two seconds more staleness moves few decisions.
+machine. So an answer serves every event for ``refresh_s`` after its read
+(``ControllerSettings.recent_use_refresh_s``, 2 s), as a flood of logins would otherwise
+keep a core reading; the log itself lags by the router's ``log_flush_s`` (1 s), and an
+idle time is weighed at one minute at least (``event_preloads.MIN_WINDOW_S``), so two
+seconds more staleness moves few decisions.
 """
 
 from __future__ import annotations
@@ -24,9 +25,6 @@ from pathlib import Path
 from placement.adapters.live_request_log import LiveRequestLog
 from placement.domain import AdapterId, PodId
 
-#: How long one read's answer serves the events that follow (seconds, ``clock``'s).
-REFRESH_S = 2.0
-
 LastUse = Mapping[PodId, Mapping[AdapterId, float]]
 
 
@@ -35,14 +33,14 @@ class RouterLogUse:
     of each adapter's latest request the pod served (a row with an outcome; one the
     router or the pod refused did not use the adapter there). Its own reader, so an
     event's read, incremental like the ingest's, does not disturb the ingest's; a lock
-    keeps two events' reads in turn, and an answer younger than ``refresh_s`` on
-    ``clock`` is given again. A log of counts per bucket tells no moment: none."""
+    keeps two events' reads in turn, and an answer younger than ``refresh_s`` (seconds
+    on ``clock``) is given again. A log of counts per bucket tells no moment: none."""
 
     def __init__(
         self,
         path: Path,
         *,
-        refresh_s: float = REFRESH_S,
+        refresh_s: float,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._log = LiveRequestLog(path)

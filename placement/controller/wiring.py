@@ -163,6 +163,14 @@ def _clocks(section: ClockConfig | None) -> tuple[Clock, Callable[[datetime], da
     return clock, to_wall
 
 
+def _recent_use(config: ControllerConfig, settings: Settings) -> RouterLogUse | None:
+    """The router's log as each event's record of recent use, when one is named."""
+    live = config.history.live_log
+    if live is None:
+        return None
+    return RouterLogUse(live, refresh_s=settings.controller.recent_use_refresh_s)
+
+
 def _forecaster(config: ControllerConfig, settings: Settings, catalog: Catalog) -> DemandForecaster:
     bucket_s = settings.forecast.bucket_s
     if config.forecast_model == SAME_HOUR_MODEL:
@@ -299,7 +307,7 @@ def build(
         elector=cluster.elector,
         catalog_file=catalog_file,
         rebind=bound,
-        recent_use=RouterLogUse(live) if (live := config.history.live_log) else None,
+        recent_use=_recent_use(config, settings),
     )
     observer = PrometheusObserver(registry, bucket_s=settings.forecast.bucket_s)
     # With the period known before any plan, LorafleetPlanStale fires until one is out.

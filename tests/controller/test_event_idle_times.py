@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import random
 from collections.abc import AsyncIterator
 from dataclasses import replace
@@ -50,6 +51,8 @@ SETTINGS = Settings(
     executor=ExecutorSettings(per_action_deadline_s=5.0, max_attempts=2, backoff_base_s=0.0),
     controller=ControllerSettings(max_loads_per_event=4),
 )
+#: How long one read of the router's log serves the events after it (the default).
+REFRESH_S = SETTINGS.controller.recent_use_refresh_s
 CATALOG = factories.catalog(
     *(
         factories.adapter(
@@ -105,7 +108,7 @@ async def rig(
             plans=MemoryPlanStore(),
             state=MemoryStateStore(),
             predictor=pipeline_predictor(LOGINS, CATALOG),
-            recent_use=RouterLogUse(router_log.path, clock=clock),
+            recent_use=RouterLogUse(router_log.path, refresh_s=REFRESH_S, clock=clock),
         )
         controller = Controller(ports, settings=SETTINGS, clock=clock)
         app = create_webhook_app(
@@ -192,7 +195,7 @@ def test_the_router_log_tells_the_last_request_each_pod_served(tmp_path: Path) -
     """Per pod, the latest arrival of a request it served; refused rows (no outcome)
     used no adapter there; a log not yet written tells nothing."""
     path = tmp_path / "router-requests.jsonl"
-    assert RouterLogUse(path)() == {}
+    assert RouterLogUse(path, refresh_s=REFRESH_S)() == {}
     writer = JsonLinesRequestLog(path)
     t = T0.timestamp()
     refused = replace(served(t + 50, "beta-a"), outcome=None, status=404)
@@ -200,7 +203,7 @@ def test_the_router_log_tells_the_last_request_each_pod_served(tmp_path: Path) -
     writer.write([served(t, "beta-a"), served(t + 10, "beta-b"), refused, elsewhere])
     writer.write([served(t + 30, "beta-a")])
     writer.close()
-    assert RouterLogUse(path)() == {
+    assert RouterLogUse(path, refresh_s=REFRESH_S)() == {
         "pod-0": {"beta-a": t + 30, "beta-b": t + 10},
         "pod-1": {"beta-a": t + 20},
     }
@@ -218,10 +221,12 @@ def test_idle_times_count_from_the_later_of_use_and_landing() -> None:
 
 
 def test_one_read_serves_the_events_of_the_next_seconds(tmp_path: Path) -> None:
-    """A read costs the whole log: its answer is given again for ``refresh_s``."""
+    """A read costs the whole log: its answer is given again for ``refresh_s``, the
+    settings tree's ``recent_use_refresh_s`` (2 s)."""
     path, clock = tmp_path / "router-requests.jsonl", FakeClock()
     writer = JsonLinesRequestLog(path)
-    use = RouterLogUse(path, refresh_s=2.0, clock=clock)
+    assert REFRESH_S == 2.0
+    use = RouterLogUse(path, refresh_s=REFRESH_S, clock=clock)
     t = T0.timestamp()
     writer.write([served(t, "beta-a")])
     assert use() == {"pod-0": {"beta-a": t}}
@@ -231,3 +236,23 @@ def test_one_read_serves_the_events_of_the_next_seconds(tmp_path: Path) -> None:
     clock.advance(0.1)
     assert use() == {"pod-0": {"beta-a": t, "beta-b": t + 1}}
     writer.close()
+
+
+def test_every_event_reads_the_log_with_no_refresh(tmp_path: Path) -> None:
+    path, clock = tmp_path / "router-requests.jsonl", FakeClock()
+    writer = JsonLinesRequestLog(path)
+    use = RouterLogUse(path, refresh_s=0.0, clock=clock)
+    t = T0.timestamp()
+    writer.write([served(t, "beta-a")])
+    assert use() == {"pod-0": {"beta-a": t}}
+    writer.write([served(t + 1, "beta-b")])
+    assert use() == {"pod-0": {"beta-a": t, "beta-b": t + 1}}  # the clock did not move
+    writer.close()
+
+
+@pytest.mark.parametrize(
+    "refresh_s", [-1.0, math.nan, math.inf], ids=["negative", "nan", "infinite"]
+)
+def test_a_refresh_that_is_no_time_span_is_refused_by_name(refresh_s: float) -> None:
+    with pytest.raises(ValueError, match=r"ControllerSettings\.recent_use_refresh_s must be"):
+        ControllerSettings(recent_use_refresh_s=refresh_s)
