@@ -17,6 +17,7 @@ Must not decide anything (``router.endpoint_picking``) nor know HTTP/2's framing
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 from collections import deque
 from collections.abc import Coroutine
@@ -29,6 +30,7 @@ from grpc_health.v1 import health_pb2  # type: ignore[import-untyped]
 from placement.router.core import Router
 from placement.router.picker_grpc import RoutedAnswers, _Stream
 from placement.router.picker_h2 import (
+    CANCELLED,
     INVALID_ARGUMENT,
     NOT_FOUND,
     UNKNOWN,
@@ -126,21 +128,35 @@ class ProcessCall:
 
     def _body(self, chunk: Any) -> None:
         """The body chunk's answer, at once when its decision never waits (most do not:
-        no load, no pressure), else from a task once it has."""
+        no load, no pressure), else from a task once it has.
+
+        The decision runs in a context of its own from its start, as in a task: what it
+        sets in a ``ContextVar`` stays its own, not the connection's. Until it first
+        waits there is no current task (``asyncio.current_task()`` is None), so the
+        decision must not open ``asyncio.timeout`` or a ``TaskGroup`` before that."""
         body = self.stream.body(chunk)
+        context = contextvars.copy_context()
         try:
-            waiting = body.send(None)
+            waiting = context.run(body.send, None)
         except StopIteration as decided:
             self._decided(decided.value)
             return
-        except Exception as exc:
+        except (Exception, asyncio.CancelledError) as exc:  # its own: no task here
             self._failed(exc)
             return
-        self.task = asyncio.get_running_loop().create_task(self._waited(body, waiting))
+        loop = asyncio.get_running_loop()
+        self.task = loop.create_task(self._waited(body, waiting), context=context)
 
     async def _waited(self, body: Coroutine[Any, Any, list[Any]], waiting: Any) -> None:
         try:
             responses = await resume(body, waiting)
+        except asyncio.CancelledError as exc:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():  # ours: the call is over
+                raise
+            self.task = None  # the decision's own (a future it awaited was cancelled)
+            self._failed(exc)
+            return
         except Exception as exc:
             self.task = None
             self._failed(exc)
@@ -155,9 +171,14 @@ class ProcessCall:
     def _decided(self, responses: list[Any]) -> None:
         self._send(responses)
 
-    def _failed(self, exc: Exception) -> None:
+    def _failed(self, exc: BaseException) -> None:
         if isinstance(exc, ValueError):  # messages out of the protocol's order
             self._abort(str(exc))
+            return
+        if isinstance(exc, asyncio.CancelledError):  # what it waited for was cancelled
+            log.warning("endpoint picker: a decision was cancelled under the call")
+            self.call.end(CANCELLED, "the picker's decision was cancelled")
+            self.stream.finish()
             return
         log.error("endpoint picker: deciding a request failed", exc_info=exc)
         self.call.end(UNKNOWN, f"the picker failed: {type(exc).__name__}: {exc}")

@@ -587,7 +587,9 @@ class _Connection(asyncio.Protocol):
         and the handler is told it is over (``cancelled``: it frees what it holds)."""
         try:
             return run()
-        except Exception as exc:  # the handler's bug must not take the connection down
+        # The handler's bug must not take the connection down; a step runs in no task,
+        # so a CancelledError here is the handler's own, not the server's.
+        except (Exception, asyncio.CancelledError) as exc:
             log.exception("endpoint picker: a call failed")
             handler = stream.handler
             self.end(stream, UNKNOWN, f"the picker failed: {type(exc).__name__}: {exc}")
