@@ -13,6 +13,7 @@ Owns the files and the printing; the decisions are ``placement.solver.solve``'s.
 from __future__ import annotations
 
 import json
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
@@ -32,6 +33,7 @@ from placement.review.diff import human_bytes
 from placement.settings import Settings
 from placement.solver import extract_plan, options_from, solve
 from placement.solver.problem import Demand, build_problem
+from placement.solver.timing import Deadline
 
 Current = dict[PodId, dict[AdapterId, Tier]]
 
@@ -51,7 +53,8 @@ def plan(
         Path | None, typer.Option(help="plan or observed placement in force")
     ] = None,
     time_limit: Annotated[
-        float | None, typer.Option("--time-limit", help="solver seconds (default 10)")
+        float | None,
+        typer.Option("--time-limit", help="wall seconds to solve, building included (default 10)"),
     ] = None,
 ) -> None:
     """Solve where every adapter lives at --at and write the plan."""
@@ -65,10 +68,15 @@ def plan(
     parsed_catalog = load_catalog(catalog, fleet=parsed_fleet)
     demand = _demand(log, forecast, at=moment, settings=settings, catalog=parsed_catalog)
     placed = read_current(current, parsed_fleet) if current is not None else None
+    # --time-limit is wall time for the solve, the problem's building included (the
+    # forecast before it is not counted).
+    limit_s = settings.planner.time_limit_s if time_limit is None else time_limit
+    deadline = Deadline.after(limit_s, clock=time.monotonic)
     problem = build_problem(
         parsed_catalog, parsed_fleet, demand, settings=settings, valid_from=moment, current=placed
     )
-    solution = solve(problem, options=options_from(problem, time_limit_s=time_limit))
+    options = options_from(problem, time_limit_s=time_limit)
+    solution = solve(problem, options=options, deadline=deadline)
     result = extract_plan(problem, solution, created_at=datetime.now(UTC))
     write_plan(output, result)
     print_review(result, parsed_fleet)

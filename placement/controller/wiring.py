@@ -284,7 +284,9 @@ def build(
         declared = pipeline_predictor(pipes or Pipelines(), over)
         return CatalogBound(
             forecaster=_forecaster(config, settings, over),
-            planner=SolverPlanner(over, settings=settings, clock=clock),
+            planner=SolverPlanner(
+                over, settings=settings, clock=clock, deadline_clock=time.monotonic
+            ),
             actuator=EngineActuator(catalog=over, http=http, settings=settings, rng=rng),
             predictor=declared,
             learn_predictor=_event_learner(pipes, over, declared) if config.learn_events else None,
