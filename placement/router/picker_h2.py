@@ -6,22 +6,22 @@ reads and two writes, each a C-core batch and a wake-up from its poller thread),
 the whole of the picker's 200 us budget; an ``asyncio.Protocol`` reading the frames
 where they arrive costs a fraction (docs/benchmarks.md, "Endpoint picker over gRPC").
 
-What it does: cleartext HTTP/2 with prior knowledge, as gateways and kubelets speak
-gRPC to a picker. The connection (frames, SETTINGS, PING, RST_STREAM, GOAWAY, HEADERS
-with CONTINUATION and padding, flow control on what is received) is
+What it does: cleartext HTTP/2 with prior knowledge, as gateways and kubelets speak gRPC
+to a picker. The connection (frames, SETTINGS, PING, RST_STREAM, GOAWAY, HEADERS with
+CONTINUATION and padding, flow control on what is received) is
 ``router.picker_h2_connection``'s, over ``router.picker_h2_frames`` (frame types, error
 codes, limits, a stream's state) and ``router.picker_hpack`` (HPACK decoding); here,
 each stream's gRPC call, what is sent (waiting for the peer's windows) and the server
 with its graceful stop (GOAWAY, then the open streams get their grace). Per stream,
 gRPC's framing: the method from ``:path``, length-prefixed messages up to
 ``max_message_bytes``, the answer's headers, messages and trailers (``grpc-status``,
-``grpc-message``). Errors a peer can cause end its stream with a gRPC status naming what was wrong, or the
-connection with a GOAWAY naming it, and never the server. What a peer can make it hold
-is bounded: frames of 16 KiB, a header block of 64 KiB in at most 33 frames and a header
-list of 64 KiB decoded, ``max_streams`` streams a connection, what each sends by the
-window we grant, and nothing more read from a peer that does not read our answers
-(``pause_writing``); a connection with no stream is closed after ``idle_timeout_s``
-(one with no preface after ``preface_timeout_s``).
+``grpc-message``). Errors a peer can cause end its stream with a gRPC status naming what
+was wrong, or the connection with a GOAWAY naming it, and never the server. What a peer
+can make it hold is bounded: frames of 16 KiB, a header block of 64 KiB in at most 33
+frames and a header list of 64 KiB decoded, ``max_streams`` streams a connection, what
+each sends by the window we grant, and nothing more read from a peer that does not read
+our answers (``pause_writing``); a connection with no stream is closed after
+``idle_timeout_s`` (one with no preface after ``preface_timeout_s``).
 
 What it does not: TLS, compression (a compressed message is UNIMPLEMENTED), deadlines
 (``grpc-timeout`` is not enforced: a stream lasts as long as the gateway keeps it),
