@@ -23,9 +23,9 @@ each sends by the window we grant, and nothing more read from a peer that does n
 our answers (``pause_writing``); a connection with no stream is closed after
 ``idle_timeout_s`` (one with no preface after ``preface_timeout_s``).
 
-What it does not: TLS, compression (a compressed message is UNIMPLEMENTED), deadlines
-(``grpc-timeout`` is not enforced: a stream lasts as long as the gateway keeps it),
-server push. The methods are ``Handler`` factories given by the caller; this module
+A call's ``grpc-timeout`` is its deadline: past it, DEADLINE_EXCEEDED and its handler
+hears ``cancelled``. What it does not: TLS, compression (a compressed message is
+UNIMPLEMENTED), server push. The methods are ``Handler`` factories given by the caller; this module
 knows no protobuf and decides nothing.
 """
 
@@ -57,8 +57,20 @@ from placement.router.picker_hpack import literal
 log = logging.getLogger("lorafleet.router")
 
 # gRPC status codes.
-OK, CANCELLED, UNKNOWN, INVALID_ARGUMENT, NOT_FOUND = 0, 1, 2, 3, 5
+OK, CANCELLED, UNKNOWN, INVALID_ARGUMENT, DEADLINE_EXCEEDED, NOT_FOUND = 0, 1, 2, 3, 4, 5
 RESOURCE_EXHAUSTED, UNIMPLEMENTED, INTERNAL, UNAVAILABLE = 8, 12, 13, 14
+
+#: grpc-timeout's units (gRPC over HTTP/2: "TimeoutValue TimeoutUnit", at most 8 digits).
+_TIMEOUT_UNITS_S = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
+
+
+def timeout_s(value: bytes) -> float | None:
+    """A ``grpc-timeout`` in seconds; None if it is not one."""
+    digits, unit = value[:-1], value[-1:]
+    if not 1 <= len(digits) <= 8 or not digits.isdigit() or unit not in _TIMEOUT_UNITS_S:
+        return None
+    return int(digits) * _TIMEOUT_UNITS_S[unit]
+
 
 _RESPONSE_HEADERS = literal(b":status", b"200") + literal(b"content-type", b"application/grpc")
 
@@ -130,7 +142,25 @@ class _Connection(H2Connection):
         if factory is None:
             call.end(UNIMPLEMENTED, f"no method {path!r} here")
             return
+        timeout = fields.get(b"grpc-timeout")
+        if timeout is not None:
+            limit_s = timeout_s(timeout)
+            if limit_s is None:
+                call.end(INTERNAL, f"a grpc-timeout of {timeout!r}")
+                return
+            loop = asyncio.get_running_loop()
+            stream.deadline = loop.call_later(limit_s, self._expired, stream)
         stream.handler = self._guarded(stream, lambda: factory(call))
+
+    def _expired(self, stream: Stream) -> None:
+        """The call's deadline passed: DEADLINE_EXCEEDED, and its handler told it is over."""
+        stream.deadline = None
+        if stream.ended or self.transport is None:
+            return
+        handler = stream.handler
+        self.end(stream, DEADLINE_EXCEEDED, "the call's deadline (grpc-timeout) passed")
+        stream.handler = handler
+        self._cancel(stream)
 
     def _messages(self, stream: Stream) -> None:
         inbox = stream.inbox
@@ -177,6 +207,9 @@ class _Connection(H2Connection):
 
     def _cancel(self, stream: Stream) -> None:
         stream.ended = True
+        if stream.deadline is not None:
+            stream.deadline.cancel()
+            stream.deadline = None
         handler, stream.handler = stream.handler, None
         if handler is not None:
             try:
@@ -240,6 +273,9 @@ class _Connection(H2Connection):
         if not stream.remote_closed:
             self._queue(frame(RST_STREAM, 0, stream.stream_id, NO_ERROR.to_bytes(4, "big")))
         stream.handler = None
+        if stream.deadline is not None:
+            stream.deadline.cancel()
+            stream.deadline = None
         if self.streams.pop(stream.stream_id, None) is not None:
             self._stream_gone()
 

@@ -72,6 +72,7 @@ def malformed(headers: list[tuple[bytes, bytes]]) -> str:
 
 class Stream:
     __slots__ = (
+        "deadline",
         "ended",
         "handler",
         "headers_sent",
@@ -85,6 +86,7 @@ class Stream:
 
     def __init__(self, stream_id: int, send_window: int) -> None:
         self.stream_id = stream_id
+        self.deadline: Any = None  # the call's grpc-timeout, an asyncio.TimerHandle
         self.handler: Any = None  # the gRPC call's Handler (router.picker_h2)
         self.inbox = bytearray()
         self.send_window = send_window

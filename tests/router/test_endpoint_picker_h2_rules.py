@@ -317,3 +317,42 @@ def test_a_silent_connection_is_closed_after_its_timeout(sent: bytes) -> None:
     wire = Wire()
     wire.written += asyncio.run(run())
     assert wire.goaway() == 0  # NO_ERROR: a polite close, the peer may reconnect
+
+
+class _Waits:
+    """A call that answers nothing and notes when it hears it is over."""
+
+    def __init__(self, over: asyncio.Event) -> None:
+        self.over = over
+
+    def message(self, payload: bytes) -> None:
+        pass
+
+    def half_closed(self) -> None:
+        pass
+
+    def cancelled(self) -> None:
+        self.over.set()
+
+
+@pytest.mark.parametrize(
+    ("timeout", "status"), [("1n", b"4"), ("1x", b"13")], ids=["passed", "not-a-timeout"]
+)
+def test_a_call_past_its_grpc_timeout_ends_deadline_exceeded(timeout: str, status: bytes) -> None:
+    async def run() -> Wire:
+        over = asyncio.Event()
+        server = GrpcH2Server({"/t.T/Wait": lambda call: _Waits(over)}, max_message_bytes=100)
+        connection, wire = server.protocol(), Wire()
+        connection.connection_made(wire)
+        fields = (*GRPC[:2], (":path", "/t.T/Wait"), GRPC[3], ("grpc-timeout", timeout))
+        connection.data_received(PREFACE + frame(HEADERS, END_HEADERS, 1, block(*fields)))
+        if status == b"4":
+            await asyncio.wait_for(over.wait(), 30)  # the deadline's timer, not a sleep
+        await asyncio.sleep(0)
+        connection.flush()
+        return wire
+
+    wire = asyncio.run(run())
+    trailers = [p for kind, flags, _, p in wire.frames() if kind == HEADERS and flags & END_STREAM]
+    assert len(trailers) == 1
+    assert literal(b"grpc-status", status) in trailers[0]
