@@ -58,6 +58,22 @@ def _plan_source(plan: str | None) -> PlanSource | None:
     return FilePlanSource(Path(plan))
 
 
+def _picker_transport(given: str | None, serving: bool) -> str:
+    """``--picker-transport``: one of the picker's transports (default h2)."""
+    if given is None:
+        return "h2"
+    if not serving:
+        message = "--picker-transport needs --endpoint-picker"
+        raise InputError([Problem(source="--picker-transport", message=message)])
+    # Here: grpc's import costs a third of a second a router without the picker saves.
+    from placement.router.picker_grpc import TRANSPORTS
+
+    if given not in TRANSPORTS:
+        message = f"unknown picker transport {given!r}; one of {', '.join(TRANSPORTS)}"
+        raise InputError([Problem(source="--picker-transport", message=message)])
+    return given
+
+
 def _picker_address(spec: str, host: str) -> tuple[str, int]:
     """``--endpoint-picker``: ``[HOST]:PORT`` or ``PORT`` (no host: the router's)."""
     name, _, port = spec.rpartition(":")
@@ -178,6 +194,13 @@ def router(
         Path | None,
         typer.Option(help="write the endpoint picker's port here once it listens"),
     ] = None,
+    picker_transport: Annotated[
+        str | None,
+        typer.Option(
+            help="the endpoint picker's gRPC server: h2 (its own HTTP/2 server) or "
+            "grpc.aio (grpcio's); default h2"
+        ),
+    ] = None,
 ) -> None:
     """Route OpenAI requests to the pods that hold each adapter, following the plan."""
     settings = Settings()
@@ -213,6 +236,7 @@ def router(
         message = "--picker-port-file needs --endpoint-picker"
         raise InputError([Problem(source="--picker-port-file", message=message)])
     picker = _picker_address(endpoint_picker, host) if endpoint_picker is not None else None
+    transport = _picker_transport(picker_transport, picker is not None)
     parsed_fleet = load_fleet(fleet) if fleet is not None else None
     catalog_file = (
         CatalogFile(catalog, fleet=parsed_fleet, rules=settings.inputs)
@@ -280,9 +304,14 @@ def router(
     def picker_listening(bound: int) -> None:
         if picker_port_file is not None:
             write_port_file(picker_port_file, bound)
-        err().print(f"lorafleet endpoint picker (Envoy ext_proc) on {picker_host}:{bound}")
+        where = f"{picker_host}:{bound}"
+        err().print(f"lorafleet endpoint picker (Envoy ext_proc over {transport}) on {where}")
 
     with_picker = RouterWithPicker(
-        app_, host=picker_host, port=picker_port, on_picker_listening=picker_listening
+        app_,
+        host=picker_host,
+        port=picker_port,
+        on_picker_listening=picker_listening,
+        transport=transport,
     )
     run_router(with_picker, host=host, port=port, on_listening=listening)

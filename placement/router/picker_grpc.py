@@ -395,7 +395,9 @@ class EndpointPickerServer:
             port = await self._start_h2()
         else:
             port = await self._start_grpc_aio()
-        log.info("endpoint picker (Envoy ext_proc) listening on port %d", port)
+        log.info(
+            "endpoint picker (Envoy ext_proc over %s) listening on port %d", self.transport, port
+        )
         return port
 
     async def _start_h2(self) -> int:

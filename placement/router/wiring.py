@@ -271,6 +271,8 @@ class RouterWithPicker:
     The picker starts once the router's first rounds are done (it has pods and a plan
     to pick from) and stops first, its open streams given ``shutdown_grace_s``. If it
     cannot listen, the router stops again and the startup fails naming the address.
+    ``transport``: the picker's gRPC server, ``"h2"`` (its own) or ``"grpc.aio"``
+    (``router.picker_grpc.TRANSPORTS``).
     """
 
     def __init__(
@@ -280,6 +282,7 @@ class RouterWithPicker:
         host: str,
         port: int,
         on_picker_listening: Callable[[int], None] | None = None,
+        transport: str = "h2",
     ) -> None:
         # Here, not at the top: grpc and Envoy's protos take a third of a second to
         # import, which a router without the picker need not pay.
@@ -287,7 +290,7 @@ class RouterWithPicker:
 
         self.app = app
         self.router = app.router
-        self.picker = EndpointPickerServer(app.router, host=host, port=port)
+        self.picker = EndpointPickerServer(app.router, host=host, port=port, transport=transport)
         self._on_listening = on_picker_listening
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:

@@ -35,10 +35,14 @@ from .test_endpoint_picker import (
 __all__ = ["transport"]  # the fixture: the tests through picker_for run on each transport
 
 
-def test_the_router_process_serves_the_picker_on_the_port_it_writes(tmp_path: Path) -> None:
+@pytest.mark.parametrize("chosen", [None, "h2", "grpc.aio"], ids=["default", "h2", "grpc.aio"])
+def test_the_router_process_serves_the_picker_on_the_port_it_writes(
+    tmp_path: Path, chosen: str | None
+) -> None:
     picker_file = tmp_path / "picker.port"
     with emulated(2) as pods:
         args = ["--endpoint-picker", "0", "--picker-port-file", str(picker_file)]
+        args += ["--picker-transport", chosen] if chosen is not None else []
         router = start_router(tmp_path, urls=pods.urls, args=args)
         try:
             # Written before the router's own port file, which start_router waited for.
@@ -51,7 +55,9 @@ def test_the_router_process_serves_the_picker_on_the_port_it_writes(tmp_path: Pa
             router.stop()
     assert outcome.endpoints[0] in {endpoint(pods, "pod-0"), endpoint(pods, "pod-1")}
     assert outcome.status == 200
-    assert "endpoint picker (Envoy ext_proc) on 127.0.0.1:" in router.log()
+    served = chosen or "h2"
+    assert f"endpoint picker (Envoy ext_proc over {served}) on 127.0.0.1:" in router.log()
+    assert f"endpoint picker (Envoy ext_proc over {served}) listening on port" in router.log()
 
 
 @pytest.mark.parametrize(
@@ -60,8 +66,13 @@ def test_the_router_process_serves_the_picker_on_the_port_it_writes(tmp_path: Pa
         (["--endpoint-picker", "nine"], "expected [HOST]:PORT or PORT"),
         (["--endpoint-picker", ":70000"], "expected [HOST]:PORT or PORT"),
         (["--picker-port-file", "p.port"], "--picker-port-file needs --endpoint-picker"),
+        (["--picker-transport", "h2"], "--picker-transport needs --endpoint-picker"),
+        (
+            ["--endpoint-picker", "0", "--picker-transport", "quic"],
+            "unknown picker transport 'quic'; one of h2, grpc.aio",
+        ),
     ],
-    ids=["not-a-port", "port-too-large", "port-file-alone"],
+    ids=["not-a-port", "port-too-large", "port-file-alone", "transport-alone", "transport"],
 )
 def test_the_command_refuses_a_bad_picker_address(args: list[str], message: str) -> None:
     result = CliRunner().invoke(app, ["router", "--fleet", "fleet.yaml", *args])
