@@ -354,7 +354,9 @@ class H2Connection(asyncio.Protocol):
             raise H2ConnectionError(wire.COMPRESSION_ERROR, str(exc)) from exc
         stream = self.streams.get(stream_id)
         if stream is not None:  # trailers from the client: only END_STREAM matters
-            if not end_stream:
+            if stream.remote_closed:  # 5.1: half-closed (remote) takes no more HEADERS
+                self._reset(stream, wire.STREAM_CLOSED)
+            elif not end_stream:
                 self._reset(stream, wire.PROTOCOL_ERROR)
             elif not stream.ended:
                 self._remote_closed(stream)

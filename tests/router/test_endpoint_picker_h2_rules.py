@@ -356,3 +356,20 @@ def test_a_call_past_its_grpc_timeout_ends_deadline_exceeded(timeout: str, statu
     trailers = [p for kind, flags, _, p in wire.frames() if kind == HEADERS and flags & END_STREAM]
     assert len(trailers) == 1
     assert literal(b"grpc-status", status) in trailers[0]
+
+
+def test_headers_after_the_peer_ended_its_side_reset_the_stream_stream_closed() -> None:
+    async def run() -> Wire:
+        over = asyncio.Event()
+        server = GrpcH2Server({"/t.T/Wait": lambda call: _Waits(over)}, max_message_bytes=100)
+        connection, wire = server.protocol(), Wire()
+        connection.connection_made(wire)
+        fields = (*GRPC[:2], (":path", "/t.T/Wait"), GRPC[3])
+        ended = frame(HEADERS, END_HEADERS | END_STREAM, 1, b"")  # trailers, the peer's end
+        connection.data_received(
+            PREFACE + frame(HEADERS, END_HEADERS, 1, block(*fields)) + ended + ended
+        )
+        return wire
+
+    wire = asyncio.run(run())
+    assert wire.resets() == [(1, STREAM_CLOSED)]
