@@ -304,8 +304,8 @@ class H2Connection(asyncio.Protocol):
         if stream.ended:
             # Our answer is over (its trailers wait on the peer's window): what comes is
             # dropped, and not granted back, so the peer stops at the window.
-            if flags & wire.END_STREAM:
-                self._remote_closed(stream)
+            if flags & wire.END_STREAM:  # its call heard it was over: not told again
+                stream.remote_closed = True
             return
         if stream.unacked >= wire.STREAM_WINDOW // 2 and not flags & wire.END_STREAM:
             grant = stream.unacked.to_bytes(4, "big")

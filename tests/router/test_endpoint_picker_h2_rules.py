@@ -373,3 +373,41 @@ def test_headers_after_the_peer_ended_its_side_reset_the_stream_stream_closed() 
 
     wire = asyncio.run(run())
     assert wire.resets() == [(1, STREAM_CLOSED)]
+
+
+class _EndsAtOnce:
+    """A call that answers its first message with more than the peer's window and ends."""
+
+    def __init__(self, call: Call, heard: list[str]) -> None:
+        self.call, self.heard = call, heard
+
+    def message(self, payload: bytes) -> None:
+        self.call.send(b"r" * 70_000)
+        self.call.end()
+
+    def half_closed(self) -> None:
+        self.heard.append("half-closed")
+
+    def cancelled(self) -> None:
+        self.heard.append("cancelled")
+
+
+def test_a_call_that_ended_is_not_told_of_the_peers_end_while_its_trailers_wait() -> None:
+    heard: list[str] = []
+
+    async def run() -> None:
+        server = GrpcH2Server(
+            {"/t.T/End": lambda call: _EndsAtOnce(call, heard)}, max_message_bytes=100
+        )
+        connection = server.protocol()
+        connection.connection_made(Wire())
+        fields = (*GRPC[:2], (":path", "/t.T/End"), GRPC[3])
+        connection.data_received(
+            PREFACE
+            + frame(HEADERS, END_HEADERS, 1, block(*fields))
+            + frame(DATA, 0, 1, message(b"hi"))
+            + frame(DATA, END_STREAM, 1, b"")
+        )
+
+    asyncio.run(run())
+    assert heard == []
