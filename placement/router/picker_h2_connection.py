@@ -364,7 +364,12 @@ class H2Connection(asyncio.Protocol):
         if stream_id % 2 == 0:
             raise H2ConnectionError(wire.PROTOCOL_ERROR, f"HEADERS opening stream {stream_id}")
         if stream_id <= self.last_stream_id:
-            return  # on a stream we ended (its block was decoded, for the table's sake)
+            if not end_stream:  # 5.1.1: new streams' ids only increase
+                raise H2ConnectionError(
+                    wire.PROTOCOL_ERROR,
+                    f"HEADERS opening stream {stream_id} after {self.last_stream_id}",
+                )
+            return  # trailers on a stream we ended (decoded, for the table's sake)
         self.last_stream_id = stream_id
         stream = Stream(stream_id, self.peer_window)
         if self.stopping or len(self.streams) >= self.server.max_streams:

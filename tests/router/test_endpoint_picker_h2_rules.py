@@ -141,6 +141,16 @@ def test_a_client_stream_with_an_even_id_is_a_protocol_error() -> None:
     assert wire.goaway() == PROTOCOL
 
 
+def test_a_new_stream_below_the_last_opened_is_a_protocol_error() -> None:
+    """Trailers (END_STREAM) on a stream we ended are dropped; a request's HEADERS on an
+    id not above the last opened is an error (ids only increase, 5.1.1)."""
+    opened = frame(HEADERS, END_HEADERS, 3, block(*GRPC))
+    wire, _ = connected(opened, frame(HEADERS, END_HEADERS | END_STREAM, 1, block(*GRPC)))
+    assert wire.goaway() is None
+    wire, _ = connected(opened, frame(HEADERS, END_HEADERS, 1, block(*GRPC)))
+    assert wire.goaway() == PROTOCOL
+
+
 # --- SETTINGS, windows -------------------------------------------------------------------
 
 
