@@ -1,4 +1,4 @@
-"""The router's running state: the topology, the background loops and coalesced loads.
+"""The router's running state: the topology, the background loops, the loads in flight.
 
 Owns the periodic work: scraping every pod's ``/metrics`` (health and live load),
 reading each pod's ``/v1/models`` now and then (to correct the ledger), watching the
@@ -16,6 +16,8 @@ counted, the pod out of the rotation until a good scrape) and the other pods are
 scraped all the same. ``problems`` says what fails the health check (a loop that
 ended or is stuck) and ``not_ready`` what keeps the router out of a Service (no plan
 yet where one is expected, no healthy pod).
+
+The coalesced cold loads are ``router.cold_loads``'s (``Router.load`` waits on one).
 
 Must not parse client requests or answer them: that is ``router.asgi``.
 """
@@ -35,10 +37,11 @@ from placement.adapters.sglang import SglangClient
 from placement.adapters.vllm import VllmClient
 from placement.clock import Clock
 from placement.domain import AdapterId, Engine
-from placement.errors import EngineError, PlanError
+from placement.errors import PlanError
 from placement.metrics import FleetMetrics
 from placement.plan import Plan
 from placement.router.adapter_info import AdapterInfo
+from placement.router.cold_loads import ColdLoads
 from placement.router.loops import Sleep, Supervisor
 from placement.router.metrics import RouterMetrics
 from placement.router.picking import Picker
@@ -146,7 +149,7 @@ class Router:
         #: (``router.shared_scrapes``); None: this router scrapes every pod itself.
         self.scrape_share: ScrapeShare | None = None
         self._scrapes = 0
-        self._loads: set[asyncio.Task[None]] = set()
+        self.cold_loads = ColdLoads(self)
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -190,10 +193,14 @@ class Router:
         supervisor.start(flush, self.request_log.flush)
 
     async def stop(self) -> None:
-        """End the loops, then close the request log and the clients, whatever any of
-        them raised: the log is closed in every case."""
+        """End the loops and the loads in flight (their waiters told so), then close the
+        request log and the clients, whatever any of them raised: the log is closed in
+        every case."""
         try:
-            await self.supervisor.stop()
+            try:
+                await self.supervisor.stop()
+            finally:
+                await self.cold_loads.cancel()
         finally:
             try:
                 await self.request_log.close()
@@ -334,7 +341,7 @@ class Router:
             timeout_s=self.settings.load_timeout_s,
         )
 
-    # -- coalesced loads -------------------------------------------------------------
+    # -- coalesced loads (router.cold_loads) ------------------------------------------
 
     def needs_load(self, state: LivePod, adapter: AdapterId) -> bool:
         """The pod does not know the adapter and the catalog (or the source template)
@@ -342,53 +349,6 @@ class Router:
         return not state.ledger.is_listed(adapter) and self.adapters.source_of(adapter) is not None
 
     async def load(self, state: LivePod, adapter: AdapterId) -> None:
-        """Load ``adapter`` on the pod once, however many requests wait for it.
-
-        The first caller starts the load and marks the pod as loading the adapter, so
-        the picker sends every later request for it to this pod (stampede coalescing).
-        """
-        pending = state.loading.get(adapter)
-        if pending is None:
-            pending = asyncio.get_running_loop().create_future()
-            state.start_loading(adapter, pending)
-            self._load_queue_changed(state)
-            load = self._load_once(state, adapter, pending, queued_s=self.timer())
-            task = asyncio.create_task(load)
-            self._loads.add(task)
-            task.add_done_callback(self._loads.discard)
-        await asyncio.shield(pending)
-
-    def _load_queue_changed(self, state: LivePod) -> None:
-        """``lorafleet_load_queue_depth``: the pod's loads waiting or in progress."""
-        self.fleet_metrics.load_queue_depth(state.upstream.pod, depth=len(state.loading))
-
-    async def _load_once(
-        self, state: LivePod, adapter: AdapterId, done: asyncio.Future[None], *, queued_s: float
-    ) -> None:
-        client = self.engine_client(state.upstream)
-        try:
-            lora_path = self.adapters.source_of(adapter) or self.adapters.sources[adapter]
-            started_s = self.timer()
-            loaded = await client.load(adapter, lora_path=lora_path)
-            # "Already loaded" read nothing: the pod held the weights in host RAM.
-            self.metrics.adapter_loaded(
-                source="storage" if loaded else "host",
-                queued_s=queued_s,
-                started_s=started_s,
-                finished_s=self.timer(),
-            )
-            if not loaded and not state.ledger.is_listed(adapter):
-                # "Already loaded" of a name we did not know: another router worker (or
-                # the controller) loaded it. Its listing tells what else changed.
-                state.listing_due = True
-            state.ledger.loaded(adapter, lora_path, changed=loaded, busy=state.busy.keys())
-            state.sync()
-            if loaded:
-                self.metrics.loads.labels(pod=state.upstream.pod, reason="cold").inc()
-            done.set_result(None)
-        except (EngineError, OSError) as exc:
-            done.set_exception(exc)
-            done.exception()  # retrieved here: waiters that gave up must not warn
-        finally:
-            state.stop_loading(adapter)
-            self._load_queue_changed(state)
+        """Load ``adapter`` on the pod once, however many requests wait for it
+        (``ColdLoads.load``: every waiter hears how the load ended)."""
+        await self.cold_loads.load(state, adapter)

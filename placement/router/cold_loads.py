@@ -1,0 +1,141 @@
+"""Coalesced cold loads: one load per pod per adapter, however many requests wait on it.
+
+The first request for an adapter a pod lacks starts the load in a task of its own and
+marks the pod as loading it (``LivePod.start_loading``), so the picker sends every later
+request for it to this pod (stampede coalescing); they all wait on one future. That
+future always settles: with the load's answer, with the engine's error, or, for a load
+that ended otherwise (cancelled by ``Router.stop``, or by an error that is no engine's),
+with a ``RetryableEngineError`` naming the pod and the adapter, so the proxy and the
+endpoint picker treat it as any failed load (another pod, else 502). A load that ended
+leaves the pod's loads, so the next request loads afresh.
+
+Must not choose the pod (``router.picking`` does) nor answer a request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from typing import Protocol
+
+from placement.adapters.sglang import SglangClient
+from placement.adapters.vllm import VllmClient
+from placement.clock import Clock
+from placement.domain import AdapterId
+from placement.errors import EngineError, RetryableEngineError
+from placement.metrics import FleetMetrics
+from placement.router.adapter_info import AdapterInfo
+from placement.router.metrics import RouterMetrics
+from placement.router.state import LivePod, Upstream
+
+log = logging.getLogger("lorafleet.router")
+
+
+class LoadHost(Protocol):
+    """What a load needs of the router (``router.core.Router``): read when each load
+    starts (the catalog may change between two)."""
+
+    @property
+    def adapters(self) -> AdapterInfo: ...
+
+    @property
+    def metrics(self) -> RouterMetrics: ...
+
+    @property
+    def fleet_metrics(self) -> FleetMetrics: ...
+
+    @property
+    def timer(self) -> Clock: ...
+
+    def engine_client(self, upstream: Upstream) -> VllmClient | SglangClient: ...
+
+
+class ColdLoads:
+    """The router's loads in flight, each one a task waited on by its requests."""
+
+    def __init__(self, host: LoadHost) -> None:
+        self.host = host
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def load(self, state: LivePod, adapter: AdapterId) -> None:
+        """Load ``adapter`` on the pod once, however many requests wait for it; raise
+        what the load ended with (an ``EngineError`` or ``OSError``)."""
+        pending = state.loading.get(adapter)
+        if pending is None:
+            pending = asyncio.get_running_loop().create_future()
+            state.start_loading(adapter, pending)
+            self._queue_changed(state)
+            load = self._load_once(state, adapter, pending, queued_s=self.host.timer())
+            task = asyncio.create_task(load)
+            self._tasks.add(task)
+            task.add_done_callback(functools.partial(self._ended, state, adapter, pending))
+        await asyncio.shield(pending)
+
+    async def cancel(self) -> None:
+        """End every load in flight; their waiters hear that it was cancelled."""
+        tasks = tuple(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _queue_changed(self, state: LivePod) -> None:
+        """``lorafleet_load_queue_depth``: the pod's loads waiting or in progress."""
+        self.host.fleet_metrics.load_queue_depth(state.upstream.pod, depth=len(state.loading))
+
+    def _ended(
+        self,
+        state: LivePod,
+        adapter: AdapterId,
+        done: asyncio.Future[None],
+        task: asyncio.Task[None],
+    ) -> None:
+        """A load task's end, whatever it was: a load that did not settle its waiters
+        (cancelled, even before its first step, or ended by an error that is no
+        engine's) settles them here, and leaves the pod's loads."""
+        self._tasks.discard(task)
+        if not done.done():
+            pod = state.upstream.pod
+            if task.cancelled():
+                why = "was cancelled"
+            else:
+                exc = task.exception()  # retrieved: the waiters hear it, named
+                log.error("loading %s on %s failed", adapter, pod, exc_info=exc)
+                why = f"failed: {type(exc).__name__}: {exc}"
+            done.set_exception(RetryableEngineError(f"loading {adapter} {why}", pod=pod))
+            done.exception()  # retrieved here: waiters that gave up must not warn
+        if state.loading.get(adapter) is done:  # cancelled before its first step
+            state.stop_loading(adapter)
+            self._queue_changed(state)
+
+    async def _load_once(
+        self, state: LivePod, adapter: AdapterId, done: asyncio.Future[None], *, queued_s: float
+    ) -> None:
+        host = self.host
+        client = host.engine_client(state.upstream)
+        try:
+            lora_path = host.adapters.source_of(adapter) or host.adapters.sources[adapter]
+            started_s = host.timer()
+            loaded = await client.load(adapter, lora_path=lora_path)
+            # "Already loaded" read nothing: the pod held the weights in host RAM.
+            host.metrics.adapter_loaded(
+                source="storage" if loaded else "host",
+                queued_s=queued_s,
+                started_s=started_s,
+                finished_s=host.timer(),
+            )
+            if not loaded and not state.ledger.is_listed(adapter):
+                # "Already loaded" of a name we did not know: another router worker (or
+                # the controller) loaded it. Its listing tells what else changed.
+                state.listing_due = True
+            state.ledger.loaded(adapter, lora_path, changed=loaded, busy=state.busy.keys())
+            state.sync()
+            if loaded:
+                host.metrics.loads.labels(pod=state.upstream.pod, reason="cold").inc()
+            done.set_result(None)
+        except (EngineError, OSError) as exc:
+            done.set_exception(exc)
+            done.exception()  # retrieved here: waiters that gave up must not warn
+        finally:
+            state.stop_loading(adapter)
+            self._queue_changed(state)
