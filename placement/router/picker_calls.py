@@ -1,5 +1,5 @@
 """The endpoint picker's calls on its own HTTP/2 server (``router.picker_h2``): Envoy's
-``ExternalProcessor.Process`` over ``router.picker_grpc``'s ``_Stream``, and
+``ExternalProcessor.Process`` over ``router.picker_messages``'s ``_Stream``, and
 ``grpc.health.v1.Health`` over ``router.picker_health``'s verdicts.
 
 A ``Process`` call runs as grpc.aio's handler did, message by message in the order the
@@ -28,7 +28,6 @@ from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
 from grpc_health.v1 import health_pb2  # type: ignore[import-untyped]
 
 from placement.router.core import Router
-from placement.router.picker_grpc import RoutedAnswers, _Stream
 from placement.router.picker_h2 import (
     CANCELLED,
     INVALID_ARGUMENT,
@@ -39,6 +38,7 @@ from placement.router.picker_h2 import (
     HandlerFactory,
 )
 from placement.router.picker_health import PickerHealth
+from placement.router.picker_messages import RoutedAnswers, _Stream
 
 log = logging.getLogger("lorafleet.router")
 

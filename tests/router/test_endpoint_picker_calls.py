@@ -13,9 +13,9 @@ import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_proc
 
 from placement.router.picker_calls import PROCESS, ProcessCall
-from placement.router.picker_grpc import RoutedAnswers, _Stream
 from placement.router.picker_h2 import Call, GrpcH2Server
 from placement.router.picker_hpack import literal
+from placement.router.picker_messages import RoutedAnswers, _Stream
 
 from .test_endpoint_picker_h2_rules import (
     DATA,
