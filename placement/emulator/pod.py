@@ -33,21 +33,17 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import replace
 
 from placement import residency
-from placement.emulator.config import AdapterFile, Faults, PodConfig, resolve_adapter
+from placement.emulator.config import AdapterFile, Faults, PodConfig
 from placement.emulator.engine_loop import EngineLoop
 from placement.emulator.refusals import (
-    AlreadyLoadedError,
-    BadPathError,
     InjectedError,
     NotLoadedError,
-    PinLimitError,
     PodDownError,
-    PoolFullError,
-    RankTooLargeError,
+    check_load,
     refusal,
 )
 from placement.emulator.seats import Seats
-from placement.residency import Effects, EngineModel, PodResidency
+from placement.residency import Effects, PodResidency
 
 Sleep = Callable[[float], Awaitable[None]]
 
@@ -173,7 +169,9 @@ class EmulatedPod:
         generation = self.generation
         async with self.loop.updates(name):
             self._alive(generation)
-            adapter = self._check_load(name, path, pinned=pinned, inplace=inplace)
+            adapter = check_load(
+                self.residency, self.config, name, path, pinned=pinned, inplace=inplace
+            )
             read_ms = self.config.cold_read_ms(adapter.size_bytes)
             # Both engines read on their one loop (``EngineLoop.read``), vLLM activating in
             # the same call; an injected slow load is a slow read: it stalls the batch too.
@@ -202,24 +200,6 @@ class EmulatedPod:
         if cap is not None and len(self.residency.listed) > cap:
             self.counters["over_limit"] += 1  # vLLM took it, dropping weights silently
         return effects
-
-    def _check_load(self, name: str, path: str, *, pinned: bool, inplace: bool) -> AdapterFile:
-        """The refusals a load meets before any weights are read."""
-        model = self.config.model
-        if name in self.residency.listed and not (inplace and model is EngineModel.VLLM):
-            raise AlreadyLoadedError()
-        adapter = resolve_adapter(path, self.config)
-        if adapter is None:
-            raise BadPathError()
-        if adapter.rank is not None and adapter.rank > self.config.max_lora_rank:
-            raise RankTooLargeError(adapter.rank)
-        if model.is_sglang and pinned and len(self.residency.pinned) >= self.config.max_loras - 1:
-            raise PinLimitError()
-        cap = self.config.residency_cap
-        hard = model is EngineModel.SGLANG_HARD_CAP
-        if hard and cap is not None and len(self.residency.listed) >= cap:
-            raise PoolFullError()
-        return adapter
 
     async def unload(self, name: str) -> None:
         """``unload_lora_adapter``: SGLang waits for the adapter's requests in flight."""

@@ -1,7 +1,7 @@
 """What an emulated engine refuses: one exception per refusal, raised by
 ``placement.emulator.pod``; the dialect modules turn each into its engine's status code
 and text. ``refusal`` maps the engine model's refusals (``placement.residency``) onto
-them. No HTTP here.
+them; ``check_load`` is what a load meets before any weights are read. No HTTP here.
 """
 
 from __future__ import annotations
@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from placement import residency
+from placement.emulator.config import AdapterFile, PodConfig, resolve_adapter
+from placement.residency import EngineModel, PodResidency
 
 
 class EmulatorError(Exception):
@@ -55,3 +57,25 @@ _REFUSALS: Mapping[type[residency.ResidencyError], type[EmulatorError]] = {
 
 def refusal(exc: residency.ResidencyError) -> EmulatorError:
     return _REFUSALS[type(exc)]()
+
+
+def check_load(
+    held: PodResidency, config: PodConfig, name: str, path: str, *, pinned: bool, inplace: bool
+) -> AdapterFile:
+    """The refusals a load of ``name`` from ``path`` meets before any weights are read,
+    on a pod that holds ``held``; the adapter file it would read."""
+    model = config.model
+    if name in held.listed and not (inplace and model is EngineModel.VLLM):
+        raise AlreadyLoadedError()
+    adapter = resolve_adapter(path, config)
+    if adapter is None:
+        raise BadPathError()
+    if adapter.rank is not None and adapter.rank > config.max_lora_rank:
+        raise RankTooLargeError(adapter.rank)
+    if model.is_sglang and pinned and len(held.pinned) >= config.max_loras - 1:
+        raise PinLimitError()
+    cap = config.residency_cap
+    hard = model is EngineModel.SGLANG_HARD_CAP
+    if hard and cap is not None and len(held.listed) >= cap:
+        raise PoolFullError()
+    return adapter
