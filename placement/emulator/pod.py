@@ -322,18 +322,35 @@ class EmulatedPod:
 
         def start() -> bool:
             if name is not None:
-                if not self.residency.serves(name):  # unloaded while it waited
-                    raise NotLoadedError()
                 busy = self._busy()
                 if not self.residency.can_activate_now(name, busy=busy):
                     return False
-                started.append(self.residency.request(name, busy=busy))  # served: no refusal
+                started.append(self._start_request(name, busy=busy))
             self.running[key] += 1
             return True
 
         await self.seats.take(start, abandon=lambda: self._end(key))
         self._alive(generation)
         return started[0] if started else None
+
+    def _start_request(self, name: str, *, busy: set[str]) -> Effects:
+        """What a request that runs now does to the engine model.
+
+        A vLLM request whose name was unloaded while it waited runs all the same: the name
+        is looked up as the request arrives (vllm-project/vllm ``vllm/entrypoints/openai/
+        engine/serving.py`` ``OpenAIServing._maybe_get_adapters``), and its ``LoRARequest``
+        (id, path) is read again if it left the host cache, and activated (``vllm/v1/worker/
+        lora_model_runner_mixin.py`` ``set_active_loras`` -> ``LRUCacheWorkerLoRAManager``).
+        The engine model has no call for that entry: its read and swap are timed and
+        counted, its host and GPU orders do not move."""
+        if self.residency.serves(name):
+            return self.residency.request(name, busy=busy)
+        if self.config.model.is_sglang:  # unloaded while it waited
+            raise NotLoadedError()
+        return Effects(
+            cold=(name, False) not in self.residency.host_entries(),
+            activated=(name, False) not in self.residency.gpu_entries(),
+        )
 
     def _end(self, key: str) -> None:
         """One request for ``key`` ("": the base model) leaves the batch."""

@@ -152,7 +152,7 @@ def _add_serving_routes(app: FastAPI, pod: EmulatedPod) -> None:
             return await complete(
                 pod, adapter=None if model == base else model, model=model, body=body, chat=chat
             )
-        except NotLoadedError:  # unloaded while the request waited for a GPU slot
+        except NotLoadedError:  # unloaded between the check above and the engine's
             return missing
         except PodDownError:
             return _error(pod.config, 503, f"pod {pod.config.name} restarted")

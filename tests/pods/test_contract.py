@@ -29,6 +29,7 @@ from placement.adapters.engines import engine_client
 from placement.domain import AdapterId, Engine, Pod
 from placement.emulator import ZERO_LATENCY, EmulatedFleet, EmulatedPod, PodConfig
 from placement.emulator.config import BatchTiming
+from placement.emulator.refusals import NotLoadedError
 from placement.emulator.wire import pod_stats
 from placement.errors import PermanentEngineError
 from placement.ports import EngineClient
@@ -464,6 +465,49 @@ async def test_sglang_a_load_waits_behind_an_unload_waiting_for_requests(target:
     assert done_early == (False, False)
     assert [answer.status_code for answer in answers] == [200, 200]
     assert await target.listed() == ["c-b"]
+
+
+async def _spin() -> None:
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
+async def _two_slots_busy(engine: Engine) -> EmulatedPod:
+    """A pod with two GPU slots (SGLang: ``max_loras_per_batch`` 2), adapters a, b and
+    c loaded, and one request each for a and b running."""
+    pod = EmulatedPod(PodConfig(engine=engine, latency=ZERO_LATENCY, max_loras=2, max_cpu_loras=4))
+    for name in ("a", "b", "c"):
+        await pod.load(name, f"s3://adapters/{name}")
+    await pod.admit("a")
+    await pod.admit("b")
+    return pod
+
+
+async def test_vllm_a_waiting_request_runs_though_its_adapter_was_unloaded_meanwhile() -> None:
+    """The API server checks the name only as a request arrives (vllm-project/vllm
+    vllm/entrypoints/openai/engine/serving.py ``OpenAIServing._check_model``, then
+    ``_maybe_get_adapters`` hands the request its ``LoRARequest`` from
+    ``OpenAIServingModels.lora_requests``); an unload only deletes that entry
+    (vllm/entrypoints/openai/models/serving.py ``unload_lora_adapter``). The request in
+    the engine keeps its ``LoRARequest`` (id and path): when it is scheduled the worker
+    loads and activates it (vllm/v1/worker/lora_model_runner_mixin.py
+    ``set_active_loras`` -> vllm/lora/worker_manager.py
+    ``LRUCacheWorkerLoRAManager._apply_adapters`` -> ``add_adapter``). So it runs; a
+    request arriving after the unload is refused."""
+    pod = await _two_slots_busy(Engine.VLLM)
+    waiting = asyncio.ensure_future(pod.admit("c"))  # both GPU slots run a and b
+    await _spin()
+    await pod.unload("c")
+    await _spin()
+    early = waiting.done()
+    await pod.release("b")  # b's slot: c runs
+    await waiting
+    assert not early
+    assert pod.running["c"] == 1
+    with pytest.raises(NotLoadedError):
+        await pod.admit("c")
+    for name in ("a", "c"):
+        await pod.release(name)
 
 
 async def test_sglang_a_request_waits_while_the_batch_has_max_loras_per_batch_adapters() -> None:
