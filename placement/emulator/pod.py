@@ -5,14 +5,15 @@ replay and the ledgers run too: this module asks it what each load, unload and r
 does (``Effects``) and keeps only what the model does not: time (a cold read timed by
 size and by the pool's storage, which stalls the running batch as each engine's one
 loop reads; the drain while weights move onto the GPU), the locks loads and unloads
-take (both in ``placement.emulator.engine_loop``), requests in flight (passed to the
-model as ``busy``), SGLang's unload waiting for the adapter's requests in flight,
-failure injection, and counters that let tests see thrashing. A request waits in the
-engine's queue (``placement.emulator.seats``) until it can run: a GPU slot its adapter
-takes without pushing off a running or pinned one and, with a ``BatchTiming`` (the
-replay's pod), a place in the batch (at most ``max_num_seqs``); then its first token
-after a prefill of its prompt, and each token after one decode step, whose time is read
-at that step from the batch's size and distinct adapters.
+take (both in ``placement.emulator.engine_loop``), requests running (passed to the
+model as ``busy``), SGLang's unload waiting for the adapter's requests in flight, queued
+or running (``placement.emulator.in_flight``), failure injection, and counters that let
+tests see thrashing. A request waits in the engine's queue (``placement.emulator.seats``)
+until it can run: a GPU slot its adapter takes without pushing off a running or pinned
+one and, with a ``BatchTiming`` (the replay's pod), a place in the batch (at most
+``max_num_seqs``); then its first token after a prefill of its prompt, and each token
+after one decode step, whose time is read at that step from the batch's size and
+distinct adapters.
 
 Configuration, adapter existence and where a cold read's time comes from (the storage
 the engine reads through, not the engine) live in ``placement.emulator.config``. Every
@@ -35,6 +36,7 @@ from dataclasses import replace
 from placement import residency
 from placement.emulator.config import AdapterFile, Faults, PodConfig
 from placement.emulator.engine_loop import EngineLoop
+from placement.emulator.in_flight import InFlight
 from placement.emulator.refusals import (
     InjectedError,
     NotLoadedError,
@@ -43,7 +45,7 @@ from placement.emulator.refusals import (
     refusal,
 )
 from placement.emulator.seats import Seats
-from placement.residency import Effects, PodResidency
+from placement.residency import Effects, EngineModel, PodResidency
 
 Sleep = Callable[[float], Awaitable[None]]
 
@@ -78,12 +80,9 @@ class EmulatedPod:
 
     def _restart(self) -> None:
         self.generation += 1
-        old = getattr(self, "seats", None)
-        if old is not None:
-            old.close(PodDownError())  # a restarted pod drops its queue
-        for waiter in (w for ws in getattr(self, "_idle", {}).values() for w in ws):
-            if not waiter.done():  # an unload waiting for requests the restart ended
-                waiter.set_exception(PodDownError())
+        for old in (getattr(self, "seats", None), getattr(self, "in_flight", None)):
+            if old is not None:  # a restarted pod drops its queue and fails waiting unloads
+                old.close(PodDownError())
         batch = self.config.batch
         #: Places in the running batch (``max_num_seqs``); None: no cap.
         self.seats = Seats(None if batch is None else batch.max_num_seqs)
@@ -97,15 +96,16 @@ class EmulatedPod:
         self.running_tokens = 0
         #: The batch's one loop (reads and swaps stall it) and the load and unload locks.
         self.loop = EngineLoop(self.config.model, pause=self._pause)
-        #: Unloads waiting for an adapter's requests in flight to end, by name.
-        self._idle: dict[str, list[asyncio.Future[None]]] = {}
+        #: Requests in flight per adapter, queued or running, and unloads waiting on them.
+        self.in_flight = InFlight()
         self.lora_info: dict[tuple[str, str], float] = {}
 
     # what the pod holds (read from the engine model) ---------------------------------
     @property
     def listed(self) -> dict[str, AdapterFile]:
-        """Names ``/v1/models`` lists, with their files."""
-        return {name: self.files[name] for name in self.residency.listed}
+        """Names ``/v1/models`` lists, with their files (SGLang: not one an unload waits on)."""
+        gone = self.in_flight.unregistered
+        return {name: self.files[name] for name in self.residency.listed if name not in gone}
 
     @property
     def gpu(self) -> tuple[str, ...]:
@@ -208,8 +208,8 @@ class EmulatedPod:
             self._alive(generation)
             if name not in self.residency.listed:
                 raise NotLoadedError()
-            if self.config.model.is_sglang:
-                await self._wait_idle(name)
+            if self.config.model.is_sglang:  # unregistered: new requests are refused
+                await self.in_flight.wait_for_unload(name)
             self._alive(generation)
             try:
                 effects = self.residency.unload(name)
@@ -222,13 +222,7 @@ class EmulatedPod:
         """SGLang's soft cap unloads through the unload path: it waits for their requests."""
         for name in names:
             self.counters["unlisted"] += 1
-            await self._wait_idle(name)
-
-    async def _wait_idle(self, name: str) -> None:
-        if self.running[name]:
-            waiter = asyncio.get_running_loop().create_future()
-            self._idle.setdefault(name, []).append(waiter)
-            await waiter
+            await self.in_flight.wait_for_zero(name)
 
     async def _apply(
         self, name: str, effects: Effects, *, size_bytes: int, held: bool = False
@@ -269,19 +263,29 @@ class EmulatedPod:
     async def admit(self, name: str | None) -> None:
         """Wait until ``name`` (None: the base model) runs, reading it in as needed.
 
-        Raises ``NotLoadedError`` when the engine does not serve ``name``."""
+        Raises ``NotLoadedError`` when the engine does not serve ``name`` (SGLang before
+        the soft cap: also while an unload that unregistered it waits for its requests)."""
         self.counters["requests"] += 1
-        if name is not None and not self.residency.serves(name):
+        in_flight, key, held = self.in_flight, name or "", self.residency
+        unregistered = key in in_flight.unregistered
+        hard = self.config.model is EngineModel.SGLANG_HARD_CAP
+        if name is not None and (not held.serves(name) or (unregistered and hard)):
             raise NotLoadedError()
+        reload = held.parked.get(key) or (held.listed.get(key) if unregistered else None)
         generation, waiting = self.generation, self.waiting
-        waiting[name or ""] += 1
+        waiting[key] += 1
         self._record_info()
         try:
-            if name is not None and name in self.residency.parked:
-                await self._reload(name, generation)
-            effects = await self._schedule(name, generation)
+            if name is not None and reload is not None:
+                await self._reload(name, reload, generation)
+            in_flight.acquire(key)  # SGLang's ``LoRARegistry.acquire``: queued ones count
+            try:
+                effects = await self._schedule(name, generation)
+            except BaseException:
+                in_flight.release(key)
+                raise
         finally:
-            waiting[name or ""] -= 1
+            waiting[key] -= 1
             self._record_info()
         if name is None or effects is None:
             return
@@ -296,14 +300,14 @@ class EmulatedPod:
             await self.release(name)
             raise
 
-    async def _reload(self, name: str, generation: int) -> None:
-        """SGLang loads an adapter its soft cap unloaded before the scheduler sees the
-        request (``TokenizerManager._resolve_lora_path`` -> ``load_lora_adapter``): under
-        ``lora_update_lock`` through its own unloads' waits (``EngineLoop.updates``)."""
+    async def _reload(self, name: str, path: str, generation: int) -> None:
+        """SGLang loads an adapter the registry lacks (the soft cap unloaded it, or an
+        unload waits for its requests) before the scheduler sees the request, from the
+        ``lora_ref_cache`` entry read as it arrives (``TokenizerManager._resolve_lora_path``
+        -> ``load_lora_adapter``): under ``lora_update_lock``, after the unloads holding it."""
         async with self.loop.updates(name):
             self._alive(generation)
-            path = self.residency.parked.get(name)
-            if path is None:  # loaded again while it waited ("already loaded" passes)
+            if name in self.residency.listed:  # loaded again meanwhile: "already loaded"
                 return
             adapter = self.files[name]
             await self.loop.read(self.config.cold_read_ms(adapter.size_bytes))
@@ -345,7 +349,7 @@ class EmulatedPod:
         counted, its host and GPU orders do not move."""
         if self.residency.serves(name):
             return self.residency.request(name, busy=busy)
-        if self.config.model.is_sglang:  # unloaded while it waited
+        if self.config.model.is_sglang:  # not reached: SGLang's unload waits for it
             raise NotLoadedError()
         return Effects(
             cold=(name, False) not in self.residency.host_entries(),
@@ -357,12 +361,10 @@ class EmulatedPod:
         if self.running[key] > 0:  # a restart in between already forgot the request
             self.running[key] -= 1
             self.seats.give_back()
-        for waiter in () if self.running[key] else self._idle.pop(key, ()):
-            if not waiter.done():  # an unload waiting for the adapter's requests
-                waiter.set_result(None)
 
     async def release(self, name: str | None) -> None:
         self._end(name or "")
+        self.in_flight.release(name or "")  # SGLang's ``LoRARegistry.release``
         self._record_info()
 
     def step_ms(self) -> float:

@@ -109,7 +109,7 @@ def not_loaded_text(pod: EmulatedPod, adapter: str) -> str:
     """What the engine says of a request for an adapter it does not serve."""
     model = pod.residency
     if pod.config.model is EngineModel.SGLANG_HARD_CAP:
-        loaded = ", ".join(repr(name) for name in model.listed)
+        loaded = ", ".join(repr(name) for name in pod.listed)  # the registry's names
         return (
             f"The following requested LoRA adapters are not loaded: {adapter}\n"
             f"Loaded adapters: dict_keys([{loaded}])."

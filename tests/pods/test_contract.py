@@ -510,6 +510,70 @@ async def test_vllm_a_waiting_request_runs_though_its_adapter_was_unloaded_meanw
         await pod.release(name)
 
 
+async def test_sglang_an_unload_waits_for_the_adapters_queued_requests_too() -> None:
+    """The tokenizer counts a request against its adapter from ``LoRARegistry.acquire``,
+    before the request reaches the scheduler's waiting queue, until ``release`` as it
+    finishes (sgl-project/sglang python/sglang/srt/managers/tokenizer_manager.py
+    ``_resolve_lora_path``; python/sglang/srt/lora/lora_registry.py ``acquire``,
+    ``release``), and ``_unload_lora_adapter_locked``
+    (python/sglang/srt/managers/tokenizer_control_mixin.py) waits in
+    ``LoRARegistry.wait_for_unload`` for that count to reach zero: a queued request
+    holds the unload as a running one does, and runs."""
+    pod = await _two_slots_busy(Engine.SGLANG)
+    queued = asyncio.ensure_future(pod.admit("c"))  # the batch has two adapters already
+    await _spin()
+    unloading = asyncio.ensure_future(pod.unload("c"))
+    await _spin()
+    early = (queued.done(), unloading.done())
+    await pod.release("b")  # c's request runs
+    await queued
+    await _spin()
+    running = unloading.done()
+    await pod.release("c")
+    await unloading
+    assert early == (False, False)
+    assert not running
+    assert "c" not in pod.listed
+    await pod.release("a")
+
+
+@pytest.mark.parametrize("model", [SGLANG, HARD], ids=["soft-cap", "hard-cap"])
+async def test_sglang_a_request_arriving_while_an_unload_waits_does_not_hold_it(
+    model: EngineModel,
+) -> None:
+    """``_unload_lora_adapter_locked`` unregisters the name before it waits
+    (sgl-project/sglang python/sglang/srt/lora/lora_registry.py
+    ``LoRARegistry.unregister``), so ``/v1/models``, which lists the registry
+    (python/sglang/srt/entrypoints/http_server.py ``available_models`` ->
+    ``get_all_adapters``), drops it at once, and a request arriving then acquires
+    nothing. Before the soft cap ``acquire`` refuses it ("The following requested LoRA
+    adapters are not loaded"); since, ``TokenizerManager._resolve_lora_path`` finds the
+    name missing from the registry but in ``lora_ref_cache`` and loads it again through
+    ``load_lora_adapter``, which waits for ``lora_update_lock``: for the unload to end."""
+    config = PodConfig(engine=Engine.SGLANG, engine_model=model, latency=ZERO_LATENCY, max_loras=2)
+    pod = EmulatedPod(config)
+    await pod.load("a", "s3://adapters/a")
+    await pod.admit("a")
+    unloading = asyncio.ensure_future(pod.unload("a"))
+    await _spin()
+    arriving = asyncio.ensure_future(pod.admit("a"))
+    await _spin()
+    during = ("a" in pod.listed, unloading.done(), arriving.done())
+    await pod.release("a")  # the request that arrived first ends
+    await _spin()
+    after = (unloading.done(), arriving.done())
+    refused = arriving.done() and isinstance(arriving.exception(), NotLoadedError)
+    for pending in (unloading, arriving):  # before any assert: a failure must not hang
+        pending.cancel()
+    if model is HARD:
+        assert (during, after, refused) == ((False, False, True), (True, True), True)
+        assert "a" not in pod.listed
+    else:
+        assert (during, after, refused) == ((False, False, False), (True, True), False)
+        assert "a" in pod.listed and pod.counters["cold_reloads"] == 1
+        await pod.release("a")
+
+
 async def test_sglang_a_request_waits_while_the_batch_has_max_loras_per_batch_adapters() -> None:
     """The scheduler admits a waiting request only when its adapter and the running
     batch's fit the LoRA memory pool (sgl-project/sglang
