@@ -2,8 +2,9 @@
 the load ended, and the pod's loads are empty again (the next request loads afresh).
 
 The pod is an ``httpx.MockTransport`` behind the router's engine client: it holds a
-load until the test lets it go, fails it with an error that is no engine's, or cancels
-the load's own task (the transport runs in it). The router is driven at its interface
+load until the test lets it go, fails it with an error that is no engine's, cancels the
+load's own task (the transport runs in it), or is never reached (the router stopped
+before the load's first step). The router is driven at its interface
 (``Router.load``, ``Router.stop``), as the proxy and the endpoint picker drive it.
 """
 
@@ -138,3 +139,23 @@ async def test_a_load_ended_without_an_answer_tells_every_waiter_and_the_next_lo
     await router.load(state, ALPHA)
     assert state.ledger.is_listed(ALPHA)
     await router.stop()
+
+
+@pytest.mark.anyio
+async def test_a_load_cancelled_before_it_reached_the_pod_tells_its_waiter_and_leaves() -> None:
+    reached: list[str] = []
+
+    async def loaded(request: httpx.Request) -> httpx.Response:
+        reached.append(request.url.path)
+        return httpx.Response(200)
+
+    router, state, registry = await _router(loaded)
+    waiter = asyncio.create_task(router.load(state, ALPHA))
+    await asyncio.sleep(0)  # the waiter's first step: the load's task made, not yet run
+    await router.stop()
+    [outcome] = await _settled([waiter])
+    assert isinstance(outcome, RetryableEngineError) and "cancelled" in str(outcome)
+    assert reached == [] and _depth(registry) == 0
+    # The load left the pod's loads: the next request loads afresh, and is answered.
+    await router.load(state, ALPHA)
+    assert reached == ["/v1/load_lora_adapter"]
