@@ -16,10 +16,8 @@ decisions.
 
 A proxied request served by the router's own server (``router.http_cycle``) with no
 middleware wrapping its ``send`` is read and answered through its ``RequestCycle``
-(``cycle_of``): no ASGI message per read or write, and the cycle says when the client
-goes away (``on_lost``), with no timer or watcher task per request. Behind middleware
-(``router.workers``' connection balancing) or another server, the same code runs over
-ASGI messages (``_AsgiClient``), watching for the disconnect after ``WATCH_AFTER_S``.
+(``cycle_of``); behind middleware or another server, over ASGI messages. Both ways to
+the client, and the watch for it going away, are ``router.client_side``'s.
 """
 
 from __future__ import annotations
@@ -27,14 +25,24 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any, Protocol
+from collections.abc import MutableMapping
+from typing import Any
 
 from placement.domain import AdapterId, Engine, PodId
 from placement.errors import PermanentEngineError, RetryableEngineError
+from placement.router.client_side import (
+    JSON_HEADERS,
+    WATCH_AFTER_S,
+    AsgiClient,
+    ClientGone,
+    ClientSide,
+    DisconnectWatcher,
+    Receive,
+    Send,
+    respond,
+)
 from placement.router.core import Router
-from placement.router.forward import Client, Exchange, Headers, forward
-from placement.router.front import Receive as BodyReceive
+from placement.router.forward import Client, Exchange, forward
 from placement.router.front import Refusal, body_too_large, parse_request, read_body
 from placement.router.http_cycle import cycle_of
 from placement.router.metrics import CONTENT_TYPE
@@ -43,69 +51,16 @@ from placement.router.upstream import PoolFullError
 from placement.router.warmups import send_warmups
 
 Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 
 log = logging.getLogger("lorafleet.router")
 
 _PROXIED = frozenset({"/v1/completions", "/v1/chat/completions"})
-_JSON = [(b"content-type", b"application/json")]
+_JSON = JSON_HEADERS
 
 
 def _error(message: str, kind: str, *, param: str | None = None, code: int) -> bytes:
     body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
     return json.dumps(body).encode()
-
-
-async def _respond(
-    send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None
-) -> None:
-    head = list(headers or _JSON)
-    head.append((b"content-length", str(len(body)).encode()))
-    await send({"type": "http.response.start", "status": status, "headers": head})
-    await send({"type": "http.response.body", "body": body})
-
-
-class ClientSide(Client, Protocol):
-    """A proxied request's client: its body and where its answer goes (a
-    ``RequestCycle`` of ``router.http_cycle`` when no middleware wraps ``send``, else
-    ``_AsgiClient``)."""
-
-    @property
-    def receive(self) -> BodyReceive: ...
-
-    def body_now(self) -> bytes | None:
-        """The whole body if it is in already, else None (``receive`` reads it)."""
-        ...
-
-
-class _AsgiClient:
-    """``ClientSide`` over ASGI's ``receive`` and ``send``."""
-
-    __slots__ = ("_receive", "_send")
-
-    def __init__(self, receive: Receive, send: Send) -> None:
-        self._receive, self._send = receive, send
-
-    @property
-    def receive(self) -> Receive:
-        return self._receive
-
-    def body_now(self) -> bytes | None:
-        return None
-
-    async def answer(self, status: int, headers: Headers, body: bytes) -> None:
-        await _respond(self._send, status, body, headers)
-
-    async def begin(self, status: int, headers: Headers) -> None:
-        await self._send({"type": "http.response.start", "status": status, "headers": headers})
-
-    async def part(self, body: bytes) -> None:
-        await self._send({"type": "http.response.body", "body": body, "more_body": True})
-
-    async def end(self, body: bytes = b"") -> None:
-        await self._send({"type": "http.response.body", "body": body, "more_body": False})
 
 
 class RouterApp:
@@ -141,24 +96,24 @@ class RouterApp:
         if path in _PROXIED and method == "POST":
             await self._proxy(scope, receive, send)
         elif method != "GET":
-            await _respond(send, 405, _error("method not allowed", "NotFoundError", code=405))
+            await respond(send, 405, _error("method not allowed", "NotFoundError", code=405))
         elif path == "/metrics":
             body = self.router.metrics.render()
-            await _respond(send, 200, body, [(b"content-type", CONTENT_TYPE.encode())])
+            await respond(send, 200, body, [(b"content-type", CONTENT_TYPE.encode())])
         elif path == "/v1/models":
-            await _respond(send, 200, json.dumps(self._models()).encode())
+            await respond(send, 200, json.dumps(self._models()).encode())
         elif path in ("/healthz", "/health"):
             health = self._health()
-            await _respond(send, 200 if health["status"] == "ok" else 503, _json(health))
+            await respond(send, 200 if health["status"] == "ok" else 503, _json(health))
         elif path == "/readyz":
             reasons = self.router.not_ready()
             ready = {"ready": not reasons, "reasons": reasons}
-            await _respond(send, 503 if reasons else 200, _json(ready))
+            await respond(send, 503 if reasons else 200, _json(ready))
         elif path == "/v1/unplanned":
             counts = dict(self.router.unplanned.most_common())
-            await _respond(send, 200, json.dumps({"adapters": counts}).encode())
+            await respond(send, 200, json.dumps({"adapters": counts}).encode())
         else:
-            await _respond(send, 404, json.dumps({"detail": "Not Found"}).encode())
+            await respond(send, 404, json.dumps({"detail": "Not Found"}).encode())
 
     def _models(self) -> dict[str, Any]:
         topology = self.router.topology
@@ -199,7 +154,7 @@ class RouterApp:
         # The router's own server, with no middleware between: its cycle's methods, not
         # ASGI messages, and its word when the client goes away.
         cycle = cycle_of(send)
-        client: ClientSide = cycle if cycle is not None else _AsgiClient(receive, send)
+        client: ClientSide = cycle if cycle is not None else AsgiClient(receive, send)
         max_bytes = router.settings.max_body_bytes
         whole = client.body_now()
         if whole is None:
@@ -233,11 +188,11 @@ class RouterApp:
         handler = asyncio.current_task()
         timer: asyncio.TimerHandle | None = None
         if cycle is not None:
-            cycle.on_lost = _Gone(handler, exchange)
+            cycle.on_lost = ClientGone(handler, exchange)
         else:
             # Most answers are over before a client could go away: the watcher starts
             # only once a request has taken WATCH_AFTER_S (a timer costs less than a task).
-            watcher = _Watcher(receive, handler, exchange)
+            watcher = DisconnectWatcher(receive, handler, exchange)
             timer = asyncio.get_running_loop().call_later(WATCH_AFTER_S, watcher.start)
         try:
             await self._route(exchange, client)
@@ -401,60 +356,6 @@ def _failure_label(status: int) -> str:
     if status == 503:
         return "rejected"
     return "error" if status >= 400 else "base"
-
-
-#: How long a request runs before the router watches for its client going away.
-WATCH_AFTER_S = 0.05
-
-
-class _Gone:
-    """The client went away: cancel the proxying task (and so the upstream call), unless
-    its answer is complete (the router's own server calls this: ``RequestCycle.on_lost``)."""
-
-    __slots__ = ("_exchange", "_handler")
-
-    def __init__(self, handler: asyncio.Task[Any] | None, exchange: Exchange) -> None:
-        self._handler, self._exchange = handler, exchange
-
-    def __call__(self) -> None:
-        if not self._exchange.finished and self._handler is not None:
-            self._exchange.client_gone = True
-            self._handler.cancel()
-
-
-class _Watcher:
-    """Starts ``_watch_disconnect`` on demand; cancelling before the start costs nothing."""
-
-    __slots__ = ("_exchange", "_handler", "_receive", "_task")
-
-    def __init__(
-        self, receive: Receive, handler: asyncio.Task[Any] | None, exchange: Exchange
-    ) -> None:
-        self._receive, self._handler, self._exchange = receive, handler, exchange
-        self._task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        if not self._exchange.finished:
-            self._task = asyncio.create_task(
-                _watch_disconnect(self._receive, self._handler, self._exchange)
-            )
-
-    def cancel(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-
-
-async def _watch_disconnect(
-    receive: Receive, handler: asyncio.Task[Any] | None, exchange: Exchange
-) -> None:
-    """Cancel the proxying task when the client goes away (and so the upstream call)."""
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            if not exchange.finished and handler is not None:
-                exchange.client_gone = True
-                handler.cancel()
-            return
 
 
 def create_router_app(router: Router) -> RouterApp:
