@@ -5,8 +5,9 @@ lorafleet that needs to know (the emulator, the replay simulator, the router's a
 controller's ledgers, reconcile's ordering and its property tests) runs this model of
 the engine instead of keeping its own. ``PodResidency`` is a state machine: names the
 API server lists, the host (CPU) cache, the GPU slots, pins, and LRU orders; ``load``,
-``unload`` and ``request`` (a warm-up is a request) change them and return ``Effects``
-saying what moved. Three engine models, from the engines' source:
+``unload`` and ``request`` (a warm-up is a request; ``request_entry`` one on the entry
+it arrived with) change them and return ``Effects`` saying what moved. Three engine
+models, from the engines' source:
 
 ``EngineModel.VLLM`` (vllm-project/vllm)
   - a load registers the name with a new integer id
@@ -23,6 +24,12 @@ saying what moved. Three engine models, from the engines' source:
   - a request for a listed name whose weights left the host cache reads them again
     from its path, then activates them; ``load_inplace`` reloads under the same id
     (``add_adapter`` removes the old weights first, so they are activated again).
+  - a request keeps the ``LoRARequest`` (id, path) its name pointed to as it arrived
+    (vllm/entrypoints/openai/engine/serving.py, ``OpenAIServing._maybe_get_adapters``):
+    if the name is unloaded, or loaded again under a new id, while it waits, it still
+    runs on that id, read again if it left the host cache and activated on a GPU slot
+    (vllm/lora/worker_manager.py ``LRUCacheWorkerLoRAManager._apply_adapters`` ->
+    ``add_adapter``, keyed by id): ``entry`` as it arrives, ``request_entry`` as it runs.
   - no pins over HTTP (``pin_lora`` is engine API only).
 
 ``EngineModel.SGLANG`` (sgl-project/sglang, since PR #11526)
@@ -67,6 +74,7 @@ __all__ = [
     "CapReachedError",
     "Effects",
     "EngineModel",
+    "Entry",
     "NotLoadedError",
     "PinLimitError",
     "PodResidency",
@@ -131,8 +139,9 @@ class Effects:
 
 
 @dataclass(frozen=True, eq=False, slots=True)
-class _Entry:
+class Entry:
     """One host-cache entry: vLLM keys them by id, so an unloaded name can leave one.
+    A request holds the entry its name pointed to as it arrived (``PodResidency.entry``).
 
     Compared and hashed by identity (each is made once, with a fresh id), so the orders
     keyed by entries cost no Python-level ``__hash__`` or ``__eq__`` per lookup."""
@@ -165,9 +174,9 @@ class PodResidency:
         self.listed: dict[str, str] = {}
         #: SGLang: names unloaded by the soft cap, still served (reloaded on use).
         self.parked: dict[str, str] = {}
-        self._current: dict[str, _Entry] = {}
-        self._host: OrderedDict[_Entry, None] = OrderedDict()
-        self._gpu: OrderedDict[_Entry, None] = OrderedDict()
+        self._current: dict[str, Entry] = {}
+        self._host: OrderedDict[Entry, None] = OrderedDict()
+        self._gpu: OrderedDict[Entry, None] = OrderedDict()
         self.pinned: set[str] = set()
 
     # what the pod holds ------------------------------------------------------------
@@ -200,13 +209,21 @@ class PodResidency:
     def can_activate_now(self, name: str, *, busy: Collection[str] = ()) -> bool:
         """Whether a request for ``name`` gets a GPU slot without pushing off an adapter
         that is pinned or ``busy`` (a scheduler would otherwise hold it back a step)."""
-        entry = self._current.get(name)
+        return self.can_activate_entry(self._current.get(name), busy=busy)
+
+    def can_activate_entry(self, entry: Entry | None, *, busy: Collection[str] = ()) -> bool:
+        """``can_activate_now`` for a request holding ``entry`` (``request_entry``)."""
         if (entry is not None and entry in self._gpu) or len(self._gpu) < self.max_loras:
             return True
         return any(
             e.name not in self.pinned and (self._current.get(e.name) != e or e.name not in busy)
             for e in self._gpu
         )
+
+    def entry(self, name: str) -> Entry | None:
+        """The entry a listed name points to now (vLLM: its id), for a request to hold
+        from its arrival; None for a name not listed or without one."""
+        return self._current.get(name) if name in self.listed else None
 
     def serves(self, name: str) -> bool:
         """Whether a request for ``name`` is accepted (listed, or parked on SGLang)."""
@@ -257,10 +274,10 @@ class PodResidency:
             path = self.parked.pop(name)
             self.listed[name] = path
             unlisted, left_gpu = self._park_over_cap(keep=name, busy=busy)
-            self._current[name] = _Entry(next(self._ids), name)
+            self._current[name] = Entry(next(self._ids), name)
         entry = self._current.get(name)
         if entry is None:  # vLLM: listed, but the id's entry was dropped
-            entry = self._current[name] = _Entry(next(self._ids), name)
+            entry = self._current[name] = Entry(next(self._ids), name)
         if entry not in self._host:
             cold = True
             host_evicted = self._into_host(entry, busy=busy)
@@ -273,13 +290,33 @@ class PodResidency:
             unlisted=unlisted,
         )
 
+    def request_entry(self, entry: Entry, *, busy: Collection[str] = ()) -> Effects:
+        """A request that runs on ``entry``, captured as it arrived (``entry``).
+
+        While its name still points to it, this is ``request``. On vLLM an entry whose
+        name was unloaded, or loaded again under a new id, still runs: it is read into the
+        host cache again if it left it, and activated on a GPU slot, evicting the least
+        recently used one as any activation does (``LRUCacheWorkerLoRAManager`` keys its
+        caches by id). SGLang raises ``NotLoadedError``: its unload waits for the name's
+        requests, so none runs on an entry gone."""
+        if self._current.get(entry.name) is entry:
+            return self.request(entry.name, busy=busy)
+        if self.engine is not EngineModel.VLLM:
+            raise NotLoadedError(entry.name)
+        cold = entry not in self._host
+        host_evicted = self._into_host(entry, busy=busy) if cold else ()
+        activated, gpu_evicted = self._activate(entry, busy=busy)
+        return Effects(
+            cold=cold, activated=activated, gpu_evicted=gpu_evicted, host_evicted=host_evicted
+        )
+
     # vLLM --------------------------------------------------------------------------
     def _vllm_load(self, name: str, path: str, *, inplace: bool, busy: Collection[str]) -> Effects:
         if name in self.listed and not inplace:
             raise AlreadyLoadedError(name)
         entry = self._current.get(name) if inplace else None
         if entry is None:
-            entry = _Entry(next(self._ids), name)
+            entry = Entry(next(self._ids), name)
         self.listed[name] = path
         self._current[name] = entry
         # The weights are read again either way; in place, the worker removes the old
@@ -303,7 +340,7 @@ class PodResidency:
         if hard and cap is not None and len(self.listed) >= cap:
             raise CapReachedError(name)
         self.parked.pop(name, None)
-        entry = _Entry(next(self._ids), name)
+        entry = Entry(next(self._ids), name)
         self.listed[name] = path
         self._current[name] = entry
         self._host[entry] = None
@@ -339,7 +376,7 @@ class PodResidency:
         return tuple(parked), tuple(left_gpu)
 
     # shared ------------------------------------------------------------------------
-    def _into_host(self, entry: _Entry, *, busy: Collection[str]) -> tuple[str, ...]:
+    def _into_host(self, entry: Entry, *, busy: Collection[str]) -> tuple[str, ...]:
         self._host[entry] = None
         evicted: list[str] = []
         cap = self.max_cpu_loras
@@ -354,7 +391,7 @@ class PodResidency:
             evicted.append(victim.name)
         return tuple(evicted)
 
-    def _activate(self, entry: _Entry, *, busy: Collection[str]) -> tuple[bool, tuple[str, ...]]:
+    def _activate(self, entry: Entry, *, busy: Collection[str]) -> tuple[bool, tuple[str, ...]]:
         if entry in self._gpu:
             self._gpu.move_to_end(entry)
             self._host.move_to_end(entry)
@@ -371,7 +408,7 @@ class PodResidency:
         return True, tuple(evicted)
 
     @staticmethod
-    def _victim(candidates: Iterable[_Entry], busy: Collection[str]) -> _Entry | None:
+    def _victim(candidates: Iterable[Entry], busy: Collection[str]) -> Entry | None:
         """The least recently used candidate not busy, else the least recently used."""
         fallback = None
         for entry in candidates:

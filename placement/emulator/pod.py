@@ -45,7 +45,7 @@ from placement.emulator.refusals import (
     refusal,
 )
 from placement.emulator.seats import Seats
-from placement.residency import Effects, EngineModel, PodResidency
+from placement.residency import Effects, EngineModel, Entry, PodResidency
 
 Sleep = Callable[[float], Awaitable[None]]
 
@@ -272,6 +272,8 @@ class EmulatedPod:
         if name is not None and (not held.serves(name) or (unregistered and hard)):
             raise NotLoadedError()
         reload = held.parked.get(key) or (held.listed.get(key) if unregistered else None)
+        arrived = None if name is None or self.config.model.is_sglang else held.entry(name)
+        adapter = self.files.get(key)  # vLLM: the arrival's path, though loaded again since
         generation, waiting = self.generation, self.waiting
         waiting[key] += 1
         self._record_info()
@@ -280,7 +282,7 @@ class EmulatedPod:
                 await self._reload(name, reload, generation)
             in_flight.acquire(key)  # SGLang's ``LoRARegistry.acquire``: queued ones count
             try:
-                effects = await self._schedule(name, generation)
+                effects = await self._schedule(name, generation, arrived)
             except BaseException:
                 in_flight.release(key)
                 raise
@@ -290,7 +292,7 @@ class EmulatedPod:
         if name is None or effects is None:
             return
         self.counters["cold_reloads"] += int(effects.cold)
-        size_bytes = self.files[name].size_bytes
+        size_bytes = (adapter or self.files[name]).size_bytes
         try:
             if effects.cold:  # vLLM reads it in the step that runs it (``EngineLoop.read``)
                 await self.loop.read(self.config.cold_read_ms(size_bytes))
@@ -320,41 +322,31 @@ class EmulatedPod:
             await self._apply(name, effects, size_bytes=adapter.size_bytes)
             await self._drain_unlisted(effects.unlisted)
 
-    async def _schedule(self, name: str | None, generation: int) -> Effects | None:
-        """Wait in the queue until the request runs (``Seats.take``), holding nothing."""
-        key, started = name or "", list[Effects]()
+    async def _schedule(
+        self, name: str | None, generation: int, arrived: Entry | None
+    ) -> Effects | None:
+        """Wait in the queue until the request runs (``Seats.take``), holding nothing.
+
+        On vLLM it runs on ``arrived``, the entry (id) its name pointed to as it arrived,
+        though the name was unloaded or loaded again meanwhile; SGLang's unload waits for
+        the name's requests, so the name's entry now is the one."""
+        key, started, held = name or "", list[Effects](), self.residency
 
         def start() -> bool:
             if name is not None:
-                busy = self._busy()
-                if not self.residency.can_activate_now(name, busy=busy):
+                busy, entry = self._busy(), arrived or held.entry(name)
+                if not held.can_activate_entry(entry, busy=busy):
                     return False
-                started.append(self._start_request(name, busy=busy))
+                if entry is None:  # not served: refused
+                    started.append(held.request(name, busy=busy))
+                else:
+                    started.append(held.request_entry(entry, busy=busy))
             self.running[key] += 1
             return True
 
         await self.seats.take(start, abandon=lambda: self._end(key))
         self._alive(generation)
         return started[0] if started else None
-
-    def _start_request(self, name: str, *, busy: set[str]) -> Effects:
-        """What a request that runs now does to the engine model.
-
-        A vLLM request whose name was unloaded while it waited runs all the same: the name
-        is looked up as the request arrives (vllm-project/vllm ``vllm/entrypoints/openai/
-        engine/serving.py`` ``OpenAIServing._maybe_get_adapters``), and its ``LoRARequest``
-        (id, path) is read again if it left the host cache, and activated (``vllm/v1/worker/
-        lora_model_runner_mixin.py`` ``set_active_loras`` -> ``LRUCacheWorkerLoRAManager``).
-        The engine model has no call for that entry: its read and swap are timed and
-        counted, its host and GPU orders do not move."""
-        if self.residency.serves(name):
-            return self.residency.request(name, busy=busy)
-        if self.config.model.is_sglang:  # not reached: SGLang's unload waits for it
-            raise NotLoadedError()
-        return Effects(
-            cold=(name, False) not in self.residency.host_entries(),
-            activated=(name, False) not in self.residency.gpu_entries(),
-        )
 
     def _end(self, key: str) -> None:
         """One request for ``key`` ("": the base model) leaves the batch."""

@@ -574,6 +574,53 @@ async def test_sglang_a_request_arriving_while_an_unload_waits_does_not_hold_it(
         await pod.release("a")
 
 
+def _held(pod: EmulatedPod) -> tuple[object, ...]:
+    stats = pod_stats(pod)
+    counters = stats["counters"]
+    assert isinstance(counters, dict)
+    return stats["host"], stats["gpu"], stats["ghosts"], counters["gpu_evictions"]
+
+
+async def test_vllm_a_request_waiting_through_an_unload_takes_a_gpu_slot() -> None:
+    """The request runs on the id it arrived with (vllm-project/vllm
+    vllm/entrypoints/openai/engine/serving.py ``OpenAIServing._maybe_get_adapters``), and
+    the worker activates that id as any other: vllm/lora/worker_manager.py
+    ``LRUCacheWorkerLoRAManager._apply_adapters`` -> ``add_adapter`` (its caches keyed by
+    ``lora_int_id``) -> vllm/lora/model_manager.py ``LRUCacheLoRAModelManager.activate_adapter``,
+    evicting the least recently used slot. The unload freed none (``unload_lora_adapter``
+    in vllm/entrypoints/openai/models/serving.py deletes the name only), so /admin/stats
+    shows c's entry as a ghost on the GPU and b, the LRU idle one, pushed off."""
+    pod = await _two_slots_busy(Engine.VLLM)  # gpu [a, b]; c's entry in the host cache
+    waiting = asyncio.ensure_future(pod.admit("c"))
+    await _spin()
+    await pod.unload("c")
+    before = _held(pod)
+    await pod.release("b")
+    await waiting
+    assert before == (["a", "b"], ["a", "b"], 0, 3)
+    assert _held(pod) == (["a", "b"], ["a"], 1, 4)
+    assert pod.counters["gpu_activations"] == 6  # three loads, a, b, then c's old entry
+    for name in ("a", "c"):
+        await pod.release(name)
+
+
+async def test_vllm_a_request_waiting_through_a_reload_runs_on_its_old_id() -> None:
+    """Loading the name again gives it a new ``lora_int_id``
+    (vllm/entrypoints/openai/models/serving.py ``OpenAIServingModels.load_lora_adapter``);
+    the waiting request's ``LoRARequest`` keeps the old one, so the worker activates the
+    old entry (``LRUCacheWorkerLoRAManager.add_adapter`` looks it up by id), not the new
+    one the name now lists: the old entry pushes the new one, the idle LRU, off its slot."""
+    pod = await _two_slots_busy(Engine.VLLM)
+    waiting = asyncio.ensure_future(pod.admit("c"))
+    await _spin()
+    await pod.unload("c")
+    await pod.load("c", "s3://adapters/c")  # a new id on a slot (a's: both run, a is LRU)
+    await waiting  # the new id's slot can go: c's old entry takes it
+    assert _held(pod) == (["a", "b", "c"], ["b"], 1, 5)
+    for name in ("a", "b", "c"):
+        await pod.release(name)
+
+
 async def test_sglang_a_request_waits_while_the_batch_has_max_loras_per_batch_adapters() -> None:
     """The scheduler admits a waiting request only when its adapter and the running
     batch's fit the LoRA memory pool (sgl-project/sglang

@@ -128,6 +128,69 @@ def test_a_vllm_ghost_never_holds_a_request_back() -> None:
     assert pod.can_activate_now("zz", busy={"b", "c"})
 
 
+def test_vllm_a_request_runs_on_the_entry_it_arrived_with_after_an_unload() -> None:
+    """vLLM's worker caches key by id (vllm/lora/worker_manager.py
+    ``LRUCacheWorkerLoRAManager._apply_adapters`` -> ``add_adapter``): the unloaded name's
+    entry takes a GPU slot again, evicting the LRU, and is read again once it left the host."""
+    pod = _pod(VLLM, max_loras=2, max_cpu_loras=2)
+    pod.load("a", "/a")
+    pod.load("b", "/b")
+    arrived = pod.entry("a")
+    assert arrived is not None
+    pod.unload("a")
+    pod.load("c", "/c")  # host [b, c]: a's entry leaves the host and the GPU
+    assert pod.host_entries() == (("b", True), ("c", True))
+    assert pod.can_activate_entry(arrived, busy={"c"})  # b can go
+    effects = pod.request_entry(arrived, busy={"c"})
+    assert effects.cold and effects.activated
+    # b leaves the host cache, and so the GPU (reported as a host eviction, as ``request``)
+    assert effects.host_evicted == ("b",) and effects.gpu_evicted == ()
+    assert pod.gpu_entries() == (("c", True), ("a", False)) and pod.ghosts_on_gpu() == 1
+    assert pod.host_entries() == (("c", True), ("a", False))
+    again = pod.request_entry(arrived)  # on the GPU now: no read, no swap, most recent
+    assert not again.cold and not again.activated
+    assert pod.entry("a") is None
+
+
+def test_vllm_a_request_keeps_the_old_id_when_its_name_is_loaded_again() -> None:
+    pod = _pod(VLLM, max_loras=2, max_cpu_loras=4)
+    pod.load("a", "/a")
+    pod.load("b", "/b")
+    pod.load("c", "/c")  # gpu [b, c]; a's entry stays in the host cache
+    arrived = pod.entry("a")
+    assert arrived is not None
+    pod.unload("a")
+    pod.load("a", "/a2")  # a new id; evicts b
+    assert pod.entry("a") is not arrived
+    effects = pod.request_entry(arrived)
+    assert not effects.cold and effects.activated and effects.gpu_evicted == ("c",)
+    assert pod.gpu_entries() == (("a", True), ("a", False))
+    assert pod.ghosts_on_gpu() == 1
+
+
+def test_request_entry_on_the_current_entry_is_a_request() -> None:
+    for engine in (VLLM, SGLANG):
+        pod, twin = _pod(engine), _pod(engine)
+        for model in (pod, twin):
+            model.load("a", "/a")
+            model.load("b", "/b")
+        arrived = pod.entry("a")
+        assert arrived is not None
+        assert pod.request_entry(arrived) == twin.request("a")
+        assert pod.gpu_entries() == twin.gpu_entries()
+        assert pod.host_entries() == twin.host_entries()
+
+
+def test_sglang_refuses_a_request_on_an_unloaded_entry() -> None:
+    pod = _pod(SGLANG)
+    pod.load("a", "/a")
+    arrived = pod.entry("a")
+    assert arrived is not None
+    pod.unload("a")
+    with pytest.raises(NotLoadedError):
+        pod.request_entry(arrived)
+
+
 def test_sglang_a_load_stays_in_host_until_a_request() -> None:
     pod = _pod(SGLANG)
     effects = pod.load("a", "/a")
