@@ -1,6 +1,6 @@
 """The engine model: what a load, an unload and a request do on each engine.
 
-Each table row names the engine behaviour it encodes; ``placement/residency.py``'s
+Each table row names the engine behaviour it encodes; ``placement/residency``'s
 docstring names the engine source (repository, file, function) of each.
 """
 

@@ -1,153 +1,26 @@
-"""What a pod's engine holds, and what each call does to it: one model for every part.
+"""``PodResidency``: one pod's engine state, and its ``load``, ``unload`` and ``request``.
 
-Neither vLLM nor SGLang reports which adapters sit on its GPU, so every part of
-lorafleet that needs to know (the emulator, the replay simulator, the router's and the
-controller's ledgers, reconcile's ordering and its property tests) runs this model of
-the engine instead of keeping its own. ``PodResidency`` is a state machine: names the
-API server lists, the host (CPU) cache, the GPU slots, pins, and LRU orders; ``load``,
-``unload`` and ``request`` (a warm-up is a request; ``request_entry`` one on the entry
-it arrived with) change them and return ``Effects`` saying what moved. Three engine
-models, from the engines' source:
-
-``EngineModel.VLLM`` (vllm-project/vllm)
-  - a load registers the name with a new integer id
-    (vllm/entrypoints/openai/models/serving.py, ``OpenAIServingModels.load_lora_adapter``)
-    and the worker's ``add_adapter`` (vllm/lora/worker_manager.py,
-    ``LRUCacheWorkerLoRAManager.add_adapter``) reads the weights into the host cache,
-    dropping its oldest entry past ``max_cpu_loras`` (that entry leaves the GPU too),
-    and then *activates* the adapter on a GPU slot, evicting the least recently used
-    active one (vllm/lora/model_manager.py, ``LRUCacheLoRAModelManager.activate_adapter``).
-    Every load takes a GPU slot: there is no host-only load over HTTP.
-  - an unload only forgets the name in the API server (``unload_lora_adapter`` deletes
-    it from ``lora_requests``); the host entry and the GPU slot stay, under their old
-    id, until LRU eviction. Loading the name again gives a new id and a second entry.
-  - a request for a listed name whose weights left the host cache reads them again
-    from its path, then activates them; ``load_inplace`` reloads under the same id
-    (``add_adapter`` removes the old weights first, so they are activated again).
-  - a request keeps the ``LoRARequest`` (id, path) its name pointed to as it arrived
-    (vllm/entrypoints/openai/engine/serving.py, ``OpenAIServing._maybe_get_adapters``):
-    if the name is unloaded, or loaded again under a new id, while it waits, it still
-    runs on that id, read again if it left the host cache and activated on a GPU slot
-    (vllm/lora/worker_manager.py ``LRUCacheWorkerLoRAManager._apply_adapters`` ->
-    ``add_adapter``, keyed by id): ``entry`` as it arrives, ``request_entry`` as it runs.
-  - no pins over HTTP (``pin_lora`` is engine API only).
-
-``EngineModel.SGLANG`` (sgl-project/sglang, since PR #11526)
-  - a load reads the weights into host memory (python/sglang/srt/lora/lora_manager.py,
-    ``LoRAManager.load_lora_adapter``); ``--max-loaded-loras`` is a soft cap: past it
-    the least recently used unpinned adapter is unloaded (it leaves ``/v1/models``) and
-    is loaded again by itself on its next request (the tokenizer manager's
-    ``load_lora_adapter``: ``lora_registry.lru_lora_name(exclude_pinned=True)``, then the
-    unload path, which waits for that adapter's requests in flight).
-  - the GPU pool has ``--max-loras-per-batch`` slots (python/sglang/srt/lora/mem_pool.py,
-    ``LoRAMemoryPool.prepare_lora_batch``): a request moves its adapter in, evicting
-    the least recently used one not pinned; a pinned adapter (at most slots - 1) is
-    loaded into host memory like the others (``LoRAManager.load_lora_adapter``) and,
-    once its first batch brings it onto the GPU, stays there.
-  - an unload removes the adapter everywhere; a request for a name never loaded, or
-    unloaded, is refused (400: "Got LoRA adapter that has never been loaded", from
-    python/sglang/srt/managers/tokenizer_manager.py ``TokenizerManager._resolve_lora_path``,
-    which also loads a parked adapter again; before PR #11526 "The following
-    requested LoRA adapters are not loaded", from lora_registry.py ``acquire``). An
-    unload of a name the soft cap unloaded is refused as unknown
-    (``LoRARegistry.unregister``) and leaves it parked, to be loaded again on use.
-
-``EngineModel.SGLANG_HARD_CAP``: SGLang before PR #11526, where a load past
-``--max-loaded-loras`` is refused instead.
-
-Pure: no IO, no clock. A caller with requests in flight passes ``busy`` names, which
-eviction skips while it has another choice.
+The state machine the package docstring describes, engine by engine, from the engines'
+source; the values it takes and returns are in ``vocabulary``. Pure: no IO, no clock.
 """
 
 from __future__ import annotations
 
-import enum
 import itertools
 from collections import OrderedDict
 from collections.abc import Collection, Iterable
-from dataclasses import dataclass
 
-from placement.domain import Engine
+from placement.residency.vocabulary import (
+    AlreadyLoadedError,
+    CapReachedError,
+    Effects,
+    EngineModel,
+    Entry,
+    NotLoadedError,
+    PinLimitError,
+)
 
-__all__ = [
-    "AlreadyLoadedError",
-    "CapReachedError",
-    "Effects",
-    "EngineModel",
-    "Entry",
-    "NotLoadedError",
-    "PinLimitError",
-    "PodResidency",
-    "ResidencyError",
-    "engine_model",
-]
-
-
-class EngineModel(enum.StrEnum):
-    VLLM = "vllm"
-    SGLANG = "sglang"
-    SGLANG_HARD_CAP = "sglang-hard-cap"
-
-    @property
-    def is_sglang(self) -> bool:
-        return self is not EngineModel.VLLM
-
-
-def engine_model(engine: Engine) -> EngineModel:
-    """The model of a pool's engine: SGLang is taken as current SGLang (the soft cap)."""
-    return EngineModel.VLLM if engine is Engine.VLLM else EngineModel.SGLANG
-
-
-class ResidencyError(Exception):
-    """A call the engine refuses; the pod's dialect chooses the status code and text."""
-
-    def __init__(self, adapter: str) -> None:
-        self.adapter = adapter
-        super().__init__(adapter)
-
-
-class AlreadyLoadedError(ResidencyError):
-    """The name is loaded already (vLLM 400 without ``load_inplace``; SGLang 400)."""
-
-
-class NotLoadedError(ResidencyError):
-    """The name is not loaded (vLLM: 404 on unload and on requests; SGLang: 400)."""
-
-
-class CapReachedError(ResidencyError):
-    """SGLang before the soft cap: ``--max-loaded-loras`` adapters are loaded already."""
-
-
-class PinLimitError(ResidencyError):
-    """SGLang: pinned adapters may hold at most ``max_loras - 1`` GPU slots."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class Effects:
-    """What one call did to the pod, for timing (a cold read, a swap) and for ledgers."""
-
-    #: The weights were read from storage (a cold load).
-    cold: bool = False
-    #: The adapter took a GPU slot it did not hold (a swap: the batch drains).
-    activated: bool = False
-    #: Names pushed off the GPU by this call (vLLM ghosts of unloaded names included).
-    gpu_evicted: tuple[str, ...] = ()
-    #: Names dropped from the host cache (on vLLM still listed; reloaded on next use).
-    host_evicted: tuple[str, ...] = ()
-    #: SGLang's soft cap: names that left ``/v1/models`` (reloaded on their next request).
-    unlisted: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True, eq=False, slots=True)
-class Entry:
-    """One host-cache entry: vLLM keys them by id, so an unloaded name can leave one.
-    A request holds the entry its name pointed to as it arrived (``PodResidency.entry``).
-
-    Compared and hashed by identity (each is made once, with a fresh id), so the orders
-    keyed by entries cost no Python-level ``__hash__`` or ``__eq__`` per lookup."""
-
-    entry_id: int
-    name: str
+__all__ = ["PodResidency"]
 
 
 class PodResidency:
