@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from placement.router.workers import BalancedApp, ConnectionCounts, over_share
+from placement.router.connection_balance import BalancedApp, ConnectionCounts, over_share
 
 Message = MutableMapping[str, Any]
 
