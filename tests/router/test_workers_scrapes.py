@@ -34,13 +34,10 @@ from placement.metrics import FleetMetrics
 from placement.ports import PodMetrics
 from placement.router.live_pods import LivePod, Upstream
 from placement.router.metrics import RouterMetrics
-from placement.router.scraping import PodScraper
-from placement.router.shared_scrapes import (
+from placement.router.scrape_files import (
     SNAPSHOT,
     Listing,
     PodReport,
-    ScrapeFollower,
-    ScrapePublisher,
     Snapshot,
     SnapshotError,
     decode_listings,
@@ -48,6 +45,8 @@ from placement.router.shared_scrapes import (
     encode_listings,
     encode_snapshot,
 )
+from placement.router.scraping import PodScraper
+from placement.router.shared_scrapes import ScrapeFollower, ScrapePublisher
 from placement.router.workers import share_scrapes
 from placement.settings import RouterSettings
 
