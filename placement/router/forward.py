@@ -16,7 +16,7 @@ anything goes to the client.
 
 The request was read and checked at the front door (``router.front``) first. The
 answer goes to a ``Client``: the router's own server's ``RequestCycle`` (no ASGI
-messages), or ASGI's ``send`` wrapped by ``router.asgi``.
+messages), or ASGI's ``send`` wrapped by ``router.client_side.AsgiClient``.
 
 ``forward`` takes a ``Relay``: the few parts of the router it uses (the upstream
 client, ``router.upstream``; the clock, the timer, the metrics), not the router itself.
@@ -48,7 +48,7 @@ Headers = list[tuple[bytes, bytes]]
 
 class Client(Protocol):
     """Where a request's answer goes: the client's connection (``router.http_cycle``'s
-    ``RequestCycle``, or ASGI's ``send`` through ``router.asgi``)."""
+    ``RequestCycle``, or ASGI's ``send`` through ``router.client_side.AsgiClient``)."""
 
     async def answer(self, status: int, headers: Headers, body: bytes) -> None:
         """A whole answer; its Content-Length is added here."""

@@ -45,7 +45,7 @@ log = logging.getLogger("lorafleet.router")
 
 
 class PodReportLike(Protocol):
-    """Another worker's scrape of a pod (``router.shared_scrapes.PodReport``)."""
+    """Another worker's scrape of a pod (``router.scrape_files.PodReport``)."""
 
     @property
     def fresh(self) -> bool: ...
