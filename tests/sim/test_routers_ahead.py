@@ -78,6 +78,27 @@ def full_pods() -> tuple[FleetReplay, Settings, ReplayPlanning]:
     return replay, settings, planning
 
 
+def _lorafleet(
+    replay: FleetReplay,
+    settings: Settings,
+    planning: ReplayPlanning,
+    *,
+    workload: SimWorkload | None = None,
+    class_weight: Mapping[str, float] | None = None,
+) -> PlannedRouter:
+    """lorafleet over LRU pods, its history ``workload`` (the replay's by default)."""
+    history = ReplayHistory(replay.workload if workload is None else workload)
+    return PlannedRouter(
+        "lorafleet",
+        replay,
+        settings,
+        EvictionPolicy.LRU,
+        planning=planning,
+        history=history,
+        class_weight=class_weight,
+    )
+
+
 def test_bounded_affinity_evicts_the_adapter_idle_longest() -> None:
     replay, settings, _ = full_pods()
     bounded = ReactiveRouter("bounded", replay, settings, EvictionPolicy.LRU)
@@ -86,14 +107,7 @@ def test_bounded_affinity_evicts_the_adapter_idle_longest() -> None:
 
 def test_lorafleet_loads_where_the_forecast_says_the_victim_is_not_needed() -> None:
     replay, settings, planning = full_pods()
-    lorafleet = PlannedRouter(
-        "lorafleet",
-        replay,
-        settings,
-        EvictionPolicy.LRU,
-        planning=planning,
-        history=ReplayHistory(replay.workload),
-    )
+    lorafleet = _lorafleet(replay, settings, planning)
     assert lorafleet.route("new", 100.0).pod_id == "pod-0"  # no forecast yet: bounded
     lorafleet.plan(100.0, replay)
     decision = lorafleet.route("new", 100.0)
@@ -105,15 +119,7 @@ def test_lorafleet_sends_class_warm_ups_with_a_load_that_would_evict_production(
     # queue. The load goes to pod-0 with a warm-up of "busy", so "x" is evicted.
     replay, settings, planning = full_pods()
     replay.pods[1].queue_depth = 40
-    lorafleet = PlannedRouter(
-        "lorafleet",
-        replay,
-        settings,
-        EvictionPolicy.LRU,
-        planning=planning,
-        history=ReplayHistory(replay.workload),
-        class_weight={"x": 0.5, "y": 0.5},
-    )
+    lorafleet = _lorafleet(replay, settings, planning, class_weight={"x": 0.5, "y": 0.5})
     lorafleet.plan(100.0, replay)
     decision = lorafleet.route("new", 100.0)
     assert (decision.pod_id, decision.refresh) == ("pod-0", ("busy",))
@@ -180,14 +186,7 @@ def test_a_forecast_the_traffic_does_not_bear_out_protects_no_victim() -> None:
     quiet = replace(
         replay.workload, arrival_s=[100.0], adapters=["new"], prompt_tokens=[1], output_tokens=[1]
     )
-    lorafleet = PlannedRouter(
-        "lorafleet",
-        replay,
-        settings,
-        EvictionPolicy.LRU,
-        planning=planning,
-        history=ReplayHistory(quiet),
-    )
+    lorafleet = _lorafleet(replay, settings, planning, workload=quiet)
     lorafleet.plan(100.0, replay)
     assert lorafleet.route("new", 100.0).pod_id == "pod-0"  # as bounded affinity
 
@@ -197,14 +196,7 @@ def test_a_session_that_ended_since_the_plan_protects_its_victim_no_longer() -> 
     # 20 minutes, the live router's window: its forecast protects it no more, though no
     # replan has come since 100 s (a rate read at the replan protected it until the next).
     replay, settings, planning = full_pods()
-    lorafleet = PlannedRouter(
-        "lorafleet",
-        replay,
-        settings,
-        EvictionPolicy.LRU,
-        planning=planning,
-        history=ReplayHistory(replay.workload),
-    )
+    lorafleet = _lorafleet(replay, settings, planning)
     lorafleet.plan(100.0, replay)
     assert lorafleet.route("new", 100.0).pod_id == "pod-1"
     assert lorafleet.route("new", 1400.0).pod_id == "pod-0"  # as bounded affinity
