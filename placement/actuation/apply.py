@@ -22,7 +22,8 @@ from types import MappingProxyType
 import httpx
 
 from placement.actuation.executor import ActionResult, ApplyReport, Executor, Ledger, Sleep
-from placement.actuation.reconcile import ActionSchedule, PodState, schedule
+from placement.actuation.reconcile import ActionSchedule, schedule
+from placement.actuation.reconcile_pods import PodState
 from placement.adapters.engines import engine_client
 from placement.domain import Action, AdapterId, Catalog, Fleet, PodId
 from placement.errors import EngineError, RetryableEngineError

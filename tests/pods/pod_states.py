@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from placement.actuation.ledger import Ledger, SavedPod
-from placement.actuation.reconcile import PodState
+from placement.actuation.reconcile_pods import PodState
 from placement.domain import Action, ActionKind, AdapterId, PodId
 from placement.residency import Effects, EngineModel, PodResidency
 

@@ -16,7 +16,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from placement.actuation.executor import Ledger
-from placement.actuation.reconcile import PodState, depends_on, reconcile, schedule
+from placement.actuation.reconcile import depends_on, reconcile, schedule
+from placement.actuation.reconcile_pods import PodState
 from placement.domain import Action, ActionKind, AdapterId, PodId
 from placement.plan import Plan
 from placement.residency import EngineModel, PodResidency
