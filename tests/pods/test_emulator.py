@@ -1,5 +1,5 @@
 """The emulated pods speak POD-API.md exactly, hold what the engine model says, and fail on
-demand. The engine semantics every pod must keep are in ``test_contract.py``; these are the
+demand. The engine semantics every pod must keep are in ``test_contract_*.py``; these are the
 emulator's own: exact bodies, version knobs, timing-free residency counters, faults."""
 
 from __future__ import annotations
