@@ -18,12 +18,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from prometheus_client import CollectorRegistry
 
-from placement.controller.webhook import (
-    SIGNATURE_HEADER,
-    TIMESTAMP_HEADER,
-    create_webhook_app,
-    sign,
-)
+from placement.controller.webhook import create_webhook_app
+from placement.controller.webhook_gate import SIGNATURE_HEADER, TIMESTAMP_HEADER, sign
 from placement.forecast.event_preloads import Event, EventDecision
 from placement.settings import ControllerSettings
 

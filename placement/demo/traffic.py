@@ -25,7 +25,7 @@ import numpy as np
 import openai
 import pandas as pd
 
-from placement.controller.webhook import SIGNATURE_HEADER, TIMESTAMP_HEADER, sign
+from placement.controller.webhook_gate import SIGNATURE_HEADER, TIMESTAMP_HEADER, sign
 
 _Item = TypeVar("_Item")
 

@@ -12,13 +12,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from placement.controller.webhook import (
+from placement.controller.webhook import EventRejected, create_webhook_app
+from placement.controller.webhook_gate import (
     SIGNATURE_HEADER,
     TIMESTAMP_HEADER,
-    EventRejected,
     SeenIds,
     TokenBuckets,
-    create_webhook_app,
     sign,
 )
 from placement.forecast.event_preloads import (
@@ -364,7 +363,7 @@ def test_schemathesis_fuzz_never_5xx(app: FastAPI, clock: FakeClock) -> None:
 async def test_a_flood_from_many_sources_keeps_memory_bounded_and_the_limit_holding(
     sink: RecordingSink, clock: FakeClock
 ) -> None:
-    from placement.controller.webhook import WebhookGate
+    from placement.controller.webhook_gate import WebhookGate
 
     settings_ = ControllerSettings(
         webhook_rate_per_s=5,
@@ -433,7 +432,7 @@ async def test_unsigned_requests_do_not_spend_the_senders_tokens(
 def test_the_source_is_the_trusted_proxys_entry_else_the_peer(
     header: str | None, hops: int, forwarded: str, expected: str, clock: FakeClock
 ) -> None:
-    from placement.controller.webhook import WebhookGate
+    from placement.controller.webhook_gate import WebhookGate
 
     gate = WebhookGate(
         secret=SECRET,
@@ -473,7 +472,7 @@ async def test_a_timestamp_is_parsed_as_ascii_digits_only(
     ],
 )
 def test_the_gate_refuses_a_weak_secret(secret: bytes, message: str, clock: FakeClock) -> None:
-    from placement.controller.webhook import WebhookGate
+    from placement.controller.webhook_gate import WebhookGate
 
     with pytest.raises(ValueError, match=message):
         WebhookGate(secret=secret, settings=ControllerSettings(), clock=clock)
