@@ -13,6 +13,7 @@ import json
 import math
 import random
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -193,8 +194,8 @@ def test_the_router_log_tells_the_last_request_each_pod_served(tmp_path: Path) -
     assert RouterLogUse(path, refresh_s=REFRESH_S)() == {}
     writer = JsonLinesRequestLog(path)
     t = T0.timestamp()
-    refused = served(t + 50, "beta-a")._replace(outcome=None, status=404)
-    elsewhere = served(t + 20, "beta-a")._replace(pod="pod-1")
+    refused = replace(served(t + 50, "beta-a"), outcome=None, status=404)
+    elsewhere = replace(served(t + 20, "beta-a"), pod="pod-1")
     writer.write([served(t, "beta-a"), served(t + 10, "beta-b"), refused, elsewhere])
     writer.write([served(t + 30, "beta-a")])
     writer.close()
@@ -216,8 +217,8 @@ def test_idle_times_count_from_the_later_of_use_and_landing() -> None:
 
 
 def test_one_read_serves_the_events_of_the_next_seconds(tmp_path: Path) -> None:
-    """A read's answer is given again for ``refresh_s``, the settings tree's
-    ``recent_use_refresh_s`` (2 s)."""
+    """A read costs the whole log: its answer is given again for ``refresh_s``, the
+    settings tree's ``recent_use_refresh_s`` (2 s)."""
     path, clock = tmp_path / "router-requests.jsonl", FakeClock()
     writer = JsonLinesRequestLog(path)
     assert REFRESH_S == 2.0
