@@ -44,6 +44,9 @@ several times. One stream at a time, the server's thread sleeps between streams 
 wakes to cold caches: the same Python work costs it 1.5-3 times what the in-process
 lines (1-3), run back to back, show.
 
+The servers are ``bench.picker_servers``'s, the gateway's streams
+``bench.picker_gateway``'s; this module measures and reports.
+
     .venv/bin/python -m bench.picker_latency [--pods 64] [--calls 5000] [--concurrency 1]
         [--gateway lean|grpc] [--transports] [--same-process]
 """
@@ -52,37 +55,30 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import random
-import subprocess
-import sys
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterator
-from concurrent import futures
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
 
-import grpc
-from envoy.config.core.v3 import base_pb2
-from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
-from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_proc
-from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_proc_grpc
-
-from bench.ext_proc_client import LeanExtProcClient, grpc_message
 from bench.ext_proc_h2_floor import H2FloorServer
-from bench.loop_server import LoopServer
+from bench.picker_gateway import (
+    HEADERS,
+    WARM_UP,
+    body_of,
+    client_main,
+    grpc_streams,
+    percentiles,
+    stream_messages,
+    streams_from_a_client_process,
+)
+from bench.picker_servers import Floor, H2Server, ServerThread, SyncServer
 from bench.routing_latency import make_topology, measure
 from placement.router.core import Router
 from placement.router.endpoint_picking import GatewayRequest
-from placement.router.picker_calls import PROCESS
-from placement.router.picker_grpc import EndpointPickerServer, RoutedAnswers, _Stream
-from placement.router.picker_h2 import Call, GrpcH2Server
+from placement.router.picker_grpc import RoutedAnswers, _Stream
 from placement.router.sources import StaticPlanSource
 from placement.router.state import Topology, Upstream
 from placement.settings import RouterSettings
-
-DUPLEX = processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED
-WARM_UP = 200
 
 
 class _NoPods:
@@ -100,34 +96,6 @@ def make_router(topology: Topology) -> Router:
     )
     router.topology = topology
     return router
-
-
-def body_of(adapter: str) -> bytes:
-    return json.dumps({"model": adapter, "prompt": "Say hello.", "max_tokens": 16}).encode()
-
-
-HEADERS = [
-    (b":method", b"POST"),
-    (b":path", b"/v1/completions"),
-    (b"content-type", b"application/json"),
-]
-
-
-def stream_messages(body: bytes) -> list[Any]:
-    pairs = [(k.decode(), v) for k, v in HEADERS] + [("content-length", str(len(body)).encode())]
-    header_map = base_pb2.HeaderMap(
-        headers=[base_pb2.HeaderValue(key=k, raw_value=v) for k, v in pairs]
-    )
-    first = ext_proc.ProcessingRequest(request_headers=ext_proc.HttpHeaders(headers=header_map))
-    first.protocol_config.request_body_mode = DUPLEX
-    first.protocol_config.response_body_mode = DUPLEX
-    last = ext_proc.ProcessingRequest(request_body=ext_proc.HttpBody(body=body, end_of_stream=True))
-    return [first, last]
-
-
-def percentiles(samples_ns: list[int]) -> tuple[float, float]:
-    ordered = sorted(samples_ns)
-    return ordered[len(ordered) // 2] / 1e3, ordered[int(len(ordered) * 0.99)] / 1e3
 
 
 def measure_async(
@@ -149,142 +117,6 @@ def measure_async(
     return percentiles(samples)
 
 
-class Floor:
-    """A trivial ext_proc server with the picker's message pattern and no decision:
-    one fixed endpoint for every request (grpc.aio's own cost per stream)."""
-
-    def __init__(self) -> None:
-        routed = ext_proc.ProcessingResponse(request_headers=ext_proc.HeadersResponse())
-        fields = routed.dynamic_metadata.fields["envoy.lb"].struct_value.fields
-        fields["x-gateway-destination-endpoint"].string_value = "127.0.0.1:8000"
-        self.routed = routed
-
-    async def Process(self, requests: Any, context: Any) -> None:  # noqa: N802
-        while True:
-            message = await context.read()
-            if message is grpc.aio.EOF:
-                return
-            if message.WhichOneof("request") == "request_body":
-                # Built by field paths, as the picker builds it (nested constructors
-                # copy each sub-message: several times slower).
-                echoed = ext_proc.ProcessingResponse()
-                streamed = echoed.request_body.response.body_mutation.streamed_response
-                streamed.body = message.request_body.body
-                streamed.end_of_stream = True
-                await context.write(self.routed)
-                await context.write(echoed)
-
-
-class SyncFloor:
-    """``Floor`` for grpc's thread-pool server: the handler runs in a pool thread, the
-    messages come through a request iterator, the answers are yielded."""
-
-    def __init__(self) -> None:
-        self.routed = Floor().routed
-
-    def Process(self, requests: Iterator[Any], context: Any) -> Iterator[Any]:  # noqa: N802
-        for message in requests:
-            if message.WhichOneof("request") == "request_body":
-                echoed = ext_proc.ProcessingResponse()
-                streamed = echoed.request_body.response.body_mutation.streamed_response
-                streamed.body = message.request_body.body
-                streamed.end_of_stream = True
-                yield self.routed
-                yield echoed
-
-
-class SyncServer:
-    """The trivial server on ``grpc.server`` (a thread pool), for ``--transports``."""
-
-    def __init__(self, *, threads: int = 8) -> None:
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads))
-        ext_proc_grpc.add_ExternalProcessorServicer_to_server(SyncFloor(), self.server)
-
-    def __enter__(self) -> int:
-        port = int(self.server.add_insecure_port("127.0.0.1:0"))
-        self.server.start()
-        return port
-
-    def cpu_ns(self) -> int:
-        """The process's CPU (the handler's threads and gRPC's; the client is elsewhere)."""
-        return time.process_time_ns()
-
-    def __exit__(self, *_: object) -> None:
-        self.server.stop(1.0).wait(10)
-
-
-class H2FloorCall:
-    """``Floor`` as a call on the picker's own HTTP/2 server (``router.picker_h2``):
-    what that server costs a stream by itself."""
-
-    def __init__(self, call: Call, routed: bytes) -> None:
-        self.call, self.routed = call, routed
-
-    def message(self, payload: bytes) -> None:
-        message = ext_proc.ProcessingRequest.FromString(payload)
-        if message.WhichOneof("request") == "request_body":
-            echoed = ext_proc.ProcessingResponse()
-            streamed = echoed.request_body.response.body_mutation.streamed_response
-            streamed.body = message.request_body.body
-            streamed.end_of_stream = True
-            self.call.send(self.routed)
-            self.call.send(echoed.SerializeToString())
-
-    def half_closed(self) -> None:
-        self.call.end()
-
-    def cancelled(self) -> None:
-        pass
-
-
-class H2Server(LoopServer):
-    """The trivial server on the picker's own HTTP/2 server, for ``--transports``."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        routed = Floor().routed.SerializeToString()
-        self.server = GrpcH2Server(
-            {PROCESS: lambda call: H2FloorCall(call, routed)}, max_message_bytes=1 << 22
-        )
-
-    async def _start(self) -> int:
-        return await self.server.start("127.0.0.1", 0)
-
-    async def _stop(self) -> None:
-        await self.server.stop(1.0)
-
-
-class ServerThread(LoopServer):
-    """A gRPC server (the picker's, or the floor's) on its own event loop (uvloop, as
-    the router's loop under uvicorn is; ``uvloop=False``: asyncio's), in a thread."""
-
-    def __init__(
-        self, router: Router | None, *, use_uvloop: bool = True, transport: str = "h2"
-    ) -> None:
-        super().__init__(use_uvloop=use_uvloop)
-        self.router = router
-        self.transport = transport
-        self.stop: Callable[[], Coroutine[Any, Any, None]] | None = None
-
-    async def _start(self) -> int:
-        if self.router is not None:
-            picker = EndpointPickerServer(
-                self.router, host="127.0.0.1", port=0, transport=self.transport
-            )
-            self.stop = lambda: picker.stop(grace_s=1.0)
-            return await picker.start()
-        server = grpc.aio.server()
-        ext_proc_grpc.add_ExternalProcessorServicer_to_server(Floor(), server)
-        port = int(server.add_insecure_port("127.0.0.1:0"))
-        await server.start()
-        self.stop = lambda: server.stop(1.0)
-        return port
-
-    async def _stop(self) -> None:
-        assert self.stop is not None
-        await self.stop()
-
-
 @dataclass(frozen=True)
 class StreamFigures:
     picked: tuple[float, float]
@@ -297,8 +129,12 @@ class StreamFigures:
     pods: int
 
 
+#: What ``run_streams`` sends to: each enters to its port and reads its CPU.
+StreamServer = ServerThread | SyncServer | H2FloorServer | H2Server
+
+
 def run_streams(
-    server: ServerThread | SyncServer | H2FloorServer | H2Server,
+    server: StreamServer,
     requests: list[str],
     *,
     concurrency: int,
@@ -327,93 +163,7 @@ def run_streams(
     )
 
 
-async def one_stream(stub: Any, body: bytes) -> tuple[int, int, str]:
-    """Wall ns to the endpoint and to the stream's end, and the endpoint."""
-    began = time.perf_counter_ns()
-    call = stub.Process()
-    for message in stream_messages(body):
-        await call.write(message)
-    headers = await call.read()
-    picked = time.perf_counter_ns()
-    await call.read()  # the body, sent back
-    await call.done_writing()
-    await call.read()  # the end
-    ended = time.perf_counter_ns()
-    endpoint = (
-        headers.dynamic_metadata.fields["envoy.lb"]
-        .struct_value.fields["x-gateway-destination-endpoint"]
-        .string_value
-    )
-    return picked - began, ended - began, endpoint
-
-
-async def grpc_streams(port: int, requests: list[str], *, concurrency: int) -> list[Any]:
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-        stub = ext_proc_grpc.ExternalProcessorStub(channel)
-        for adapter in requests[:WARM_UP]:  # the channel, the server's caches
-            await one_stream(stub, body_of(adapter))
-        gate = asyncio.Semaphore(concurrency)
-
-        async def bounded(adapter: str) -> tuple[int, int, str]:
-            async with gate:
-                return await one_stream(stub, body_of(adapter))
-
-        return list(await asyncio.gather(*(bounded(a) for a in requests)))
-
-
-def streams_from_a_client_process(
-    port: int, requests: list[str], *, concurrency: int, gateway: str
-) -> tuple[list[tuple[int, int, str]], int]:
-    """The streams sent by another process (as a gateway is): its own interpreter and
-    GIL, so the server's thread shares neither with the client; and the CPU that
-    process spent on them (warm-up included, as the server's figure)."""
-    command = [sys.executable, "-m", "bench.picker_latency", "--client", str(port)]
-    command += ["--concurrency", str(concurrency), "--gateway", gateway]
-    done = subprocess.run(
-        command, input=json.dumps(requests), capture_output=True, text=True, check=True
-    )
-    sent = json.loads(done.stdout)
-    streams = [(int(a), int(b), str(c)) for a, b, c in sent["streams"]]
-    return streams, int(sent["cpu_ns"])
-
-
-def lean_streams(port: int, requests: list[str]) -> list[tuple[int, int, str]]:
-    """The streams from ``bench.ext_proc_client``: HTTP/2 frames on a socket, what a
-    C++ gateway's side costs more nearly than Python's grpc client."""
-    framed = {
-        name: [grpc_message(m) for m in stream_messages(body_of(name))] for name in set(requests)
-    }
-    client = LeanExtProcClient("127.0.0.1", port)
-    try:
-        for adapter in requests[:WARM_UP]:
-            client.stream(framed[adapter], time.perf_counter_ns)
-        streams = []
-        for adapter in requests:
-            times = client.stream(framed[adapter], time.perf_counter_ns)
-            first = ext_proc.ProcessingResponse.FromString(times.first)
-            endpoint = (
-                first.dynamic_metadata.fields["envoy.lb"]
-                .struct_value.fields["x-gateway-destination-endpoint"]
-                .string_value
-            )
-            streams.append((times.first_ns, times.ended_ns, endpoint))
-        return streams
-    finally:
-        client.close()
-
-
-def client_main(port: int, concurrency: int, gateway: str) -> None:
-    """``--client PORT``: the adapters (a JSON list) on stdin, the streams on stdout."""
-    requests = json.loads(sys.stdin.read())
-    began = time.process_time_ns()
-    if gateway == "lean":
-        streams = lean_streams(port, requests)
-    else:
-        streams = asyncio.run(grpc_streams(port, requests, concurrency=concurrency))
-    print(json.dumps({"streams": streams, "cpu_ns": time.process_time_ns() - began}))
-
-
-def main() -> None:
+def _arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     parser.add_argument("--pods", type=int, default=64)
     parser.add_argument("--calls", type=int, default=5000)
@@ -437,23 +187,25 @@ def main() -> None:
         "(a thread pool)",
     )
     parser.add_argument("--client", type=int, help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.client is not None:
-        client_main(args.client, args.concurrency, args.gateway)
-        return
-    client_process = not args.same_process
-    gateway = "grpc" if args.same_process or args.concurrency > 1 else args.gateway
-    rng = random.Random(0)
-    adapters = [f"a{i}" for i in range(2000)]
-    topology = make_topology(args.pods, adapters, rng)
-    requests = [rng.choice(adapters) for _ in range(args.calls)]
-    router = make_router(topology)
+    return parser.parse_args()
+
+
+Percentiles = tuple[float, float]
+
+
+def _bare_pick(router: Router, topology: Topology, requests: list[str]) -> Percentiles:
+    """Line 1: ``Picker.pick`` alone, thread CPU time."""
 
     def bare(name: str) -> object:
         return router.picker.pick(topology, name)
 
     measure(bare, requests[:1000])
-    bare_p50, bare_p99 = measure(bare, requests)
+    return measure(bare, requests)
+
+
+def _without_grpc(router: Router, requests: list[str]) -> tuple[Percentiles, Percentiles]:
+    """Lines 2 and 3: ``GatewayRequest`` decide and finish, and one stream's messages
+    through the picker's ``_Stream``; thread CPU time, each after a warm-up."""
 
     async def in_process(name: str) -> object:
         request = GatewayRequest(router, HEADERS, path="/v1/completions")
@@ -481,12 +233,35 @@ def main() -> None:
 
     loop = asyncio.new_event_loop()
     measure_async(loop, in_process, requests[:1000])
-    gate_p50, gate_p99 = measure_async(loop, in_process, requests)
+    gate = measure_async(loop, in_process, requests)
     measure_async(loop, translated, requests[:1000])
-    stream_p50, stream_p99 = measure_async(loop, translated, requests)
+    stream = measure_async(loop, translated, requests)
     loop.close()
+    return gate, stream
 
-    def streams_to(server: ServerThread | SyncServer | H2FloorServer | H2Server) -> StreamFigures:
+
+@dataclass(frozen=True)
+class _StreamRuns:
+    """Lines 4 and 5: the streams to each server."""
+
+    floor: StreamFigures
+    on_grpc_aio: StreamFigures
+    picker: StreamFigures
+    #: ``--transports``: the trivial server on the other transports, by name.
+    others: dict[str, StreamFigures]
+    #: ``--transports`` with the lean client: the picker's ``_Stream`` on bare HTTP/2.
+    bare_picker: StreamFigures | None
+
+
+def _stream_runs(
+    router: Router,
+    requests: list[str],
+    *,
+    args: argparse.Namespace,
+    client_process: bool,
+    gateway: str,
+) -> _StreamRuns:
+    def streams_to(server: StreamServer) -> StreamFigures:
         return run_streams(
             server,
             requests,
@@ -508,15 +283,23 @@ def main() -> None:
             h2_floor = H2FloorServer(Floor().routed)
             others["bare HTTP/2, no gRPC (bench only)"] = streams_to(h2_floor)
             bare_picker = streams_to(H2FloorServer(Floor().routed, router))
-
-    print(
-        f"endpoint picker, {args.pods} pods, {len(adapters):,} adapters, {args.calls:,} "
-        f"requests, {args.concurrency} stream(s) at a time, {gateway} client; us"
+    return _StreamRuns(
+        floor=floor,
+        on_grpc_aio=on_grpc_aio,
+        picker=picker,
+        others=others,
+        bare_picker=bare_picker,
     )
+
+
+def _print_latencies(
+    runs: _StreamRuns, *, bare: Percentiles, gate: Percentiles, stream: Percentiles, gateway: str
+) -> None:
+    picker, on_grpc_aio, floor = runs.picker, runs.on_grpc_aio, runs.floor
     rows = [
-        ("Picker.pick (thread CPU)", (bare_p50, bare_p99)),
-        ("GatewayRequest decide+finish (thread CPU)", (gate_p50, gate_p99)),
-        ("the stream's messages, no gRPC (thread CPU)", (stream_p50, stream_p99)),
+        ("Picker.pick (thread CPU)", bare),
+        ("GatewayRequest decide+finish (thread CPU)", gate),
+        ("the stream's messages, no gRPC (thread CPU)", stream),
         ("gRPC to the endpoint, picker (wall)", picker.picked),
         ("gRPC to the endpoint, picker on grpc.aio (wall)", on_grpc_aio.picked),
         ("gRPC to the endpoint, trivial grpc.aio server (wall)", floor.picked),
@@ -527,6 +310,7 @@ def main() -> None:
     print(f"{'':52s} {'p50':>8s} {'p99':>8s}")
     for label, (p50, p99) in rows:
         print(f"{label:52s} {p50:8.1f} {p99:8.1f}")
+    bare_p50 = bare[0]
     print(
         f"added at the median, gRPC endpoint - bare decision: {picker.picked[0] - bare_p50:.1f} "
         f"(the picker's own HTTP/2 server); on grpc.aio {on_grpc_aio.picked[0] - bare_p50:.1f}"
@@ -535,10 +319,13 @@ def main() -> None:
         f"  the trivial grpc.aio server alone (the {gateway} client): {floor.picked[0]:.1f}; "
         f"the picker on grpc.aio over it: {on_grpc_aio.picked[0] - floor.picked[0]:.1f}"
     )
+
+
+def _print_cpu(runs: _StreamRuns) -> None:
     figures_by_name = (
-        ("picker", picker),
-        ("picker on grpc.aio", on_grpc_aio),
-        ("trivial grpc.aio server", floor),
+        ("picker", runs.picker),
+        ("picker on grpc.aio", runs.on_grpc_aio),
+        ("trivial grpc.aio server", runs.floor),
     )
     for name, figures in figures_by_name:
         client = (
@@ -550,16 +337,20 @@ def main() -> None:
             f"CPU per stream, {name}: its event-loop thread {figures.server_cpu_us:.1f}, "
             f"the server's process {figures.process_cpu_us:.1f}{client}"
         )
-    print(f"{picker.pods} pods picked")
-    if others:
+    print(f"{runs.picker.pods} pods picked")
+
+
+def _print_transports(runs: _StreamRuns, *, bare_p50: float) -> None:
+    if runs.others:
         print("the trivial server on other transports (wall to the endpoint p50 / p99; CPU per")
         print("stream of the server's process, and of the client's):")
-        for name, figures in (("grpc.aio on uvloop (above)", floor), *others.items()):
+        for name, figures in (("grpc.aio on uvloop (above)", runs.floor), *runs.others.items()):
             client_us = figures.client_cpu_us or 0.0
             print(
                 f"  {name:32s} {figures.picked[0]:7.1f} / {figures.picked[1]:7.1f}   "
                 f"server {figures.process_cpu_us:6.1f}, client {client_us:6.1f}"
             )
+    bare_picker = runs.bare_picker
     if bare_picker is not None:
         print(
             f"the picker's _Stream on the bare HTTP/2 protocol (bench only): to the endpoint "
@@ -567,6 +358,30 @@ def main() -> None:
             f"the median {bare_picker.picked[0] - bare_p50:.1f}; CPU per stream, its loop "
             f"thread {bare_picker.server_cpu_us:.1f}"
         )
+
+
+def main() -> None:
+    args = _arguments()
+    if args.client is not None:
+        client_main(args.client, args.concurrency, args.gateway)
+        return
+    client_process = not args.same_process
+    gateway = "grpc" if args.same_process or args.concurrency > 1 else args.gateway
+    rng = random.Random(0)
+    adapters = [f"a{i}" for i in range(2000)]
+    topology = make_topology(args.pods, adapters, rng)
+    requests = [rng.choice(adapters) for _ in range(args.calls)]
+    router = make_router(topology)
+    bare = _bare_pick(router, topology, requests)
+    gate, stream = _without_grpc(router, requests)
+    runs = _stream_runs(router, requests, args=args, client_process=client_process, gateway=gateway)
+    print(
+        f"endpoint picker, {args.pods} pods, {len(adapters):,} adapters, {args.calls:,} "
+        f"requests, {args.concurrency} stream(s) at a time, {gateway} client; us"
+    )
+    _print_latencies(runs, bare=bare, gate=gate, stream=stream, gateway=gateway)
+    _print_cpu(runs)
+    _print_transports(runs, bare_p50=bare[0])
 
 
 if __name__ == "__main__":
