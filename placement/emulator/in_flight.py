@@ -12,6 +12,14 @@ that count to reach zero (``tokenizer_control_mixin.py``
 ``_unload_lora_adapter_locked``). ``InFlight`` is that count, the names between
 unregister and the end of the wait, and the waits.
 
+``RunningEntries`` counts the requests running per entry they run on, what eviction
+must skip: both engines key a batch's adapters by entry, not name (vLLM's scheduler by
+``lora_int_id``: vllm-project/vllm ``vllm/v1/core/sched/scheduler.py``
+``Scheduler.schedule``, ``scheduled_loras``; SGLang's pool by uid:
+``python/sglang/srt/lora/mem_pool.py`` ``LoRAMemoryPool.prepare_lora_batch``,
+``cur_uids``), so a vLLM ghost a request runs on keeps its slot while the name's new,
+idle entry may go.
+
 No time, no HTTP, no engine state: the pod decides who acquires and when.
 """
 
@@ -19,6 +27,8 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+
+from placement.residency import Entry
 
 
 class InFlight:
@@ -68,3 +78,26 @@ class InFlight:
         self._waiters.clear()
         self.counts.clear()
         self.unregistered.clear()
+
+
+class RunningEntries:
+    """Requests running per engine-model entry (``placement.residency.Entry``)."""
+
+    def __init__(self) -> None:
+        self.counts: Counter[Entry] = Counter()
+
+    def start(self, entry: Entry) -> None:
+        self.counts[entry] += 1
+
+    def end(self, entry: Entry) -> None:
+        self.counts[entry] -= 1
+        if self.counts[entry] <= 0:
+            del self.counts[entry]
+
+    def busy(self) -> set[Entry]:
+        """The entries requests run on now: the model's ``busy``."""
+        return set(self.counts)
+
+    def longest(self, name: str) -> Entry | None:
+        """The entry of ``name`` running longest: for a release that names none."""
+        return next((entry for entry in self.counts if entry.name == name), None)

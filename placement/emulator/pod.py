@@ -3,17 +3,17 @@
 What the pod holds is ``placement.residency.PodResidency``, the one engine model the
 replay and the ledgers run too: this module asks it what each load, unload and request
 does (``Effects``) and keeps only what the model does not: time (a cold read timed by
-size and by the pool's storage, which stalls the running batch as each engine's one
-loop reads; the drain while weights move onto the GPU), the locks loads and unloads
-take (both in ``placement.emulator.engine_loop``), requests running (passed to the
-model as ``busy``), SGLang's unload waiting for the adapter's requests in flight, queued
-or running (``placement.emulator.in_flight``), failure injection, and counters that let
-tests see thrashing. A request waits in the engine's queue (``placement.emulator.seats``)
-until it can run: a GPU slot its adapter takes without pushing off a running or pinned
-one and, with a ``BatchTiming`` (the replay's pod), a place in the batch (at most
-``max_num_seqs``); then its first token after a prefill of its prompt, and each token
-after one decode step, whose time is read at that step from the batch's size and
-distinct adapters.
+size and by the pool's storage, which stalls the running batch as each engine's one loop
+reads; the drain while weights move onto the GPU), the locks loads and unloads take
+(both in ``placement.emulator.engine_loop``), requests running (passed to the model as
+``busy``, by the entry they run on), SGLang's unload waiting for the adapter's requests
+in flight, queued or running (both in ``placement.emulator.in_flight``), failure
+injection, and counters that let tests see thrashing. A request waits in the engine's
+queue (``placement.emulator.seats``) until it can run: a GPU slot its adapter takes
+without pushing off a running or pinned one and, with a ``BatchTiming`` (the replay's
+pod), a place in the batch (at most ``max_num_seqs``); then its first token after a
+prefill of its prompt, and each token after one decode step, whose time is read at that
+step from the batch's size and distinct adapters.
 
 Configuration, adapter existence and where a cold read's time comes from (the storage
 the engine reads through, not the engine) live in ``placement.emulator.config``. Every
@@ -36,7 +36,7 @@ from dataclasses import replace
 from placement import residency
 from placement.emulator.config import AdapterFile, Faults, PodConfig
 from placement.emulator.engine_loop import EngineLoop
-from placement.emulator.in_flight import InFlight
+from placement.emulator.in_flight import InFlight, RunningEntries
 from placement.emulator.refusals import (
     InjectedError,
     NotLoadedError,
@@ -92,6 +92,8 @@ class EmulatedPod:
         #: When each GPU entry of a name was activated, oldest first (a vLLM ghost first).
         self.activated_at: dict[str, deque[float]] = {}
         self.running: Counter[str] = Counter()
+        #: Requests running per entry they run on: what eviction skips.
+        self.running_entries = RunningEntries()
         self.waiting: Counter[str] = Counter()
         self.running_tokens = 0
         #: The batch's one loop (reads and swaps stall it) and the load and unload locks.
@@ -159,9 +161,6 @@ class EmulatedPod:
         if generation != self.generation:
             raise PodDownError()
 
-    def _busy(self) -> set[str]:
-        return {name for name, count in self.running.items() if count > 0 and name}
-
     async def load(
         self, name: str, path: str, *, pinned: bool = False, inplace: bool = False
     ) -> AdapterFile:
@@ -189,7 +188,7 @@ class EmulatedPod:
         """The engine model's load, once the weights are read."""
         # SGLang's soft cap picks the least recently used adapter whatever runs on it,
         # then waits for its requests (``_unload_lora_adapter_locked``).
-        busy = () if self.config.model.is_sglang else self._busy()
+        busy = () if self.config.model.is_sglang else self.running_entries.busy()
         try:
             effects = self.residency.load(name, path, pinned=pinned, inplace=inplace, busy=busy)
         except residency.ResidencyError as exc:
@@ -260,8 +259,9 @@ class EmulatedPod:
         waiting = ",".join(sorted(n for n, c in self.waiting.items() if c > 0 and n))
         self.lora_info[(waiting, running)] = time.time()
 
-    async def admit(self, name: str | None) -> None:
-        """Wait until ``name`` (None: the base model) runs, reading it in as needed.
+    async def admit(self, name: str | None) -> Entry | None:
+        """Wait until ``name`` (None: the base model) runs, reading it in as needed;
+        returns the entry it runs on (None for the base model), for ``release``.
 
         Raises ``NotLoadedError`` when the engine does not serve ``name`` (SGLang before
         the soft cap: also while an unload that unregistered it waits for its requests)."""
@@ -282,15 +282,16 @@ class EmulatedPod:
                 await self._reload(name, reload, generation)
             in_flight.acquire(key)  # SGLang's ``LoRARegistry.acquire``: queued ones count
             try:
-                effects = await self._schedule(name, generation, arrived)
+                scheduled = await self._schedule(name, generation, arrived)
             except BaseException:
                 in_flight.release(key)
                 raise
         finally:
             waiting[key] -= 1
             self._record_info()
-        if name is None or effects is None:
-            return
+        if name is None or scheduled is None:
+            return None
+        effects, entry = scheduled
         self.counters["cold_reloads"] += int(effects.cold)
         size_bytes = (adapter or self.files[name]).size_bytes
         try:
@@ -299,8 +300,9 @@ class EmulatedPod:
             await self._apply(name, effects, size_bytes=size_bytes)
             await self._drain_unlisted(effects.unlisted)
         except BaseException:  # the client left during the read or swap: no release comes
-            await self.release(name)
+            await self.release(name, entry)
             raise
+        return entry
 
     async def _reload(self, name: str, path: str, generation: int) -> None:
         """SGLang loads an adapter the registry lacks (the soft cap unloaded it, or an
@@ -324,39 +326,50 @@ class EmulatedPod:
 
     async def _schedule(
         self, name: str | None, generation: int, arrived: Entry | None
-    ) -> Effects | None:
-        """Wait in the queue until the request runs (``Seats.take``), holding nothing.
-
-        On vLLM it runs on ``arrived``, the entry (id) its name pointed to as it arrived,
-        though the name was unloaded or loaded again meanwhile; SGLang's unload waits for
-        the name's requests, so the name's entry now is the one."""
-        key, started, held = name or "", list[Effects](), self.residency
+    ) -> tuple[Effects, Entry] | None:
+        """Wait in the queue (``Seats.take``), holding nothing, until the request runs: on
+        vLLM on ``arrived``, the entry (id) its name pointed to as it arrived, though the
+        name was unloaded or loaded again since; SGLang's unload waits for the name's
+        requests, so on the name's entry now. Returns what it did, and that entry."""
+        key, started, held = name or "", list[tuple[Effects, Entry]](), self.residency
 
         def start() -> bool:
             if name is not None:
-                busy, entry = self._busy(), arrived or held.entry(name)
+                busy, entry = self.running_entries.busy(), arrived or held.entry(name)
                 if not held.can_activate_entry(entry, busy=busy):
                     return False
-                if entry is None:  # not served: refused
-                    started.append(held.request(name, busy=busy))
+                if entry is None:  # not served (refused), or parked (listed again)
+                    effects = held.request(name, busy=busy)
                 else:
-                    started.append(held.request_entry(entry, busy=busy))
+                    effects = held.request_entry(entry, busy=busy)
+                ran_on = entry or held.entry(name)
+                assert ran_on is not None  # served: the name points to an entry now
+                started.append((effects, ran_on))
+                self.running_entries.start(ran_on)
             self.running[key] += 1
             return True
 
-        await self.seats.take(start, abandon=lambda: self._end(key))
+        def abandon() -> None:  # its waiter was cancelled as it started
+            self._end(key, started[0][1] if started else None)
+
+        await self.seats.take(start, abandon=abandon)
         self._alive(generation)
         return started[0] if started else None
 
-    def _end(self, key: str) -> None:
-        """One request for ``key`` ("": the base model) leaves the batch."""
-        if self.running[key] > 0:  # a restart in between already forgot the request
+    def _end(self, key: str, entry: Entry | None) -> None:
+        """A request for ``key`` ("": the base model) on ``entry`` leaves the batch (a
+        restart in between forgot it already)."""
+        if self.running[key] > 0:
             self.running[key] -= 1
+            if entry is not None:
+                self.running_entries.end(entry)
             self.seats.give_back()
 
-    async def release(self, name: str | None) -> None:
-        self._end(name or "")
-        self.in_flight.release(name or "")  # SGLang's ``LoRARegistry.release``
+    async def release(self, name: str | None, entry: Entry | None = None) -> None:
+        """A request ended, run on ``entry`` (``admit``'s; None: the name's running longest)."""
+        key = name or ""
+        self._end(key, entry or (self.running_entries.longest(key) if name else None))
+        self.in_flight.release(key)  # SGLang's ``LoRARegistry.release``
         self._record_info()
 
     def step_ms(self) -> float:

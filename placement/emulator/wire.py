@@ -26,6 +26,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from placement.emulator.pod import EmulatedPod
+from placement.residency import Entry
 
 ErrorBody = Callable[[int, str, str | None], Response]
 
@@ -77,17 +78,17 @@ async def complete(
     """Admit the request on ``pod``, then answer it whole or as an SSE stream."""
     prompt_tokens, max_tokens = _prompt_tokens(body), _max_tokens(body)
     request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
-    await pod.admit(adapter)
+    entry = await pod.admit(adapter)  # what it runs on, for its release
     tokens = pod.generate(prompt_tokens=prompt_tokens, max_tokens=max_tokens)
     if body.get("stream"):
         return StreamingResponse(
-            _stream(pod, adapter, tokens, chat=chat, model=model, request_id=request_id),
+            _stream(pod, adapter, entry, tokens, chat=chat, model=model, request_id=request_id),
             media_type="text/event-stream",
         )
     try:
         text = "".join([f" tok{index}" async for index in tokens])
     finally:
-        await pod.release(adapter)
+        await pod.release(adapter, entry)
     usage = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": max_tokens,
@@ -101,6 +102,7 @@ async def complete(
 async def _stream(
     pod: EmulatedPod,
     adapter: str | None,
+    entry: Entry | None,
     tokens: AsyncIterator[int],
     *,
     chat: bool,
@@ -116,7 +118,7 @@ async def _stream(
         yield f"data: {json.dumps({**envelope, 'choices': [last]})}\n\n"
         yield "data: [DONE]\n\n"
     finally:
-        await pod.release(adapter)
+        await pod.release(adapter, entry)
 
 
 def model_card(model_id: str, *, root: str, parent: str | None, owned_by: str) -> dict[str, Any]:

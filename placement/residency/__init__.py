@@ -55,14 +55,19 @@ models, from the engines' source:
 ``EngineModel.SGLANG_HARD_CAP``: SGLang before PR #11526, where a load past
 ``--max-loaded-loras`` is refused instead.
 
-Pure: no IO, no clock. A caller with requests in flight passes ``busy`` names, which
-eviction skips while it has another choice.
+Pure: no IO, no clock. A caller with requests in flight passes what they run on as
+``busy``, which eviction skips while it has another choice: the entries, as both
+engines count a batch's adapters (vLLM's scheduler by ``lora_int_id``,
+vllm/v1/core/sched/scheduler.py ``Scheduler.schedule``; SGLang's pool by the adapter's
+uid, python/sglang/srt/lora/mem_pool.py ``LoRAMemoryPool.prepare_lora_batch``), so a
+vLLM ghost a request still runs on keeps its slot and a name's other entry may go; or,
+from a caller that counts by name, names, each covering every entry of that name.
 
 ``vocabulary`` holds what the calls take and give (the engine models, the refusals,
 ``Effects``, ``Entry``); ``state`` holds ``PodResidency``. Import both from here.
 """
 
-from placement.residency.state import PodResidency
+from placement.residency.state import Busy, PodResidency
 from placement.residency.vocabulary import (
     AlreadyLoadedError,
     CapReachedError,
@@ -77,6 +82,7 @@ from placement.residency.vocabulary import (
 
 __all__ = [
     "AlreadyLoadedError",
+    "Busy",
     "CapReachedError",
     "Effects",
     "EngineModel",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 from collections import OrderedDict
 from collections.abc import Collection, Iterable
+from typing import TypeAlias
 
 from placement.residency.vocabulary import (
     AlreadyLoadedError,
@@ -20,7 +21,17 @@ from placement.residency.vocabulary import (
     PinLimitError,
 )
 
-__all__ = ["PodResidency"]
+__all__ = ["Busy", "PodResidency"]
+
+#: What has requests in flight, for eviction to skip: entries (as the engines key
+#: them: vLLM's scheduler by ``lora_int_id``, SGLang's pool by the adapter's uid), or
+#: names, for a caller that counts by name: a name covers every entry of it, a vLLM
+#: ghost's too (a request may still run on it).
+Busy: TypeAlias = Collection[str | Entry]
+
+
+def _is_busy(entry: Entry, busy: Busy) -> bool:
+    return entry in busy or entry.name in busy
 
 
 class PodResidency:
@@ -79,19 +90,20 @@ class PodResidency:
         entry = self._current.get(name)
         return entry is not None and entry in self._gpu
 
-    def can_activate_now(self, name: str, *, busy: Collection[str] = ()) -> bool:
+    def can_activate_now(self, name: str, *, busy: Busy = ()) -> bool:
         """Whether a request for ``name`` gets a GPU slot without pushing off an adapter
         that is pinned or ``busy`` (a scheduler would otherwise hold it back a step)."""
         return self.can_activate_entry(self._current.get(name), busy=busy)
 
-    def can_activate_entry(self, entry: Entry | None, *, busy: Collection[str] = ()) -> bool:
-        """``can_activate_now`` for a request holding ``entry`` (``request_entry``)."""
+    def can_activate_entry(self, entry: Entry | None, *, busy: Busy = ()) -> bool:
+        """``can_activate_now`` for a request holding ``entry`` (``request_entry``).
+
+        A ghost (an unloaded name's entry) a request still runs on holds its slot as any
+        running entry does: vLLM's scheduler counts the batch's LoRAs by id
+        (vllm/v1/core/sched/scheduler.py ``Scheduler.schedule``, ``scheduled_loras``)."""
         if (entry is not None and entry in self._gpu) or len(self._gpu) < self.max_loras:
             return True
-        return any(
-            e.name not in self.pinned and (self._current.get(e.name) != e or e.name not in busy)
-            for e in self._gpu
-        )
+        return any(e.name not in self.pinned and not _is_busy(e, busy) for e in self._gpu)
 
     def entry(self, name: str) -> Entry | None:
         """The entry a listed name points to now (vLLM: its id), for a request to hold
@@ -110,7 +122,7 @@ class PodResidency:
         *,
         pinned: bool = False,
         inplace: bool = False,
-        busy: Collection[str] = (),
+        busy: Busy = (),
     ) -> Effects:
         """``load_lora_adapter``; raises ``AlreadyLoadedError``, ``CapReachedError`` (SGLang
         before the soft cap) or ``PinLimitError``."""
@@ -135,7 +147,7 @@ class PodResidency:
         self._gpu.pop(entry, None)
         return Effects(gpu_evicted=(name,) if was_on_gpu else ())
 
-    def request(self, name: str, *, busy: Collection[str] = ()) -> Effects:
+    def request(self, name: str, *, busy: Busy = ()) -> Effects:
         """A completion (or a warm-up) naming ``name``; raises ``NotLoadedError`` if refused."""
         if not self.serves(name):
             raise NotLoadedError(name)
@@ -153,7 +165,8 @@ class PodResidency:
             entry = self._current[name] = Entry(next(self._ids), name)
         if entry not in self._host:
             cold = True
-            host_evicted = self._into_host(entry, busy=busy)
+            host_evicted, host_left_gpu = self._into_host(entry, busy=busy)
+            left_gpu += host_left_gpu
         activated, gpu_evicted = self._activate(entry, busy=busy)
         return Effects(
             cold=cold,
@@ -163,7 +176,7 @@ class PodResidency:
             unlisted=unlisted,
         )
 
-    def request_entry(self, entry: Entry, *, busy: Collection[str] = ()) -> Effects:
+    def request_entry(self, entry: Entry, *, busy: Busy = ()) -> Effects:
         """A request that runs on ``entry``, captured as it arrived (``entry``).
 
         While its name still points to it, this is ``request``. On vLLM an entry whose
@@ -177,14 +190,17 @@ class PodResidency:
         if self.engine is not EngineModel.VLLM:
             raise NotLoadedError(entry.name)
         cold = entry not in self._host
-        host_evicted = self._into_host(entry, busy=busy) if cold else ()
+        host_evicted, left_gpu = self._into_host(entry, busy=busy) if cold else ((), ())
         activated, gpu_evicted = self._activate(entry, busy=busy)
         return Effects(
-            cold=cold, activated=activated, gpu_evicted=gpu_evicted, host_evicted=host_evicted
+            cold=cold,
+            activated=activated,
+            gpu_evicted=left_gpu + gpu_evicted,
+            host_evicted=host_evicted,
         )
 
     # vLLM --------------------------------------------------------------------------
-    def _vllm_load(self, name: str, path: str, *, inplace: bool, busy: Collection[str]) -> Effects:
+    def _vllm_load(self, name: str, path: str, *, inplace: bool, busy: Busy) -> Effects:
         if name in self.listed and not inplace:
             raise AlreadyLoadedError(name)
         entry = self._current.get(name) if inplace else None
@@ -196,14 +212,17 @@ class PodResidency:
         # ones first (``remove_adapter`` deactivates too), so they are copied to the GPU again.
         self._host.pop(entry, None)
         self._gpu.pop(entry, None)
-        host_evicted = self._into_host(entry, busy=busy)
+        host_evicted, left_gpu = self._into_host(entry, busy=busy)
         activated, gpu_evicted = self._activate(entry, busy=busy)
         return Effects(
-            cold=True, activated=activated, gpu_evicted=gpu_evicted, host_evicted=host_evicted
+            cold=True,
+            activated=activated,
+            gpu_evicted=left_gpu + gpu_evicted,
+            host_evicted=host_evicted,
         )
 
     # SGLang ------------------------------------------------------------------------
-    def _sglang_load(self, name: str, path: str, *, pinned: bool, busy: Collection[str]) -> Effects:
+    def _sglang_load(self, name: str, path: str, *, pinned: bool, busy: Busy) -> Effects:
         if name in self.listed:
             raise AlreadyLoadedError(name)
         if pinned and len(self.pinned) >= self.max_loras - 1:
@@ -224,9 +243,7 @@ class PodResidency:
         unlisted, left_gpu = ((), ()) if hard else self._park_over_cap(keep=name, busy=busy)
         return Effects(cold=True, gpu_evicted=left_gpu, unlisted=unlisted)
 
-    def _park_over_cap(
-        self, *, keep: str, busy: Collection[str]
-    ) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    def _park_over_cap(self, *, keep: str, busy: Busy) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """SGLang's soft cap: unload least recently used unpinned adapters past it.
 
         Returns the names unloaded, and those of them that left a GPU slot."""
@@ -249,22 +266,30 @@ class PodResidency:
         return tuple(parked), tuple(left_gpu)
 
     # shared ------------------------------------------------------------------------
-    def _into_host(self, entry: Entry, *, busy: Collection[str]) -> tuple[str, ...]:
+    def _into_host(self, entry: Entry, *, busy: Busy) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """Put ``entry`` in the host cache; returns the names dropped from it, and those
+        of them that left a GPU slot with it: vLLM's host cache calls
+        ``deactivate_adapter`` on the entry it drops (vllm/lora/model_manager.py,
+        ``LRUCacheLoRAModelManager``: ``_registered_adapters`` is an ``AdapterLRUCache``
+        whose ``_on_remove`` deactivates; ``remove_oldest_adapter`` drops it)."""
         self._host[entry] = None
         evicted: list[str] = []
+        left_gpu: list[str] = []
         cap = self.max_cpu_loras
         if self.engine is not EngineModel.VLLM or cap is None:
-            return ()
+            return (), ()
         while len(self._host) > cap:
             victim = self._victim((e for e in self._host if e != entry), busy)
             if victim is None:
                 break
             del self._host[victim]
-            self._gpu.pop(victim, None)  # leaving the host cache leaves the GPU too
             evicted.append(victim.name)
-        return tuple(evicted)
+            if victim in self._gpu:
+                del self._gpu[victim]
+                left_gpu.append(victim.name)
+        return tuple(evicted), tuple(left_gpu)
 
-    def _activate(self, entry: Entry, *, busy: Collection[str]) -> tuple[bool, tuple[str, ...]]:
+    def _activate(self, entry: Entry, *, busy: Busy) -> tuple[bool, tuple[str, ...]]:
         if entry in self._gpu:
             self._gpu.move_to_end(entry)
             self._host.move_to_end(entry)
@@ -281,11 +306,11 @@ class PodResidency:
         return True, tuple(evicted)
 
     @staticmethod
-    def _victim(candidates: Iterable[Entry], busy: Collection[str]) -> Entry | None:
+    def _victim(candidates: Iterable[Entry], busy: Busy) -> Entry | None:
         """The least recently used candidate not busy, else the least recently used."""
         fallback = None
         for entry in candidates:
-            if entry.name not in busy:
+            if not _is_busy(entry, busy):
                 return entry
             if fallback is None:
                 fallback = entry

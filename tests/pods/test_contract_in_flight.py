@@ -176,6 +176,46 @@ async def test_vllm_a_request_waiting_through_a_reload_runs_on_its_old_id() -> N
         await pod.release(name)
 
 
+async def test_vllm_a_request_running_on_an_unloaded_names_old_id_keeps_its_gpu_slot() -> None:
+    """The scheduler counts the running batch's LoRAs by id (vllm-project/vllm
+    vllm/v1/core/sched/scheduler.py ``Scheduler.schedule``: ``scheduled_loras`` holds
+    ``lora_request.lora_int_id``), and each step the worker activates every id in the
+    batch (vllm/v1/worker/lora_model_runner_mixin.py ``set_active_loras`` ->
+    vllm/lora/worker_manager.py ``LRUCacheWorkerLoRAManager._apply_adapters``), so the
+    slot that goes is the least recently used id outside the batch. A request running on
+    c's first id holds that id's slot through an unload and a load of c; a request for a
+    pushes off c's new, idle id, not the old one it runs on."""
+    config = PodConfig(engine=Engine.VLLM, latency=ZERO_LATENCY, max_loras=2, max_cpu_loras=4)
+    pod = EmulatedPod(config)
+    for name in ("a", "c"):
+        await pod.load(name, f"s3://adapters/{name}")
+    running = await pod.admit("c")  # on c's first id
+    await pod.unload("c")
+    await pod.load("c", "s3://adapters/c")  # a new id: a, idle, leaves its slot
+    reloaded = _held(pod)
+    second = await pod.admit("a")
+    assert reloaded == (["a", "c"], ["c"], 1, 1)
+    assert _held(pod) == (["c", "a"], ["a"], 1, 2)  # the old id runs on: a ghost on the GPU
+    await pod.release("c", running)
+    await pod.release("a", second)
+    assert not pod.running_entries.busy()
+
+
+async def test_vllm_a_host_cache_eviction_takes_the_adapter_off_the_gpu_and_counts() -> None:
+    """Past ``--max-cpu-loras`` the worker drops the oldest host-cache entry
+    (vllm-project/vllm vllm/lora/worker_manager.py ``LRUCacheWorkerLoRAManager.add_adapter``
+    -> vllm/lora/model_manager.py ``LRUCacheLoRAModelManager.remove_oldest_adapter``), and
+    the host cache deactivates what it drops (``_registered_adapters`` is an
+    ``AdapterLRUCache`` built with ``deactivate_adapter``; its ``_on_remove`` calls it):
+    the adapter leaves its GPU slot too, a GPU eviction as well as a host one."""
+    config = PodConfig(engine=Engine.VLLM, latency=ZERO_LATENCY, max_loras=2, max_cpu_loras=2)
+    pod = EmulatedPod(config)
+    for name in ("a", "b", "c"):  # c's load drops a from the host cache, so from the GPU
+        await pod.load(name, f"s3://adapters/{name}")
+    assert _held(pod) == (["b", "c"], ["b", "c"], 0, 1)
+    assert pod.counters["host_evictions"] == 1 and len(pod.residencies_s) == 1
+
+
 async def test_sglang_a_request_waits_while_the_batch_has_max_loras_per_batch_adapters() -> None:
     """The scheduler admits a waiting request only when its adapter and the running
     batch's fit the LoRA memory pool (sgl-project/sglang

@@ -118,14 +118,58 @@ def test_a_request_waits_only_while_every_slot_is_busy_or_pinned(
     assert pod.can_activate_now("c", busy=busy) is expected
 
 
-def test_a_vllm_ghost_never_holds_a_request_back() -> None:
+def test_a_vllm_ghost_holds_a_request_back_only_while_a_request_runs_on_it() -> None:
+    """vLLM's scheduler counts the batch's LoRAs by id (vllm/v1/core/sched/scheduler.py
+    ``Scheduler.schedule``, ``scheduled_loras``), an unloaded name's id too: a ghost
+    with a request on it holds its slot, an idle one does not."""
     pod = _pod(VLLM)
     pod.load("a", "/a")
     pod.load("b", "/b")
     pod.unload("a")
     pod.load("c", "/c")  # evicts a's ghost
+    ghost = pod.entry("b")
     pod.unload("b")
-    assert pod.can_activate_now("zz", busy={"b", "c"})
+    running_c = pod.entry("c")
+    assert ghost is not None and running_c is not None
+    assert pod.can_activate_now("zz", busy={running_c})
+    assert not pod.can_activate_now("zz", busy={ghost, running_c})
+    assert not pod.can_activate_now("zz", busy={"b", "c"})  # a name covers its ghost
+
+
+def test_vllm_a_ghost_a_request_runs_on_keeps_its_slot_and_its_idle_twin_goes() -> None:
+    """Busy is per entry, as the engine's is: each step the worker activates every id
+    in the batch (vllm/lora/worker_manager.py ``LRUCacheWorkerLoRAManager._apply_adapters``
+    -> ``add_adapter`` -> vllm/lora/model_manager.py ``activate_adapter``), so the slot
+    that goes is the least recently used entry outside the batch. After an unload and a
+    load of the same name, the old id a request runs on stays; the new, idle one goes."""
+    pod = _pod(VLLM, max_loras=2, max_cpu_loras=4)
+    pod.load("a", "/a")
+    pod.load("c", "/c")
+    running = pod.entry("c")  # a request runs on c's first id
+    assert running is not None
+    pod.unload("c")
+    pod.load("c", "/c", busy={running})  # a new id; a, idle, goes
+    assert pod.gpu_entries() == (("c", False), ("c", True))
+    assert pod.can_activate_now("a", busy={running})
+    effects = pod.request("a", busy={running})
+    assert effects.gpu_evicted == ("c",)
+    assert pod.gpu_entries() == (("c", False), ("a", True))
+
+
+def test_vllm_a_host_eviction_reports_the_gpu_slot_it_frees() -> None:
+    """vLLM's host cache deactivates what it drops (vllm/lora/model_manager.py
+    ``LRUCacheLoRAModelManager``: ``_registered_adapters`` is an ``AdapterLRUCache`` whose
+    ``_on_remove`` calls ``deactivate_adapter``; vllm/lora/worker_manager.py
+    ``LRUCacheWorkerLoRAManager.add_adapter`` -> ``remove_oldest_adapter``): the adapter
+    leaves its GPU slot too, and the call says so."""
+    pod = _pod(VLLM, max_loras=2, max_cpu_loras=2)
+    pod.load("a", "/a")
+    pod.load("b", "/b")
+    loaded = pod.load("c", "/c")  # the host cache [a, b] is full: a leaves it and the GPU
+    assert (loaded.host_evicted, loaded.gpu_evicted) == (("a",), ("a",))
+    asked = pod.request("a")  # read again: b leaves the host cache and the GPU
+    assert (asked.host_evicted, asked.gpu_evicted) == (("b",), ("b",))
+    assert pod.on_gpu() == ("c", "a")
 
 
 def test_vllm_a_request_runs_on_the_entry_it_arrived_with_after_an_unload() -> None:
@@ -143,8 +187,8 @@ def test_vllm_a_request_runs_on_the_entry_it_arrived_with_after_an_unload() -> N
     assert pod.can_activate_entry(arrived, busy={"c"})  # b can go
     effects = pod.request_entry(arrived, busy={"c"})
     assert effects.cold and effects.activated
-    # b leaves the host cache, and so the GPU (reported as a host eviction, as ``request``)
-    assert effects.host_evicted == ("b",) and effects.gpu_evicted == ()
+    # b leaves the host cache, and so the GPU (``AdapterLRUCache._on_remove`` deactivates)
+    assert effects.host_evicted == ("b",) and effects.gpu_evicted == ("b",)
     assert pod.gpu_entries() == (("c", True), ("a", False)) and pod.ghosts_on_gpu() == 1
     assert pod.host_entries() == (("c", True), ("a", False))
     again = pod.request_entry(arrived)  # on the GPU now: no read, no swap, most recent
