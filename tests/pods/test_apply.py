@@ -6,6 +6,7 @@ import asyncio
 import random
 from collections import Counter
 from collections.abc import Awaitable, Callable
+from typing import Any, cast
 
 import httpx
 import pytest
@@ -20,7 +21,14 @@ from placement.actuation.apply import (
 from placement.actuation.executor import Executor, Ledger, Status, backoff_s
 from placement.clock import ManualClock
 from placement.domain import AdapterId, Catalog, Engine, Load, PodId
-from placement.emulator import ZERO_LATENCY, EmulatedFleet, Faults, Latency, PodConfig
+from placement.emulator import (
+    ZERO_LATENCY,
+    EmulatedFleet,
+    EmulatedPod,
+    Faults,
+    Latency,
+    PodConfig,
+)
 from placement.emulator.wire import pod_stats
 from placement.plan import Plan
 from placement.settings import ExecutorSettings
@@ -32,6 +40,11 @@ NAMES = [f"a{i}" for i in range(10)]
 FAST = ExecutorSettings(
     per_action_deadline_s=5.0, max_concurrency=8, max_attempts=8, backoff_base_s=0.0
 )
+
+
+def _pod_stats(pod: EmulatedPod) -> dict[str, Any]:
+    """``/admin/stats`` of ``pod``, read without HTTP (its values are JSON's)."""
+    return cast("dict[str, Any]", pod_stats(pod))
 
 
 def _catalog(missing: str = "") -> Catalog:
@@ -61,9 +74,9 @@ PLAN_B = make_plan(
 
 
 def _fleet(
-    engine: Engine = Engine.VLLM, *, clock: ManualClock | None = None, **config: object
+    engine: Engine = Engine.VLLM, *, clock: ManualClock | None = None, **config: Any
 ) -> EmulatedFleet:
-    template = PodConfig(latency=ZERO_LATENCY, max_loras=2, max_cpu_loras=4, **config)  # type: ignore[arg-type]
+    template = PodConfig(latency=ZERO_LATENCY, max_loras=2, max_cpu_loras=4, **config)
     return EmulatedFleet.start(4, engine=engine, config=template, clock=clock or ManualClock())
 
 
@@ -76,15 +89,15 @@ Apply = Callable[..., Awaitable[ApplyOutcome]]
 
 def _applier(
     fleet: EmulatedFleet,
-    http: object,
+    http: httpx.AsyncClient,
     *,
     settings: ExecutorSettings = FAST,
     ledger: Ledger | None = None,
 ) -> Apply:
-    clients = make_clients(fleet.domain(), http=http, timeout_s=2.0)  # type: ignore[arg-type]
+    clients = make_clients(fleet.domain(), http=http, timeout_s=2.0)
     ledger = ledger if ledger is not None else Ledger()
 
-    async def run(plan: Plan, catalog: Catalog | None = None, **kwargs: object) -> ApplyOutcome:
+    async def run(plan: Plan, catalog: Catalog | None = None, **kwargs: Any) -> ApplyOutcome:
         return await apply_plan(
             plan,
             fleet=fleet.domain(),
@@ -94,7 +107,7 @@ def _applier(
             rng=random.Random(7),
             ledger=ledger,
             sleep=_no_sleep,
-            **kwargs,  # type: ignore[arg-type]
+            **kwargs,
         )
 
     return run
@@ -104,9 +117,9 @@ def _assert_holds(fleet: EmulatedFleet, plan: Plan) -> None:
     """Each pod lists the plan's adapters and its GPU holds the plan's hot set (exactly,
     when the hot set fills the GPU)."""
     for handle in fleet.handles:
-        pod_plan, stats = plan.pods[handle.name], pod_stats(handle.pod)
-        assert set(stats["listed"]) == set(pod_plan.registered), handle.name  # type: ignore[call-overload]
-        gpu = set(stats["gpu"])  # type: ignore[call-overload]
+        pod_plan, stats = plan.pods[handle.name], _pod_stats(handle.pod)
+        assert set(stats["listed"]) == set(pod_plan.registered), handle.name
+        gpu = set(stats["gpu"])
         assert set(pod_plan.hot) <= gpu, (handle.name, gpu)
         if len(pod_plan.hot) == handle.pod.config.max_loras:
             assert gpu == set(pod_plan.hot), (handle.name, gpu)
@@ -116,12 +129,12 @@ def _assert_never_over_limits(fleet: EmulatedFleet) -> None:
     """SGLang never lists more than ``--max-loaded-loras``, so its soft cap never unloads
     an adapter; vLLM lists without limit (an unload frees nothing, so loads come first)."""
     for handle in fleet.handles:
-        stats = pod_stats(handle.pod)
+        stats = _pod_stats(handle.pod)
         counters, peaks = stats["counters"], stats["peaks"]
-        assert counters.get("unlisted", 0) == 0  # type: ignore[union-attr]
+        assert counters.get("unlisted", 0) == 0
         if fleet.engine is Engine.SGLANG:
-            assert peaks.get("registered", 0) <= handle.pod.config.cpu_slots  # type: ignore[union-attr]
-            assert counters.get("over_limit", 0) == 0  # type: ignore[union-attr]
+            assert peaks.get("registered", 0) <= handle.pod.config.cpu_slots
+            assert counters.get("over_limit", 0) == 0
 
 
 async def _watch_hot_replicas(fleet: EmulatedFleet, plan: Plan, stop: asyncio.Event) -> list[str]:
@@ -254,7 +267,7 @@ async def test_a_bad_path_fails_permanently_naming_it_and_spares_the_rest() -> N
     assert failure.permanent and failure.attempts == 1
     assert "s3://adapters/missing-a7" in failure.detail
     assert set(fleet.pod("pod-2").listed) == {"a6", "a8"}
-    assert not outcome.report.per_pod()["pod-0"].failed
+    assert not outcome.report.per_pod()[PodId("pod-0")].failed
 
 
 async def test_runtime_updating_off_is_reported_per_pod() -> None:
@@ -262,7 +275,7 @@ async def test_runtime_updating_off_is_reported_per_pod() -> None:
     async with fleet.http() as http:
         outcome = await _applier(fleet, http)(PLAN_A)
     reports = outcome.report.per_pod()
-    first_failure = reports["pod-3"].failed[0]
+    first_failure = reports[PodId("pod-3")].failed[0]
     assert "set VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 on pod-3" in first_failure.detail
     assert all(r.status is not Status.DONE for r in outcome.report.results)
 
@@ -343,7 +356,7 @@ async def test_retries_back_off_exponentially_with_jitter_until_attempts_run_out
     assert len(delays) == 3 and all(0.0 <= d <= cap for d, cap in zip(delays, caps, strict=True))
 
 
-async def _stats(http: httpx.AsyncClient, fleet: EmulatedFleet) -> dict[str, dict[str, object]]:
+async def _stats(http: httpx.AsyncClient, fleet: EmulatedFleet) -> dict[str, dict[str, Any]]:
     return {h.name: (await http.get(f"{h.url}/admin/stats")).json() for h in fleet.handles}
 
 
@@ -361,10 +374,10 @@ async def test_the_ledger_holds_what_each_emulated_pod_reports(engine: Engine) -
             assert outcome.report.ok, outcome.report.failed
             for name, stats in (await _stats(http, fleet)).items():
                 model = ledger.pods[PodId(name)]
-                assert model.on_gpu() == tuple(stats["gpu"]), name  # type: ignore[arg-type]
+                assert model.on_gpu() == tuple(stats["gpu"]), name
                 assert model.ghosts_on_gpu() == stats["ghosts"], name
-                assert model.in_host() == tuple(stats["host"]), name  # type: ignore[arg-type]
-                assert set(model.listed) == set(stats["listed"]), name  # type: ignore[arg-type]
+                assert model.in_host() == tuple(stats["host"]), name
+                assert set(model.listed) == set(stats["listed"]), name
     # The re-plan unloaded adapters: on vLLM their entries stay in the host cache.
     unloaded = [n for m in ledger.pods.values() for n, listed in m.host_entries() if not listed]
     assert bool(unloaded) is (engine is Engine.VLLM)
@@ -391,7 +404,7 @@ async def test_the_ledger_learns_a_restart_and_loads_by_others_from_the_listing(
         stats = (await _stats(http, fleet))["pod-2"]
     assert observation[0].states[PodId("pod-2")].warmed == ("a9",)
     model = ledger.pods[PodId("pod-2")]
-    assert (model.on_gpu(), tuple(model.listed)) == (tuple(stats["gpu"]), ("a9",))  # type: ignore[arg-type]
+    assert (model.on_gpu(), tuple(model.listed)) == (tuple(stats["gpu"]), ("a9",))
 
 
 async def test_actions_of_one_pod_run_in_order_whatever_after_says() -> None:
@@ -412,4 +425,4 @@ async def test_actions_of_one_pod_run_in_order_whatever_after_says() -> None:
         report = await executor.run(actions, after=((), (), ()))
     assert report.ok
     assert counting.peak["all"] == 1
-    assert pod_stats(fleet.pod("pod-0"))["gpu"] == ["a1", "a2"]
+    assert _pod_stats(fleet.pod("pod-0"))["gpu"] == ["a1", "a2"]

@@ -16,7 +16,7 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from placement.cli import app
+from placement.cli.app import app
 from placement.domain import PodId
 from placement.emulator import (
     ZERO_LATENCY,
