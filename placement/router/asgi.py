@@ -47,6 +47,7 @@ from placement.router.front import Refusal, body_too_large, parse_request, read_
 from placement.router.http_cycle import cycle_of
 from placement.router.metrics import CONTENT_TYPE
 from placement.router.picking import Choice, Reject
+from placement.router.reqlog import LogRow
 from placement.router.upstream import PoolFullError
 from placement.router.warmups import send_warmups
 
@@ -328,7 +329,7 @@ class RouterApp:
         router.metrics.request(self._label(exchange), label, ttft_s)
         if router.request_log.sink is not None:
             router.request_log.append(
-                (
+                LogRow(  # positional: keywords would double the cost of building it
                     exchange.arrived_s,
                     exchange.model,
                     exchange.tenant,

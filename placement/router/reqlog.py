@@ -6,13 +6,12 @@ The columns are ARCHITECTURE.md's request-log contract, which the forecaster rea
 refused), ``ttft_ms``, plus the optional ``status`` (the HTTP status returned).
 
 The hot path only appends a row to a list (at most ``max_pending_rows``: beyond, new
-rows are dropped and counted, so a stuck disk cannot grow the router's memory); the
-proxy appends its rows' fields as a plain tuple (``RowFields``), made a ``LogRow`` by the
-writer's thread at the flush (a frozen dataclass costs some 2 us to build, a tuple a
-tenth of that), and without a sink nothing is kept. The log
-loop calls ``flush`` every ``flush_interval_s``; it hands the batch to a thread that
-drops the rows that cannot be written (``row_problem``: counted, never a reason to
-lose the batch) and writes the rest. A batch the file refused with an ``OSError`` (a
+rows are dropped and counted, so a stuck disk cannot grow the router's memory), and
+without a sink nothing is kept. A row is a ``LogRow``, a named tuple, cheap enough for
+the proxy to build one per request. The log loop calls ``flush`` every
+``flush_interval_s``; it hands the batch to a thread that drops the rows that cannot
+be written (``row_problem``: counted, never a reason to lose the batch) and writes the
+rest. A batch the file refused with an ``OSError`` (a
 full disk) is kept for the next flush; any other error drops the batch (counted) and
 is raised to the loop's supervisor. ``close`` flushes what is left and always closes
 the sink, whatever the flush raised.
@@ -31,7 +30,7 @@ import asyncio
 import logging
 import threading
 from collections.abc import Sequence
-from typing import Protocol, TypeAlias
+from typing import Protocol
 
 from placement.adapters.request_log_files import (
     SCHEMA,
@@ -44,12 +43,6 @@ from placement.adapters.request_log_files import (
 from placement.router.metrics import RouterMetrics
 
 log = logging.getLogger("lorafleet.router")
-
-#: A row's fields in ``LogRow``'s order: ts_s, adapter, tenant, prompt_tokens,
-#: output_tokens, pod, outcome, ttft_ms, status.
-RowFields: TypeAlias = tuple[
-    float, str, str | None, int | None, int | None, str | None, str | None, float | None, int
-]
 
 
 class RequestLogSink(Protocol):
@@ -88,7 +81,7 @@ class RequestLogger:
         self.flush_interval_s = flush_interval_s
         self.max_pending_rows = max_pending_rows
         self.metrics = metrics
-        self._rows: list[LogRow | RowFields] = []
+        self._rows: list[LogRow] = []
         self._lock = asyncio.Lock()
 
     @property
@@ -97,8 +90,7 @@ class RequestLogger:
         where = getattr(sink, "path", None) or getattr(sink, "directory", None)
         return f"request log {where}" if where is not None else "request log"
 
-    def append(self, row: LogRow | RowFields) -> None:
-        """A row, or its fields (made a ``LogRow`` at the flush)."""
+    def append(self, row: LogRow) -> None:
         if self.sink is None:
             return
         if len(self._rows) >= self.max_pending_rows:
@@ -121,11 +113,10 @@ class RequestLogger:
                 self.metrics.log_rows_dropped.labels(reason="write_error").inc(len(rows))
                 raise
 
-    def _write(self, rows: list[LogRow | RowFields]) -> None:
+    def _write(self, rows: list[LogRow]) -> None:
         assert self.sink is not None
         good = []
-        for given in rows:
-            row = given if isinstance(given, LogRow) else LogRow(*given)
+        for row in rows:
             problem = row_problem(row)
             if problem is None:
                 good.append(row)
@@ -135,7 +126,7 @@ class RequestLogger:
         if good:
             self.sink.write(good)
 
-    def _keep(self, rows: list[LogRow | RowFields]) -> None:
+    def _keep(self, rows: list[LogRow]) -> None:
         """Put a refused batch back before the rows collected since; past the bound the
         newest go, as ``append`` drops them."""
         pending = rows + self._rows

@@ -13,7 +13,6 @@ import json
 import math
 import random
 from collections.abc import AsyncIterator
-from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -194,8 +193,8 @@ def test_the_router_log_tells_the_last_request_each_pod_served(tmp_path: Path) -
     assert RouterLogUse(path, refresh_s=REFRESH_S)() == {}
     writer = JsonLinesRequestLog(path)
     t = T0.timestamp()
-    refused = replace(served(t + 50, "beta-a"), outcome=None, status=404)
-    elsewhere = replace(served(t + 20, "beta-a"), pod="pod-1")
+    refused = served(t + 50, "beta-a")._replace(outcome=None, status=404)
+    elsewhere = served(t + 20, "beta-a")._replace(pod="pod-1")
     writer.write([served(t, "beta-a"), served(t + 10, "beta-b"), refused, elsewhere])
     writer.write([served(t + 30, "beta-a")])
     writer.close()

@@ -34,6 +34,7 @@ from placement.plan import Plan
 from placement.router import MemoryRequestLog, build_router
 from placement.router.core import Router
 from placement.router.picker_grpc import TRANSPORTS, EndpointPickerServer
+from placement.router.reqlog import LogRow
 from placement.router.wiring import RouterWithPicker, ServedApp
 from placement.settings import Settings
 
@@ -305,6 +306,7 @@ def test_an_adapter_already_on_its_pod_is_picked_there_in_header_and_metadata(
     assert (outcome.served, outcome.status) == (endpoint(pods, "pod-1"), 200)
     assert pods.counter("loads") == 1  # the one made behind the router's back
     [row] = picking.log.rows
+    assert type(row) is LogRow
     assert (row.adapter, row.pod, row.outcome, row.status) == ("alpha", "pod-1", "gpu_hit", 200)
     assert row.ttft_ms is not None and row.output_tokens == 2
 

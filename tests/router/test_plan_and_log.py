@@ -85,6 +85,7 @@ def test_every_request_lands_in_the_log_with_tenant_tokens_pod_and_outcome() -> 
             )
     # Leaving the block stopped the router, which flushed its log.
     first, second, third = sorted(router.log.rows, key=lambda row: row.ts_s)
+    assert all(type(row) is LogRow for row in router.log.rows)  # one shape, from the proxy on
     assert [row.outcome for row in (first, second, third)] == ["cold_load", "gpu_hit", "gpu_hit"]
     assert [row.tenant for row in (first, second, third)] == [None, "acme", "globex"]
     assert {row.pod for row in (first, second, third)} == {"pod-0"}
