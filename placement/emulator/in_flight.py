@@ -86,13 +86,15 @@ class RunningEntries:
     def __init__(self) -> None:
         self.counts: Counter[Entry] = Counter()
 
-    def start(self, entry: Entry) -> None:
-        self.counts[entry] += 1
+    def start(self, entry: Entry | None) -> None:
+        if entry is not None:  # None: nothing to count (the base model)
+            self.counts[entry] += 1
 
-    def end(self, entry: Entry) -> None:
-        self.counts[entry] -= 1
-        if self.counts[entry] <= 0:
-            del self.counts[entry]
+    def end(self, entry: Entry | None) -> None:
+        if entry is not None and entry in self.counts:
+            self.counts[entry] -= 1
+            if self.counts[entry] <= 0:
+                del self.counts[entry]
 
     def busy(self) -> set[Entry]:
         """The entries requests run on now: the model's ``busy``."""

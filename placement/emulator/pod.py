@@ -326,12 +326,12 @@ class EmulatedPod:
 
     async def _schedule(
         self, name: str | None, generation: int, arrived: Entry | None
-    ) -> tuple[Effects, Entry] | None:
+    ) -> tuple[Effects, Entry | None] | None:
         """Wait in the queue (``Seats.take``), holding nothing, until the request runs: on
         vLLM on ``arrived``, the entry (id) its name pointed to as it arrived, though the
         name was unloaded or loaded again since; SGLang's unload waits for the name's
         requests, so on the name's entry now. Returns what it did, and that entry."""
-        key, started, held = name or "", list[tuple[Effects, Entry]](), self.residency
+        key, started, held = name or "", list[tuple[Effects, Entry | None]](), self.residency
 
         def start() -> bool:
             if name is not None:
@@ -342,27 +342,22 @@ class EmulatedPod:
                     effects = held.request(name, busy=busy)
                 else:
                     effects = held.request_entry(entry, busy=busy)
-                ran_on = entry or held.entry(name)
-                assert ran_on is not None  # served: the name points to an entry now
-                started.append((effects, ran_on))
-                self.running_entries.start(ran_on)
+                started.append((effects, entry or held.entry(name)))
+                self.running_entries.start(started[0][1])
             self.running[key] += 1
             return True
 
-        def abandon() -> None:  # its waiter was cancelled as it started
-            self._end(key, started[0][1] if started else None)
-
-        await self.seats.take(start, abandon=abandon)
+        await self.seats.take(  # abandon: the waiter was cancelled as it started
+            start, abandon=lambda: self._end(key, started[0][1] if started else None)
+        )
         self._alive(generation)
         return started[0] if started else None
 
     def _end(self, key: str, entry: Entry | None) -> None:
-        """A request for ``key`` ("": the base model) on ``entry`` leaves the batch (a
-        restart in between forgot it already)."""
-        if self.running[key] > 0:
+        """A request for ``key`` ("": the base model), on ``entry``, leaves the batch."""
+        if self.running[key] > 0:  # a restart in between already forgot the request
             self.running[key] -= 1
-            if entry is not None:
-                self.running_entries.end(entry)
+            self.running_entries.end(entry)
             self.seats.give_back()
 
     async def release(self, name: str | None, entry: Entry | None = None) -> None:
