@@ -33,7 +33,8 @@ import httpx
 import pandas as pd
 
 from placement.errors import HistorySourceError, RetryableHistorySourceError
-from placement.inputs.request_log import ADAPTER_NAME, RequestLog, request_log_from_frame
+from placement.inputs.request_log import RequestLog, request_log_from_frame
+from placement.inputs.request_log_faults import ADAPTER_NAME
 
 REQUESTS_METRIC = "lorafleet_requests_total"
 #: Prometheus refuses a range query of more than 11,000 points per series.

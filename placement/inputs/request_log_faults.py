@@ -1,0 +1,182 @@
+"""What can be wrong in a request log's rows: the contract's columns and each fault.
+
+The contract (ARCHITECTURE.md) is in the names here: the per-request columns, the
+counts, the outcomes, and what an adapter's name may be. Each finder takes a raw frame
+(as read, before any normalising) and returns its faults with the rows they are in, so
+that ``placement.inputs.request_log`` can list them all (``check_request_log``), or
+leave those rows out of a live log (``request_log_from_frame(skip_bad_rows=True)``).
+A row is named as a reader of the file counts it (from 1, after a header line); a line
+of a JSON-lines file by its number.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+import numpy as np
+import pandas as pd
+
+from placement.errors import Problem
+
+PER_REQUEST_COLUMNS = (
+    "ts",
+    "adapter",
+    "tenant",
+    "prompt_tokens",
+    "output_tokens",
+    "pod",
+    "outcome",
+    "ttft_ms",
+)
+COUNT_COLUMNS = ("prompt_tokens", "output_tokens", "ttft_ms", "requests")
+#: Counts: whole numbers. ``requests`` (a bucket's count) is also never missing.
+INTEGER_COLUMNS = frozenset({"prompt_tokens", "output_tokens", "requests"})
+OUTCOMES = frozenset({"gpu_hit", "cpu_hit", "cold_load"})
+#: An adapter (or served model) name as the engines and the router take it.
+ADAPTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,252}$")
+_SHOW_ROWS = 5
+
+
+def parse_ts(column: pd.Series) -> pd.Series:
+    """A ``ts`` column as UTC times: datetimes, seconds since the epoch, or ISO 8601
+    text; what does not parse is NaT."""
+    if pd.api.types.is_datetime64_any_dtype(column):
+        parsed = pd.to_datetime(column, utc=True)
+    elif pd.api.types.is_numeric_dtype(column):
+        parsed = pd.to_datetime(column, unit="s", utc=True, errors="coerce")
+    else:
+        parsed = pd.to_datetime(column, utc=True, errors="coerce", format="ISO8601")
+    return parsed
+
+
+def _rows(index: Iterable[int]) -> str:
+    rows = [int(i) + 2 for i in index]  # +2: a header line, and rows count from 1
+    shown = ", ".join(str(r) for r in rows[:_SHOW_ROWS])
+    more = f" and {len(rows) - _SHOW_ROWS} more" if len(rows) > _SHOW_ROWS else ""
+    label = "row" if len(rows) == 1 else "rows"
+    return f"{label} {shown}{more}"
+
+
+#: One fault: the field, what is wrong, and the rows it is in.
+_Fault = tuple[str, str, pd.Index]
+
+
+def _faulty_rows(field: str, rows: pd.Index, message: str) -> list[_Fault]:
+    return [(field, f"{len(rows)} {message}", rows)] if len(rows) else []
+
+
+def _timestamp_faults(frame: pd.DataFrame) -> list[_Fault]:
+    ts = parse_ts(frame["ts"])
+    valid = ts.dropna()
+    return _faulty_rows("ts", frame.index[ts.isna()], "unparsable timestamps") + _faulty_rows(
+        "ts",
+        valid.index[valid.diff() < pd.Timedelta(0)],
+        "timestamps earlier than the row before (not in time order)",
+    )
+
+
+def _value_faults(frame: pd.DataFrame) -> list[_Fault]:
+    adapters = frame["adapter"]
+    present = adapters.notna() & (adapters.astype(str) != "")
+    faults = _faulty_rows("adapter", frame.index[~present], "rows without an adapter")
+    named = adapters[present].astype(str)
+    faults += _faulty_rows(
+        "adapter",
+        named.index[~named.map(lambda name: ADAPTER_NAME.match(name) is not None)],
+        "adapter names that are not valid names (letters, digits and ._:/@+-)",
+    )
+    for column in (c for c in COUNT_COLUMNS if c in frame.columns):
+        faults += _count_faults(frame, column)
+    if "outcome" in frame.columns:
+        outcomes = frame["outcome"]
+        expected = ", ".join(sorted(OUTCOMES))
+        faults += _faulty_rows(
+            "outcome",
+            frame.index[outcomes.notna() & ~outcomes.isin(OUTCOMES)],
+            f"unknown outcomes (expected {expected})",
+        )
+    return faults
+
+
+def _count_faults(frame: pd.DataFrame, column: str) -> list[_Fault]:
+    raw = frame[column]
+    values = pd.to_numeric(raw, errors="coerce").astype(float)
+    text_nan = values.isna() & raw.notna()
+    faults = _faulty_rows(column, frame.index[text_nan], "values that are not numbers")
+    if column == "requests":
+        faults += _faulty_rows(column, frame.index[raw.isna()], "missing counts")
+    finite = np.isfinite(values)
+    faults += _faulty_rows(
+        column, frame.index[values.notna() & ~finite], "infinite values (inf is not a count)"
+    )
+    faults += _faulty_rows(column, frame.index[finite & (values < 0)], "negative values")
+    if column in INTEGER_COLUMNS:
+        fractional = finite & (values != np.floor(values.where(finite, 0.0)))
+        faults += _faulty_rows(column, frame.index[fractional], "values that are not whole numbers")
+    return faults
+
+
+def _unknown_adapters(frame: pd.DataFrame, known: frozenset[str], shown: int = 20) -> list[str]:
+    adapters = frame["adapter"].astype(str)
+    unknown = adapters[~adapters.isin(known)].value_counts()
+    lines = [
+        f"adapter {name!r} is not in the catalog ({count} requests)"
+        for name, count in unknown.head(shown).items()
+    ]
+    if len(unknown) > shown:
+        lines.append(f"{len(unknown) - shown} more adapters are not in the catalog")
+    return lines
+
+
+def _missing_columns(frame: pd.DataFrame, source: str) -> list[Problem]:
+    columns = ", ".join(map(str, frame.columns))
+    return [
+        Problem(
+            source=source, field=c, message=f"missing required column {c!r} (columns: {columns})"
+        )
+        for c in ("ts", "adapter")
+        if c not in frame.columns
+    ]
+
+
+def log_problems(
+    frame: pd.DataFrame, source: str, known_adapters: frozenset[str] | None
+) -> list[Problem]:
+    """Every fault of a raw log frame; unknown adapters are warnings, the rest errors."""
+    missing = _missing_columns(frame, source)
+    if missing:
+        return missing
+    problems = [
+        Problem(
+            source=source,
+            field=field,
+            message=message,
+            entry=_rows(rows),
+        )
+        for field, message, rows in _timestamp_faults(frame) + _value_faults(frame)
+    ]
+    if known_adapters is not None:
+        problems += [
+            Problem(source=source, field="adapter", message=message, severity="warning")
+            for message in _unknown_adapters(frame, known_adapters)
+        ]
+    return problems
+
+
+def fatal_faults(frame: pd.DataFrame, source: str) -> list[tuple[Problem, pd.Index | None]]:
+    """Each fault as a Problem with its rows (None: the whole file, a missing column)."""
+    missing = _missing_columns(frame, source)
+    if missing:
+        return [(p, None) for p in missing]
+    return [
+        (Problem(source=source, field=name, message=message, entry=_rows(rows)), rows)
+        for name, message, rows in _timestamp_faults(frame) + _value_faults(frame)
+    ]
+
+
+def lines_entry(numbers: list[int]) -> str:
+    """A Problem's entry for lines of a JSON-lines file (numbered from 1)."""
+    shown = ", ".join(str(n) for n in numbers[:_SHOW_ROWS])
+    more = f" and {len(numbers) - _SHOW_ROWS} more" if len(numbers) > _SHOW_ROWS else ""
+    return f"{'line' if len(numbers) == 1 else 'lines'} {shown}{more}"
