@@ -5,13 +5,15 @@ The event preloads weigh an adapter they would displace by its recent use
 controller has (the router's own state is in another process, and the ledger sees only
 lorafleet's own loads and warm-ups). Reads only; the router owns the files.
 
-A read costs what the whole log costs (the reader parses only what is new, but hands
-back every row): on a 150,000-row JSON-lines log, 0.4 to 1.1 s on a shared two-core
-machine. So an answer serves every event for ``refresh_s`` after its read
-(``ControllerSettings.recent_use_refresh_s``, 2 s), as a flood of logins would otherwise
-keep a core reading; the log itself lags by the router's ``log_flush_s`` (1 s), and an
-idle time is weighed at one minute at least (``event_preloads.MIN_WINDOW_S``), so two
-seconds more staleness moves few decisions.
+The answer is kept and brought up to date with the rows the log gained since the last
+read (``RequestLogTail.read_new``), so a refresh costs what the router appended, not the
+whole log; a row read twice (a file read again from its start) changes no latest time,
+and a use stays known when the file that told it is deleted. An answer still
+serves every event for ``refresh_s`` after its read
+(``ControllerSettings.recent_use_refresh_s``, 2 s), so a flood of logins does not list
+and stat the log's files for each; the log itself lags by the router's ``log_flush_s``
+(1 s), and an idle time is weighed at one minute at least
+(``event_preloads.MIN_WINDOW_S``), so two seconds more staleness moves few decisions.
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from placement.adapters.live_request_log import LiveRequestLog
+from placement.adapters.live_request_log import RequestLogTail
 from placement.domain import AdapterId, PodId
+from placement.inputs.request_log import RequestLog
 
 LastUse = Mapping[PodId, Mapping[AdapterId, float]]
 
@@ -32,9 +35,9 @@ class RouterLogUse:
     """The ``RecentUse`` port over the router's live request log: per pod, the arrival
     of each adapter's latest request the pod served (a row with an outcome; one the
     router or the pod refused did not use the adapter there). Its own reader, so an
-    event's read, incremental like the ingest's, does not disturb the ingest's; a lock
-    keeps two events' reads in turn, and an answer younger than ``refresh_s`` (seconds
-    on ``clock``) is given again. A log of counts per bucket tells no moment: none."""
+    event's read does not disturb the ingest's; a lock keeps two events' reads in turn,
+    and an answer younger than ``refresh_s`` (seconds on ``clock``) is given again. A
+    log of counts per bucket tells no moment: its rows are passed by."""
 
     def __init__(
         self,
@@ -43,7 +46,7 @@ class RouterLogUse:
         refresh_s: float,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._log = LiveRequestLog(path)
+        self._log = RequestLogTail(path)
         self._lock = threading.Lock()
         self._refresh_s = refresh_s
         self._clock = clock
@@ -54,22 +57,35 @@ class RouterLogUse:
         with self._lock:
             now_s = self._clock()
             if not 0.0 <= now_s - self._read_at_s < self._refresh_s:
-                self._answer, self._read_at_s = self._read(), now_s
+                if self._log.path.exists():
+                    self._answer = updated(self._answer, latest_uses(self._log.read_new()))
+                self._read_at_s = now_s
             return self._answer
 
-    def _read(self) -> LastUse:
-        if not self._log.path.exists():
-            return {}
-        log = self._log.read()
-        frame = log.frame
-        if log.aggregated or frame.empty or "pod" not in frame:
-            return {}
-        served = frame["pod"].notna()
-        if "outcome" in frame:
-            served &= frame["outcome"].notna()
-        rows = frame.loc[served, ["pod", "adapter", "ts"]].astype({"pod": str, "adapter": str})
-        last = rows.groupby(["pod", "adapter"], sort=False)["ts"].max()
-        used: dict[PodId, dict[AdapterId, float]] = {}
-        for (pod, adapter), ts in zip(last.index, last, strict=True):
-            used.setdefault(PodId(str(pod)), {})[AdapterId(str(adapter))] = ts.timestamp()
-        return used
+
+def latest_uses(log: RequestLog) -> LastUse:
+    """Per pod, the latest arrival of each adapter's request the pod served in ``log``."""
+    frame = log.frame
+    if log.aggregated or frame.empty or "pod" not in frame:
+        return {}
+    served = frame["pod"].notna()
+    if "outcome" in frame:
+        served &= frame["outcome"].notna()
+    rows = frame.loc[served, ["pod", "adapter", "ts"]].astype({"pod": str, "adapter": str})
+    last = rows.groupby(["pod", "adapter"], sort=False)["ts"].max()
+    used: dict[PodId, dict[AdapterId, float]] = {}
+    for (pod, adapter), ts in zip(last.index, last, strict=True):
+        used.setdefault(PodId(str(pod)), {})[AdapterId(str(adapter))] = ts.timestamp()
+    return used
+
+
+def updated(answer: LastUse, new: LastUse) -> LastUse:
+    """``answer`` with the later of each time in ``new``: a new mapping (the answer
+    given before may still be read), sharing the pods ``new`` does not name."""
+    merged = dict(answer)
+    for pod, uses in new.items():
+        times = dict(merged.get(pod, {}))
+        for adapter, at_s in uses.items():
+            times[adapter] = max(at_s, times.get(adapter, -math.inf))
+        merged[pod] = times
+    return merged

@@ -12,6 +12,7 @@ import asyncio
 import json
 import math
 import random
+import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 from types import MappingProxyType
@@ -20,13 +21,15 @@ from typing import Any
 import httpx
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from placement.adapters.kube_memory import MemoryPlanStore, MemoryStateStore
-from placement.adapters.request_log_files import JsonLinesRequestLog, LogRow
+from placement.adapters.request_log_files import JsonLinesRequestLog, LogRow, ParquetRequestLog
 from placement.controller.live_ports import EngineActuator, SeasonalForecaster
 from placement.controller.ports import ControllerPorts, idle_times
-from placement.controller.recent_use import RouterLogUse
+from placement.controller.recent_use import LastUse, RouterLogUse, latest_uses
 from placement.controller.ticks import Controller
 from placement.controller.webhook import create_webhook_app
 from placement.controller.webhook_gate import SIGNATURE_HEADER, TIMESTAMP_HEADER, sign
@@ -34,7 +37,7 @@ from placement.controller.wiring import ControllerEvents
 from placement.domain import AdapterId, Pipelines, TenantId
 from placement.emulator import ZERO_LATENCY, EmulatedFleet, PodConfig
 from placement.forecast.event_preloads import pipeline_predictor
-from placement.inputs.request_log import request_log_from_frame
+from placement.inputs.request_log import RequestLog, request_log_from_frame
 from placement.settings import ControllerSettings, ExecutorSettings, Settings
 from tests import factories
 from tests.factories import T0, FakeClock
@@ -216,8 +219,8 @@ def test_idle_times_count_from_the_later_of_use_and_landing() -> None:
 
 
 def test_one_read_serves_the_events_of_the_next_seconds(tmp_path: Path) -> None:
-    """A read costs the whole log: its answer is given again for ``refresh_s``, the
-    settings tree's ``recent_use_refresh_s`` (2 s)."""
+    """A read's answer is given again for ``refresh_s``, the settings tree's
+    ``recent_use_refresh_s`` (2 s)."""
     path, clock = tmp_path / "router-requests.jsonl", FakeClock()
     writer = JsonLinesRequestLog(path)
     assert REFRESH_S == 2.0
@@ -251,3 +254,85 @@ def test_every_event_reads_the_log_with_no_refresh(tmp_path: Path) -> None:
 def test_a_refresh_that_is_no_time_span_is_refused_by_name(refresh_s: float) -> None:
     with pytest.raises(ValueError, match=r"ControllerSettings\.recent_use_refresh_s must be"):
         ControllerSettings(recent_use_refresh_s=refresh_s)
+
+
+def test_each_refresh_folds_in_only_the_rows_appended_since(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A refresh costs what the router appended: the rows it folds in are those."""
+    folded: list[int] = []
+
+    def counted(log: RequestLog) -> LastUse:
+        folded.append(len(log.frame))
+        return latest_uses(log)
+
+    monkeypatch.setattr("placement.controller.recent_use.latest_uses", counted)
+    path = tmp_path / "router-requests.jsonl"
+    writer = JsonLinesRequestLog(path)
+    use = RouterLogUse(path, refresh_s=0.0)
+    t = T0.timestamp()
+    writer.write([served(t + i, "beta-a") for i in range(50)])
+    first = use()
+    writer.write([served(t + 60, "beta-b")])
+    assert use() == {"pod-0": {"beta-a": t + 49, "beta-b": t + 60}}
+    assert use() == {"pod-0": {"beta-a": t + 49, "beta-b": t + 60}}
+    assert folded == [50, 1, 0]
+    assert first == {"pod-0": {"beta-a": t + 49}}  # an answer given is never changed after
+    writer.close()
+
+
+def test_a_use_stays_known_when_the_file_that_told_it_is_deleted(tmp_path: Path) -> None:
+    path = tmp_path / "router-requests.jsonl"
+    writer = JsonLinesRequestLog(path, rotate_bytes=1)  # each write rotates
+    use = RouterLogUse(path, refresh_s=0.0)
+    t = T0.timestamp()
+    writer.write([served(t, "beta-a")])
+    assert use() == {"pod-0": {"beta-a": t}}
+    for rotated in tmp_path.glob("router-requests.*.jsonl"):
+        rotated.unlink()  # the operator's retention
+    writer.write([served(t + 5, "beta-b")])
+    assert use() == {"pod-0": {"beta-a": t, "beta-b": t + 5}}
+    writer.close()
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    batches=st.lists(
+        st.lists(
+            st.tuples(
+                st.sampled_from(["pod-0", "pod-1"]),
+                st.sampled_from(["beta-a", "beta-b", "acme-chat"]),
+                st.floats(0.0, 7200.0),
+                st.booleans(),
+            ),
+            max_size=4,
+        ),
+        min_size=1,
+        max_size=6,
+    ),
+    rotate_bytes=st.sampled_from([1, 400, None]),
+    parquet=st.booleans(),
+)
+def test_the_kept_answer_is_what_a_read_of_the_whole_log_tells(
+    batches: list[list[tuple[str, str, float, bool]]], rotate_bytes: int | None, parquet: bool
+) -> None:
+    """Through rotations, and Parquet parts compacted into hours (rows given again),
+    the answer brought up to date is the one a new reader of the whole log gives."""
+    t = T0.timestamp()
+    with tempfile.TemporaryDirectory() as directory:
+        target = Path(directory) / ("parquet" if parquet else "router-requests.jsonl")
+        writer: ParquetRequestLog | JsonLinesRequestLog = (
+            ParquetRequestLog(target)
+            if parquet
+            else JsonLinesRequestLog(target, rotate_bytes=rotate_bytes)
+        )
+        use = RouterLogUse(target, refresh_s=0.0)
+        for batch in batches:
+            rows = [
+                served(t + at_s, adapter)._replace(pod=pod, outcome="gpu_hit" if ok else None)
+                for pod, adapter, at_s, ok in batch
+            ]
+            writer.write(rows)
+            assert use() == RouterLogUse(target, refresh_s=0.0)()
+        writer.close()
+        assert use() == RouterLogUse(target, refresh_s=0.0)()

@@ -1,0 +1,90 @@
+"""The router's request log read as a tail: each read gives the rows appended since the
+last, from the files the router's own writers leave (``placement.adapters.
+live_request_log.RequestLogTail``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from placement.adapters.live_request_log import LiveRequestLog, RequestLogTail
+from placement.adapters.request_log_files import JsonLinesRequestLog, LogRow, ParquetRequestLog
+
+T0 = 1_773_288_000.0  # 2026-03-12T04:00:00Z
+HOUR_S = 3600.0
+
+
+def _row(ts_s: float, tenant: str) -> LogRow:
+    return LogRow(ts_s, "alpha", tenant, 3, 4, "pod-0", "gpu_hit", 12.5, 200)
+
+
+def _tenants(tail: RequestLogTail) -> list[str]:
+    return list(tail.read_new().frame.get("tenant", []))
+
+
+def test_each_read_gives_only_the_rows_appended_since_through_rotations(tmp_path: Path) -> None:
+    path = tmp_path / "router.jsonl"
+    sink = JsonLinesRequestLog(path, rotate_bytes=10**9)
+    tail = RequestLogTail(path)
+    sink.write([_row(T0 + i, f"t{i}") for i in range(3)])
+    assert _tenants(tail) == ["t0", "t1", "t2"]
+    assert _tenants(tail) == []  # nothing appended: nothing given
+    data = path.read_bytes()  # the bytes read already, overwritten: never read again
+    path.write_bytes(b"#" * (len(data) - 64) + data[-64:])
+    sink.write([_row(T0 + 3, "t3")])
+    assert _tenants(tail) == ["t3"]
+    sink.rotate_bytes = 1  # each write now rotates: same file (inode), a new name
+    sink.write([_row(T0 + 4, "t4")])
+    sink.write([_row(T0 + 5, "t5")])
+    sink.close()
+    assert _tenants(tail) == ["t4", "t5"]
+    assert len(list(tmp_path.iterdir())) == 3  # two rotations, and the active file
+
+
+def test_a_half_written_line_waits_and_a_bad_line_is_named_once(tmp_path: Path) -> None:
+    path = tmp_path / "router.jsonl"
+    line = '{{"ts": "2026-03-12T04:00:0{}Z", "adapter": "alpha", "tenant": "t{}"}}'
+    half = line.format(1, 1)
+    path.write_text(line.format(0, 0) + "\n" + half[:20])
+    tail = RequestLogTail(path)
+    first = tail.read_new()
+    assert list(first.frame["tenant"]) == ["t0"] and first.skipped == ()
+    with path.open("a") as handle:  # the writer finishes its line, then a bad one comes
+        handle.write(half[20:] + "\n" + "{not json\n" + line.format(2, 2) + "\n")
+    second = tail.read_new()
+    assert list(second.frame["tenant"]) == ["t1", "t2"]  # the half line, whole now: kept
+    [problem] = second.skipped
+    assert str(problem) == f"{path}: line 3: 1 lines that are not JSON objects"
+    assert second.skipped_rows == 1
+    third = tail.read_new()
+    assert third.frame.empty and third.skipped == ()  # told once, with the read that met it
+
+
+def test_a_parquet_hour_compacted_from_its_parts_gives_its_rows_again(tmp_path: Path) -> None:
+    """A compacted hour is a new file: its rows come again, which a latest time or a
+    set takes as once; the whole-log reader counts each once."""
+    sink = ParquetRequestLog(tmp_path)
+    tail, whole = RequestLogTail(tmp_path), LiveRequestLog(tmp_path)
+    sink.write([_row(T0 + 1, "a")])
+    assert _tenants(tail) == ["a"]
+    sink.write([_row(T0 + 2, "b")])
+    assert _tenants(tail) == ["b"]
+    sink.write([_row(T0 + HOUR_S, "c")])  # a later hour: the first one is compacted
+    assert _tenants(tail) == ["a", "b", "c"]
+    assert _tenants(tail) == []
+    assert list(whole.read().frame["tenant"]) == ["a", "b", "c"]
+    sink.close()
+    assert _tenants(tail) == ["c"]
+    assert list(whole.read().frame["tenant"]) == ["a", "b", "c"]
+
+
+def test_the_whole_log_reader_reads_only_what_is_new_and_returns_all(tmp_path: Path) -> None:
+    path = tmp_path / "router.jsonl"
+    sink = JsonLinesRequestLog(path, rotate_bytes=400)
+    whole = LiveRequestLog(path)
+    seen: list[str] = []
+    for index in range(6):
+        sink.write([_row(T0 + index, f"t{index}")])
+        seen.append(f"t{index}")
+        assert list(whole.read().frame["tenant"]) == seen
+    sink.close()
+    assert len(whole.files()) > 1  # rotated on the way
