@@ -11,7 +11,9 @@ lorafleet and the oracle differ in three levers, each named by one letter of a v
   router warming up the idle adapters ahead of the one used furthest in the future
   (the truth), so that the LRU evicts Belady's victim;
 - victim estimate, the wait a load's victim worth reads: ``i`` its idle time on the
-  pod; ``n`` its true next use.
+  pod, over lorafleet's ``RouterSettings.victim_horizon_s``; ``n`` its true next use,
+  over the oracle's own ``SimSettings.oracle_victim_horizon_s`` (``--oracle-horizon-s``
+  sets it, to compare horizons).
 
 ``F-L-i`` is ``lorafleet`` and ``T-B-n`` the ``oracle`` of ``lorafleet replay`` (the same
 code, figures identical); ``bounded`` runs bounded affinity. Each variant prints GPU
@@ -33,7 +35,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import pandas as pd
@@ -291,9 +293,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--variant", action="append", help=f"repeatable; default: {' '.join(DEFAULT_VARIANTS)}"
     )
+    parser.add_argument(
+        "--oracle-horizon-s", type=float, help="the oracle's victim horizon (variants with n)"
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     settings = Settings()
+    if args.oracle_horizon_s is not None:
+        sim = replace(settings.sim, oracle_victim_horizon_s=args.oracle_horizon_s)
+        settings = replace(settings, sim=sim)
     variants = args.variant or DEFAULT_VARIANTS
     try:
         for variant in variants:  # checked before the scenario is read

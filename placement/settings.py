@@ -306,6 +306,11 @@ class SimSettings:
     #: A preload may evict only an adapter idle at least this long (else it is skipped:
     #: evicting a busy adapter to guess at the future costs more than it saves).
     preload_min_idle_s: float = 120.0
+    #: The oracle weighs a load's victim (by its true next use) over this horizon, its
+    #: own, not lorafleet's ``RouterSettings.victim_horizon_s``: a bound tuned for
+    #: itself. 600 s over 60 s: fewer loads and no higher TTFT p95 on legal-research, the
+    #: war story, m-mid and deepseek-r1 (docs/benchmarks.md, "Prediction pays").
+    oracle_victim_horizon_s: float = 600.0
     #: Windows for peak load rate and the convoy flag.
     metrics_window_s: float = 300.0
     #: Above 0.5 swaps per second per pod a cascade is under way.

@@ -1,6 +1,7 @@
 """The replay engine's victim when the GPU slots are full: the engine's own LRU, or a
 counterfactual eviction policy (``--eviction``), or Belady's for the oracle; and the
-victim's cost routers read on each pod (``SimPod.victim_cost``).
+victim's cost routers read on each pod (``SimPod.victim_cost``), and the horizon a
+router's victim worth looks over with each wait (``victim_horizon``).
 
 ``EngineEviction`` is a part of ``FleetReplay`` (placement.sim.engine): it reads the
 replay's pods, clock, workload and forecast, and passes the model of
@@ -16,6 +17,7 @@ from bisect import bisect_right
 from enum import Enum
 
 from placement.residency import Effects
+from placement.settings import Settings
 from placement.sim.pods import SimPod, lru_victim
 from placement.sim.workload import SimWorkload
 from policies.eviction import (
@@ -35,6 +37,16 @@ class VictimWait(Enum):
     IDLE = "idle"
     #: The wait to its true next request: the oracle's.
     NEXT_USE = "next-use"
+
+
+def victim_horizon(settings: Settings, wait: VictimWait) -> float:
+    """The horizon a victim's worth looks over when it reads ``wait``: with the true
+    next use (the oracle, and the hybrids' ``n``) the oracle's own
+    (``SimSettings.oracle_victim_horizon_s``), chosen for the oracle; with the idle time
+    lorafleet's (``RouterSettings.victim_horizon_s``), chosen for lorafleet."""
+    if wait is VictimWait.NEXT_USE:
+        return settings.sim.oracle_victim_horizon_s
+    return settings.router.victim_horizon_s
 
 
 class EngineEviction:

@@ -12,7 +12,7 @@ and sends the warm-ups that keep a higher class off the victim's place, which th
 engine runs as requests); ``oracle`` does the
 same from the true future demand on an engine that evicts by Belady and keeps the
 plan's whole hot set, a bound (its victim's worth is Belady's victim's: its rate and its
-wait to its next request).
+wait to its next request, over the oracle's own horizon, ``victim_horizon``).
 
 The hybrids between the two (``bench/oracle_levers.py``) take ``PlannedRouter``'s
 levers one at a time: the plan (its ``planning``), the engine's eviction, the victim's
@@ -36,7 +36,7 @@ from placement.plan import Plan
 from placement.settings import Settings
 from placement.sim.engine import FleetReplay
 from placement.sim.events import EventController
-from placement.sim.eviction_choice import VictimWait
+from placement.sim.eviction_choice import VictimWait, victim_horizon
 from placement.sim.planning import (
     RECENT_S,
     ReplayHistory,
@@ -241,6 +241,9 @@ class PlannedRouter(_Base):
         #: worth reads as its wait (``FleetReplay.steer_victim_wait``).
         if victim_wait is not None:
             replay.steer_victim_wait(victim_wait, eviction)
+        own = VictimWait.NEXT_USE if eviction is EvictionPolicy.BELADY else VictimWait.IDLE
+        #: The victim worth's horizon: the oracle's own with the true next use, else lorafleet's.
+        self.victim_horizon_s = victim_horizon(settings, victim_wait or own)
         #: A lever: before a load on a full pod, warm up the idle adapters the LRU would
         #: evict ahead of the one used furthest in the future (the truth), on any engine.
         self.warm_to_true_victim = warm_to_true_victim
@@ -326,7 +329,7 @@ class PlannedRouter(_Base):
         self.victims = VictimWorth(
             forecast_rps=replay.forecast_rps,
             recent_rps=self.recent,
-            victim_horizon_s=self.settings.router.victim_horizon_s,
+            victim_horizon_s=self.victim_horizon_s,
             class_weight=self.class_weight,
             # The name whose rate it weighs is the engine's victim, the one whose wait
             # victim_last_used_s gives: Belady's under Belady, not the LRU one.
