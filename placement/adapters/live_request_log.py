@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pandas as pd
@@ -113,7 +113,8 @@ class RequestLogTail:
 
     def _read_pieces(self) -> list[_Piece]:
         """What each file of the log now gained since the last call, oldest file first;
-        files gone are forgotten."""
+        files gone are forgotten. A file that cannot be read raises, and nothing of
+        this call is kept."""
         kept: dict[int, _FileRead] = {}
         pieces = []
         for path in self.files():
@@ -133,13 +134,13 @@ class RequestLogTail:
         return pieces
 
     def _entry(self, path: Path, stat: os.stat_result) -> tuple[_FileRead, bool]:
-        """The file's read so far, and whether it is new (or a deleted file's inode
-        reused under another name)."""
+        """A copy of the file's read so far (kept only once the whole call succeeds, so
+        a read that fails part-way gives the same rows again at the next call), and
+        whether the file is new (or a deleted file's inode reused under another name)."""
         entry = self._files.get(stat.st_ino)
         if entry is None or (path.suffix == ".parquet" and entry.name != path.name):
             return _FileRead(name=path.name), True
-        entry.name = path.name
-        return entry, False
+        return replace(entry, name=path.name), False
 
 
 class LiveRequestLog:

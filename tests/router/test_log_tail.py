@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from placement.adapters.live_request_log import LiveRequestLog, RequestLogTail
 from placement.adapters.request_log_files import JsonLinesRequestLog, LogRow, ParquetRequestLog
 
@@ -88,3 +90,20 @@ def test_the_whole_log_reader_reads_only_what_is_new_and_returns_all(tmp_path: P
         assert list(whole.read().frame["tenant"]) == seen
     sink.close()
     assert len(whole.files()) > 1  # rotated on the way
+
+
+def test_a_read_that_fails_part_way_gives_the_same_rows_at_the_next(tmp_path: Path) -> None:
+    """The rotated file was read before the active one failed: its rows are not lost."""
+    path = tmp_path / "router.jsonl"
+    sink = JsonLinesRequestLog(path)
+    tail = RequestLogTail(path)
+    sink.write([_row(T0, "t0")])
+    assert _tenants(tail) == ["t0"]
+    sink.write([_row(T0 + 1, "t1")])
+    sink.close()
+    path.rename(tmp_path / "router.20260312T040001.jsonl")  # rotated, with a new line
+    path.symlink_to(path.name)  # the active file cannot be read: a loop, ELOOP
+    with pytest.raises(OSError, match="Too many levels of symbolic links"):
+        tail.read_new()
+    path.unlink()
+    assert _tenants(tail) == ["t1"]
