@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -184,6 +185,21 @@ class PodConfig:
     storage: AdapterStorage | None = None
     faults: Faults = field(default_factory=Faults)
     seed: int = 0
+
+    def first_token_ms(self, prompt_tokens: int) -> float:
+        """``ttft_ms``, plus the batch model's prefill of the prompt."""
+        batch = self.batch
+        return self.latency.ttft_ms + (0.0 if batch is None else batch.prefill_ms(prompt_tokens))
+
+    def decode_step_ms(self, running: Mapping[str, int]) -> float:
+        """One decode step of the batch ``running`` (requests per adapter name; "": the
+        base model): ``tpot_ms``, plus the batch model's step for its size and distinct
+        adapters."""
+        if self.batch is None:
+            return self.latency.tpot_ms
+        adapters = sum(1 for name, count in running.items() if count > 0 and name)
+        step_ms = self.batch.step_ms(running=sum(running.values()), adapters=adapters)
+        return self.latency.tpot_ms + step_ms
 
     def cold_read_ms(self, size_bytes: int) -> float:
         """Milliseconds to read an adapter that is not in host memory: the engine's fixed

@@ -178,16 +178,26 @@ class EmulatedPod:
                 await self._pause(read_ms + self.faults.slow_load_ms)
                 self._alive(generation)
                 effects = self._register(name, path, adapter, pinned=pinned, inplace=inplace)
+                # before the queue looks again: the scheduler counts the running LoRAs
+                back = self.residency.next_step(self.running_entries.busy())
                 await self._apply(name, effects, size_bytes=adapter.size_bytes, held=True)
+            await self._back_on_gpu(back)
             await self._drain_unlisted(effects.unlisted)
             return adapter
+
+    async def _back_on_gpu(self, back: Iterable[tuple[Entry, Effects]]) -> None:
+        """vLLM: entries requests run on that a load pushed off the GPU come back."""
+        for entry, again in back:
+            size_bytes = self.files[entry.name].size_bytes
+            if again.cold:  # left the host cache too: read again inside the step
+                await self.loop.read(self.config.cold_read_ms(size_bytes))
+            await self._apply(entry.name, again, size_bytes=size_bytes)
 
     def _register(
         self, name: str, path: str, adapter: AdapterFile, *, pinned: bool, inplace: bool
     ) -> Effects:
         """The engine model's load, once the weights are read."""
-        # SGLang's soft cap picks the least recently used adapter whatever runs on it,
-        # then waits for its requests (``_unload_lora_adapter_locked``).
+        # SGLang's soft cap takes the LRU, running or not, then waits for its requests.
         busy = () if self.config.model.is_sglang else self.running_entries.busy()
         try:
             effects = self.residency.load(name, path, pinned=pinned, inplace=inplace, busy=busy)
@@ -234,10 +244,9 @@ class EmulatedPod:
             self.counters["gpu_activations"] += 1
             self.activated_at.setdefault(name, deque()).append(self.clock())
         self._peak()
-        if effects.activated and held:
-            await self._pause(self.config.latency.swap_ms(size_bytes))
-        elif effects.activated:
-            await self.loop.swap(self.config.latency.swap_ms(size_bytes))
+        if effects.activated:
+            swap_ms = self.config.latency.swap_ms(size_bytes)
+            await (self._pause(swap_ms) if held else self.loop.swap(swap_ms))
 
     def _note_evictions(self, names: Iterable[str]) -> None:
         """End the oldest GPU residency of each name (a vLLM ghost's before its successor's)."""
@@ -368,23 +377,15 @@ class EmulatedPod:
         self._record_info()
 
     def step_ms(self) -> float:
-        """One decode step now: ``tpot_ms``, plus the batch model's step for the running
-        batch's size and distinct adapters."""
-        fixed, batch = self.config.latency.tpot_ms, self.config.batch
-        if batch is None:
-            return fixed
-        running = sum(self.running.values())
-        adapters = sum(1 for name, count in self.running.items() if count > 0 and name)
-        return fixed + batch.step_ms(running=running, adapters=adapters)
+        """One decode step of the batch running now (``PodConfig.decode_step_ms``)."""
+        return self.config.decode_step_ms(self.running)
 
     async def generate(self, *, prompt_tokens: int, max_tokens: int) -> AsyncIterator[int]:
         """Yield token indices: the first after ``ttft_ms`` and the prompt's prefill,
         each one after a decode step read as it starts (``step_ms``)."""
         self.running_tokens += prompt_tokens + max_tokens
-        batch = self.config.batch
-        prefill_ms = 0.0 if batch is None else batch.prefill_ms(prompt_tokens)
         try:
-            await self._pause(self.config.latency.ttft_ms + prefill_ms)
+            await self._pause(self.config.first_token_ms(prompt_tokens))
             for index in range(max_tokens):
                 if index:
                     await self._pause(self.step_ms())

@@ -199,6 +199,22 @@ class PodResidency:
             host_evicted=host_evicted,
         )
 
+    def next_step(self, running: Collection[Entry]) -> tuple[tuple[Entry, Effects], ...]:
+        """vLLM's next step: the worker activates every entry its batch runs on
+        (vllm/v1/worker/lora_model_runner_mixin.py ``set_active_loras`` ->
+        vllm/lora/worker_manager.py ``LRUCacheWorkerLoRAManager._apply_adapters``), so an
+        entry pushed off the GPU while a request ran on it (a load's activation is plain
+        LRU) takes a slot back, pushing off the least recently used entry outside the
+        batch: the load's own, when every other slot runs. Returns each activation; none
+        on SGLang, whose loads take no GPU slot."""
+        if self.engine is not EngineModel.VLLM:
+            return ()
+        return tuple(
+            (entry, self.request_entry(entry, busy=running))
+            for entry in running
+            if entry not in self._gpu
+        )
+
     # vLLM --------------------------------------------------------------------------
     def _vllm_load(self, name: str, path: str, *, inplace: bool, busy: Busy) -> Effects:
         if name in self.listed and not inplace:

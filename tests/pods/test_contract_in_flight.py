@@ -162,17 +162,41 @@ async def test_vllm_a_request_waiting_through_an_unload_takes_a_gpu_slot() -> No
 async def test_vllm_a_request_waiting_through_a_reload_runs_on_its_old_id() -> None:
     """Loading the name again gives it a new ``lora_int_id``
     (vllm/entrypoints/openai/models/serving.py ``OpenAIServingModels.load_lora_adapter``);
-    the waiting request's ``LoRARequest`` keeps the old one, so the worker activates the
-    old entry (``LRUCacheWorkerLoRAManager.add_adapter`` looks it up by id), not the new
-    one the name now lists: the old entry pushes the new one, the idle LRU, off its slot."""
+    the waiting request's ``LoRARequest`` keeps the old one. While a and b run, the
+    scheduler holds it back (vllm/v1/core/sched/scheduler.py ``Scheduler.schedule``:
+    ``scheduled_loras`` has ``max_loras`` ids), though the load pushed a off its slot: the
+    next step takes it back (``test_vllm_a_load_while_every_slot_runs_...``). Once b ends
+    the worker activates the old entry (``LRUCacheWorkerLoRAManager.add_adapter`` looks it
+    up by id), not the new one the name now lists."""
     pod = await _two_slots_busy(Engine.VLLM)
     waiting = asyncio.ensure_future(pod.admit("c"))
     await _spin()
     await pod.unload("c")
-    await pod.load("c", "s3://adapters/c")  # a new id on a slot (a's: both run, a is LRU)
-    await waiting  # the new id's slot can go: c's old entry takes it
-    assert _held(pod) == (["a", "b", "c"], ["b"], 1, 5)
-    for name in ("a", "b", "c"):
+    await pod.load("c", "s3://adapters/c")  # a new id on a's slot; a takes it back
+    await _spin()
+    held, early = _held(pod), waiting.done()
+    await pod.release("b")
+    await waiting  # b's slot: c's old entry takes it
+    assert (held, early) == ((["b", "c", "a"], ["b", "a"], 0, 5), False)
+    assert _held(pod) == (["b", "c", "a"], ["a"], 1, 6)
+    for name in ("a", "c"):
+        await pod.release(name)
+
+
+async def test_vllm_a_load_while_every_slot_runs_leaves_the_running_adapters_on_the_gpu() -> None:
+    """A load over HTTP activates the adapter by plain LRU (vllm-project/vllm
+    vllm/lora/model_manager.py ``LRUCacheLoRAModelManager.activate_adapter``:
+    ``_active_adapters.remove_oldest()``, blind to the batch), so it pushes off a, which a
+    request runs on. At the next step the worker activates every id the batch runs on
+    (vllm/v1/worker/lora_model_runner_mixin.py ``set_active_loras`` ->
+    vllm/lora/worker_manager.py ``LRUCacheWorkerLoRAManager._apply_adapters``): a takes
+    a slot back and pushes off the least recently used id outside the batch, d itself.
+    d stays loaded, in host memory, and its first request waits for a slot."""
+    pod = await _two_slots_busy(Engine.VLLM)  # gpu [a, b], both running
+    await pod.load("d", "s3://adapters/d")
+    assert _held(pod) == (["c", "b", "d", "a"], ["b", "a"], 0, 5)
+    assert pod.counters["gpu_activations"] == 7  # four loads, a, b, then a again
+    for name in ("a", "b"):
         await pod.release(name)
 
 

@@ -156,6 +156,22 @@ def test_vllm_a_ghost_a_request_runs_on_keeps_its_slot_and_its_idle_twin_goes() 
     assert pod.gpu_entries() == (("c", False), ("a", True))
 
 
+def test_vllm_next_step_takes_back_the_slots_of_running_entries_a_load_pushed_off() -> None:
+    """A load activates by plain LRU (vllm/lora/model_manager.py
+    ``LRUCacheLoRAModelManager.activate_adapter``); the next step activates every id the
+    batch runs on (vllm/lora/worker_manager.py ``LRUCacheWorkerLoRAManager._apply_adapters``)."""
+    pod = _pod(VLLM, max_loras=2, max_cpu_loras=4)
+    pod.load("a", "/a")
+    pod.load("b", "/b")
+    a, b = pod.entry("a"), pod.entry("b")
+    assert a is not None and b is not None
+    assert pod.load("c", "/c", busy={a, b}).gpu_evicted == ("a",)  # every slot runs
+    ((entry, back),) = pod.next_step({a, b})
+    assert entry is a and back.activated and back.gpu_evicted == ("c",)
+    assert pod.on_gpu() == ("b", "a") and pod.next_step({a, b}) == ()
+    assert _pod(SGLANG).next_step({a}) == ()  # SGLang's loads take no GPU slot
+
+
 def test_vllm_a_host_eviction_reports_the_gpu_slot_it_frees() -> None:
     """vLLM's host cache deactivates what it drops (vllm/lora/model_manager.py
     ``LRUCacheLoRAModelManager``: ``_registered_adapters`` is an ``AdapterLRUCache`` whose
