@@ -30,6 +30,9 @@ models, from the engines' source:
     runs on that id, read again if it left the host cache and activated on a GPU slot
     (vllm/lora/worker_manager.py ``LRUCacheWorkerLoRAManager._apply_adapters`` ->
     ``add_adapter``, keyed by id): ``entry`` as it arrives, ``request_entry`` as it runs.
+  - each step the worker activates every entry its batch runs on
+    (vllm/v1/worker/lora_model_runner_mixin.py ``set_active_loras``): ``next_step``
+    gives back the slot a load's plain-LRU activation took from a running entry.
   - no pins over HTTP (``pin_lora`` is engine API only).
 
 ``EngineModel.SGLANG`` (sgl-project/sglang, since PR #11526)
