@@ -30,11 +30,12 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 HOST = "127.0.0.1"
 
 
-def _fleet_yaml(handles: list, *, engine: str, base_model: str) -> str:
+def _fleet_yaml(handles: list[Any], *, engine: str, base_model: str) -> str:
     """What ``lorafleet emulate`` prints (emulate_cmds._fleet_yaml), for these handles."""
     config = handles[0].pod.config
     lines = [

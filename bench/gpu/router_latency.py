@@ -7,6 +7,9 @@ directory, and from this process (pinned to other cores) sends the same Poisson
 arrival sequence of non-streamed completions, each naming an adapter as its model,
 once directly to the pod that holds the adapter and once through the router.
 
+The processes are ``router_fleet``'s, the load ``router_load``'s; this script runs the
+phases within its time cap and writes the JSON.
+
     python bench/gpu/router_latency.py --rate 500 --seconds 30 --out router.json
     python bench/gpu/router_latency.py --rate 50 --seconds 5      # smoke test
 
@@ -21,280 +24,37 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import ctypes
 import json
 import os
-import random
 import shutil
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime, timedelta
+from collections.abc import Callable, Coroutine
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
 import aiohttp
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent.parent
-LAUNCH = HERE / "launch.py"
-HOST = "127.0.0.1"
-PROMPT = "Summarise the following support ticket in one sentence: the printer is offline."
+if not __package__:  # run as a file: the repository root on the path, for bench.gpu
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from bench.gpu.router_fleet import (
+    HOST,
+    Fleet,
+    core_layout,
+    cpu_s,
+    start_fleet,
+    stop_children,
+    wait_healthy,
+)
+from bench.gpu.router_load import arrivals, closed_loop, open_loop
 
 
 def log(*parts: Any) -> None:
     print("[router]", *parts, flush=True)
-
-
-def core_layout(router_cores: int, pod_cores: int, gen_cores: int) -> dict[str, Any]:
-    """Disjoint core sets for router, pods and generator; all shared when too few cores."""
-    cores = sorted(os.sched_getaffinity(0))
-    need = router_cores + pod_cores + gen_cores
-    if len(cores) >= need + 2:
-        # Leave the first two cores (interrupts, the shell, nvidia daemons) to others.
-        rest = cores[2:]
-    elif len(cores) >= need:
-        rest = cores
-    else:
-        return {"pinned": False, "router": cores, "pods": cores, "gen": cores, "all": cores}
-    return {
-        "pinned": True,
-        "router": rest[:router_cores],
-        "pods": rest[router_cores : router_cores + pod_cores],
-        "gen": rest[router_cores + pod_cores : need],
-        "all": cores,
-    }
-
-
-def write_inputs(tmp: Path, pod_ports: list[int], adapters: list[str], rank: int) -> None:
-    pods = len(pod_ports)
-    fleet = [
-        "pools:",
-        "  - name: emulated",
-        "    base_model: llama-3.1-8b",
-        "    served_model_name: base-model",
-        "    engine: vllm",
-        "    max_lora_rank: 64",
-        "    pod_defaults: {max_loras: 4, max_cpu_loras: 16}",
-        "    pods:",
-    ]
-    fleet += [
-        f'      - {{name: pod-{i}, url: "http://{HOST}:{port}"}}'
-        for i, port in enumerate(pod_ports)
-    ]
-    (tmp / "fleet.yaml").write_text("\n".join(fleet) + "\n")
-    catalog = ["adapters:"]
-    for name in adapters:
-        catalog += [
-            f"- name: {name}",
-            "  base_model: llama-3.1-8b",
-            f"  rank: {rank}",
-            "  target_modules: [q_proj, v_proj]",
-            f"  source: s3://adapters/{name}",
-        ]
-    (tmp / "catalog.yaml").write_text("\n".join(catalog) + "\n")
-
-    from placement.domain import AdapterId, PodId, Tier
-    from placement.plan import AdapterPlan, Plan, PodPlan, plan_to_json
-
-    now = datetime.now(UTC)
-    entries, by_pod = {}, {}
-    for index, name in enumerate(adapters):
-        pod = PodId(f"pod-{index % pods}")
-        entries[AdapterId(name)] = AdapterPlan(tier=Tier.HOT, pods=MappingProxyType({pod: 1.0}))
-        by_pod.setdefault(pod, []).append(AdapterId(name))
-    plan = Plan(
-        id="bench-gpu",
-        created_at=now,
-        valid_from=now - timedelta(minutes=1),
-        valid_until=now + timedelta(hours=2),
-        pods=MappingProxyType({p: PodPlan(hot=tuple(a)) for p, a in by_pod.items()}),
-        adapters=MappingProxyType(entries),
-    )
-    (tmp / "plan.json").write_text(plan_to_json(plan))
-
-
-def spawn(cmd: list[str], cores: list[int], log_path: Path) -> subprocess.Popen[bytes]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in [env.get("PYTHONPATH", ""), str(ROOT)] if p)
-    handle = log_path.open("wb")
-    cpu_set = set(cores)
-
-    def pin() -> None:
-        os.sched_setaffinity(0, cpu_set)
-        # Die with this process, even if it is killed without a chance to clean up.
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PDEATHSIG
-
-    return subprocess.Popen(
-        cmd,
-        stdout=handle,
-        stderr=subprocess.STDOUT,
-        env=env,
-        preexec_fn=pin,  # noqa: PLW1509 (spawned before any thread starts)
-        cwd=str(ROOT),
-    )
-
-
-def cpu_s(pid: int) -> float:
-    """User plus system CPU seconds of a process (all its threads), from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-async def wait_file(path: Path, deadline: float, proc: subprocess.Popen[bytes]) -> str:
-    """The text of ``path`` once ``proc`` has written it (by rename: whole)."""
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"a child exited with {proc.returncode} before writing {path}")
-        with contextlib.suppress(FileNotFoundError):
-            return path.read_text()
-        await asyncio.sleep(0.05)
-    raise RuntimeError(f"nothing was written to {path}")
-
-
-async def wait_up(session: aiohttp.ClientSession, url: str, deadline: float, procs: list) -> None:
-    while time.monotonic() < deadline:
-        for proc in procs:
-            if proc.poll() is not None:
-                raise RuntimeError(f"a child exited with {proc.returncode} before {url} was up")
-        try:
-            async with session.get(url, timeout=aiohttp.ClientTimeout(total=1)) as reply:
-                if reply.status < 500:
-                    return
-        except (TimeoutError, aiohttp.ClientError, OSError):
-            pass
-        await asyncio.sleep(0.05)
-    raise RuntimeError(f"{url} never came up")
-
-
-def pct(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-def summary(lat: list[float]) -> dict[str, float | None]:
-    return {
-        "n": len(lat),
-        "mean_ms": statistics.fmean(lat) if lat else None,
-        "p50_ms": pct(lat, 0.50),
-        "p90_ms": pct(lat, 0.90),
-        "p95_ms": pct(lat, 0.95),
-        "p99_ms": pct(lat, 0.99),
-        "p999_ms": pct(lat, 0.999),
-        "max_ms": max(lat) if lat else None,
-    }
-
-
-def arrivals(rate: float, seconds: float, models: list[str], seed: int) -> list[tuple[float, str]]:
-    """A Poisson arrival sequence: (offset in s, adapter), the same for both paths."""
-    rng = random.Random(seed)
-    out, t = [], 0.0
-    while True:
-        t += rng.expovariate(rate)
-        if t >= seconds:
-            return out
-        out.append((t, rng.choice(models)))
-
-
-async def open_loop(
-    session: aiohttp.ClientSession,
-    schedule: list[tuple[float, str]],
-    url_of: dict[str, str],
-    max_tokens: int,
-    timeout_s: float,
-) -> dict[str, Any]:
-    """Send each request at its offset, whatever is in flight (open loop)."""
-    latencies: list[float] = []
-    from_intended: list[float] = []
-    lag: list[float] = []
-    errors: dict[str, int] = {}
-    first_send = last_done = None
-    per_request = aiohttp.ClientTimeout(total=timeout_s)
-
-    async def one(intended: float, model: str) -> None:
-        nonlocal last_done
-        body = {"model": model, "prompt": PROMPT, "max_tokens": max_tokens, "stream": False}
-        started = time.perf_counter()
-        lag.append((started - intended) * 1000.0)
-        try:
-            async with session.post(url_of[model], json=body, timeout=per_request) as reply:
-                await reply.read()
-                status = reply.status
-        except Exception as exc:
-            kind = type(exc).__name__
-            errors[kind] = errors.get(kind, 0) + 1
-            return
-        done = time.perf_counter()
-        if status != 200:
-            errors[f"http_{status}"] = errors.get(f"http_{status}", 0) + 1
-            return
-        latencies.append((done - started) * 1000.0)
-        from_intended.append((done - intended) * 1000.0)
-        last_done = done
-
-    tasks = []
-    start = time.perf_counter() + 0.05
-    first_send = start
-    for offset, model in schedule:
-        intended = start + offset
-        delay = intended - time.perf_counter()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        tasks.append(asyncio.create_task(one(intended, model)))
-    await asyncio.gather(*tasks)
-    span = (last_done or time.perf_counter()) - first_send
-    duration = schedule[-1][0] if schedule else 0.0
-    return {
-        "sent": len(schedule),
-        "ok": len(latencies),
-        "errors": errors,
-        "offered_rps": len(schedule) / duration if duration else None,
-        "achieved_rps": len(latencies) / span if span > 0 else None,
-        "latency": summary(latencies),
-        "latency_from_intended": summary(from_intended),
-        "send_lag_ms": {"p50": pct(lag, 0.5), "p99": pct(lag, 0.99), "max": max(lag or [0])},
-    }
-
-
-async def closed_loop(
-    session: aiohttp.ClientSession,
-    models: list[str],
-    url_of: dict[str, str],
-    workers: int,
-    seconds: float,
-) -> dict[str, Any]:
-    done, failed = 0, 0
-    stop = time.perf_counter() + seconds
-
-    async def worker(k: int) -> None:
-        nonlocal done, failed
-        i = k
-        while time.perf_counter() < stop:
-            model = models[i % len(models)]
-            body = {"model": model, "prompt": PROMPT, "max_tokens": 1}
-            try:
-                async with session.post(url_of[model], json=body) as reply:
-                    await reply.read()
-                    if reply.status == 200:
-                        done += 1
-                    else:
-                        failed += 1
-            except Exception:
-                failed += 1
-            i += workers
-
-    started = time.perf_counter()
-    await asyncio.gather(*(worker(k) for k in range(workers)))
-    elapsed = time.perf_counter() - started
-    return {"rps": done / elapsed, "ok": done, "failed": failed, "workers": workers}
 
 
 class Result:
@@ -308,6 +68,8 @@ class Result:
 
 
 async def run(args: argparse.Namespace, result: Result, procs: dict[str, Any]) -> None:
+    """Start the fleet, load the adapters, warm both paths up, then the open-loop
+    rounds (direct and routed, alternating) and the closed-loop maximum of each."""
     data = result.data
     deadline = time.monotonic() + args.time_cap
     layout = core_layout(args.router_cores, args.pod_cores, args.gen_cores)
@@ -316,50 +78,23 @@ async def run(args: argparse.Namespace, result: Result, procs: dict[str, Any]) -
     adapters = [f"lora-{i}" for i in range(args.pods * args.adapters_per_pod)]
     tmp = Path(tempfile.mkdtemp(prefix="lorafleet-router-bench-"))
     procs["tmp"] = tmp
-    launch = [sys.executable, str(LAUNCH)]
     started = time.monotonic()
     up_by = started + args.start_timeout
-    children: list[subprocess.Popen[bytes]] = []
-    for i in range(args.pods):
-        cmd = [*launch, "pods", "--ports", "0", "--first-index", str(i)]
-        cmd += ["--ports-file", str(tmp / f"pod-{i}.json")]
-        cmd += ["--ttft-ms", str(args.pod_ttft_ms), "--tpot-ms", str(args.pod_tpot_ms)]
-        if args.pod_uvloop:
-            cmd.append("--uvloop")
-        core = [layout["pods"][i % len(layout["pods"])]] if layout["pinned"] else layout["pods"]
-        children.append(spawn(cmd, core, tmp / f"pod-{i}.log"))
-    procs["pods"] = children
-    pod_ports = []
-    for i, child in enumerate(children):
-        urls = json.loads(await wait_file(tmp / f"pod-{i}.json", up_by, child))
-        pod_ports.append(int(urls[f"pod-{i}"].rsplit(":", 1)[1]))
-    write_inputs(tmp, pod_ports, adapters, rank=16)
-    router_cmd = [*launch, "router", "--fleet", str(tmp / "fleet.yaml")]
-    router_cmd += ["--plan", str(tmp / "plan.json"), "--catalog", str(tmp / "catalog.yaml")]
-    router_cmd += ["--port", "0", "--port-file", str(tmp / "router.port")]
-    router = spawn(router_cmd, layout["router"], tmp / "router.log")
-    procs["router"] = router
-    router_port = int(await wait_file(tmp / "router.port", up_by, router))
-    data["ports"] = {"pods": pod_ports, "router": router_port}
+    fleet = await start_fleet(args, layout, adapters=adapters, tmp=tmp, up_by=up_by, procs=procs)
+    data["ports"] = {"pods": fleet.pod_ports, "router": fleet.router_port}
     os.sched_setaffinity(0, set(layout["gen"]))
 
     direct_url = {
-        name: f"http://{HOST}:{pod_ports[i % args.pods]}/v1/completions"
+        name: f"http://{HOST}:{fleet.pod_ports[i % args.pods]}/v1/completions"
         for i, name in enumerate(adapters)
     }
-    routed_url = {name: f"http://{HOST}:{router_port}/v1/completions" for name in adapters}
+    routed_url = {name: f"http://{HOST}:{fleet.router_port}/v1/completions" for name in adapters}
     connector = aiohttp.TCPConnector(limit=args.connections, limit_per_host=0, force_close=False)
     async with aiohttp.ClientSession(connector=connector) as session:
-        for port in pod_ports:
-            await wait_up(session, f"http://{HOST}:{port}/health", up_by, [*children, router])
-        await wait_up(session, f"http://{HOST}:{router_port}/healthz", up_by, [*children, router])
+        await wait_healthy(session, fleet, up_by)
         data["startup_s"] = round(time.monotonic() - started, 2)
         log(f"pods and router up in {data['startup_s']} s; {len(adapters)} adapters")
-        for i, name in enumerate(adapters):
-            body = {"lora_name": name, "lora_path": f"s3://adapters/{name}"}
-            url = f"http://{HOST}:{pod_ports[i % args.pods]}/v1/load_lora_adapter"
-            async with session.post(url, json=body) as reply:
-                await reply.read()
+        await _load_adapters(session, adapters, fleet.pod_ports)
         await asyncio.sleep(1.0)  # let the router scrape every pod once or twice
         # Warm-up both paths: connections, the router's ledger, the JIT-free caches.
         warm = arrivals(100.0, args.warmup_s, adapters, args.seed + 1)
@@ -368,101 +103,132 @@ async def run(args: argparse.Namespace, result: Result, procs: dict[str, Any]) -
         log("warm-up errors:", data["warmup_direct"], data["warmup_routed"])
 
         schedule = arrivals(args.rate, args.seconds, adapters, args.seed)
-        data["config"] = {
-            "rate_rps": args.rate,
-            "seconds": args.seconds,
-            "requests": len(schedule),
-            "pods": args.pods,
-            "adapters": len(adapters),
-            "pod_ttft_ms": args.pod_ttft_ms,
-            "pod_tpot_ms": args.pod_tpot_ms,
-            "max_tokens": args.max_tokens,
-            "python": sys.version.split()[0],
-            "aiohttp": aiohttp.__version__,
-            "loop": type(asyncio.get_running_loop()).__module__,
-        }
-        order = ["direct", "routed"] * args.rounds
-        for index, path in enumerate(order):
-            if time.monotonic() > deadline - args.seconds - 5:
-                result.data["errors"].append(f"time cap: skipped {path} round {index // 2}")
-                break
-            urls = direct_url if path == "direct" else routed_url
-            pods_cpu = sum(cpu_s(c.pid) for c in children)
-            router_cpu = cpu_s(router.pid)
-            log(f"{path}: {len(schedule)} requests over {args.seconds:g} s ...")
-            got = await open_loop(session, schedule, urls, args.max_tokens, 30.0)
-            n = max(got["ok"], 1)
-            got["pods_cpu_us_per_request"] = (
-                (sum(cpu_s(c.pid) for c in children) - pods_cpu) / n * 1e6
-            )
-            got["router_cpu_us_per_request"] = (cpu_s(router.pid) - router_cpu) / n * 1e6
-            key = path if args.rounds == 1 else f"{path}_{index // 2}"
-            data[key] = got
-            lat = got["latency"]
-            log(
-                f"{path}: ok {got['ok']}/{got['sent']} errors {got['errors']} "
-                f"achieved {got['achieved_rps']:.1f}/s p50 {lat['p50_ms']:.3f} "
-                f"p99 {lat['p99_ms']:.3f} ms, send lag p99 {got['send_lag_ms']['p99']:.2f} ms"
-                if lat["p50_ms"] is not None
-                else f"{path}: no successful request; errors {got['errors']}"
-            )
-            result.save()
-        direct = [
-            data[k]
-            for k in data
-            if k.startswith("direct") and isinstance(data[k], dict) and "latency" in data[k]
-        ]
-        routed = [
-            data[k]
-            for k in data
-            if k.startswith("routed") and isinstance(data[k], dict) and "latency" in data[k]
-        ]
-        if direct and routed:
-            added = {}
-            for q in ("p50_ms", "p90_ms", "p95_ms", "p99_ms", "p999_ms", "mean_ms"):
-                d = statistics.median(
-                    x["latency"][q] for x in direct if x["latency"][q] is not None
-                )
-                r = statistics.median(
-                    x["latency"][q] for x in routed if x["latency"][q] is not None
-                )
-                added[q] = r - d
-            data["added_ms"] = added
-            log("added latency (ms):", json.dumps({k: round(v, 3) for k, v in added.items()}))
+        data["config"] = _config(args, requests=len(schedule), adapters=len(adapters))
+        urls_of = {"direct": direct_url, "routed": routed_url}
+        await _open_rounds(session, args, result, fleet, schedule, urls_of, deadline=deadline)
+        _added(data)
+        result.save()
+        await _closed_rounds(session, args, result, fleet, adapters, urls_of, deadline=deadline)
+
+
+async def _load_adapters(
+    session: aiohttp.ClientSession, adapters: list[str], pod_ports: list[int]
+) -> None:
+    """Each adapter onto the pod the plan gives it (round robin, as write_inputs)."""
+    for i, name in enumerate(adapters):
+        body = {"lora_name": name, "lora_path": f"s3://adapters/{name}"}
+        url = f"http://{HOST}:{pod_ports[i % len(pod_ports)]}/v1/load_lora_adapter"
+        async with session.post(url, json=body) as reply:
+            await reply.read()
+
+
+def _config(args: argparse.Namespace, *, requests: int, adapters: int) -> dict[str, Any]:
+    return {
+        "rate_rps": args.rate,
+        "seconds": args.seconds,
+        "requests": requests,
+        "pods": args.pods,
+        "adapters": adapters,
+        "pod_ttft_ms": args.pod_ttft_ms,
+        "pod_tpot_ms": args.pod_tpot_ms,
+        "max_tokens": args.max_tokens,
+        "python": sys.version.split()[0],
+        "aiohttp": aiohttp.__version__,
+        "loop": type(asyncio.get_running_loop()).__module__,
+    }
+
+
+async def _open_rounds(
+    session: aiohttp.ClientSession,
+    args: argparse.Namespace,
+    result: Result,
+    fleet: Fleet,
+    schedule: list[tuple[float, str]],
+    urls_of: dict[str, dict[str, str]],
+    *,
+    deadline: float,
+) -> None:
+    """``--rounds`` direct/routed pairs of the same arrivals, each with the pods' and the
+    router's CPU per request; stops before a round that would pass the time cap."""
+    data = result.data
+    order = ["direct", "routed"] * args.rounds
+    for index, path in enumerate(order):
+        if time.monotonic() > deadline - args.seconds - 5:
+            data["errors"].append(f"time cap: skipped {path} round {index // 2}")
+            break
+        pods_cpu = sum(cpu_s(c.pid) for c in fleet.pods)
+        router_cpu = cpu_s(fleet.router.pid)
+        log(f"{path}: {len(schedule)} requests over {args.seconds:g} s ...")
+        got = await open_loop(session, schedule, urls_of[path], args.max_tokens, 30.0)
+        n = max(got["ok"], 1)
+        got["pods_cpu_us_per_request"] = (
+            (sum(cpu_s(c.pid) for c in fleet.pods) - pods_cpu) / n * 1e6
+        )
+        got["router_cpu_us_per_request"] = (cpu_s(fleet.router.pid) - router_cpu) / n * 1e6
+        key = path if args.rounds == 1 else f"{path}_{index // 2}"
+        data[key] = got
+        lat = got["latency"]
+        log(
+            f"{path}: ok {got['ok']}/{got['sent']} errors {got['errors']} "
+            f"achieved {got['achieved_rps']:.1f}/s p50 {lat['p50_ms']:.3f} "
+            f"p99 {lat['p99_ms']:.3f} ms, send lag p99 {got['send_lag_ms']['p99']:.2f} ms"
+            if lat["p50_ms"] is not None
+            else f"{path}: no successful request; errors {got['errors']}"
+        )
         result.save()
 
-        if args.closed_seconds > 0 and time.monotonic() < deadline - 2 * args.closed_seconds - 3:
-            for path, urls in (("direct", direct_url), ("routed", routed_url)):
-                router_cpu = cpu_s(router.pid)
-                got = await closed_loop(session, adapters, urls, 64, args.closed_seconds)
-                got["router_cpu_us_per_request"] = (
-                    (cpu_s(router.pid) - router_cpu) / max(got["ok"], 1) * 1e6
-                )
-                data[f"closed_{path}"] = got
-                log(
-                    f"closed loop {path}: {got['rps']:.0f} req/s (ok {got['ok']}, "
-                    f"failed {got['failed']})"
-                )
-            result.save()
-        elif args.closed_seconds > 0:
-            data["errors"].append("time cap: skipped the closed-loop runs")
+
+def _added(data: dict[str, Any]) -> None:
+    """The routed path's latency minus the direct path's, each the median over rounds."""
+    runs = {
+        path: [
+            data[k]
+            for k in data
+            if k.startswith(path) and isinstance(data[k], dict) and "latency" in data[k]
+        ]
+        for path in ("direct", "routed")
+    }
+    direct, routed = runs["direct"], runs["routed"]
+    if direct and routed:
+        added = {}
+        for q in ("p50_ms", "p90_ms", "p95_ms", "p99_ms", "p999_ms", "mean_ms"):
+            d = statistics.median(x["latency"][q] for x in direct if x["latency"][q] is not None)
+            r = statistics.median(x["latency"][q] for x in routed if x["latency"][q] is not None)
+            added[q] = r - d
+        data["added_ms"] = added
+        log("added latency (ms):", json.dumps({k: round(v, 3) for k, v in added.items()}))
 
 
-def stop_children(procs: dict[str, Any]) -> None:
-    children = [*procs.get("pods", []), *([procs["router"]] if "router" in procs else [])]
-    for child in children:
-        if child.poll() is None:
-            child.terminate()
-    end = time.monotonic() + 5
-    for child in children:
-        try:
-            child.wait(timeout=max(0.1, end - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()
+async def _closed_rounds(
+    session: aiohttp.ClientSession,
+    args: argparse.Namespace,
+    result: Result,
+    fleet: Fleet,
+    adapters: list[str],
+    urls_of: dict[str, dict[str, str]],
+    *,
+    deadline: float,
+) -> None:
+    """The closed-loop maximum of each path (64 workers), when the time cap allows both."""
+    data = result.data
+    if args.closed_seconds > 0 and time.monotonic() < deadline - 2 * args.closed_seconds - 3:
+        for path, urls in urls_of.items():
+            router_cpu = cpu_s(fleet.router.pid)
+            got = await closed_loop(session, adapters, urls, 64, args.closed_seconds)
+            got["router_cpu_us_per_request"] = (
+                (cpu_s(fleet.router.pid) - router_cpu) / max(got["ok"], 1) * 1e6
+            )
+            data[f"closed_{path}"] = got
+            log(
+                f"closed loop {path}: {got['rps']:.0f} req/s (ok {got['ok']}, "
+                f"failed {got['failed']})"
+            )
+        result.save()
+    elif args.closed_seconds > 0:
+        data["errors"].append("time cap: skipped the closed-loop runs")
 
 
-def main() -> None:
+def _arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rate", type=float, default=500.0)
     parser.add_argument("--seconds", type=float, default=30.0)
@@ -483,8 +249,11 @@ def main() -> None:
     parser.add_argument("--time-cap", type=float, default=150.0, help="stop new phases after")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path)
-    args = parser.parse_args()
+    return parser.parse_args()
 
+
+def main() -> None:
+    args = _arguments()
     result = Result(args.out)
     procs: dict[str, Any] = {}
 
@@ -492,6 +261,7 @@ def main() -> None:
         raise SystemExit(f"signal {signum}")
 
     signal.signal(signal.SIGTERM, on_term)
+    runner: Callable[[Coroutine[Any, Any, None]], None]
     try:
         try:
             import uvloop
@@ -520,5 +290,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(ROOT))
     main()

@@ -13,7 +13,8 @@ from typing import Any
 
 def load(folder: Path, name: str) -> dict[str, Any] | None:
     try:
-        return json.loads((folder / name).read_text())
+        data: dict[str, Any] = json.loads((folder / name).read_text())
+        return data
     except (OSError, ValueError):
         return None
 
