@@ -27,6 +27,9 @@ LEVELS = (0.9, 0.99)
 CHANGED_WIDENING = 1.5
 #: After a change, the error scale is at least this share of the new level.
 RECENT_SHARE = 0.5
+#: The steady scale follows the forecast over the typical level, that ratio clipped to
+#: this much either way before the power (0.2-5 at power 1/2, 1/25-25 at power 1).
+SHAPE_CLIP = 25.0
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -74,7 +77,7 @@ def band_factors(
     mean: FloatArray,
     scale: FloatArray,
     typical: FloatArray,
-    power: float,
+    power: float | FloatArray,
     min_changes: int,
     margin: float = 0.0,
 ) -> FloatArray:
@@ -117,16 +120,17 @@ def widened(
     *,
     mean: FloatArray,
     typical: FloatArray,
-    power: float,
+    power: float | FloatArray,
 ) -> FloatArray:
     """The error scale of each cell.
 
     Steady: the adapter's scale, following its forecast through the day (times the
-    forecast over the adapter's typical level, to ``power``). After a change: grown with
+    forecast over the adapter's typical level, clipped to ``SHAPE_CLIP`` either way, to
+    ``power``). After a change: grown with
     the new level (never shrunk by it) and at least half the new level, since the past
     says little about it.
     """
-    shape = np.clip(((mean + 1.0) / (typical + 1.0)) ** power, 0.2, 5.0)
+    shape = np.clip((mean + 1.0) / (typical + 1.0), 1.0 / SHAPE_CLIP, SHAPE_CLIP) ** power
     grow = np.where(np.isfinite(ratio), np.maximum(ratio, 1.0), 1.0)
     after = np.maximum(scale * grow, RECENT_SHARE * recent)
     return np.asarray(np.where(changed, after, scale * shape), dtype=np.float64)

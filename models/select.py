@@ -22,7 +22,8 @@ every ``long_every`` buckets for the day. For each adapter it then
    dropped, appeared) from its new level, as far as the backtest's changes say that
    pays (``follow``; all the way after a stop and half otherwise when it saw too few);
 4. sets the q90 and q99 band from the backtest's out-of-fold errors, wider after a
-   change (``models.bands``).
+   change (``models.bands``); within the first hour the band grows as the square root
+   of the forecast through the day, beyond in proportion to it (``day_band_power``).
 
 Pure: no IO, no clock, no logging.
 """
@@ -82,6 +83,9 @@ class Selecting:
     #: The band follows the forecast through the day: its scale goes as the forecast over
     #: the adapter's typical level, to this power.
     band_power: float = 0.5
+    #: The same power past the first band: a day's volume moves as one factor, so the
+    #: error of a day-ahead forecast grows with the forecast itself.
+    day_band_power: float = 1.0
     #: Past the first hour, the band is calibrated this share of the way from its level
     #: (0.9, 0.99) to 1: a day's errors share one shock, so the backtest's days are few.
     day_margin: float = 0.5
@@ -227,14 +231,16 @@ def _fit_plan(
             selected = band_cells.selected(trust)
             follow = follow_weights(band_cells, selected, settings.min_changes)
             mean = after_change(selected, band_cells.level, band_cells.kind, follow)
+            power = settings.band_power if plan.first_unit == 0 else settings.day_band_power
+            margin = settings.day_margin if plan.first_unit else 0.0
             factors = band_factors(
                 band_cells,
                 mean=mean,
                 scale=scale,
                 typical=_typical(lags, settings.days),
-                power=settings.band_power,
+                power=power,
                 min_changes=settings.min_changes,
-                margin=settings.day_margin if plan.first_unit else 0.0,
+                margin=margin,
             )
         fitted[band] = (scale, factors, follow)
     return _PlanFit(weights=weights, bands=fitted)
@@ -310,7 +316,9 @@ class FittedSelection:
             shifts.level[0][None, :],
             mean=mean,
             typical=_typical(lags, self.settings.days)[None, :],
-            power=self.settings.band_power,
+            power=np.where(steps <= first, self.settings.band_power, self.settings.day_band_power)[
+                :, None
+            ],
         )
         which = changed.astype(np.int64)
         factor = np.take_along_axis(self.factors[band], which[:, None, :].repeat(2, axis=1), axis=2)

@@ -216,3 +216,16 @@ def test_the_day_margin_widens_the_day_band_and_leaves_the_first_hour() -> None:
     np.testing.assert_array_equal(wide.q90[hour], narrow.q90[hour])
     assert (wide.q90 >= narrow.q90).all() and (wide.q99 >= narrow.q99).all()
     assert (wide.q90[hour.stop :] > narrow.q90[hour.stop :]).any()
+
+
+def test_past_the_hour_the_band_grows_with_the_forecast_as_a_share_of_it() -> None:
+    # A day's volume moves as one factor, so its error grows with the forecast itself.
+    panel = panel_of(seasonal(400.0), seasonal(200.0, seed=6), dropped())
+    root = Selecting(day_band_power=0.5).fit(panel).predict(panel, horizon=PER_DAY)
+    share = Selecting(day_band_power=1.0).fit(panel).predict(panel, horizon=PER_DAY)
+    hour = slice(0, Selecting().band_edges[0])
+    np.testing.assert_array_equal(share.mean, root.mean)
+    np.testing.assert_array_equal(share.q90[hour], root.q90[hour])
+    peak, low = 13 * 6, 9 * 6  # 13:00 and 09:00, both past the first hour
+    width = {k: (f.q90 - f.mean)[:, 0] for k, f in (("root", root), ("share", share))}
+    assert width["share"][peak] / width["share"][low] > width["root"][peak] / width["root"][low]
