@@ -86,6 +86,13 @@ def gbps(nbytes: int, ms: float) -> float:
 def bench_copy(
     shape_name: str, shape: dict[str, int], rank: int, device: str, reps: int
 ) -> dict[str, Any]:
+    """One row: the adapter's copies, per tensor and as one buffer, pageable and (on a
+    GPU) pinned, each with its median time and GB/s.
+
+    Long (about 70 lines) on purpose: the copy closures hold the host and GPU tensors,
+    and all of them must be dropped in one place before ``empty_cache`` so that the
+    next rank starts with the memory free; split up, the references would be spread
+    over frames."""
     timer = Timer(device)
     specs = lora_shapes(shape, rank)
     built = time.perf_counter()
