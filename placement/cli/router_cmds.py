@@ -1,105 +1,118 @@
-"""``lorafleet router``: serve the plan-following OpenAI-compatible proxy."""
+"""``lorafleet router``: serve the plan-following OpenAI-compatible proxy.
+
+The flags are parsed into settings and parts in ``router_setup``; this module serves
+them: one process (with the endpoint picker if asked) or ``--workers`` N on one port.
+"""
 
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
-from datetime import UTC, datetime
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from functools import partial
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
 from placement.cli.app import app, err, report_errors
-from placement.clock import Clock, clock_from_options
-from placement.domain import Catalog, Fleet
+from placement.cli.router_setup import (
+    EndpointPicker,
+    RouterParts,
+    clock_from_flags,
+    picker_from_flags,
+    router_parts,
+    router_settings,
+)
+from placement.clock import Clock
 from placement.errors import InputError, Problem
-from placement.inputs import load_fleet
-from placement.inputs.catalog import CatalogFile
-from placement.inputs.sources import check_source_template
 from placement.router.asgi import RouterApp
 from placement.router.picking import POLICIES
-from placement.router.sources import FilePlanSource, PlanSource, PodSource
-from placement.router.wiring import RouterWithPicker, build_router, run_router, write_port_file
+from placement.router.wiring import RouterWithPicker, run_router, write_port_file
 from placement.router.workers import serve_workers, worker_log_path
-from placement.settings import InputSettings, Settings
-
-CONFIGMAP_PREFIX = "configmap:"
 
 
-def _configmap_source(spec: str) -> PlanSource:
-    from placement.adapters.kube import KubePlanStore, KubeTarget, connect
-    from placement.router.kube_sources import StorePlanSource
+@dataclass(frozen=True, kw_only=True)
+class _Serving:
+    """Where and how the router serves: the flags past those its parts are built from."""
 
-    namespace, _, name = spec.removeprefix(CONFIGMAP_PREFIX).partition("/")
-    if not namespace or not name:
-        raise InputError(
-            [Problem(source="--plan", message=f"expected configmap:NAMESPACE/NAME, got {spec!r}")]
-        )
-    target = KubeTarget(namespace=namespace, plan_configmap=name)
-    return StorePlanSource(KubePlanStore(connect(), target=target), description=spec)
+    picker: EndpointPicker | None
+    request_log: Path | None
+    #: Called where the clock is first needed, so that its errors come in the old order.
+    clock: Callable[[], Clock]
+    host: str
+    port: int
+    port_file: Path | None
 
 
-def _selector_source(selector: str, namespace: str, fleet: Fleet | None) -> PodSource:
-    from placement.adapters.kube import KubePods, KubeTarget, connect
-    from placement.router.kube_sources import DiscoveryPodSource
+def _quiet_logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per listing otherwise
 
-    target = KubeTarget(namespace=namespace, selector=selector)
-    return DiscoveryPodSource(
-        KubePods(connect(), target=target), fleet=fleet, description=f"selector {selector}"
+
+def _on_listening(port_file: Path | None, say: Callable[[int], str]) -> Callable[[int], None]:
+    """Write the bound port to ``port_file`` (if any), then say where it listens."""
+
+    def listening(bound: int) -> None:
+        if port_file is not None:
+            write_port_file(port_file, bound)
+        err().print(say(bound))
+
+    return listening
+
+
+def _serve_workers(parts: RouterParts, serving: _Serving, *, workers: int) -> int:
+    """``--workers`` N: N processes on one port; their exit status."""
+    if serving.picker is not None:
+        message = "--endpoint-picker serves from one router process: drop --workers"
+        raise InputError([Problem(source="--workers", message=message)])
+    clock = serving.clock()
+    request_log = serving.request_log
+
+    def make_app(worker: int) -> RouterApp:
+        # In the worker, after the fork: its own clients, loops and request log.
+        log_path = worker_log_path(request_log, worker) if request_log else None
+        return parts.build(request_log=log_path, clock=lambda: clock)  # the parent's clock
+
+    def say(bound: int) -> str:
+        return f"lorafleet router on http://{serving.host}:{bound} ({workers} workers)"
+
+    return serve_workers(
+        make_app,
+        host=serving.host,
+        port=serving.port,
+        workers=workers,
+        on_listening=_on_listening(serving.port_file, say),
     )
 
 
-def _plan_source(plan: str | None) -> PlanSource | None:
-    if plan is None:
-        return None
-    if plan.startswith(CONFIGMAP_PREFIX):
-        return _configmap_source(plan)
-    return FilePlanSource(Path(plan))
+def _serve_one(parts: RouterParts, serving: _Serving) -> None:
+    """One router process, with the endpoint picker if asked, until it is stopped."""
+    app_ = parts.build(request_log=serving.request_log, clock=serving.clock)
+    if parts.plan is None and parts.settings.router.policy == "plan":
+        err().print("no --plan: routing every adapter by consistent hashing")
+
+    def say(bound: int) -> str:
+        return f"lorafleet router on http://{serving.host}:{bound}"
+
+    listening = _on_listening(serving.port_file, say)
+    served = app_ if serving.picker is None else _with_picker(app_, serving.picker)
+    run_router(served, host=serving.host, port=serving.port, on_listening=listening)
 
 
-def _picker_transport(given: str | None, serving: bool) -> str:
-    """``--picker-transport``: one of the picker's transports (default h2)."""
-    if given is None:
-        return "h2"
-    if not serving:
-        message = "--picker-transport needs --endpoint-picker"
-        raise InputError([Problem(source="--picker-transport", message=message)])
-    # Here: grpc's import costs a third of a second a router without the picker saves.
-    from placement.router.picker_grpc import TRANSPORTS
+def _with_picker(app_: RouterApp, picker: EndpointPicker) -> RouterWithPicker:
+    def say(bound: int) -> str:
+        where = f"{picker.host}:{bound}"
+        return f"lorafleet endpoint picker (Envoy ext_proc over {picker.transport}) on {where}"
 
-    if given not in TRANSPORTS:
-        message = f"unknown picker transport {given!r}; one of {', '.join(TRANSPORTS)}"
-        raise InputError([Problem(source="--picker-transport", message=message)])
-    return given
-
-
-def _picker_address(spec: str, host: str) -> tuple[str, int]:
-    """``--endpoint-picker``: ``[HOST]:PORT`` or ``PORT`` (no host: the router's)."""
-    name, _, port = spec.rpartition(":")
-    name = name.strip("[]") or host
-    if not port.isdigit() or not 0 <= int(port) <= 65535:
-        message = f"expected [HOST]:PORT or PORT (0: a free port), got {spec!r}"
-        raise InputError([Problem(source="--endpoint-picker", message=message)])
-    return name, int(port)
-
-
-def _with_template(settings: Settings, template: str) -> InputSettings:
-    """The input rules with ``--adapter-source-template``, checked against them."""
-    try:
-        check_source_template(template, rules=settings.inputs)
-    except ValueError as exc:
-        raise InputError([Problem(source="--adapter-source-template", message=str(exc))]) from None
-    return replace(settings.inputs, adapter_source_template=template)
-
-
-def _clock(start: datetime | None, speed: float, origin_s: float | None) -> Clock:
-    if start is not None and start.tzinfo is None:
-        start = start.replace(tzinfo=UTC)
-    try:
-        return clock_from_options(start, speed, wall_origin_s=origin_s)
-    except ValueError as exc:
-        raise InputError([Problem(source="--clock-speed", message=str(exc))]) from None
+    return RouterWithPicker(
+        app_,
+        host=picker.host,
+        port=picker.port,
+        on_picker_listening=_on_listening(picker.port_file, say),
+        transport=picker.transport,
+    )
 
 
 @app.command()
@@ -203,115 +216,38 @@ def router(
     ] = None,
 ) -> None:
     """Route OpenAI requests to the pods that hold each adapter, following the plan."""
-    settings = Settings()
-    given: dict[str, Any] = {
-        name: value
-        for name, value in (
-            ("policy", policy),
-            ("log_flush_s", log_flush_s),
-            ("log_rotate_bytes", log_rotate_bytes),
-            ("max_body_bytes", max_body_bytes),
-            ("class_priority", class_priority),
-        )
-        if value is not None
-    }
-    settings = replace(settings, router=replace(settings.router, **given))
-    if adapter_source_template is not None:
-        settings = replace(settings, inputs=_with_template(settings, adapter_source_template))
-    policy = settings.router.policy
-    if policy not in POLICIES:
-        raise InputError(
-            [
-                Problem(
-                    source="--policy",
-                    message=f"unknown policy {policy!r}; one of {', '.join(POLICIES)}",
-                )
-            ]
-        )
+    settings = router_settings(
+        policy=policy,
+        log_flush_s=log_flush_s,
+        log_rotate_bytes=log_rotate_bytes,
+        max_body_bytes=max_body_bytes,
+        class_priority=class_priority,
+        adapter_source_template=adapter_source_template,
+    )
     if (fleet is None) == (selector is None):
         raise InputError(
             [Problem(source="router", message="give exactly one of --fleet or --selector")]
         )
-    if picker_port_file is not None and endpoint_picker is None:
-        message = "--picker-port-file needs --endpoint-picker"
-        raise InputError([Problem(source="--picker-port-file", message=message)])
-    picker = _picker_address(endpoint_picker, host) if endpoint_picker is not None else None
-    transport = _picker_transport(picker_transport, picker is not None)
-    parsed_fleet = load_fleet(fleet) if fleet is not None else None
-    catalog_file = (
-        CatalogFile(catalog, fleet=parsed_fleet, rules=settings.inputs)
-        if catalog is not None
-        else None
+    picker = picker_from_flags(
+        endpoint_picker, port_file=picker_port_file, transport=picker_transport, host=host
     )
-    parsed_catalog: Catalog | None = catalog_file.poll() if catalog_file is not None else None
-    pod_source = (
-        _selector_source(selector, namespace, parsed_fleet) if selector is not None else None
-    )
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per listing otherwise
-    if router_workers > 1:
-        if picker is not None:
-            message = "--endpoint-picker serves from one router process: drop --workers"
-            raise InputError([Problem(source="--workers", message=message)])
-        clock_ = _clock(clock_start, clock_speed, clock_origin)
-
-        def make_app(worker: int) -> RouterApp:
-            # In the worker, after the fork: its own clients, loops and request log.
-            log_path = worker_log_path(request_log, worker) if request_log else None
-            return build_router(
-                fleet=parsed_fleet,
-                pod_source=pod_source,
-                plan=_plan_source(plan),
-                catalog=parsed_catalog,
-                catalog_file=catalog_file,
-                request_log=log_path,
-                settings=settings,
-                clock=clock_,
-            )
-
-        def all_listening(bound: int) -> None:
-            if port_file is not None:
-                write_port_file(port_file, bound)
-            err().print(f"lorafleet router on http://{host}:{bound} ({router_workers} workers)")
-
-        status = serve_workers(
-            make_app, host=host, port=port, workers=router_workers, on_listening=all_listening
-        )
-        raise typer.Exit(status)
-    app_ = build_router(
-        fleet=parsed_fleet,
-        pod_source=pod_source,
-        plan=_plan_source(plan),
-        catalog=parsed_catalog,
-        catalog_file=catalog_file,
-        request_log=request_log,
+    parts = router_parts(
+        plan=plan,
+        fleet=fleet,
+        selector=selector,
+        namespace=namespace,
+        catalog=catalog,
         settings=settings,
-        clock=_clock(clock_start, clock_speed, clock_origin),
     )
-    if plan is None and policy == "plan":
-        err().print("no --plan: routing every adapter by consistent hashing")
-
-    def listening(bound: int) -> None:
-        if port_file is not None:
-            write_port_file(port_file, bound)
-        err().print(f"lorafleet router on http://{host}:{bound}")
-
-    if picker is None:
-        run_router(app_, host=host, port=port, on_listening=listening)
-        return
-    picker_host, picker_port = picker
-
-    def picker_listening(bound: int) -> None:
-        if picker_port_file is not None:
-            write_port_file(picker_port_file, bound)
-        where = f"{picker_host}:{bound}"
-        err().print(f"lorafleet endpoint picker (Envoy ext_proc over {transport}) on {where}")
-
-    with_picker = RouterWithPicker(
-        app_,
-        host=picker_host,
-        port=picker_port,
-        on_picker_listening=picker_listening,
-        transport=transport,
+    _quiet_logging()
+    serving = _Serving(
+        picker=picker,
+        request_log=request_log,
+        clock=partial(clock_from_flags, clock_start, clock_speed, clock_origin),
+        host=host,
+        port=port,
+        port_file=port_file,
     )
-    run_router(with_picker, host=host, port=port, on_listening=listening)
+    if router_workers > 1:
+        raise typer.Exit(_serve_workers(parts, serving, workers=router_workers))
+    _serve_one(parts, serving)
