@@ -205,10 +205,9 @@ def _read_new_lines(path: Path, entry: _FileRead, *, inode: int, fresh: bool) ->
     end = data.rfind(b"\n") + 1  # a half-written last line waits for the next read
     if end == 0:
         return piece
-    records, bad = _parse_lines(data[:end].split(b"\n")[:-1], first=entry.lines + 1)
-    first, last = entry.lines + 1, entry.lines + data[:end].count(b"\n")
+    records, numbers, bad = _parse_lines(data[:end].split(b"\n")[:-1], first=entry.lines + 1)
     entry.offset += end
-    entry.lines = last
+    entry.lines += data[:end].count(b"\n")
     entry.tail = (entry.tail + data[:end])[-_TAIL_BYTES:]
     if bad:
         shown = ", ".join(str(n) for n in bad[:5]) + (
@@ -218,14 +217,17 @@ def _read_new_lines(path: Path, entry: _FileRead, *, inode: int, fresh: bool) ->
         message = f"{len(bad)} lines that are not JSON objects"
         piece.skip([Problem(source=str(path), entry=where, message=message)], len(bad))
     if records:
-        source = f"{path} (lines {first}-{last})"
-        _add_frame(piece, pd.DataFrame.from_records(records), source=source)
+        _add_frame(piece, pd.DataFrame.from_records(records), source=str(path), lines=numbers)
     return piece
 
 
-def _parse_lines(lines: list[bytes], *, first: int) -> tuple[list[dict[str, object]], list[int]]:
-    """The lines' JSON objects, and the numbers of the lines that are not one."""
+def _parse_lines(
+    lines: list[bytes], *, first: int
+) -> tuple[list[dict[str, object]], list[int], list[int]]:
+    """The lines' JSON objects and their line numbers, and the numbers of the lines
+    that are not one."""
     records: list[dict[str, object]] = []
+    numbers: list[int] = []
     bad: list[int] = []
     for number, line in enumerate(lines, start=first):
         if not line.strip():
@@ -236,14 +238,17 @@ def _parse_lines(lines: list[bytes], *, first: int) -> tuple[list[dict[str, obje
             record = None
         if isinstance(record, dict):
             records.append(record)
+            numbers.append(number)
         else:
             bad.append(number)
-    return records, bad
+    return records, numbers, bad
 
 
-def _add_frame(rows: _Rows, frame: pd.DataFrame, *, source: str) -> None:
+def _add_frame(
+    rows: _Rows, frame: pd.DataFrame, *, source: str, lines: list[int] | None = None
+) -> None:
     try:
-        read = request_log_from_frame(frame, source=source, skip_bad_rows=True)
+        read = request_log_from_frame(frame, source=source, skip_bad_rows=True, lines=lines)
     except InputError as exc:  # a missing column: none of these rows can be used
         rows.skip(exc.problems, len(frame))
         return

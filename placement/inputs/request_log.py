@@ -13,6 +13,7 @@ What a fault is, and the contract's names, are in ``placement.inputs.request_log
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -90,17 +91,22 @@ def check_request_log(path: Path, *, known_adapters: frozenset[str] | None = Non
 
 
 def request_log_from_frame(
-    frame: pd.DataFrame, *, source: str = "log", skip_bad_rows: bool = False
+    frame: pd.DataFrame,
+    *,
+    source: str = "log",
+    skip_bad_rows: bool = False,
+    lines: Sequence[int] | None = None,
 ) -> RequestLog:
     """Normalise a raw frame into a RequestLog, sorting and de-duplicating with notes.
 
     A faulty row (no adapter, a name no engine takes, a count that is not a whole
     number) makes the log unusable, unless ``skip_bad_rows``: then those rows are left
-    out and listed in ``skipped`` (a live log the router is still writing)."""
+    out and listed in ``skipped`` (a live log the router is still writing). ``lines``:
+    each row's line in its file, which the problems then name instead of a row."""
     frame = frame.reset_index(drop=True)
     fatal = [
         (p, rows)
-        for p, rows in fatal_faults(frame, source)
+        for p, rows in fatal_faults(frame, source, lines=lines)
         if p.severity == "error" and "time order" not in p.message
     ]
     skipped: tuple[Problem, ...] = ()

@@ -12,7 +12,7 @@ of a JSON-lines file by its number.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -164,15 +164,22 @@ def log_problems(
     return problems
 
 
-def fatal_faults(frame: pd.DataFrame, source: str) -> list[tuple[Problem, pd.Index | None]]:
-    """Each fault as a Problem with its rows (None: the whole file, a missing column)."""
+def fatal_faults(
+    frame: pd.DataFrame, source: str, *, lines: Sequence[int] | None = None
+) -> list[tuple[Problem, pd.Index | None]]:
+    """Each fault as a Problem with its rows (None: the whole file, a missing column),
+    named by row, or by line where ``lines`` gives each row's line in the file."""
     missing = _missing_columns(frame, source)
     if missing:
         return [(p, None) for p in missing]
     return [
-        (Problem(source=source, field=name, message=message, entry=_rows(rows)), rows)
+        (Problem(source=source, field=name, message=message, entry=_where(rows, lines)), rows)
         for name, message, rows in _timestamp_faults(frame) + _value_faults(frame)
     ]
+
+
+def _where(rows: pd.Index, lines: Sequence[int] | None) -> str:
+    return _rows(rows) if lines is None else lines_entry([lines[int(i)] for i in rows])
 
 
 def lines_entry(numbers: list[int]) -> str:

@@ -107,3 +107,23 @@ def test_a_read_that_fails_part_way_gives_the_same_rows_at_the_next(tmp_path: Pa
         tail.read_new()
     path.unlink()
     assert _tenants(tail) == ["t1"]
+
+
+def test_a_bad_row_is_named_by_its_line_in_the_file(tmp_path: Path) -> None:
+    """A line that is JSON but not a row the forecaster can take (no adapter, a count
+    that is not whole) is named by its line, counted from the file's start."""
+    path = tmp_path / "router.jsonl"
+    good = '{"ts": "2026-03-12T04:00:00Z", "adapter": "alpha"}'
+    path.write_text("\n".join([good, "", "{not json", good.replace('"alpha"', '""')]) + "\n")
+    tail = RequestLogTail(path)
+    assert [str(p) for p in tail.read_new().skipped] == [
+        f"{path}: line 3: 1 lines that are not JSON objects",
+        f"{path}: line 4: adapter: 1 rows without an adapter",
+    ]
+    with path.open("a") as handle:
+        handle.write(good.replace("}", ', "prompt_tokens": 1.5}') + "\n")
+    log = tail.read_new()
+    assert [str(p) for p in log.skipped] == [
+        f"{path}: line 5: prompt_tokens: 1 values that are not whole numbers"
+    ]
+    assert log.frame.empty and log.skipped_rows == 1
