@@ -144,6 +144,53 @@ async def _serve(
         crasher.cancel()
 
 
+def _checked(template: PodConfig, *, kv_capacity_tokens: int | None) -> PodConfig:
+    """The pods' config with ``--kv-capacity-tokens`` over it, its problems refused."""
+    if kv_capacity_tokens is not None:
+        template = replace(template, kv_capacity_tokens=kv_capacity_tokens)
+    problems = template.problems()
+    if problems:
+        raise InputError([Problem(source="emulate", message=p) for p in problems])
+    return template
+
+
+def _listening_sockets(pods: int, port: int) -> list[socket.socket]:
+    """A listening socket per pod from ``port`` on (0: each its own free port)."""
+    if port and port + pods - 1 > 65535:
+        raise InputError(
+            [Problem(source="--port", message=f"{pods} pods from port {port} pass 65535")]
+        )
+    try:
+        return listening_sockets(pods, base_port=port)
+    except OSError as exc:
+        raise InputError(
+            [
+                Problem(
+                    source="--port",
+                    message=f"cannot listen on {HOST}:{port}..{port + pods - 1}: "
+                    f"{exc.strerror or exc}",
+                )
+            ]
+        ) from None
+
+
+def _start_fleet(
+    sockets: list[socket.socket], template: PodConfig, *, base_model: str
+) -> EmulatedFleet:
+    """One pod per socket; says where they listen and prints their fleet.yaml."""
+    pods, engine, ports = len(sockets), template.engine, ports_of(sockets)
+    fleet = EmulatedFleet.start(pods, engine=engine, ports=ports, config=template)
+    err().print(
+        f"{pods} emulated {engine.value} pods ({template.model.value}) on {HOST}, ports "
+        + ", ".join(map(str, ports))
+        + storage_note(template.storage)
+    )
+    out().print(_fleet_yaml(fleet, base_model=base_model), highlight=False, markup=False)
+    return fleet
+
+
+# Past 80 lines for its option declarations alone (each flag's name, default and help
+# in one place, as ``--help`` shows them); the body is a few named calls.
 @app.command()
 @report_errors
 def emulate(
@@ -271,67 +318,43 @@ def emulate(
         bandwidth=storage_bandwidth,
         first_byte_ms=storage_first_byte_ms,
     )
-    template = PodConfig(
-        engine=engine,
-        served_model_name=served_model_name,
-        max_loras=max_loras,
-        max_cpu_loras=max_cpu_loras,
-        max_lora_rank=max_lora_rank,
-        engine_model=engine_model,
-        runtime_lora_updating=not no_runtime_updating,
-        vllm_flat_errors=vllm_flat_errors,
-        vllm_old_kv_metric=vllm_old_kv_metric,
-        sglang_metrics=sglang_metrics,
-        sglang_dp_size=sglang_dp_size,
-        sglang_model_naming=not sglang_old_naming,
-        missing_pattern=missing_pattern,
-        latency=Latency(
-            load_ms=load_ms,
-            load_ms_per_mb=load_ms_per_mb,
-            activate_ms=activate_ms,
-            ttft_ms=ttft_ms,
-            tpot_ms=tpot_ms,
+    template = _checked(
+        PodConfig(
+            engine=engine,
+            served_model_name=served_model_name,
+            max_loras=max_loras,
+            max_cpu_loras=max_cpu_loras,
+            max_lora_rank=max_lora_rank,
+            engine_model=engine_model,
+            runtime_lora_updating=not no_runtime_updating,
+            vllm_flat_errors=vllm_flat_errors,
+            vllm_old_kv_metric=vllm_old_kv_metric,
+            sglang_metrics=sglang_metrics,
+            sglang_dp_size=sglang_dp_size,
+            sglang_model_naming=not sglang_old_naming,
+            missing_pattern=missing_pattern,
+            latency=Latency(
+                load_ms=load_ms,
+                load_ms_per_mb=load_ms_per_mb,
+                activate_ms=activate_ms,
+                ttft_ms=ttft_ms,
+                tpot_ms=tpot_ms,
+            ),
+            batch=batch_timing(
+                max_num_seqs,
+                prefill_ms_per_token,
+                decode_ms_per_step,
+                batch_step_slowdown,
+                adapter_step_cost,
+            ),
+            storage=storage,
+            faults=Faults(error_rate=error_rate, slow_load_ms=slow_load_ms),
+            seed=seed,
         ),
-        batch=batch_timing(
-            max_num_seqs,
-            prefill_ms_per_token,
-            decode_ms_per_step,
-            batch_step_slowdown,
-            adapter_step_cost,
-        ),
-        storage=storage,
-        faults=Faults(error_rate=error_rate, slow_load_ms=slow_load_ms),
-        seed=seed,
+        kv_capacity_tokens=kv_capacity_tokens,
     )
-    if kv_capacity_tokens is not None:
-        template = replace(template, kv_capacity_tokens=kv_capacity_tokens)
-    problems = template.problems()
-    if problems:
-        raise InputError([Problem(source="emulate", message=p) for p in problems])
-    if port and port + pods - 1 > 65535:
-        raise InputError(
-            [Problem(source="--port", message=f"{pods} pods from port {port} pass 65535")]
-        )
-    try:
-        sockets = listening_sockets(pods, base_port=port)
-    except OSError as exc:
-        raise InputError(
-            [
-                Problem(
-                    source="--port",
-                    message=f"cannot listen on {HOST}:{port}..{port + pods - 1}: "
-                    f"{exc.strerror or exc}",
-                )
-            ]
-        ) from None
-    ports = ports_of(sockets)
-    fleet = EmulatedFleet.start(pods, engine=engine, ports=ports, config=template)
-    err().print(
-        f"{pods} emulated {engine.value} pods ({template.model.value}) on {HOST}, ports "
-        + ", ".join(map(str, ports))
-        + storage_note(storage)
-    )
-    out().print(_fleet_yaml(fleet, base_model=base_model), highlight=False, markup=False)
+    sockets = _listening_sockets(pods, port)
+    fleet = _start_fleet(sockets, template, base_model=base_model)
     asyncio.run(
         _serve(fleet, sockets, crash_every_s=crash_every_s, down_s=down_s, ports_file=ports_file)
     )
