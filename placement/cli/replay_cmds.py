@@ -8,14 +8,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
-import numpy as np
 import pandas as pd
 import typer
 import yaml
-from rich.table import Table
 
 from models.registry import forecaster_named
-from placement.cli.app import app, err, out, report_errors
+from placement.cli.app import app, err, report_errors
+from placement.cli.replay_output import print_results, replayed_frame, result_json
 from placement.domain import Catalog, Fleet, Pipelines
 from placement.errors import InputError, Problem
 from placement.inputs import load_catalog, load_fleet
@@ -23,37 +22,13 @@ from placement.inputs.events import check_events, known_names, load_events
 from placement.inputs.pipelines import load_pipelines
 from placement.inputs.request_log import load_request_log
 from placement.settings import Settings
-from placement.sim.engine import COLD_LOAD, CPU_HIT, GPU_HIT
 from placement.sim.events import EventController, SimEvent, sim_events
 from placement.sim.faults import FaultSchedule, parse_inline, parse_yaml, schedule
-from placement.sim.replay import AFTER_POD_LOSS_S, ReplayResult, check_policies, run_replay
-from placement.sim.routers import PLANNED, POLICIES
+from placement.sim.replay import check_policies, run_replay
+from placement.sim.routers import PLANNED, POLICIES, ClassedPlanning
 from placement.sim.wiring import PLANNERS, replay_planning
 from placement.sim.workload import SimWorkload, workload_from_log
 from policies.eviction import EvictionPolicy
-
-#: The table's columns: (metric key, header, format).
-COLUMNS = (
-    ("requests", "requests", "{:,}"),
-    ("gpu_hit_rate", "GPU hit", "{:.1%}"),
-    ("cpu_hit_rate", "CPU hit", "{:.1%}"),
-    ("cold_loads", "cold loads", "{:,}"),
-    ("loads", "loads", "{:,}"),
-    ("loads_per_pod_s", "loads/pod/s", "{:.4f}"),
-    ("loads_per_pod_s_peak", "peak", "{:.3f}"),
-    ("residency_p50_s", "resid p50 s", "{:.0f}"),
-    ("residency_p95_s", "resid p95 s", "{:.0f}"),
-    ("ttft_p50_ms", "TTFT p50", "{:.0f}"),
-    ("ttft_p95_ms", "TTFT p95", "{:.0f}"),
-    ("ttft_p99_ms", "TTFT p99", "{:.0f}"),
-    ("ttft_hit_p95_ms", "hit p95", "{:.0f}"),
-    ("ttft_miss_p95_ms", "miss p95", "{:.0f}"),
-    ("load_wait_share", "load wait", "{:.1%}"),
-    ("throughput_rps", "req/s", "{:.2f}"),
-    ("distinct_adapters_per_pod", "adapters/pod", "{:.1f}"),
-    ("convoy", "convoy", "{}"),
-)
-OUTCOME_NAMES = {GPU_HIT: "gpu_hit", CPU_HIT: "cpu_hit", COLD_LOAD: "cold_load"}
 
 
 def _eviction(name: str) -> EvictionPolicy:
@@ -183,66 +158,55 @@ def fault_schedule(spec: str, workload: SimWorkload, fleet: Fleet) -> FaultSched
     return schedule(parsed, [str(pod.name) for pod in fleet.pods], workload.duration_s)
 
 
-def _json(result: ReplayResult) -> dict[str, object]:
-    payload: dict[str, object] = dict(result.metrics)
-    if result.event_figures is not None:
-        payload["events"] = {
-            **result.event_figures,
-            "login_surge_ttft_p95_ms": result.login_surge_ttft_p95_ms,
-            "by_kind": result.event_figures_by_kind,
-        }
-    if result.after_pod_loss is not None:
-        payload["after_pod_loss"] = result.after_pod_loss
-    if result.by_class:
-        payload["by_class"] = result.by_class
-        payload["class_warmups"] = result.warmups
-    return payload
+def _replay_settings(*, plan_interval_s: float | None, class_priority: bool | None) -> Settings:
+    """The settings tree with ``--plan-interval-s`` and ``--class-priority`` over it."""
+    settings = Settings()
+    if plan_interval_s is not None:
+        settings = replace(settings, sim=replace(settings.sim, plan_interval_s=plan_interval_s))
+    if class_priority is not None:
+        settings = replace(settings, router=replace(settings.router, class_priority=class_priority))
+    return settings
 
 
-def _class_lines(result: ReplayResult) -> list[str]:
-    """With ``--class-priority``: a line per catalog class (GPU hits, TTFT p95)."""
-    return [
-        f"{result.policy}: {name}: {figures['requests']:,} requests,"
-        f" {figures['gpu_hit_rate']:.2%} GPU hits, TTFT p95 {figures['ttft_p95_ms']:,.0f} ms"
-        for name, figures in result.by_class.items()
-    ] + ([f"{result.policy}: {result.warmups:,} class warm-ups"] if result.by_class else [])
+def _delivered_events(
+    events_path: Path | None,
+    pipelines: Path | None,
+    workload: SimWorkload,
+    *,
+    catalog: Catalog,
+    fleet: Fleet,
+    settings: Settings,
+) -> tuple[list[SimEvent], EventController | None]:
+    """``--events`` (with ``--pipelines``, read only then) and lorafleet's controller
+    for them; none without ``--events``."""
+    if events_path is None:
+        return [], None
+    parsed_pipelines = load_pipelines(pipelines, catalog=catalog) if pipelines else None
+    return replay_events(
+        events_path,
+        workload,
+        catalog=catalog,
+        fleet=fleet,
+        pipelines=parsed_pipelines,
+        settings=settings,
+    )
 
 
-def _table(results: list[ReplayResult]) -> Table:
-    table = Table(title="replay")
-    table.add_column("policy", no_wrap=True)
-    for _, header, _ in COLUMNS:
-        table.add_column(header, justify="right")
-    for result in results:
-        cells = [fmt.format(result.metrics.get(key, 0)) for key, _, fmt in COLUMNS]
-        table.add_row(f"{result.policy} ({result.eviction.value})", *cells)
-    return table
+def _say_replaying(
+    workload: SimWorkload,
+    policies: list[str],
+    *,
+    planning: ClassedPlanning,
+    faults: FaultSchedule | None,
+) -> None:
+    described = planning.description if set(policies) & set(PLANNED) else "none"
+    err().print(f"replaying {len(workload):,} requests; planning: {described}")
+    if faults is not None:
+        err().print(f"faults: {faults.describe()}")
 
 
-def replayed_frame(workload: SimWorkload, results: list[ReplayResult]) -> pd.DataFrame:
-    """The request log of every replay, one row per request and policy."""
-    start = pd.Timestamp(workload.start)
-    stamps = start + pd.to_timedelta(np.asarray(workload.arrival_s), unit="s")
-    frames = []
-    for result in results:
-        pods = np.asarray((*result.pod_ids, ""), dtype=object)
-        frames.append(
-            pd.DataFrame(
-                {
-                    "ts": stamps,
-                    "adapter": workload.adapters,
-                    "prompt_tokens": workload.prompt_tokens,
-                    "output_tokens": workload.output_tokens,
-                    "pod": pods[np.asarray(result.log.pod)],
-                    "outcome": [OUTCOME_NAMES.get(code, "rejected") for code in result.log.outcome],
-                    "ttft_ms": np.round(np.asarray(result.log.ttft_ms), 3),
-                    "policy": result.policy,
-                }
-            )
-        )
-    return pd.concat(frames, ignore_index=True)
-
-
+# Past 80 lines for its option declarations alone (each flag's name, default and help
+# in one place, as ``--help`` shows them); the body is a few named calls.
 @app.command()
 @report_errors
 def replay(
@@ -318,11 +282,7 @@ def replay(
     check_policies(policy)
     chosen_eviction = _eviction(eviction)
     _check_planning(planner, forecast_model)
-    settings = Settings()
-    if plan_interval_s is not None:
-        settings = replace(settings, sim=replace(settings.sim, plan_interval_s=plan_interval_s))
-    if class_priority is not None:
-        settings = replace(settings, router=replace(settings.router, class_priority=class_priority))
+    settings = _replay_settings(plan_interval_s=plan_interval_s, class_priority=class_priority)
     parsed_fleet = load_fleet(fleet)
     parsed_catalog = load_catalog(catalog, fleet=parsed_fleet)
     workload = workload_from_log(
@@ -330,18 +290,14 @@ def replay(
     )
     window_s = figures_window(workload, window_from, window_to)
     fault_plan = fault_schedule(faults, workload, parsed_fleet) if faults else None
-    events: list[SimEvent] = []
-    controller = None
-    if events_path is not None:
-        parsed_pipelines = load_pipelines(pipelines, catalog=parsed_catalog) if pipelines else None
-        events, controller = replay_events(
-            events_path,
-            workload,
-            catalog=parsed_catalog,
-            fleet=parsed_fleet,
-            pipelines=parsed_pipelines,
-            settings=settings,
-        )
+    events, controller = _delivered_events(
+        events_path,
+        pipelines,
+        workload,
+        catalog=parsed_catalog,
+        fleet=parsed_fleet,
+        settings=settings,
+    )
     planning = replay_planning(
         parsed_catalog,
         parsed_fleet,
@@ -350,10 +306,7 @@ def replay(
         forecast_model=forecast_model,
     )
     if not as_json:
-        described = planning.description if set(policy) & set(PLANNED) else "none"
-        err().print(f"replaying {len(workload):,} requests; planning: {described}")
-        if fault_plan is not None:
-            err().print(f"faults: {fault_plan.describe()}")
+        _say_replaying(workload, policy, planning=planning, faults=fault_plan)
     results = run_replay(
         workload,
         parsed_fleet,
@@ -369,22 +322,7 @@ def replay(
     if out_log is not None:
         replayed_frame(workload, results).to_parquet(out_log, index=False)
     if as_json:
-        payload = {"policies": {result.policy: _json(result) for result in results}}
+        payload = {"policies": {result.policy: result_json(result) for result in results}}
         typer.echo(json.dumps(payload, indent=2))
         return
-    console = out()
-    # Nineteen columns: wider than a default pipe, so never squeeze them into 80.
-    console.width = max(console.width, 200)
-    console.print(_table(results))
-    for result in results:
-        for line in _class_lines(result):
-            console.print(line, highlight=False, markup=False)
-        if result.after_pod_loss is not None:
-            lost = result.after_pod_loss
-            console.print(
-                f"{result.policy}: in the {AFTER_POD_LOSS_S / 60:.0f} min after each of"
-                f" {lost['pod_losses']} pod losses, {lost['requests']:,} requests:"
-                f" {lost['served_share']:.1%} served, {lost['gpu_hit_rate']:.1%} GPU hits,"
-                f" {lost['cold_loads_on_critical_path']:,} cold loads on the critical path,"
-                f" TTFT p95 {lost['ttft_p95_ms']:,.0f} ms"
-            )
+    print_results(results)
