@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import resource
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated
 
@@ -16,7 +16,7 @@ from rich.table import Table
 from placement.cli.app import app, err, out, report_errors
 from placement.cli.replay_cmds import figures_window, parse_moment, replay_events
 from placement.cli.size_cmds import base_model
-from placement.domain import Fleet
+from placement.domain import Catalog, Fleet, Pipelines
 from placement.errors import InputError, Problem
 from placement.inputs import load_catalog, load_fleet, parse_bytes
 from placement.inputs.pipelines import load_pipelines
@@ -25,6 +25,7 @@ from placement.ledgers import gpu_bytes, ledgers
 from placement.settings import Settings
 from placement.sim.capacity import (
     GridJob,
+    Recommendation,
     Shape,
     ShapeResult,
     default_grid,
@@ -35,7 +36,7 @@ from placement.sim.capacity import (
 from placement.sim.events import SimEvent
 from placement.sim.routers import POLICIES
 from placement.sim.wiring import PLANNERS
-from placement.sim.workload import workload_from_log
+from placement.sim.workload import SimWorkload, workload_from_log
 from placement.sizing import SizingError
 
 
@@ -180,6 +181,92 @@ def _plot(results: list[ShapeResult], path: Path) -> None:
     plt.close(figure)
 
 
+def _check_choices(*, target_hit: float, policy: str, planner: str) -> None:
+    if not 0.0 < target_hit <= 1.0:
+        raise InputError([Problem(source="--target-hit", message="give a share in (0, 1]")])
+    if policy not in POLICIES:
+        raise InputError(
+            [Problem(source="--policy", message=f"unknown {policy!r}; one of {POLICIES}")]
+        )
+    if planner not in PLANNERS:
+        raise InputError(
+            [Problem(source="--planner", message=f"unknown {planner!r}; one of {PLANNERS}")]
+        )
+
+
+def _delivered_events(
+    events: Path | None,
+    workload: SimWorkload,
+    *,
+    catalog: Catalog,
+    fleet: Fleet,
+    pipelines: Pipelines | None,
+    settings: Settings,
+) -> tuple[SimEvent, ...]:
+    """``--events`` as every shape's replay delivers them; none without it."""
+    if events is None:
+        return ()
+    found, _ = replay_events(
+        events, workload, catalog=catalog, fleet=fleet, pipelines=pipelines, settings=settings
+    )
+    return tuple(found)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Stopwatch:
+    """The grid's wall and CPU seconds since it started."""
+
+    started_s: float
+    cpu_started_s: float
+
+    @classmethod
+    def start(cls) -> _Stopwatch:
+        return cls(started_s=time.monotonic(), cpu_started_s=_cpu_s())
+
+    def wall_s(self) -> float:
+        return time.monotonic() - self.started_s
+
+    def cpu_s(self) -> float:
+        return _cpu_s() - self.cpu_started_s
+
+
+def _print_json(
+    chosen: Recommendation, results: list[ShapeResult], *, policy: str, stopwatch: _Stopwatch
+) -> None:
+    payload = {
+        "recommended": chosen.result.as_dict(),
+        "met": chosen.met,
+        "reason": chosen.reason,
+        "policy": policy,
+        "grid": [result.as_dict() for result in sorted(results, key=lambda r: r.shape)],
+        "wall_s": round(stopwatch.wall_s(), 1),
+        # The replays' CPU time: the grid's wall time on idle cores is about this
+        # divided by --jobs, whatever else the machine was running.
+        "cpu_s": round(stopwatch.cpu_s(), 1),
+    }
+    out().print_json(json.dumps(payload))
+
+
+def _print_verdict(
+    chosen: Recommendation, results: list[ShapeResult], *, stopwatch: _Stopwatch
+) -> None:
+    """The grid's table, the shape chosen and why, then (on stderr) the time it took."""
+    out().print(_table(results, chosen.result.shape))
+    shape = chosen.result.shape
+    verdict = "recommended" if chosen.met else "best found (no shape met the targets)"
+    out().print(
+        f"{verdict}: {shape.pods} pods x {shape.max_loras} GPU slots, "
+        f"{shape.max_cpu_loras} host slots: {chosen.result.gpu_hit_rate:.2%} GPU hits, "
+        f"TTFT p95 {chosen.result.ttft_p95_ms:.0f} ms ({chosen.reason})"
+    )
+    err().print(
+        f"{len(results)} shapes replayed in {stopwatch.wall_s():.0f} s"
+        f" ({stopwatch.cpu_s():.0f} CPU s)"
+    )
+
+
+# Past 80 lines for its option declarations alone (each flag's name, default and help
+# in one place, as ``--help`` shows them); the body is a few named calls.
 @app.command()
 @report_errors
 def capacity(
@@ -232,16 +319,7 @@ def capacity(
     as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
 ) -> None:
     """Replay a grid of fleet shapes; name the cheapest meeting the targets."""
-    if not 0.0 < target_hit <= 1.0:
-        raise InputError([Problem(source="--target-hit", message="give a share in (0, 1]")])
-    if grid_policy not in POLICIES:
-        raise InputError(
-            [Problem(source="--policy", message=f"unknown {grid_policy!r}; one of {POLICIES}")]
-        )
-    if planner not in PLANNERS:
-        raise InputError(
-            [Problem(source="--planner", message=f"unknown {planner!r}; one of {PLANNERS}")]
-        )
+    _check_choices(target_hit=target_hit, policy=grid_policy, planner=planner)
     settings = Settings()
     parsed_fleet = load_fleet(fleet)
     parsed_catalog = load_catalog(catalog, fleet=parsed_fleet)
@@ -252,20 +330,17 @@ def capacity(
     )
     bucket_s = settings.forecast.bucket_s
     workload = workload_from_log(replayed, parsed_catalog, bucket_s=bucket_s)
-    delivered: tuple[SimEvent, ...] = ()
     parsed_pipelines = (
         load_pipelines(pipelines, catalog=parsed_catalog) if pipelines is not None else None
     )
-    if events is not None:
-        found, _ = replay_events(
-            events,
-            workload,
-            catalog=parsed_catalog,
-            fleet=parsed_fleet,
-            pipelines=parsed_pipelines,
-            settings=settings,
-        )
-        delivered = tuple(found)
+    delivered = _delivered_events(
+        events,
+        workload,
+        catalog=parsed_catalog,
+        fleet=parsed_fleet,
+        pipelines=parsed_pipelines,
+        settings=settings,
+    )
     job = GridJob(
         workload=workload,
         fleet=parsed_fleet,
@@ -277,7 +352,7 @@ def capacity(
         events=delivered,
         pipelines=parsed_pipelines,
     )
-    started, cpu_before = time.monotonic(), _cpu_s()
+    stopwatch = _Stopwatch.start()
     results = replay_grid(
         job,
         parsed_catalog,
@@ -289,28 +364,6 @@ def capacity(
     if plot is not None:
         _plot(results, plot)
     if as_json:
-        payload = {
-            "recommended": chosen.result.as_dict(),
-            "met": chosen.met,
-            "reason": chosen.reason,
-            "policy": grid_policy,
-            "grid": [result.as_dict() for result in sorted(results, key=lambda r: r.shape)],
-            "wall_s": round(time.monotonic() - started, 1),
-            # The replays' CPU time: the grid's wall time on idle cores is about this
-            # divided by --jobs, whatever else the machine was running.
-            "cpu_s": round(_cpu_s() - cpu_before, 1),
-        }
-        out().print_json(json.dumps(payload))
+        _print_json(chosen, results, policy=grid_policy, stopwatch=stopwatch)
         return
-    out().print(_table(results, chosen.result.shape))
-    shape = chosen.result.shape
-    verdict = "recommended" if chosen.met else "best found (no shape met the targets)"
-    out().print(
-        f"{verdict}: {shape.pods} pods x {shape.max_loras} GPU slots, "
-        f"{shape.max_cpu_loras} host slots: {chosen.result.gpu_hit_rate:.2%} GPU hits, "
-        f"TTFT p95 {chosen.result.ttft_p95_ms:.0f} ms ({chosen.reason})"
-    )
-    err().print(
-        f"{len(results)} shapes replayed in {time.monotonic() - started:.0f} s"
-        f" ({_cpu_s() - cpu_before:.0f} CPU s)"
-    )
+    _print_verdict(chosen, results, stopwatch=stopwatch)
