@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Annotated
 
 import numpy as np
+import pandas as pd
 import typer
 import yaml
 from rich.table import Table
@@ -79,6 +80,119 @@ def _check(
     return figures
 
 
+def _check_rules(*, max_pins: int, min_share: float, pods_per_pin: int) -> None:
+    if max_pins < 0 or not 0.0 <= min_share < 1.0:
+        raise InputError(
+            [Problem(source="--max-pins/--min-share", message="give max_pins >= 0, share < 1")]
+        )
+    if pods_per_pin < 0:
+        raise InputError([Problem(source="--pods-per-pin", message="give 0 or more pods")])
+
+
+def _hourly_until(request_log: RequestLog, end: pd.Timestamp | None) -> pd.DataFrame:
+    """The log's hourly counts before ``end`` (``--until``; None: all of them)."""
+    hourly = request_log.counts(3600)
+    if end is not None:
+        hourly = hourly[hourly["ts"] < end]
+    if hourly.empty:
+        raise InputError([Problem(source="--until", message="no request before that time")])
+    return hourly
+
+
+def _pins_report(pools: list[PoolPins], end: pd.Timestamp | None) -> dict[str, object]:
+    """The pins per pool as ``--json`` prints them."""
+    return {
+        "pools": [
+            {
+                "pool": pool.pool,
+                "pins": [
+                    {
+                        "adapter": pin.adapter,
+                        "pods": pin.pods,
+                        "pod_ids": list(pin.pod_ids),
+                        "share": round(pin.share, 4),
+                        "active_share": round(pin.active_share, 3),
+                        "peak_rps": round(pin.peak_rps, 3),
+                    }
+                    for pin in pool.pins
+                ],
+                "pinned_share": round(pool.pinned_share, 4),
+                "pinned_slots": pool.pinned_slots,
+                "slots": pool.slots,
+                "passed_over": dict(pool.passed_over),
+            }
+            for pool in pools
+        ],
+        "history_until": None if end is None else end.isoformat(),
+    }
+
+
+def _catalog_from(text: str, fleet: Fleet) -> Catalog:
+    """The catalog with the pins, parsed as a file is (through one)."""
+    with tempfile.TemporaryDirectory() as directory:
+        path = Path(directory) / "catalog.yaml"
+        path.write_text(text)
+        return load_catalog(path, fleet=fleet)
+
+
+def _check_pins(
+    request_log: RequestLog,
+    pools: list[PoolPins],
+    *,
+    catalog: Catalog,
+    pinned_text: str,
+    fleet: Fleet,
+    window: tuple[str, str | None],
+    history: str,
+    warmup: str,
+    planner: str,
+) -> dict[str, dict[str, float]]:
+    """``--check-from``/``--check-to``: lorafleet replayed without and with the pins
+    (``pinned_text``: the catalog with them)."""
+    pinned = {pin.adapter for pool in pools for pin in pool.pins}
+    with_pins = _catalog_from(pinned_text, fleet)
+    check_from, check_to = window
+    settings = Settings()
+    replayed, before = split_log(request_log, check_from, check_to, history=history, warmup=warmup)
+    workload = workload_from_log(replayed, catalog, bucket_s=settings.forecast.bucket_s)
+    figures_s = figures_window(workload, check_from, check_to)
+    err().print("replaying lorafleet without and with the pins ...")
+    return _check(
+        workload,
+        fleet,
+        {"without": catalog, "with": with_pins},
+        pinned,
+        figures_s,
+        planner,
+        None if before is None else past_counts(before, settings.forecast.bucket_s),
+    )
+
+
+def _print_pins(pools: list[PoolPins], report: dict[str, object]) -> None:
+    """A table per pool, what it carries and what was passed over; then the check."""
+    for pool in pools:
+        table = Table(title=f"Pins for pool {pool.pool}", title_justify="left")
+        for header in ("adapter", "pods", "share", "active", "peak req/s"):
+            table.add_column(header)
+        for pin in pool.pins:
+            table.add_row(
+                pin.adapter,
+                ", ".join(pin.pod_ids) or str(pin.pods),
+                f"{pin.share:.1%}",
+                f"{pin.active_share:.0%}",
+                f"{pin.peak_rps:.2f}",
+            )
+        out().print(table)
+        out().print(
+            f"{len(pool.pins)} pins carry {pool.pinned_share:.1%} of the pool's requests on "
+            f"{pool.pinned_slots} of {pool.slots} GPU slots"
+        )
+        for name, why in pool.passed_over.items():
+            out().print(f"  not pinned: {name} ({why})")
+    if "check" in report:
+        out().print_json(json.dumps(report["check"]))
+
+
 @recommend.command("pins")
 @report_errors
 def pins(
@@ -112,23 +226,13 @@ def pins(
     as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
 ) -> None:
     """The adapters worth pinning per pool (heavy, steady, production), and their pods."""
-    if max_pins < 0 or not 0.0 <= min_share < 1.0:
-        raise InputError(
-            [Problem(source="--max-pins/--min-share", message="give max_pins >= 0, share < 1")]
-        )
-    if pods_per_pin < 0:
-        raise InputError([Problem(source="--pods-per-pin", message="give 0 or more pods")])
+    _check_rules(max_pins=max_pins, min_share=min_share, pods_per_pin=pods_per_pin)
     parsed_fleet = load_fleet(fleet)
     parsed_catalog = load_catalog(catalog, fleet=parsed_fleet)
     request_log = load_request_log(log)
     end = parse_moment(until, "--until") if until is not None else None
-    hourly = request_log.counts(3600)
-    if end is not None:
-        hourly = hourly[hourly["ts"] < end]
-    if hourly.empty:
-        raise InputError([Problem(source="--until", message="no request before that time")])
     pools = recommend_pins(
-        hourly,
+        _hourly_until(request_log, end),
         parsed_catalog,
         parsed_fleet,
         PinRules(max_pins=max_pins, min_share=min_share, pods_per_pin=pods_per_pin or None),
@@ -136,73 +240,20 @@ def pins(
     text = pinned_catalog_yaml(catalog, pools)
     if write_catalog is not None:
         write_catalog.write_text(text)
-    report: dict[str, object] = {
-        "pools": [
-            {
-                "pool": pool.pool,
-                "pins": [
-                    {
-                        "adapter": pin.adapter,
-                        "pods": pin.pods,
-                        "pod_ids": list(pin.pod_ids),
-                        "share": round(pin.share, 4),
-                        "active_share": round(pin.active_share, 3),
-                        "peak_rps": round(pin.peak_rps, 3),
-                    }
-                    for pin in pool.pins
-                ],
-                "pinned_share": round(pool.pinned_share, 4),
-                "pinned_slots": pool.pinned_slots,
-                "slots": pool.slots,
-                "passed_over": dict(pool.passed_over),
-            }
-            for pool in pools
-        ],
-        "history_until": None if end is None else end.isoformat(),
-    }
+    report = _pins_report(pools, end)
     if check_from is not None:
-        pinned = {pin.adapter for pool in pools for pin in pool.pins}
-        with tempfile.TemporaryDirectory() as directory:
-            path = Path(directory) / "catalog.yaml"
-            path.write_text(text)
-            with_pins = load_catalog(path, fleet=parsed_fleet)
-        settings = Settings()
-        replayed, before = split_log(
-            request_log, check_from, check_to, history=history, warmup=warmup
-        )
-        workload = workload_from_log(replayed, parsed_catalog, bucket_s=settings.forecast.bucket_s)
-        window = figures_window(workload, check_from, check_to)
-        err().print("replaying lorafleet without and with the pins ...")
-        report["check"] = _check(
-            workload,
-            parsed_fleet,
-            {"without": parsed_catalog, "with": with_pins},
-            pinned,
-            window,
-            planner,
-            None if before is None else past_counts(before, settings.forecast.bucket_s),
+        report["check"] = _check_pins(
+            request_log,
+            pools,
+            catalog=parsed_catalog,
+            pinned_text=text,
+            fleet=parsed_fleet,
+            window=(check_from, check_to),
+            history=history,
+            warmup=warmup,
+            planner=planner,
         )
     if as_json:
         out().print_json(json.dumps(report))
         return
-    for pool in pools:
-        table = Table(title=f"Pins for pool {pool.pool}", title_justify="left")
-        for header in ("adapter", "pods", "share", "active", "peak req/s"):
-            table.add_column(header)
-        for pin in pool.pins:
-            table.add_row(
-                pin.adapter,
-                ", ".join(pin.pod_ids) or str(pin.pods),
-                f"{pin.share:.1%}",
-                f"{pin.active_share:.0%}",
-                f"{pin.peak_rps:.2f}",
-            )
-        out().print(table)
-        out().print(
-            f"{len(pool.pins)} pins carry {pool.pinned_share:.1%} of the pool's requests on "
-            f"{pool.pinned_slots} of {pool.slots} GPU slots"
-        )
-        for name, why in pool.passed_over.items():
-            out().print(f"  not pinned: {name} ({why})")
-    if "check" in report:
-        out().print_json(json.dumps(report["check"]))
+    _print_pins(pools, report)
