@@ -14,6 +14,7 @@ Four questions, one command:
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
@@ -92,6 +93,8 @@ def _size_of(
     return sizing.adapter_size(dims, rank, list(_targets(targets, ("q_proj", "v_proj"))), dtype)
 
 
+# Past 80 lines for its option declarations alone (each flag's name, default and help
+# in one place, as ``--help`` shows them); the body is a few named calls.
 @app.command()
 @report_errors
 def size(
@@ -150,53 +153,28 @@ def size(
     report: dict[str, object]
     try:
         if gpu is not None or gpu_bytes is not None:
-            device = _bytes("--gpu-bytes", gpu_bytes) or ledger.gpu_bytes(gpu or "")
-            activations = _bytes("--activation-bytes", activation_bytes)
+            replica = _Replica(
+                device_bytes=_bytes("--gpu-bytes", gpu_bytes) or ledger.gpu_bytes(gpu or ""),
+                activation_bytes=_bytes("--activation-bytes", activation_bytes),
+                quant=quant,
+                targets=targets,
+                max_model_len=max_model_len,
+                gpu_memory_utilization=gpu_memory_utilization,
+                base_bytes=base_bytes,
+            )
             if kv_bytes is not None:
                 report = _hand_budget(
-                    device=device,
-                    base=_bytes("--base-bytes", base_bytes),
-                    kv=_bytes("--kv-bytes", kv_bytes) or 0,
-                    adapter=_bytes("--adapter-bytes", adapter_bytes),
-                    activations=activations,
-                    headroom=_bytes("--headroom-bytes", headroom_bytes) or 0,
+                    replica,
+                    base=base_bytes,
+                    kv=kv_bytes,
+                    adapter=adapter_bytes,
+                    headroom=headroom_bytes,
                 )
             elif fleet is not None:
-                report = {
-                    "pools": [
-                        {"pool": str(pool.name)}
-                        | ledger.ledgers(
-                            ledger.builtin_base(pool.base_model)
-                            if config is None
-                            else base_model(None, config),
-                            device_bytes=device,
-                            quant=quant,
-                            max_loras=max(pod.max_loras for pod in pool.pods),
-                            max_lora_rank=pool.max_lora_rank,
-                            targets=_targets(targets, TARGET_MODULES),
-                            max_model_len=max_model_len,
-                            gpu_memory_utilization=gpu_memory_utilization,
-                            activation_bytes=_activations(activations),
-                            base_bytes=_bytes("--base-bytes", base_bytes),
-                        ).as_dict()
-                        for pool in load_fleet(fleet).pools
-                    ]
-                }
+                report = _pools_report(replica, fleet, config=config)
             else:
-                report = dict(
-                    ledger.ledgers(
-                        base_model(base, config),
-                        device_bytes=device,
-                        quant=quant,
-                        max_loras=max_loras,
-                        max_lora_rank=max_lora_rank,
-                        targets=_targets(targets, TARGET_MODULES),
-                        max_model_len=max_model_len,
-                        gpu_memory_utilization=gpu_memory_utilization,
-                        activation_bytes=_activations(activations),
-                        base_bytes=_bytes("--base-bytes", base_bytes),
-                    ).as_dict()
-                )
+                model = base_model(base, config)
+                report = replica.ledgers(model, max_loras=max_loras, max_lora_rank=max_lora_rank)
         elif catalog is not None:
             report = _size_of_catalog(catalog, fleet, budget)
         else:
@@ -210,29 +188,78 @@ def size(
     _print(report)
 
 
+@dataclass(frozen=True, kw_only=True)
+class _Replica:
+    """The flags every ledger reads; ``--base-bytes`` parsed at each use, as before."""
+
+    device_bytes: int
+    activation_bytes: int | None
+    quant: str
+    targets: str | None
+    max_model_len: int
+    gpu_memory_utilization: float
+    base_bytes: str | None
+
+    def ledgers(
+        self, model: ledger.BaseModel, *, max_loras: int, max_lora_rank: int
+    ) -> dict[str, object]:
+        """The three ledgers of one replica of ``model`` (``placement.ledgers``)."""
+        return dict(
+            ledger.ledgers(
+                model,
+                device_bytes=self.device_bytes,
+                quant=self.quant,
+                max_loras=max_loras,
+                max_lora_rank=max_lora_rank,
+                targets=_targets(self.targets, TARGET_MODULES),
+                max_model_len=self.max_model_len,
+                gpu_memory_utilization=self.gpu_memory_utilization,
+                activation_bytes=_activations(self.activation_bytes),
+                base_bytes=_bytes("--base-bytes", self.base_bytes),
+            ).as_dict()
+        )
+
+
+def _pools_report(replica: _Replica, fleet: Path, *, config: Path | None) -> dict[str, object]:
+    """``--fleet`` with ``--gpu``: the ledgers of each pool's replica (its own base model,
+    unless ``--config``, its largest ``max_loras`` and its rank cap)."""
+    return {
+        "pools": [
+            {"pool": str(pool.name)}
+            | replica.ledgers(
+                ledger.builtin_base(pool.base_model)
+                if config is None
+                else base_model(None, config),
+                max_loras=max(pod.max_loras for pod in pool.pods),
+                max_lora_rank=pool.max_lora_rank,
+            )
+            for pool in load_fleet(fleet).pools
+        ]
+    }
+
+
 def _activations(value: int | None) -> int:
     return ledger.DEFAULT_ACTIVATION_BYTES if value is None else value
 
 
 def _hand_budget(
-    *,
-    device: int,
-    base: int | None,
-    kv: int,
-    adapter: int | None,
-    activations: int | None,
-    headroom: int,
+    replica: _Replica, *, base: str | None, kv: str, adapter: str | None, headroom: str | None
 ) -> dict[str, object]:
-    if base is None or adapter is None:
+    """``--kv-bytes``: the KV cache chosen first, the adapters getting the rest."""
+    base_bytes = _bytes("--base-bytes", base)
+    kv_bytes = _bytes("--kv-bytes", kv) or 0
+    adapter_bytes = _bytes("--adapter-bytes", adapter)
+    headroom_bytes = _bytes("--headroom-bytes", headroom) or 0
+    if base_bytes is None or adapter_bytes is None:
         raise sizing.SizingError("with --kv-bytes give --base-bytes and --adapter-bytes too")
     return dict(
         ledger.adapter_budget(
-            device_bytes=device,
-            base_bytes=base,
-            kv_bytes=kv,
-            adapter_bytes=adapter,
-            activation_bytes=activations or 0,
-            headroom_bytes=headroom,
+            device_bytes=replica.device_bytes,
+            base_bytes=base_bytes,
+            kv_bytes=kv_bytes,
+            adapter_bytes=adapter_bytes,
+            activation_bytes=replica.activation_bytes or 0,
+            headroom_bytes=headroom_bytes,
         ).as_dict()
     )
 
