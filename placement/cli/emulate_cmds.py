@@ -190,7 +190,8 @@ def _start_fleet(
 
 
 # Past 80 lines for its option declarations alone (each flag's name, default and help
-# in one place, as ``--help`` shows them); the body is a few named calls.
+# in one place, as ``--help`` shows them); the body maps the flags onto one PodConfig
+# and makes a few named calls.
 @app.command()
 @report_errors
 def emulate(
