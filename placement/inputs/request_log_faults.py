@@ -88,6 +88,7 @@ def _value_faults(frame: pd.DataFrame) -> list[_Fault]:
     )
     for column in (c for c in COUNT_COLUMNS if c in frame.columns):
         faults += _count_faults(frame, column)
+    faults += _nested_faults(frame)
     if "outcome" in frame.columns:
         outcomes = frame["outcome"]
         expected = ", ".join(sorted(OUTCOMES))
@@ -97,6 +98,37 @@ def _value_faults(frame: pd.DataFrame) -> list[_Fault]:
             f"unknown outcomes (expected {expected})",
         )
     return faults
+
+
+#: Columns whose other checks already name a list or an object in them as a fault.
+_CHECKED = frozenset({"ts", "adapter", "outcome", *COUNT_COLUMNS})
+
+
+def _nested_faults(frame: pd.DataFrame) -> list[_Fault]:
+    """A list or an object (JSON's) where a text is due, as in ``tenant`` or ``pod``: it
+    would make the rows unhashable, so that no duplicate could be dropped, and a live
+    reader would fail at that line at every read."""
+    faults: list[_Fault] = []
+    for column in frame.columns:
+        values = frame[column]
+        if column in _CHECKED or values.dtype != object:
+            continue
+        try:
+            pd.unique(values)  # the common case: every value hashable, at C speed
+        except TypeError:
+            nested = values.map(_unhashable).astype(bool)
+            faults += _faulty_rows(
+                str(column), frame.index[nested], "values that are lists or objects"
+            )
+    return faults
+
+
+def _unhashable(value: object) -> bool:
+    try:
+        hash(value)
+    except TypeError:
+        return True
+    return False
 
 
 def _count_faults(frame: pd.DataFrame, column: str) -> list[_Fault]:

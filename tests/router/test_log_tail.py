@@ -127,3 +127,22 @@ def test_a_bad_row_is_named_by_its_line_in_the_file(tmp_path: Path) -> None:
         f"{path}: line 5: prompt_tokens: 1 values that are not whole numbers"
     ]
     assert log.frame.empty and log.skipped_rows == 1
+
+
+def test_a_list_or_an_object_where_text_is_due_is_a_bad_row_not_a_stuck_reader(
+    tmp_path: Path,
+) -> None:
+    """A ``pod`` or ``tenant`` (or a key of its own) holding a list makes the rows
+    unhashable: the read failed at that line, and as a failed read keeps nothing, at
+    every read after, the rows behind it never given."""
+    path = tmp_path / "router.jsonl"
+    good = '{"ts": "2026-03-12T04:00:00Z", "adapter": "alpha", "tenant": "t0"}'
+    bad = [good.replace('"t0"', "[1]"), good.replace("}", ', "note": {"a": 1}}')]
+    path.write_text("\n".join([good, *bad, good.replace("00Z", "01Z")]) + "\n")
+    tail, whole = RequestLogTail(path), LiveRequestLog(path)
+    for log in (tail.read_new(), whole.read()):
+        assert [str(p) for p in log.skipped] == [
+            f"{path}: line 2: tenant: 1 values that are lists or objects",
+            f"{path}: line 3: note: 1 values that are lists or objects",
+        ]
+        assert len(log.frame) == 2 and log.skipped_rows == 2
