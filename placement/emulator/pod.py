@@ -371,9 +371,9 @@ class EmulatedPod:
 
     async def release(self, name: str | None, entry: Entry | None = None) -> None:
         """A request ended, run on ``entry`` (``admit``'s; None: the name's running longest)."""
-        key = name or ""
-        self._end(key, entry or (self.running_entries.longest(key) if name else None))
-        self.in_flight.release(key)  # SGLang's ``LoRARegistry.release``
+        if entry is None or entry in self.running_entries.counts:  # else a restart forgot it
+            self._end(name or "", entry or (self.running_entries.longest(name) if name else None))
+            self.in_flight.release(name or "")  # SGLang's ``LoRARegistry.release``
         self._record_info()
 
     def step_ms(self) -> float:

@@ -225,6 +225,25 @@ async def test_vllm_a_request_running_on_an_unloaded_names_old_id_keeps_its_gpu_
     assert not pod.running_entries.busy()
 
 
+async def test_a_release_from_before_a_restart_leaves_the_new_requests_entry_counted() -> None:
+    """A restarted pod forgets its requests; a request from before it that ends later
+    ends nothing of the new pod's. Its release must not end the running request the new
+    pod admitted for the same name, or that request's entry stays counted as running
+    once it ends too, and no load can ever take its slot."""
+    config = PodConfig(engine=Engine.VLLM, latency=ZERO_LATENCY, max_loras=1, max_cpu_loras=2)
+    pod = EmulatedPod(config)
+    await pod.load("a", "s3://adapters/a")
+    old = await pod.admit("a")
+    pod.restart()
+    await pod.load("a", "s3://adapters/a")
+    new = await pod.admit("a")
+    await pod.release("a", old)  # the old pod's request ends
+    still = pod.running_entries.busy()
+    await pod.release("a", new)
+    await pod.load("b", "s3://adapters/b")  # a runs nothing now: b takes its slot
+    assert (still, pod.running_entries.busy(), pod.gpu) == ({new}, set(), ("b",))
+
+
 async def test_vllm_a_host_cache_eviction_takes_the_adapter_off_the_gpu_and_counts() -> None:
     """Past ``--max-cpu-loras`` the worker drops the oldest host-cache entry
     (vllm-project/vllm vllm/lora/worker_manager.py ``LRUCacheWorkerLoRAManager.add_adapter``
