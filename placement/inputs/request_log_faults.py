@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -200,8 +201,11 @@ def fatal_faults(
     frame: pd.DataFrame, source: str, *, lines: Sequence[int] | None = None
 ) -> list[tuple[Problem, pd.Index | None]]:
     """Each fault as a Problem with its rows (None: the whole file, a missing column),
-    named by row, or by line where ``lines`` gives each row's line in the file."""
+    named by row, or by line where ``lines`` gives each row's line in the file (a
+    missing column then names every line: JSON lines all without a key)."""
     missing = _missing_columns(frame, source)
+    if missing and lines is not None:
+        missing = [replace(p, entry=lines_entry(list(lines))) for p in missing]
     if missing:
         return [(p, None) for p in missing]
     return [

@@ -146,3 +146,20 @@ def test_a_list_or_an_object_where_text_is_due_is_a_bad_row_not_a_stuck_reader(
             f"{path}: line 3: note: 1 values that are lists or objects",
         ]
         assert len(log.frame) == 2 and log.skipped_rows == 2
+
+
+def test_lines_without_a_key_the_log_needs_are_named_by_their_lines(tmp_path: Path) -> None:
+    """Read alone, such lines lack a whole column: they are named as a line among good
+    ones would be, not as the file."""
+    path = tmp_path / "router.jsonl"
+    good = '{"ts": "2026-03-12T04:00:00Z", "adapter": "alpha"}'
+    path.write_text(good + "\n")
+    tail = RequestLogTail(path)
+    assert len(tail.read_new().frame) == 1
+    with path.open("a") as handle:
+        handle.write('{"adapter": "alpha"}\n\n{"adapter": "beta"}\n')
+    log = tail.read_new()
+    assert [str(p) for p in log.skipped] == [
+        f"{path}: lines 2, 4: ts: missing required column 'ts' (columns: adapter)"
+    ]
+    assert log.skipped_rows == 2
