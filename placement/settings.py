@@ -316,6 +316,15 @@ class SimSettings:
     #: Above 0.5 swaps per second per pod a cascade is under way.
     convoy_loads_per_pod_s: float = 0.5
 
+    def __post_init__(self) -> None:
+        horizon_s = self.oracle_victim_horizon_s
+        if not (math.isfinite(horizon_s) and horizon_s > 0):
+            raise ValueError(
+                "SimSettings.oracle_victim_horizon_s must be finite seconds above 0 (the "
+                "oracle weighs a load's victim by its chance of a request within it), "
+                f"got {horizon_s}"
+            )
+
 
 @dataclass(frozen=True, kw_only=True)
 class Settings:

@@ -5,8 +5,11 @@ policy it bounds."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from datetime import UTC, datetime
+
+import pytest
 
 from placement.domain import AdapterId
 from placement.inputs.request_log import RequestLog
@@ -93,3 +96,35 @@ def test_a_long_oracle_horizon_protects_the_victim_needed_soon() -> None:
 def test_a_short_oracle_horizon_sees_neither_victim_whatever_lorafleet_s() -> None:
     oracle = oracle_on_full_pods(horizons(lorafleet_s=1000.0, oracle_s=1.0))
     assert oracle.route("new", 100.0).pod_id == "pod-0"
+
+
+@pytest.mark.parametrize("horizon_s", [0.0, -60.0, math.nan, math.inf])
+def test_an_oracle_horizon_that_is_no_span_is_refused_by_name(horizon_s: float) -> None:
+    # NaN or a negative horizon made every victim's worth NaN or negative (-prior: a
+    # division by zero) in the replay, long after the settings were given.
+    with pytest.raises(ValueError, match=r"SimSettings\.oracle_victim_horizon_s must be"):
+        horizons(lorafleet_s=60.0, oracle_s=horizon_s)
+
+
+@pytest.mark.parametrize("eviction", [p for p in EvictionPolicy if p is not EvictionPolicy.BELADY])
+def test_lorafleet_weighs_its_victims_over_its_own_horizon_on_any_engine_but_belady(
+    eviction: EvictionPolicy,
+) -> None:
+    settings = horizons(lorafleet_s=60.0, oracle_s=600.0)
+    load = SimWorkload(
+        start=START,
+        arrival_s=[0.0],
+        adapters=["a"],
+        prompt_tokens=[1],
+        output_tokens=[1],
+        size_bytes={"a": 1},
+    )
+    fleet = factories.replay_fleet(1, max_loras=2, max_cpu_loras=4)
+    replay = FleetReplay(load, pod_specs(fleet), sim=settings.sim, load_cost=settings.load_cost)
+    planning = ReplayPlanning(
+        fleet=fleet, forecaster=RecentFloor(every_one_busy), planner=empty_plan, hot_min_rps=0.2
+    )
+    router = PlannedRouter(
+        "lorafleet", replay, settings, eviction, planning=planning, history=ReplayHistory(load)
+    )
+    assert router.victim_horizon_s == 60.0
