@@ -80,8 +80,9 @@ class Selecting:
     min_days: int = 3
     #: Buckets of history (and of an adapter's life) before the first band is selected.
     min_short: int = 24
-    #: The band follows the forecast through the day: its scale goes as the forecast over
-    #: the adapter's typical level, to this power.
+    #: Within the first band (``band_edges[0]`` buckets, the first hour) the band follows
+    #: the forecast through the day: its scale goes as the forecast over the adapter's
+    #: typical level, to this power.
     band_power: float = 0.5
     #: The same power past the first band: a day's volume moves as one factor, so the
     #: error of a day-ahead forecast grows with the forecast itself.

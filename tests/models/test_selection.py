@@ -7,6 +7,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
+from models.bands import widened
 from models.base import sanitize
 from models.experts import EXPERTS, Lags, expert_means
 from models.rolling import simplex
@@ -229,3 +230,39 @@ def test_past_the_hour_the_band_grows_with_the_forecast_as_a_share_of_it() -> No
     peak, low = 13 * 6, 9 * 6  # 13:00 and 09:00, both past the first hour
     width = {k: (f.q90 - f.mean)[:, 0] for k, f in (("root", root), ("share", share))}
     assert width["share"][peak] / width["share"][low] > width["root"][peak] / width["root"][low]
+
+
+@pytest.mark.parametrize(
+    ("mean", "typical", "root", "share"),
+    [
+        (0.0, 0.0, 1.0, 1.0),  # no forecast, no typical level: the scale as it is
+        (1e6, 0.0, 5.0, 25.0),  # an adapter new today: clipped, not a millionfold
+        (0.0, 1e6, 0.2, 0.04),  # a forecast of nothing: narrowed, never to zero
+        (3.0, 1.0, 2.0**0.5, 2.0),  # within the clip: (mean + 1) / (typical + 1)
+    ],
+)
+def test_the_band_follows_the_forecast_within_the_clip_at_either_power(
+    mean: float, typical: float, root: float, share: float
+) -> None:
+    # The first hour's bands (power 1/2) as they were, clip 0.2-5 after the power.
+    for power, expected in ((0.5, root), (1.0, share)):
+        sigma = widened(
+            np.array([2.0]),
+            np.array([False]),
+            np.array([np.nan]),
+            np.array([0.0]),
+            mean=np.array([mean]),
+            typical=np.array([typical]),
+            power=power,
+        )
+        np.testing.assert_allclose(sigma, [2.0 * expected])
+    nan = widened(
+        np.array([2.0]),
+        np.array([False]),
+        np.array([np.nan]),
+        np.array([0.0]),
+        mean=np.array([np.nan]),
+        typical=np.array([1.0]),
+        power=1.0,
+    )
+    assert np.isnan(nan).all()  # an unknown forecast stays unknown, not a clip's edge
