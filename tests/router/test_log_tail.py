@@ -5,14 +5,17 @@ live_request_log.RequestLogTail``)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from placement.adapters import live_request_log
 from placement.adapters.live_request_log import LiveRequestLog, RequestLogTail
 from placement.adapters.request_log_files import JsonLinesRequestLog, LogRow, ParquetRequestLog
 
 T0 = 1_773_288_000.0  # 2026-03-12T04:00:00Z
 HOUR_S = 3600.0
+parse_lines = live_request_log._parse_lines
 
 
 def _row(ts_s: float, tenant: str) -> LogRow:
@@ -79,7 +82,16 @@ def test_a_parquet_hour_compacted_from_its_parts_gives_its_rows_again(tmp_path: 
     assert list(whole.read().frame["tenant"]) == ["a", "b", "c"]
 
 
-def test_the_whole_log_reader_reads_only_what_is_new_and_returns_all(tmp_path: Path) -> None:
+def test_the_whole_log_reader_reads_only_what_is_new_and_returns_all(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    parsed: list[int] = []
+
+    def counted(lines: list[bytes], *, first: int) -> tuple[Any, Any, Any]:
+        parsed.append(len(lines))
+        return parse_lines(lines, first=first)
+
+    monkeypatch.setattr(live_request_log, "_parse_lines", counted)
     path = tmp_path / "router.jsonl"
     sink = JsonLinesRequestLog(path, rotate_bytes=400)
     whole = LiveRequestLog(path)
@@ -90,6 +102,7 @@ def test_the_whole_log_reader_reads_only_what_is_new_and_returns_all(tmp_path: P
         assert list(whole.read().frame["tenant"]) == seen
     sink.close()
     assert len(whole.files()) > 1  # rotated on the way
+    assert parsed == [1] * 6  # each line parsed once, by the read after its write
 
 
 def test_a_read_that_fails_part_way_gives_the_same_rows_at_the_next(tmp_path: Path) -> None:
