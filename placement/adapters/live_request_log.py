@@ -37,6 +37,7 @@ import pandas as pd
 from placement.adapters.request_log_files import rotated_pattern
 from placement.errors import InputError, Problem
 from placement.inputs.request_log import RequestLog, request_log_from_frame
+from placement.inputs.request_log_faults import lines_entry
 
 #: Problems kept per file (the counts stay whole).
 _KEEP_PROBLEMS = 20
@@ -251,6 +252,13 @@ def _add_frame(
         read = request_log_from_frame(frame, source=source, skip_bad_rows=True, lines=lines)
     except InputError as exc:  # a missing column: none of these rows can be used
         rows.skip(exc.problems, len(frame))
+        return
+    except (TypeError, ValueError) as exc:
+        # Values no fault finder foresaw: these rows are lost and said so. Raised, they
+        # would fail this read and, as a failed read keeps nothing, every read after.
+        where = None if lines is None else lines_entry(lines)
+        problem = Problem(source=source, entry=where, message=f"cannot read these rows: {exc}")
+        rows.skip([problem], len(frame))
         return
     rows.skip(read.skipped, read.skipped_rows)
     rows.aggregated = rows.aggregated or read.aggregated

@@ -176,3 +176,28 @@ def test_lines_without_a_key_the_log_needs_are_named_by_their_lines(tmp_path: Pa
         f"{path}: lines 2, 4: ts: missing required column 'ts' (columns: adapter)"
     ]
     assert log.skipped_rows == 2
+
+
+def test_rows_the_normaliser_cannot_take_are_lost_and_said_so_not_read_for_ever(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Values no fault finder foresaw (here: any, by a stand-in that raises) cost their
+    own lines; a read that raised would keep nothing and meet them at every read."""
+    path = tmp_path / "router.jsonl"
+    sink = JsonLinesRequestLog(path)
+    tail = RequestLogTail(path)
+    sink.write([_row(T0, "t0"), _row(T0 + 1, "t1")])
+
+    def unforeseen(*args: object, **kwargs: object) -> None:
+        raise TypeError("unhashable type: 'frozen'")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(live_request_log, "request_log_from_frame", unforeseen)
+        log = tail.read_new()
+    assert [str(p) for p in log.skipped] == [
+        f"{path}: lines 1, 2: cannot read these rows: unhashable type: 'frozen'"
+    ]
+    assert log.frame.empty and log.skipped_rows == 2
+    sink.write([_row(T0 + 2, "t2")])
+    sink.close()
+    assert _tenants(tail) == ["t2"]
