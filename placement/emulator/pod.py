@@ -20,8 +20,7 @@ the engine reads through, not the engine) live in ``placement.emulator.config``.
 wait goes through the pod's ``sleep`` (``asyncio.sleep`` by default): a test passes one
 that moves its clock instead, and reads each wait on that clock without sleeping.
 
-Raises the ``EmulatorError`` subclasses below; the dialect modules turn them into
-each engine's status codes and texts. No HTTP here.
+Raises ``placement.emulator.refusals``' errors, which the dialect modules answer. No HTTP.
 """
 
 from __future__ import annotations
@@ -367,6 +366,7 @@ class EmulatedPod:
         if self.running[key] > 0:  # a restart in between already forgot the request
             self.running[key] -= 1
             self.running_entries.end(entry)
+            self.residency.last_step(entry)  # vLLM: as recent as its last step
             self.seats.give_back()
 
     async def release(self, name: str | None, entry: Entry | None = None) -> None:

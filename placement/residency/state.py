@@ -215,6 +215,17 @@ class PodResidency:
             if entry not in self._gpu
         )
 
+    def last_step(self, entry: Entry | None) -> None:
+        """vLLM: a request on ``entry`` ran its last step. Each step the worker touches
+        every entry its batch runs on in both caches (vllm/lora/worker_manager.py
+        ``LRUCacheWorkerLoRAManager.add_adapter``: ``get_adapter``, then
+        ``activate_adapter``, whose ``_active_adapters.touch`` refreshes the GPU slot),
+        so an entry is as recent as its requests' last step, not their first. None (the
+        base model), an entry no longer on the GPU, and SGLang are left as they are."""
+        if self.engine is EngineModel.VLLM and entry is not None and entry in self._gpu:
+            self._gpu.move_to_end(entry)
+            self._host.move_to_end(entry)
+
     # vLLM --------------------------------------------------------------------------
     def _vllm_load(self, name: str, path: str, *, inplace: bool, busy: Busy) -> Effects:
         if name in self.listed and not inplace:

@@ -178,7 +178,7 @@ async def test_vllm_a_request_waiting_through_a_reload_runs_on_its_old_id() -> N
     await pod.release("b")
     await waiting  # b's slot: c's old entry takes it
     assert (held, early) == ((["b", "c", "a"], ["b", "a"], 0, 5), False)
-    assert _held(pod) == (["b", "c", "a"], ["a"], 1, 6)
+    assert _held(pod) == (["c", "a", "b"], ["a"], 1, 6)  # b's last step touched it
     for name in ("a", "c"):
         await pod.release(name)
 
@@ -223,6 +223,25 @@ async def test_vllm_a_request_running_on_an_unloaded_names_old_id_keeps_its_gpu_
     await pod.release("c", running)
     await pod.release("a", second)
     assert not pod.running_entries.busy()
+
+
+async def test_vllm_an_adapter_is_used_last_at_its_requests_last_step_not_its_first() -> None:
+    """Each step the worker activates every id its batch runs on, touching it in both
+    LRU caches (vllm-project/vllm vllm/lora/worker_manager.py
+    ``LRUCacheWorkerLoRAManager._apply_adapters`` -> ``add_adapter``: ``get_adapter``,
+    then vllm/lora/model_manager.py ``LRUCacheLoRAModelManager.activate_adapter``:
+    ``_active_adapters.touch``). A long request on a, a short one on b inside it: a ran
+    last, so the next activation (c's load) pushes off b, not a."""
+    config = PodConfig(engine=Engine.VLLM, latency=ZERO_LATENCY, max_loras=2, max_cpu_loras=4)
+    pod = EmulatedPod(config)
+    for name in ("a", "b"):
+        await pod.load(name, f"s3://adapters/{name}")
+    long = await pod.admit("a")
+    short = await pod.admit("b")
+    await pod.release("b", short)
+    await pod.release("a", long)
+    await pod.load("c", "s3://adapters/c")
+    assert pod.gpu == ("a", "c")
 
 
 async def test_a_release_from_before_a_restart_leaves_the_new_requests_entry_counted() -> None:
