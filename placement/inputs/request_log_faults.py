@@ -35,7 +35,7 @@ COUNT_COLUMNS = ("prompt_tokens", "output_tokens", "ttft_ms", "requests")
 INTEGER_COLUMNS = frozenset({"prompt_tokens", "output_tokens", "requests"})
 OUTCOMES = frozenset({"gpu_hit", "cpu_hit", "cold_load"})
 #: An adapter (or served model) name as the engines and the router take it.
-ADAPTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,252}$")
+ADAPTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,252}\Z")  # \Z: "$" takes a "\n"
 _SHOW_ROWS = 5
 
 

@@ -201,3 +201,11 @@ def test_rows_the_normaliser_cannot_take_are_lost_and_said_so_not_read_for_ever(
     sink.write([_row(T0 + 2, "t2")])
     sink.close()
     assert _tenants(tail) == ["t2"]
+
+
+def test_a_name_with_a_newline_at_its_end_is_not_an_adapter_name(tmp_path: Path) -> None:
+    # A regex's "$" matches before a last "\n": "alpha\n" passed as a name of its own.
+    path = tmp_path / "router.jsonl"
+    path.write_text('{"ts": "2026-03-12T04:00:00Z", "adapter": "alpha\\n"}\n')
+    [problem] = RequestLogTail(path).read_new().skipped
+    assert str(problem).startswith(f"{path}: line 1: adapter: 1 adapter names that are not valid")
