@@ -240,7 +240,7 @@ def _without_grpc(router: Router, requests: list[str]) -> tuple[Percentiles, Per
     return gate, stream
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class _StreamRuns:
     """Lines 4 and 5: the streams to each server."""
 

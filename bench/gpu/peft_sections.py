@@ -23,7 +23,7 @@ import torch
 from bench.gpu.peft_setup import Bench, evict, log
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Adapters:
     """The saved adapters: their names (by rank, then index), ranks and folders."""
 

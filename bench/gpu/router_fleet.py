@@ -177,7 +177,7 @@ def stop_children(procs: dict[str, Any]) -> None:
             child.wait()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Fleet:
     """The children once each has written its port."""
 
