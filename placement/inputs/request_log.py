@@ -158,8 +158,8 @@ def load_request_log(path: str | Path, *, skip_bad_rows: bool = False) -> Reques
     writing), are left out and reported in ``skipped`` instead."""
     source = Path(path)
     if skip_bad_rows and _is_json_lines(source):
-        frame, bad_lines = _read_json_lines(source)
-        log = request_log_from_frame(frame, source=str(source), skip_bad_rows=True)
+        frame, lines, bad_lines = _read_json_lines(source)
+        log = request_log_from_frame(frame, source=str(source), skip_bad_rows=True, lines=lines)
         if not bad_lines:
             return log
         problem = Problem(
@@ -182,10 +182,12 @@ def _is_json_lines(path: Path) -> bool:
     return "".join(path.suffixes[-2:]).lower().endswith((".jsonl", ".ndjson", ".json"))
 
 
-def _read_json_lines(path: Path) -> tuple[pd.DataFrame, list[int]]:
-    """The objects of a JSON-lines file, one per line, and the numbers of the lines
-    that are not a JSON object (a half-written last line among them)."""
+def _read_json_lines(path: Path) -> tuple[pd.DataFrame, list[int], list[int]]:
+    """The objects of a JSON-lines file, one per line, each one's line number, and the
+    numbers of the lines that are not a JSON object (a half-written last line among
+    them)."""
     rows: list[dict[str, object]] = []
+    numbers: list[int] = []
     bad: list[int] = []
     try:
         with path.open("rb") as handle:
@@ -198,6 +200,7 @@ def _read_json_lines(path: Path) -> tuple[pd.DataFrame, list[int]]:
                     row = None
                 if isinstance(row, dict):
                     rows.append(row)
+                    numbers.append(number)
                 else:
                     bad.append(number)
     except FileNotFoundError:
@@ -205,7 +208,7 @@ def _read_json_lines(path: Path) -> tuple[pd.DataFrame, list[int]]:
     except OSError as exc:
         raise InputError([Problem(source=str(path), message=f"cannot read: {exc}")]) from None
     frame = pd.DataFrame.from_records(rows) if rows else pd.DataFrame(columns=["ts", "adapter"])
-    return frame, bad
+    return frame, numbers, bad
 
 
 def write_request_log(frame: pd.DataFrame, path: str | Path) -> None:

@@ -97,3 +97,16 @@ def test_unknown_format(tmp_path: Path) -> None:
     path.write_text("")
     with pytest.raises(InputError, match="unknown format"):
         load_request_log(path)
+
+
+def test_a_json_lines_file_read_whole_names_its_bad_rows_by_their_lines(tmp_path: Path) -> None:
+    # As the live reader does: a blank line and a line that is not JSON come before the
+    # bad row, so its place among the rows (and a CSV's header) would name another line.
+    path = tmp_path / "log.jsonl"
+    good = '{"ts": "2026-03-12T04:00:00Z", "adapter": "alpha"}'
+    path.write_text("\n".join([good, "", "{not json", good.replace('"alpha"', '""')]) + "\n")
+    log = load_request_log(path, skip_bad_rows=True)
+    assert [str(p) for p in log.skipped] == [
+        f"{path}: line 3: 1 lines that are not JSON objects",
+        f"{path}: line 4: adapter: 1 rows without an adapter",
+    ]
