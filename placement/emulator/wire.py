@@ -20,7 +20,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import asdict
-from typing import Any
+from typing import Any, TypedDict
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
@@ -145,7 +145,33 @@ def models_listing(pod: EmulatedPod, *, owned_by: str) -> dict[str, Any]:
     return {"object": "list", "data": [base, *cards]}
 
 
-def pod_stats(pod: EmulatedPod) -> dict[str, object]:
+class PodStats(TypedDict):
+    """What ``GET /admin/stats`` answers (the module docstring lists it), typed."""
+
+    pod: str
+    engine: str
+    engine_model: str
+    registered: list[str]
+    listed: list[str]
+    parked: list[str]
+    host: list[str]
+    gpu: list[str]
+    ghosts: int
+    residency_s: dict[str, list[float]]
+    pinned: list[str]
+    running: int
+    waiting: int
+    limits: dict[str, int | None]
+    storage: dict[str, object] | None
+    batch: dict[str, Any] | None
+    queued: int
+    batch_peaks: dict[str, int]
+    counters: dict[str, int]
+    peaks: dict[str, int]
+    faults: dict[str, float | bool]
+
+
+def pod_stats(pod: EmulatedPod) -> PodStats:
     """What ``GET /admin/stats`` answers (the module docstring lists it)."""
     model = pod.residency
     now = pod.clock()

@@ -6,7 +6,7 @@ import asyncio
 import random
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from typing import Any, cast
+from typing import Any
 
 import httpx
 import pytest
@@ -24,7 +24,6 @@ from placement.domain import AdapterId, Catalog, Engine, Load, PodId
 from placement.emulator import (
     ZERO_LATENCY,
     EmulatedFleet,
-    EmulatedPod,
     Faults,
     Latency,
     PodConfig,
@@ -40,11 +39,6 @@ NAMES = [f"a{i}" for i in range(10)]
 FAST = ExecutorSettings(
     per_action_deadline_s=5.0, max_concurrency=8, max_attempts=8, backoff_base_s=0.0
 )
-
-
-def _pod_stats(pod: EmulatedPod) -> dict[str, Any]:
-    """``/admin/stats`` of ``pod``, read without HTTP (its values are JSON's)."""
-    return cast("dict[str, Any]", pod_stats(pod))
 
 
 def _catalog(missing: str = "") -> Catalog:
@@ -117,7 +111,7 @@ def _assert_holds(fleet: EmulatedFleet, plan: Plan) -> None:
     """Each pod lists the plan's adapters and its GPU holds the plan's hot set (exactly,
     when the hot set fills the GPU)."""
     for handle in fleet.handles:
-        pod_plan, stats = plan.pods[handle.name], _pod_stats(handle.pod)
+        pod_plan, stats = plan.pods[handle.name], pod_stats(handle.pod)
         assert set(stats["listed"]) == set(pod_plan.registered), handle.name
         gpu = set(stats["gpu"])
         assert set(pod_plan.hot) <= gpu, (handle.name, gpu)
@@ -129,7 +123,7 @@ def _assert_never_over_limits(fleet: EmulatedFleet) -> None:
     """SGLang never lists more than ``--max-loaded-loras``, so its soft cap never unloads
     an adapter; vLLM lists without limit (an unload frees nothing, so loads come first)."""
     for handle in fleet.handles:
-        stats = _pod_stats(handle.pod)
+        stats = pod_stats(handle.pod)
         counters, peaks = stats["counters"], stats["peaks"]
         assert counters.get("unlisted", 0) == 0
         if fleet.engine is Engine.SGLANG:
@@ -425,4 +419,4 @@ async def test_actions_of_one_pod_run_in_order_whatever_after_says() -> None:
         report = await executor.run(actions, after=((), (), ()))
     assert report.ok
     assert counting.peak["all"] == 1
-    assert _pod_stats(fleet.pod("pod-0"))["gpu"] == ["a1", "a2"]
+    assert pod_stats(fleet.pod("pod-0"))["gpu"] == ["a1", "a2"]

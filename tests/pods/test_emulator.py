@@ -8,7 +8,6 @@ import asyncio
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, cast
 
 import httpx
 import pytest
@@ -21,7 +20,6 @@ from placement.domain import Engine
 from placement.emulator import (
     ZERO_LATENCY,
     EmulatedFleet,
-    EmulatedPod,
     PodConfig,
     build_pod,
     listening_sockets,
@@ -36,11 +34,6 @@ from .conftest import EmulatedFactory
 pytestmark = pytest.mark.anyio
 
 URL = "http://127.0.0.1:18000"
-
-
-def _pod_stats(pod: EmulatedPod) -> dict[str, Any]:
-    """``/admin/stats`` of ``pod``, read without HTTP (its values are JSON's)."""
-    return cast("dict[str, Any]", pod_stats(pod))
 
 
 def _vllm_error(
@@ -144,7 +137,7 @@ async def test_vllm_lists_evicted_registrations_and_reloads_them(emulated: Emula
             )
         listed = [card["id"] for card in (await http.get(URL + "/v1/models")).json()["data"]]
         await _post(http, "/v1/completions", {"model": "a", "prompt": "x", "max_tokens": 1})
-    stats = _pod_stats(fleet.handles[0].pod)
+    stats = pod_stats(fleet.handles[0].pod)
     assert listed == ["base-model", "a", "b", "c"]
     assert stats["counters"]["host_evictions"] >= 2  # c evicted a; reloading a evicted b
     assert stats["counters"]["cold_reloads"] == 1
@@ -159,7 +152,7 @@ async def test_alternating_adapters_on_one_slot_thrash(emulated: EmulatedFactory
             await _post(http, "/v1/load_lora_adapter", {"lora_name": name, "lora_path": name})
         for name in ("a", "b", "a", "b", "b"):
             await _post(http, "/v1/completions", {"model": name, "prompt": "x", "max_tokens": 1})
-    stats = _pod_stats(fleet.handles[0].pod)
+    stats = pod_stats(fleet.handles[0].pod)
     counters = stats["counters"]
     # each load activates (b pushes a off), then a, b, a, b swap in turn and b stays
     assert (counters["gpu_activations"], counters["gpu_evictions"]) == (6, 5)
@@ -285,7 +278,7 @@ async def test_sglang_request_naming_by_engine_version(
         await _post(http, "/load_lora_adapter", {"lora_name": "a", "lora_path": "a"})
         answer = await _post(http, "/v1/completions", {**body, **COMPLETION})
     assert answer.status_code == 200
-    assert _pod_stats(fleet.handles[0].pod)["gpu"] == ([runs] if runs else [])
+    assert pod_stats(fleet.handles[0].pod)["gpu"] == ([runs] if runs else [])
 
 
 @pytest.mark.parametrize(
@@ -405,7 +398,7 @@ async def test_sglang_pins_at_most_one_less_than_the_batch(emulated: EmulatedFac
             await _post(http, "/v1/chat/completions", {"model": model, "messages": []})
     assert first.status_code == 200 and second.status_code == 400
     assert "It is not allowed to pin all slots" in second.json()["error_message"]
-    assert "a" in _pod_stats(fleet.handles[0].pod)["gpu"]  # pinned, once used: never evicted
+    assert "a" in pod_stats(fleet.handles[0].pod)["gpu"]  # pinned, once used: never evicted
 
 
 async def test_injected_errors_and_a_pod_that_dies_and_comes_back_empty(
