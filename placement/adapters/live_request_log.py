@@ -193,16 +193,8 @@ def _read_parquet(
 def _read_new_lines(path: Path, entry: _FileRead, *, inode: int, fresh: bool) -> _Piece:
     """Parse the complete lines after ``entry.offset`` (from the start if the file is
     not the one read before: shorter, or the bytes before the offset changed)."""
-    restarted = fresh
-    with path.open("rb") as handle:
-        size = handle.seek(0, os.SEEK_END)
-        if entry.offset:
-            handle.seek(entry.offset - len(entry.tail))
-            if size < entry.offset or handle.read(len(entry.tail)) != entry.tail:
-                entry.offset, entry.lines, entry.tail, restarted = 0, 0, b"", True
-        handle.seek(entry.offset)
-        data = handle.read(size - entry.offset)
-    piece = _Piece(inode=inode, restarted=restarted)
+    data, restarted = _new_bytes(path, entry)
+    piece = _Piece(inode=inode, restarted=fresh or restarted)
     end = data.rfind(b"\n") + 1  # a half-written last line waits for the next read
     if end == 0:
         return piece
@@ -211,15 +203,26 @@ def _read_new_lines(path: Path, entry: _FileRead, *, inode: int, fresh: bool) ->
     entry.lines += data[:end].count(b"\n")
     entry.tail = (entry.tail + data[:end])[-_TAIL_BYTES:]
     if bad:
-        shown = ", ".join(str(n) for n in bad[:5]) + (
-            f" and {len(bad) - 5} more" if len(bad) > 5 else ""
-        )
-        where = f"{'line' if len(bad) == 1 else 'lines'} {shown}"
         message = f"{len(bad)} lines that are not JSON objects"
-        piece.skip([Problem(source=str(path), entry=where, message=message)], len(bad))
+        piece.skip([Problem(source=str(path), entry=lines_entry(bad), message=message)], len(bad))
     if records:
         _add_frame(piece, pd.DataFrame.from_records(records), source=str(path), lines=numbers)
     return piece
+
+
+def _new_bytes(path: Path, entry: _FileRead) -> tuple[bytes, bool]:
+    """The file's bytes after ``entry.offset``, and whether they are from its start
+    instead (``entry`` reset): the file is shorter, or its bytes before the offset are
+    not the ones read."""
+    with path.open("rb") as handle:
+        size = handle.seek(0, os.SEEK_END)
+        restarted = False
+        if entry.offset:
+            handle.seek(entry.offset - len(entry.tail))
+            if size < entry.offset or handle.read(len(entry.tail)) != entry.tail:
+                entry.offset, entry.lines, entry.tail, restarted = 0, 0, b"", True
+        handle.seek(entry.offset)
+        return handle.read(size - entry.offset), restarted
 
 
 def _parse_lines(
