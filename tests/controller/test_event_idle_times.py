@@ -317,8 +317,10 @@ def test_the_kept_answer_is_what_a_read_of_the_whole_log_tells(
     batches: list[list[tuple[str, str, float, bool]]], rotate_bytes: int | None, parquet: bool
 ) -> None:
     """Through rotations, and Parquet parts compacted into hours (rows given again),
-    the answer brought up to date is the one a new reader of the whole log gives."""
+    the answer brought up to date is the one a new reader of the whole log gives, and
+    the latest of the served rows written (to the microsecond the files keep)."""
     t = T0.timestamp()
+    written: dict[tuple[str, str], float] = {}
     with tempfile.TemporaryDirectory() as directory:
         target = Path(directory) / ("parquet" if parquet else "router-requests.jsonl")
         writer: ParquetRequestLog | JsonLinesRequestLog = (
@@ -333,6 +335,16 @@ def test_the_kept_answer_is_what_a_read_of_the_whole_log_tells(
                 for pod, adapter, at_s, ok in batch
             ]
             writer.write(rows)
+            for row in rows:
+                if row.outcome is not None and row.pod is not None:
+                    key = (row.pod, row.adapter)
+                    written[key] = max(row.ts_s, written.get(key, -math.inf))
             assert use() == RouterLogUse(target, refresh_s=0.0)()
         writer.close()
-        assert use() == RouterLogUse(target, refresh_s=0.0)()
+        answer = use()
+        assert answer == RouterLogUse(target, refresh_s=0.0)()
+        told: dict[tuple[str, str], float] = {
+            (pod, adapter): at_s for pod, uses in answer.items() for adapter, at_s in uses.items()
+        }
+        assert told.keys() == written.keys()
+        assert all(abs(told[key] - at_s) <= 1e-6 for key, at_s in written.items())
