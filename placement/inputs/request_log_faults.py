@@ -41,14 +41,23 @@ _SHOW_ROWS = 5
 
 def parse_ts(column: pd.Series) -> pd.Series:
     """A ``ts`` column as UTC times: datetimes, seconds since the epoch, or ISO 8601
-    text; what does not parse is NaT."""
+    text, or a mix of the last two (JSON lines, each row its own); what does not parse
+    is NaT."""
     if pd.api.types.is_datetime64_any_dtype(column):
-        parsed = pd.to_datetime(column, utc=True)
-    elif pd.api.types.is_numeric_dtype(column):
-        parsed = pd.to_datetime(column, unit="s", utc=True, errors="coerce")
-    else:
-        parsed = pd.to_datetime(column, utc=True, errors="coerce", format="ISO8601")
+        return pd.to_datetime(column, utc=True)
+    if pd.api.types.is_numeric_dtype(column):
+        return pd.to_datetime(column, unit="s", utc=True, errors="coerce")
+    parsed = pd.to_datetime(column, utc=True, errors="coerce", format="ISO8601")
+    unparsed = column[parsed.isna() & column.notna()]  # looked at value by value: few
+    numbers = unparsed[unparsed.map(_is_number).astype(bool)]
+    if len(numbers):
+        seconds = pd.to_numeric(numbers).astype(float)
+        parsed.loc[numbers.index] = pd.to_datetime(seconds, unit="s", utc=True, errors="coerce")
     return parsed
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _rows(index: Iterable[int]) -> str:

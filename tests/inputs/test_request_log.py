@@ -110,3 +110,19 @@ def test_a_json_lines_file_read_whole_names_its_bad_rows_by_their_lines(tmp_path
         f"{path}: line 3: 1 lines that are not JSON objects",
         f"{path}: line 4: adapter: 1 rows without an adapter",
     ]
+
+
+def test_seconds_and_iso_times_mixed_in_a_json_lines_file_both_parse(tmp_path: Path) -> None:
+    # Each line has its own type: a column of both read the seconds as unparsable text.
+    path = tmp_path / "log.jsonl"
+    path.write_text(
+        '{"ts": "2026-03-12T04:00:00Z", "adapter": "alpha"}\n'
+        '{"ts": 1773288001.5, "adapter": "alpha"}\n'
+        '{"ts": true, "adapter": "alpha"}\n'
+    )
+    log = load_request_log(path, skip_bad_rows=True)
+    assert [ts.isoformat() for ts in log.frame["ts"]] == [
+        "2026-03-12T04:00:00+00:00",
+        "2026-03-12T04:00:01.500000+00:00",
+    ]
+    assert [str(p) for p in log.skipped] == [f"{path}: line 3: ts: 1 unparsable timestamps"]
