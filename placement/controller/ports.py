@@ -85,9 +85,10 @@ class HistorySource(Protocol):
 
 class RecentUse(Protocol):
     """When each pod last served each adapter: the Unix seconds of the latest request's
-    arrival per pod and adapter, read afresh at each call (the router's request log,
-    ``placement.controller.recent_use.RouterLogUse``). Rows are written as requests
-    end, so a request still running is not in it yet."""
+    arrival per pod and adapter, as of the call (the router's request log,
+    ``placement.controller.recent_use.RouterLogUse``, which folds in what the log gained
+    since its last read, at most every ``recent_use_refresh_s``). Rows are written as
+    requests end, so a request still running is not in it yet."""
 
     def __call__(self) -> Mapping[PodId, Mapping[AdapterId, float]]: ...
 
