@@ -24,9 +24,9 @@ from typing import Any, TypedDict
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from placement.emulator.pod import EmulatedPod
-from placement.residency import Entry
 
 ErrorBody = Callable[[int, str, str | None], Response]
 
@@ -81,9 +81,9 @@ async def complete(
     entry = await pod.admit(adapter)  # what it runs on, for its release
     tokens = pod.generate(prompt_tokens=prompt_tokens, max_tokens=max_tokens)
     if body.get("stream"):
-        return StreamingResponse(
-            _stream(pod, adapter, entry, tokens, chat=chat, model=model, request_id=request_id),
-            media_type="text/event-stream",
+        return _ReleasingStream(
+            _stream(tokens, chat=chat, model=model, request_id=request_id),
+            release=lambda: pod.release(adapter, entry),
         )
     try:
         text = "".join([f" tok{index}" async for index in tokens])
@@ -99,26 +99,32 @@ async def complete(
     return JSONResponse({**envelope, "choices": [choice], "usage": usage})
 
 
+class _ReleasingStream(StreamingResponse):
+    """An SSE stream that ends its request once sent, or once the send fails: Starlette
+    never iterates a body whose start it could not send (the client left), so a
+    ``finally`` in the body would not run."""
+
+    def __init__(self, content: AsyncIterator[str], *, release: Callable[[], Awaitable[None]]):
+        super().__init__(content, media_type="text/event-stream")
+        self._release = release
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._release()
+
+
 async def _stream(
-    pod: EmulatedPod,
-    adapter: str | None,
-    entry: Entry | None,
-    tokens: AsyncIterator[int],
-    *,
-    chat: bool,
-    model: str,
-    request_id: str,
+    tokens: AsyncIterator[int], *, chat: bool, model: str, request_id: str
 ) -> AsyncIterator[str]:
     envelope = _envelope(chat=chat, model=model, request_id=request_id, stream=True)
-    try:
-        async for index in tokens:
-            choice = _choice(chat=chat, text=f" tok{index}", finish=None, stream=True)
-            yield f"data: {json.dumps({**envelope, 'choices': [choice]})}\n\n"
-        last = _choice(chat=chat, text="", finish="length", stream=True)
-        yield f"data: {json.dumps({**envelope, 'choices': [last]})}\n\n"
-        yield "data: [DONE]\n\n"
-    finally:
-        await pod.release(adapter, entry)
+    async for index in tokens:
+        choice = _choice(chat=chat, text=f" tok{index}", finish=None, stream=True)
+        yield f"data: {json.dumps({**envelope, 'choices': [choice]})}\n\n"
+    last = _choice(chat=chat, text="", finish="length", stream=True)
+    yield f"data: {json.dumps({**envelope, 'choices': [last]})}\n\n"
+    yield "data: [DONE]\n\n"
 
 
 def model_card(model_id: str, *, root: str, parent: str | None, owned_by: str) -> dict[str, Any]:

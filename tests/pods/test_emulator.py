@@ -11,6 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from starlette.requests import ClientDisconnect
 from typer.testing import CliRunner
 
 from placement.adapters.metrics_text import parse_vllm_metrics
@@ -20,12 +21,14 @@ from placement.domain import Engine
 from placement.emulator import (
     ZERO_LATENCY,
     EmulatedFleet,
+    EmulatedPod,
     PodConfig,
     build_pod,
     listening_sockets,
     ports_of,
     serve_fleet,
 )
+from placement.emulator.vllm_app import create_vllm_app
 from placement.emulator.wire import pod_stats
 from placement.residency import EngineModel
 
@@ -477,3 +480,41 @@ async def test_pods_serve_sockets_bound_on_port_0_and_come_back_on_their_port() 
     finally:
         stop.set()
         await asyncio.wait_for(serving, timeout=10)
+
+
+async def test_a_stream_whose_client_left_before_its_first_byte_still_ends_its_request() -> None:
+    """Starlette never iterates a stream whose start it could not send (the client left:
+    ``StreamingResponse.stream_response`` raises at ``http.response.start``), so nothing
+    in the body runs, its ``finally`` neither. The request must end all the same, or it
+    stays running on its entry for good and no load ever takes that slot."""
+    config = PodConfig(engine=Engine.VLLM, latency=ZERO_LATENCY, max_loras=1, max_cpu_loras=2)
+    pod = EmulatedPod(config)
+    await pod.load("a", "s3://adapters/a")
+    body = json.dumps({"model": "a", "prompt": "hi", "max_tokens": 2, "stream": True}).encode()
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.4"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/completions",
+        "raw_path": b"/v1/completions",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"content-type", b"application/json")],
+        "client": ("127.0.0.1", 50000),
+        "server": ("127.0.0.1", 8000),
+    }
+
+    async def receive() -> dict[str, object]:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def send(message: Mapping[str, object]) -> None:
+        if message["type"] == "http.response.start":
+            raise OSError("the client left")
+
+    with pytest.raises(ClientDisconnect):  # the server sees the client gone
+        await create_vllm_app(pod)(scope, receive, send)
+    ran = pod_stats(pod)["running"]
+    await pod.load("b", "s3://adapters/b")
+    assert (ran, pod.running_entries.busy(), pod.gpu) == (0, set(), ("b",))
