@@ -3,11 +3,12 @@
 What a pod holds (the names it lists, its host cache, its GPU slots and their LRU
 orders) is ``placement.residency.PodResidency``, the engine model the emulator and the
 router's ledger run too, so the replay and an emulated pod cannot disagree. ``SimPod``
-calls it for each load, unload and request and keeps, next to it, what the model does
-not: time (when an adapter landed on its slot, when it was used), the running batch
-and queue, and two mirrors of the model's state that the routers read per request
-without a copy (``gpu_adapters``, ``registered``). The mirrors are rebuilt from the
-model after every call that moves anything, and ``agrees()`` checks them.
+calls it for each load, unload and request (and, on vLLM, each request's last step)
+and keeps, next to it, what the model does not: time (when an adapter landed on its
+slot, when it was used), the running batch and queue, and two mirrors of the model's
+state that the routers read per request without a copy (``gpu_adapters``,
+``registered``). The mirrors are rebuilt from the model after every call that moves
+anything, and ``agrees()`` checks them.
 
 Speed: a hit (a request for an adapter on a GPU slot) changes only the LRU orders, so
 it is noted, not sent: before the model is next called or read (``model``), the hits
@@ -220,6 +221,14 @@ class SimPod:
         self._hits.add(adapter)
         slots = self.gpu_adapters
         slots[adapter] = slots.pop(adapter)
+
+    def last_step(self, adapter: str) -> None:
+        """vLLM: a request on ``adapter`` ran its last step, which touched it in both
+        LRUs as every step does (``PodResidency.last_step``). SGLang, and an adapter no
+        longer on its GPU slot, are left as they are; ``last_used`` keeps the start (what
+        the router saw)."""
+        if adapter in self.gpu_adapters and self._model.engine is EngineModel.VLLM:
+            self.touch(adapter)
 
     def land(self, adapter: str, now_s: float) -> None:
         """The adapter fetched last is on its slot now."""
