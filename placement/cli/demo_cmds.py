@@ -33,7 +33,8 @@ DEFAULT_MINUTES = 1.5
 
 def results_table(results: list[PolicyResult], *, title: str) -> Table:
     table = Table(title=title, title_justify="left")
-    columns = ("policy", "requests", "errors", "GPU hit", "GPU loads", "loads/pod/s",
+    columns = ("policy", "requests", "errors", "GPU hit", "GPU loads", "GPU evictions",
+               "loads/pod/s",
                "residency p50", "residency p95", "TTFT p50", "TTFT p95", "after event",
                "sent late p95")  # fmt: skip
     for column in columns:
@@ -45,6 +46,7 @@ def results_table(results: list[PolicyResult], *, title: str) -> Table:
             f"{result.errors:,}",
             f"{result.gpu_hit_rate:.1%}",
             f"{result.activations:,}",
+            f"{result.evictions:,}",
             f"{result.loads_per_pod_s:.2f}",
             f"{result.residency_p50_s:.1f} s",
             f"{result.residency_p95_s:.1f} s",
@@ -215,8 +217,9 @@ def _reading(
         f"{minutes:g} min of the scenario's last day from {start} local ({density}), "
         f"after {options.warmup_s:g} s of warm-up per policy that is not measured, on "
         f"{clock}. GPU hit: the adapter was on a GPU slot when the request was admitted "
-        "(router ledger). GPU loads, loads/pod/s and residency: the pods' own counters, in "
-        "wall seconds. TTFT: the router's log. Sent late p95: how far behind its schedule "
-        "the client sent the 95th percentile request (over a second: this machine did not "
-        f"keep up, and the window's edges blur).{delivered}"
+        "(router ledger). GPU loads, GPU evictions, loads/pod/s and residency: the pods' own "
+        "counters (the controller's loads and warm-ups among them), in wall seconds. TTFT: "
+        "the router's log. Sent late p95: how far behind its schedule the client sent the "
+        "95th percentile request (over a second: this machine did not keep up, and the "
+        f"window's edges blur).{delivered}"
     )
