@@ -3,7 +3,10 @@
 One client = one adapter; counts per 10-minute bucket = rate x 600 s. Scores pool
 absolute errors over the clients with at least 1% of the traffic before the first
 origin, against the naive forecasts on the very same cells: persistence (last bucket),
-same bucket yesterday, and the median of the same bucket over the last 7 days.
+same bucket yesterday, and the median of the same bucket over the last 7 days. Coverage
+leaves out a client with no request on any scored cell (one that stopped for good): any
+band covers it, so it says nothing of the band (``models.accuracy.Cells.live``); MAE
+keeps it.
 
 Traces: every folder under ``servegen/`` with per-client rates (language m-mid, 14
 days; reason deepseek-r1 and multimodal mm-image, 1 day each), and ``m-mid-perturbed``,
@@ -36,7 +39,7 @@ import pandas as pd
 
 from models.backtest import BacktestReport, backtest, rolling_origins
 from models.registry import forecaster_named
-from models.series import DAY_S, CountPanel
+from models.series import DAY_S, CountPanel, IntArray
 
 ROOT = Path(__file__).resolve().parents[1] / ".." / "shared" / "traces" / "servegen"
 BUCKET_S = 600
@@ -73,8 +76,9 @@ def perturb(panel: CountPanel, *, seed: int) -> CountPanel:
     counts = panel.counts.copy()
     per_day = panel.per_day()
     n, n_adapters = counts.shape
-    fate = rng.integers(0, 8, n_adapters)  # 0 stop, 1 appear, 2 jump, else unchanged
-    when = rng.integers(2 * per_day, n - per_day // 2, n_adapters)
+    # 0 stop, 1 appear, 2 jump, else unchanged
+    fate: IntArray = np.asarray(rng.integers(0, 8, size=n_adapters), dtype=np.int64)
+    when: IntArray = rng.integers(2 * per_day, n - per_day // 2, size=n_adapters)
     for column in range(n_adapters):
         at = when[column]
         if fate[column] == 0:

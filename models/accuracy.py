@@ -1,7 +1,8 @@
 """Forecast error measures, pooled over adapters and buckets.
 
 Pooling absolute errors over adapters weighs each adapter by its volume, which is
-what placement cares about: a miss on a busy adapter costs more cold starts.
+what placement cares about: a miss on a busy adapter costs more cold starts. Coverage
+is over the adapters with a request on some scored cell (``Cells.live``).
 
 Pure: no IO, no clock, no logging.
 """
@@ -11,8 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 from models.series import FloatArray
+
+BoolArray = npt.NDArray[np.bool_]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,7 +59,10 @@ def pinball(actual: FloatArray, quantile: FloatArray, q: float) -> float:
     return float(np.mean(np.maximum(q * diff, (q - 1.0) * diff)))
 
 
-def coverage(actual: FloatArray, upper: FloatArray) -> float:
+def coverage(actual: FloatArray, upper: FloatArray, live: BoolArray | None = None) -> float:
+    """The share of cells at or under ``upper``; with ``live``, of those cells only."""
+    if live is not None:
+        actual, upper = actual[live], upper[live]
     return float(np.mean(actual <= upper)) if actual.size else 0.0
 
 
@@ -85,6 +92,10 @@ class Cells:
     persistence: FloatArray
     yesterday: FloatArray
     median_7d: FloatArray
+    #: True where the cell's adapter has a request in some scored cell. Coverage counts
+    #: these cells only: an adapter silent on every scored cell (one that stopped for
+    #: good) is under any band whatever, so it says nothing of the band (None: all cells).
+    live: BoolArray | None = None
 
 
 def score(cells: Cells, *, scale_mae: float) -> Scores:
@@ -104,6 +115,6 @@ def score(cells: Cells, *, scale_mae: float) -> Scores:
         pinball_50=pinball(cells.actual, cells.q50, 0.5),
         pinball_90=pinball(cells.actual, cells.q90, 0.9),
         pinball_99=pinball(cells.actual, cells.q99, 0.99),
-        coverage_90=coverage(cells.actual, cells.q90),
-        coverage_99=coverage(cells.actual, cells.q99),
+        coverage_90=coverage(cells.actual, cells.q90, cells.live),
+        coverage_99=coverage(cells.actual, cells.q99, cells.live),
     )

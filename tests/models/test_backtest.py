@@ -57,3 +57,33 @@ def test_pinball_and_coverage() -> None:
     upper = np.array([5.0, 5.0])
     assert pinball(actual, upper, 0.9) == pytest.approx((0.1 * 5 + 0.9 * 5) / 2)
     assert coverage(actual, upper) == 0.5
+
+
+def test_coverage_counts_only_the_cells_asked_for() -> None:
+    actual = np.array([0.0, 10.0, 0.0])
+    upper = np.array([5.0, 5.0, 0.0])
+    assert coverage(actual, upper, np.array([True, True, False])) == 0.5
+
+
+def test_coverage_leaves_out_an_adapter_silent_on_every_scored_cell(
+    seasonal_panel: Callable[..., CountPanel],
+) -> None:
+    """A client that stopped for good before the scored days is under any band (0 <= 0):
+    counting it would flatter coverage, so coverage is that of the live adapters alone.
+    """
+    panel = seasonal_panel(days=5)
+    counts = panel.counts.copy()
+    counts[2 * 144 :, 1] = 0.0  # adapter-1 stops for good on day 2, before the origins
+    stopped = CountPanel(
+        start_s=panel.start_s, bucket_s=600, adapters=panel.adapters, counts=counts
+    )
+    live_only = CountPanel(
+        start_s=panel.start_s, bucket_s=600, adapters=panel.adapters[:1], counts=counts[:, :1]
+    )
+    origins = rolling_origins(panel, first=3 * 144, every=24, count=6)
+    both = backtest(stopped, [Persistence()], origins=origins, horizon=6).models[0].major
+    alone = backtest(live_only, [Persistence()], origins=origins, horizon=6).models[0].major
+    assert both.coverage_90 < 1.0
+    assert both.coverage_90 == pytest.approx(alone.coverage_90)
+    assert both.coverage_99 == pytest.approx(alone.coverage_99)
+    assert both.mae < alone.mae  # MAE still counts the stopped adapter's (zero) errors
