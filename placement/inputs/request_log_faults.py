@@ -37,6 +37,9 @@ OUTCOMES = frozenset({"gpu_hit", "cpu_hit", "cold_load"})
 #: An adapter (or served model) name as the engines and the router take it.
 ADAPTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,252}\Z")  # \Z: "$" takes a "\n"
 _SHOW_ROWS = 5
+#: The seconds since the epoch a time can hold (pandas' nanoseconds, 1677 to 2262):
+#: converting one past them raises OverflowError, even when asked to coerce.
+_SECONDS_RANGE = (pd.Timestamp.min.timestamp(), pd.Timestamp.max.timestamp())
 
 
 def parse_ts(column: pd.Series) -> pd.Series:
@@ -45,15 +48,25 @@ def parse_ts(column: pd.Series) -> pd.Series:
     is NaT."""
     if pd.api.types.is_datetime64_any_dtype(column):
         return pd.to_datetime(column, utc=True)
+    if pd.api.types.is_bool_dtype(column):
+        return pd.Series(pd.NaT, index=column.index, dtype="datetime64[ns, UTC]")
     if pd.api.types.is_numeric_dtype(column):
-        return pd.to_datetime(column, unit="s", utc=True, errors="coerce")
+        return _from_seconds(column)
     parsed = pd.to_datetime(column, utc=True, errors="coerce", format="ISO8601")
     unparsed = column[parsed.isna() & column.notna()]  # looked at value by value: few
     numbers = unparsed[unparsed.map(_is_number).astype(bool)]
     if len(numbers):
-        seconds = pd.to_numeric(numbers).astype(float)
-        parsed.loc[numbers.index] = pd.to_datetime(seconds, unit="s", utc=True, errors="coerce")
+        parsed.loc[numbers.index] = _from_seconds(numbers)
     return parsed
+
+
+def _from_seconds(values: pd.Series) -> pd.Series:
+    """Seconds since the epoch as UTC times; NaT past the times a frame holds (a row
+    of 1e300 seconds failed the whole read: OverflowError)."""
+    seconds = pd.to_numeric(values, errors="coerce").astype(float)
+    low, high = _SECONDS_RANGE
+    within = seconds.where((seconds > low) & (seconds < high))
+    return pd.to_datetime(within, unit="s", utc=True, errors="coerce")
 
 
 def _is_number(value: object) -> bool:

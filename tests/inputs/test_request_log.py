@@ -126,3 +126,34 @@ def test_seconds_and_iso_times_mixed_in_a_json_lines_file_both_parse(tmp_path: P
         "2026-03-12T04:00:01.500000+00:00",
     ]
     assert [str(p) for p in log.skipped] == [f"{path}: line 3: ts: 1 unparsable timestamps"]
+
+
+@pytest.mark.parametrize(
+    "ts",
+    [
+        pytest.param("1e300", id="float-past-2262"),
+        pytest.param("-1e300", id="float-before-1677"),
+        pytest.param("100000000000000000000000", id="int-past-int64"),
+        pytest.param("9300000000", id="int-past-2262"),
+    ],
+)
+def test_seconds_past_the_times_a_frame_holds_are_an_unparsable_row(
+    tmp_path: Path, ts: str
+) -> None:
+    # pandas raised OverflowError even asked to coerce: the read failed whole (strictly
+    # read, no InputError naming the file; read live, at every read after).
+    path = tmp_path / "log.jsonl"
+    path.write_text(
+        '{"ts": 1773288000, "adapter": "alpha"}\n'
+        f'{{"ts": {ts}, "adapter": "alpha"}}\n'
+        '{"ts": "2026-03-12T04:00:01Z", "adapter": "alpha"}\n'
+    )
+    log = load_request_log(path, skip_bad_rows=True)
+    assert len(log.frame) == 2
+    assert [str(p) for p in log.skipped] == [f"{path}: line 2: ts: 1 unparsable timestamps"]
+    with pytest.raises(InputError) as strictly:  # not OverflowError: the file named
+        load_request_log(path)
+    assert strictly.value.problems[0].source == str(path)
+    numbers = pd.DataFrame({"ts": [1773288000, float(ts)], "adapter": ["alpha", "alpha"]})
+    with pytest.raises(InputError, match="ts: 1 unparsable timestamps"):
+        request_log_from_frame(numbers)
