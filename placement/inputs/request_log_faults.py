@@ -48,8 +48,6 @@ def parse_ts(column: pd.Series) -> pd.Series:
     is NaT."""
     if pd.api.types.is_datetime64_any_dtype(column):
         return pd.to_datetime(column, utc=True)
-    if pd.api.types.is_bool_dtype(column):
-        return pd.Series(pd.NaT, index=column.index, dtype="datetime64[ns, UTC]")
     if pd.api.types.is_numeric_dtype(column):
         return _from_seconds(column)
     parsed = pd.to_datetime(column, utc=True, errors="coerce", format="ISO8601")
