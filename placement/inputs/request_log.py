@@ -41,6 +41,9 @@ class RequestLog:
     #: Rows left out when read with ``skip_bad_rows``, each fault with its rows.
     skipped: tuple[Problem, ...] = field(default=())
     skipped_rows: int = 0
+    #: Files of a live log this read could not read (each also in ``skipped``, with
+    #: why); their rows read before stand, and they are tried again at the next read.
+    unread_files: tuple[str, ...] = field(default=())
 
     def counts(self, bucket_s: int) -> pd.DataFrame:
         """Requests per adapter per bucket: columns ``ts``, ``adapter``, ``requests``."""

@@ -165,13 +165,15 @@ def test_json_lines_rotate_past_the_size_and_a_half_line_is_cut_at_start(tmp_pat
 def test_only_new_bytes_and_new_files_are_read(tmp_path: Path) -> None:
     path = tmp_path / "router.jsonl"
     sink = JsonLinesRequestLog(path, rotate_bytes=10**9)
-    sink.write([_row(T0 + i, tenant=f"t{i}") for i in range(5)])
+    sink.write([_row(T0 + i, tenant=f"t{i}") for i in range(10)])
     reader = LiveRequestLog(path)
-    assert len(reader.read().frame) == 5
-    _garble(path, keep_tail=64)  # bytes already read: a reader that read them again would see junk
+    assert len(reader.read().frame) == 10
+    # Bytes already read, but the file's first KiB (its fingerprint) and the last 64
+    # bytes: a reader that read them again would see junk.
+    _garble(path, keep_head=1024, keep_tail=64)
     sink.write([_row(T0 + 10, tenant="t10")])
     log = reader.read()
-    assert list(log.frame["tenant"]) == ["t0", "t1", "t2", "t3", "t4", "t10"]
+    assert list(log.frame["tenant"]) == [f"t{i}" for i in range(11)]
     assert log.skipped_rows == 0
     sink.rotate_bytes = 1  # the next write rotates: same file (inode), a new name
     sink.write([_row(T0 + 11, tenant="t11")])
@@ -180,11 +182,13 @@ def test_only_new_bytes_and_new_files_are_read(tmp_path: Path) -> None:
     assert list(reader.read().frame["tenant"])[-3:] == ["t10", "t11", "t12"]
 
 
-def _garble(path: Path, *, keep_tail: int) -> None:
-    """Overwrite a file's bytes in place (same inode), all but the last ``keep_tail``."""
+def _garble(path: Path, *, keep_head: int, keep_tail: int) -> None:
+    """Overwrite a file's bytes in place (same inode), all but the first ``keep_head``
+    and the last ``keep_tail``."""
     data = path.read_bytes()
     with path.open("rb+") as handle:
-        handle.write(b"#" * (len(data) - keep_tail))
+        handle.seek(keep_head)
+        handle.write(b"#" * (len(data) - keep_head - keep_tail))
 
 
 def test_bad_rows_and_lines_are_skipped_and_reported_and_a_rewrite_is_read_anew(
