@@ -162,6 +162,7 @@ async def forward(
     adapter = AdapterId(exchange.model) if exchange.outcome is not None else None
     _note_admission(relay, state, exchange)
     state.begin(adapter)
+    ran = False  # the pod ran the request: its end is the adapter's last use there
     try:
         # A whole answer is waited for whole: one wake-up, not one at its head and
         # another at its body.
@@ -183,6 +184,7 @@ async def forward(
                     exchange.adapter_gone = True
                     return False
             exchange.status = reply.status
+            ran = reply.status == 200
             if exchange.stream and reply.status == 200:
                 await _relay_stream(relay.timer, state, exchange, reply, client, head=head or b"")
             else:
@@ -191,7 +193,7 @@ async def forward(
         finally:
             reply.release()
     finally:
-        state.end(adapter)
+        state.end(adapter, ended_s=relay.clock() if ran else None)
 
 
 async def _head(state: LivePod, exchange: Exchange, reply: Reply) -> bytes | None:

@@ -27,8 +27,10 @@ from collections.abc import Collection, Iterable, Mapping
 
 from placement.domain import AdapterId, Outcome
 from placement.residency import (
+    Busy,
     Effects,
     EngineModel,
+    Entry,
     NotLoadedError,
     PinLimitError,
     PodResidency,
@@ -96,11 +98,13 @@ class PodLedger:
     def has_free_slot(self) -> bool:
         return self.free_slots() > 0
 
-    def next_victim(self, busy: Collection[str] = ()) -> AdapterId | None:
+    def next_victim(self, busy: Busy = ()) -> AdapterId | None:
         """The adapter a load here would push off the GPU now, as the engine model
         chooses it: the least recently used slot neither pinned nor ``busy``, else the
         least recently used unpinned one. None with a free slot, or when that slot is
-        held by an unloaded name's entry (a vLLM ghost: evicting it loses nothing)."""
+        held by an unloaded name's entry (a vLLM ghost: evicting it loses nothing).
+        ``busy`` as the engine model takes it: an entry covers its own slot (what the
+        engines count, by id), a name every entry of it."""
         residency = self.residency
         active = self._active
         pinned = residency.pinned
@@ -109,7 +113,7 @@ class PodLedger:
             for name in active:
                 if name in pinned:
                     continue
-                if name not in busy:
+                if name not in busy and residency.entry(name) not in busy:
                     return name
                 if first is None:
                     first = name
@@ -121,11 +125,42 @@ class PodLedger:
         for entry, listed in entries:
             if entry in pinned:
                 continue
-            if entry not in busy:
+            if not self._slot_busy(entry, listed=listed, busy=busy):
                 return AdapterId(entry) if listed else None
             if fallback is None:
                 fallback = (entry, listed)
         return AdapterId(fallback[0]) if fallback is not None and fallback[1] else None
+
+    def _slot_busy(self, name: str, *, listed: bool, busy: Busy) -> bool:
+        """Whether a GPU slot of ``name`` (its current entry when ``listed``, else an
+        unloaded name's old one) has a request in flight by ``busy``."""
+        if name in busy:
+            return True
+        current = self.residency.entry(name)
+        if listed:
+            return current in busy
+        return any(isinstance(e, Entry) and e.name == name and e is not current for e in busy)
+
+    def entry(self, adapter: AdapterId) -> Entry | None:
+        """The engine model's entry a request for ``adapter`` sent now holds (vLLM: its
+        id); None for a name the model does not list."""
+        return self.residency.entry(adapter)
+
+    def last_step(self, entry: Entry | None) -> None:
+        """vLLM: a request on ``entry`` ran its last step, which touched it in both LRUs
+        (``PodResidency.last_step``): an adapter is as recent as its requests' end, not
+        their start. The mirrors follow; SGLang, and an entry off the GPU, stay."""
+        residency = self.residency
+        residency.last_step(entry)
+        if (
+            entry is not None
+            and residency.engine is EngineModel.VLLM
+            and residency.entry(entry.name) is entry
+            and residency.is_on_gpu(entry.name)
+        ):
+            name = AdapterId(entry.name)
+            self._active.move_to_end(name)
+            self._registered.move_to_end(name)
 
     @property
     def active_view(self) -> Collection[AdapterId]:
@@ -145,7 +180,7 @@ class PodLedger:
 
     # the calls the router knows of -------------------------------------------------
     def loaded(
-        self, adapter: AdapterId, lora_path: str, *, changed: bool, busy: Collection[str] = ()
+        self, adapter: AdapterId, lora_path: str, *, changed: bool, busy: Busy = ()
     ) -> Effects:
         """The router loaded ``adapter``: ``changed`` when the pod loaded it now, False
         when it answered that it had it already."""
@@ -159,7 +194,7 @@ class PodLedger:
         self._sync()
         return effects
 
-    def activate(self, adapter: AdapterId, *, busy: Collection[str] = ()) -> Effects:
+    def activate(self, adapter: AdapterId, *, busy: Busy = ()) -> Effects:
         """A request (or a warm-up) for ``adapter`` was sent to the pod."""
         residency = self.residency
         was_active = adapter in self._active
@@ -269,13 +304,13 @@ class PodLedger:
         self._sync()
 
     # the engine model --------------------------------------------------------------
-    def _load(self, adapter: AdapterId, lora_path: str, *, busy: Collection[str] = ()) -> Effects:
+    def _load(self, adapter: AdapterId, lora_path: str, *, busy: Busy = ()) -> Effects:
         try:
             return self.residency.load(adapter, lora_path, busy=busy)
         except ResidencyError:  # SGLang before the soft cap refused it: nothing changed
             return _NOTHING
 
-    def _reload(self, adapter: AdapterId, lora_path: str, *, busy: Collection[str]) -> Effects:
+    def _reload(self, adapter: AdapterId, lora_path: str, *, busy: Busy) -> Effects:
         """A load answered "loaded now" for a name the ledger already had: the ledger's
         entry was a guess (the plan's) or stale, and the pod read the weights anew."""
         if adapter in self.residency.listed:

@@ -24,7 +24,7 @@ from yarl import URL
 
 from placement.domain import AdapterId, Engine, PodId, PoolId
 from placement.ports import PodMetrics
-from placement.residency import engine_model
+from placement.residency import Entry, engine_model
 from placement.router.ledger import PodLedger
 from placement.router.recent_rates import RecentRates
 from policies import candidates as prefilter
@@ -108,14 +108,18 @@ class LivePod:
         self.listing_due = False
         self.inflight = 0
         self.inflight_at_scrape = 0
-        #: The router's requests in flight here per adapter: the engine evicts none of
-        #: these while it has another choice (the ledger's ``busy``).
-        self.busy: dict[AdapterId, int] = {}
+        #: The router's requests in flight here, per engine-model entry each holds (its
+        #: adapter's entry as it was sent; the name where the ledger had none): the
+        #: engine evicts none of these while it has another choice (the ledger's
+        #: ``busy``). By entry, as the engines count a batch (vLLM by id): after an
+        #: unload and a reload of a name, the old entry's requests hold the old slot.
+        self.busy: dict[Entry | AdapterId, int] = {}
         #: Moving average of time to first byte, the per-request service estimate.
         self.service_ms = 50.0
         #: Adapters being brought onto this pod, each with the future its waiters share.
         self.loading: dict[AdapterId, asyncio.Future[None]] = {}
-        #: When each adapter was last routed here, on the router's clock.
+        #: When each adapter was last seen in use here, on the router's clock: routed
+        #: here, or a request on it ended (``end``).
         self.last_used_s: dict[AdapterId, float] = {}
         #: The pod's URL per path, parsed once (the proxy's upstream calls reuse them).
         self.urls: dict[str, URL] = {}
@@ -180,11 +184,13 @@ class LivePod:
         if self.ledger.version != self.held_version:
             self._reindex()
         self.free_slots = self.ledger.free_slots()
-        victim = next(iter(self.gpu_adapters), None)
-        #: When the adapter this pod would evict next was last routed here.
-        self.victim_last_used_s = (
-            0.0 if victim is None else self.last_used_s.get(AdapterId(victim), 0.0)
-        )
+        self._note_victim()
+
+    def _note_victim(self) -> None:
+        #: When the adapter this pod would evict next (the ledger's engine model, the
+        #: router's requests in flight busy) was last seen in use here.
+        victim = self.ledger.next_victim(self.busy.keys())
+        self.victim_last_used_s = 0.0 if victim is None else self.last_used_s.get(victim, 0.0)
 
     def note_use(self, adapter: AdapterId, now_s: float) -> None:
         """A request for ``adapter`` is sent here: the engine activates it."""
@@ -196,19 +202,41 @@ class LivePod:
         self.sync()
 
     def begin(self, adapter: AdapterId | None = None) -> None:
-        """A request (for ``adapter``, None: the base model) was sent to the pod."""
+        """A request (for ``adapter``, None: the base model) was sent to the pod; it
+        holds its adapter's entry as the ledger has it now (after ``note_use``)."""
         self.inflight += 1
         if adapter is not None:
-            self.busy[adapter] = self.busy.get(adapter, 0) + 1
+            key: Entry | AdapterId = self.ledger.entry(adapter) or adapter
+            self.busy[key] = self.busy.get(key, 0) + 1
+            self._note_victim()
         self._requeue()
 
-    def end(self, adapter: AdapterId | None = None) -> None:
+    def end(self, adapter: AdapterId | None = None, *, ended_s: float | None = None) -> None:
+        """A request ``begin`` counted left the pod. ``ended_s``: it ran to its end then
+        (the proxy saw its stream end): its adapter counts as used until then, and on
+        vLLM its last step touched its entry in the engine's LRU (``PodLedger.last_step``),
+        as the replay's ``SimPod.end``. None: it did not run here (refused, failed over)."""
         self.inflight -= 1
         if adapter is not None:
-            left = self.busy.pop(adapter, 1) - 1
+            key = self._held_by(adapter)
+            left = self.busy.get(key, 1) - 1
             if left > 0:
-                self.busy[adapter] = left
+                self.busy[key] = left  # in place: the order says who is in flight longest
+            else:
+                self.busy.pop(key, None)
+            if ended_s is not None:
+                self.last_used_s[adapter] = ended_s
+                self.ledger.last_step(key if isinstance(key, Entry) else self.ledger.entry(key))
+            self._note_victim()
         self._requeue()
+
+    def _held_by(self, adapter: AdapterId) -> Entry | AdapterId:
+        """What a request for ``adapter`` that ends now held: the entry of the name in
+        flight longest (the emulator's ``RunningEntries.longest``), else the name."""
+        for key in self.busy:
+            if key == adapter or (isinstance(key, Entry) and key.name == adapter):
+                return key
+        return adapter
 
     def _requeue(self) -> None:
         #: Waiting at the pod: the last scrape, plus what the router sent since.
