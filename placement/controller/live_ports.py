@@ -192,7 +192,8 @@ class FileHistory:
     The request log is the operator's and read strictly (a fault in it fails the ingest,
     naming the file). The live log is the router's, still being written: a faulty row
     (an empty or invalid adapter name) or a half-written line is left out and reported
-    in the history's ``skipped``, never a reason to drop the whole live log."""
+    in the history's ``skipped``, never a reason to drop the whole live log; a file of it
+    that cannot be read is named there and in ``unread_files``, and the rest is read."""
 
     def __init__(self, path: Path, *, bucket_s: int, live: Path | None = None) -> None:
         self.path = path
@@ -204,7 +205,7 @@ class FileHistory:
 
     def __call__(self) -> RequestLog:
         history = load_request_log(self.path)
-        if self._live_log is None or not self._live_log.path.exists():
+        if self._live_log is None:  # a live log not there (yet, or mid-rotation) reads empty
             return history
         try:
             live = self._live_log.read()
@@ -218,7 +219,12 @@ def combined(history: RequestLog, live: RequestLog, *, bucket_s: int) -> Request
     validated when read, so the rows are kept as they are (no duplicate dropping); the
     rows the live log left out stay reported."""
     if live.frame.empty:
-        return replace(history, skipped=live.skipped, skipped_rows=live.skipped_rows)
+        return replace(
+            history,
+            skipped=live.skipped,
+            skipped_rows=live.skipped_rows,
+            unread_files=live.unread_files,
+        )
     aggregated = history.aggregated or live.aggregated
     if aggregated:
         frames = [log.counts(bucket_s) for log in (history, live)]
@@ -232,6 +238,7 @@ def combined(history: RequestLog, live: RequestLog, *, bucket_s: int) -> Request
         source=f"{history.source} + {live.source}",
         skipped=live.skipped,
         skipped_rows=live.skipped_rows,
+        unread_files=live.unread_files,
     )
 
 
@@ -334,6 +341,12 @@ class PrometheusObserver(ControllerObserver):
             "Rows of the live request log the last ingest left out (faulty or half-written).",
             registry=registry,
         )
+        self.unread_files = Gauge(
+            "lorafleet_controller_history_unread_files",
+            "Files of the live request log the last ingest could not read (each named in "
+            "its warning; the rest of the log was read, and they are tried again).",
+            registry=registry,
+        )
 
     def tick(self, job: Job, outcome: TickOutcome, *, backoff: Backoff | None) -> None:
         self.ticks.labels(job=job.value, outcome=outcome.value).inc()
@@ -356,8 +369,9 @@ class PrometheusObserver(ControllerObserver):
     def error(self, task: str, exc: BaseException) -> None:
         self.errors.labels(task=task, error=type(exc).__name__).inc()
 
-    def history_skipped(self, rows: int) -> None:
+    def history_skipped(self, rows: int, *, unread_files: int = 0) -> None:
         self.skipped_rows.set(rows)
+        self.unread_files.set(unread_files)
 
     def forecast_scored(self, score: ForecastScore) -> None:
         self.shared.forecast_scored(score)

@@ -269,8 +269,9 @@ class ControllerObserver:
     def error(self, task: str, exc: BaseException) -> None:
         """A task's iteration raised ``exc``; the task goes on."""
 
-    def history_skipped(self, rows: int) -> None:
-        """Rows the last ingest left out of the history (faulty, half-written)."""
+    def history_skipped(self, rows: int, *, unread_files: int = 0) -> None:
+        """Rows the last ingest left out of the history (faulty, half-written), and the
+        files of the live log it could not read."""
 
     def forecast_scored(self, score: ForecastScore) -> None:
         """An issued forecast scored against what arrived, beside the naive forecasts."""

@@ -68,13 +68,20 @@ class Controller(ControllerRuntime):
     async def ingest(self) -> TickOutcome:
         history = await asyncio.to_thread(self.ports.history)
         self.state.history = history
-        self.metrics.history_skipped(history.skipped_rows)
+        self.metrics.history_skipped(history.skipped_rows, unread_files=len(history.unread_files))
         if history.skipped_rows:
             logger.warning(
                 "history %s: %d faulty rows left out: %s",
                 history.source,
                 history.skipped_rows,
                 "; ".join(str(p) for p in history.skipped[:3]),
+            )
+        if history.unread_files:  # the rest of the log was read
+            logger.warning(
+                "history %s: %d files not read: %s",
+                history.source,
+                len(history.unread_files),
+                "; ".join(str(p) for p in history.skipped if p.source in history.unread_files),
             )
         try:
             await self.refresh_catalog(history)

@@ -6,12 +6,26 @@ what is new at each ingest, and skips and reports bad rows instead of the whole 
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
+from typing import cast
 
 import pandas as pd
+import pytest
+from prometheus_client import CollectorRegistry
 
+from placement.adapters.kube_memory import MemoryPlanStore, MemoryStateStore
 from placement.adapters.request_log_files import JsonLinesRequestLog, LogRow, ParquetRequestLog
-from placement.controller.live_ports import FileHistory
+from placement.controller.live_ports import FileHistory, PrometheusObserver
+from placement.controller.ports import Actuator, ControllerPorts, Job, TickOutcome
+from placement.controller.ticks import Controller
+from placement.forecast.demand import DemandForecaster
+from placement.forecast.event_preloads import Predictor
+from placement.settings import Settings
+from placement.solver.planner import Planner
+from tests import factories
+from tests.controller.controller_support import make_fleet
+from tests.factories import FakeClock
 
 T0 = 1_773_288_000.0  # 2026-03-12T04:00:00Z, after the history below
 
@@ -70,3 +84,51 @@ def test_a_parquet_directory_is_read_as_its_parts_become_hours(tmp_path: Path) -
     ]
     log = history()
     assert len(log.frame) == 1 + 7 and log.frame["ts"].is_monotonic_increasing
+
+
+def test_an_ingest_mid_rotation_keeps_the_live_log(tmp_path: Path) -> None:
+    """Between the rename of a rotation and the new file's open the active file is
+    not there: the ingest then took the history alone, the live rows gone for a tick."""
+    live = tmp_path / "router.jsonl"
+    sink = JsonLinesRequestLog(live)
+    history = FileHistory(_history(tmp_path), bucket_s=600, live=live)
+    sink.write(_rows(0, 3))
+    sink.close()
+    assert len(history().frame) == 1 + 3
+    live.rename(tmp_path / "router.20260312T040002.jsonl")
+    assert len(history().frame) == 1 + 3
+
+
+@pytest.mark.anyio
+async def test_a_live_log_file_that_cannot_be_read_is_a_warning_and_a_gauge_not_a_failed_ingest(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    live = tmp_path / "router.jsonl"
+    rotated = tmp_path / "router.20260312T040002.jsonl"
+    rotated.symlink_to(rotated.name)  # a link to itself: it cannot be opened (ELOOP)
+    sink = JsonLinesRequestLog(live)
+    sink.write(_rows(0, 3))
+    sink.close()
+    registry = CollectorRegistry()
+    ports = ControllerPorts(
+        catalog=factories.catalog(factories.adapter("legal")),
+        fleet=make_fleet(),
+        history=FileHistory(_history(tmp_path), bucket_s=600, live=live),
+        forecaster=cast(DemandForecaster, None),  # the ingest forecasts nothing
+        planner=cast(Planner, None),
+        actuator=cast(Actuator, None),
+        plans=MemoryPlanStore(),
+        state=MemoryStateStore(),
+        predictor=cast(Predictor, None),
+    )
+    observer = PrometheusObserver(registry, bucket_s=600)
+    controller = Controller(ports, settings=Settings(), clock=FakeClock(T0), metrics=observer)
+    with caplog.at_level(logging.WARNING, logger="placement.controller.ticks"):
+        assert await controller.guarded(Job.INGEST, controller.ingest) is TickOutcome.DONE
+    assert controller.state.history is not None and len(controller.state.history.frame) == 1 + 3
+    assert registry.get_sample_value("lorafleet_controller_history_unread_files") == 1
+    [warning] = [r.getMessage() for r in caplog.records if "not read" in r.getMessage()]
+    assert f"1 files not read: {rotated}: cannot read (retried at the next read): " in warning
+    rotated.unlink()
+    assert await controller.guarded(Job.INGEST, controller.ingest) is TickOutcome.DONE
+    assert registry.get_sample_value("lorafleet_controller_history_unread_files") == 0
