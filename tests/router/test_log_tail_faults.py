@@ -315,3 +315,18 @@ def test_a_time_past_what_a_frame_holds_is_a_bad_line_not_a_reader_stuck_for_goo
     assert [str(p) for p in log.skipped] == [f"{path}: line 2: ts: 1 unparsable timestamps"]
     _write(path, 2)
     assert _tenants(tail.read_new()) == ["t2"]
+
+
+def test_a_line_that_is_not_utf8_is_a_bad_line_and_the_rest_are_read(tmp_path: Path) -> None:
+    # Held already before these fixes (json.loads raises a ValueError); kept as a guard.
+    path = tmp_path / "router.jsonl"
+    _write(path, 0)
+    with path.open("ab") as handle:
+        handle.write(b'{"ts": "2026-03-12T04:00:01Z", "adapter": "alpha", "tenant": "\xff"}\n')
+        handle.write(b"\x00" * 16 + b"\n")  # a crash's zeroed block
+    _write(path, 2)
+    log = RequestLogTail(path).read_new()
+    assert _tenants(log) == ["t0", "t2"]
+    assert [str(p) for p in log.skipped] == [
+        f"{path}: lines 2, 3: 2 lines that are not JSON objects"
+    ]
