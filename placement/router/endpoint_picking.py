@@ -357,8 +357,8 @@ class GatewayRequest:
             return
         self.finished = True
         if self.state is not None:
-            ran = self.exchange.status == 200  # its end is the adapter's last use there
-            self.state.end(self.busy, ended_s=self.router.clock() if ran else None)
+            # the pod ran the request: its end was a step on the adapter
+            self.state.end(self.busy, ran=self.exchange.status == 200)
         if not self.named:
             return
         exchange = self.exchange

@@ -162,7 +162,7 @@ async def forward(
     adapter = AdapterId(exchange.model) if exchange.outcome is not None else None
     _note_admission(relay, state, exchange)
     state.begin(adapter)
-    ran = False  # the pod ran the request: its end is the adapter's last use there
+    ran = False  # the pod ran the request: its end was a step on the adapter
     try:
         # A whole answer is waited for whole: one wake-up, not one at its head and
         # another at its body.
@@ -193,7 +193,7 @@ async def forward(
         finally:
             reply.release()
     finally:
-        state.end(adapter, ended_s=relay.clock() if ran else None)
+        state.end(adapter, ran=ran)
 
 
 async def _head(state: LivePod, exchange: Exchange, reply: Reply) -> bytes | None:

@@ -118,8 +118,7 @@ class LivePod:
         self.service_ms = 50.0
         #: Adapters being brought onto this pod, each with the future its waiters share.
         self.loading: dict[AdapterId, asyncio.Future[None]] = {}
-        #: When each adapter was last seen in use here, on the router's clock: routed
-        #: here, or a request on it ended (``end``).
+        #: When each adapter was last routed here, on the router's clock.
         self.last_used_s: dict[AdapterId, float] = {}
         #: The pod's URL per path, parsed once (the proxy's upstream calls reuse them).
         self.urls: dict[str, URL] = {}
@@ -188,7 +187,7 @@ class LivePod:
 
     def _note_victim(self) -> None:
         #: When the adapter this pod would evict next (the ledger's engine model, the
-        #: router's requests in flight busy) was last seen in use here.
+        #: router's requests in flight busy) was last routed here.
         victim = self.ledger.next_victim(self.busy.keys())
         self.victim_last_used_s = 0.0 if victim is None else self.last_used_s.get(victim, 0.0)
 
@@ -211,11 +210,14 @@ class LivePod:
             self._note_victim()
         self._requeue()
 
-    def end(self, adapter: AdapterId | None = None, *, ended_s: float | None = None) -> None:
-        """A request ``begin`` counted left the pod. ``ended_s``: it ran to its end then
-        (the proxy saw its stream end): its adapter counts as used until then, and on
-        vLLM its last step touched its entry in the engine's LRU (``PodLedger.last_step``),
-        as the replay's ``SimPod.end``. None: it did not run here (refused, failed over)."""
+    def end(self, adapter: AdapterId | None = None, *, ran: bool = False) -> None:
+        """A request ``begin`` counted left the pod. ``ran``: the pod ran it to its end
+        (the proxy saw its stream end), so on vLLM its last step touched its entry in
+        the engine's LRUs (``PodLedger.last_step``), as the replay's ``FleetReplay._done``
+        does. False: it did not run here (refused, failed over). ``last_used_s`` keeps
+        the request's arrival, as the replay's ``SimPod.last_used``: the victim's worth
+        counts its idle time from its last request's arrival (a Poisson stream's last
+        event; counting from the end measured worse, docs/benchmarks.md)."""
         self.inflight -= 1
         if adapter is not None:
             key = self._held_by(adapter)
@@ -224,8 +226,7 @@ class LivePod:
                 self.busy[key] = left  # in place: the order says who is in flight longest
             else:
                 self.busy.pop(key, None)
-            if ended_s is not None:
-                self.last_used_s[adapter] = ended_s
+            if ran:
                 self.ledger.last_step(key if isinstance(key, Entry) else self.ledger.entry(key))
             self._note_victim()
         self._requeue()

@@ -331,7 +331,7 @@ class FleetReplay(EngineDeliveries):
         log.end_s[r] = end_s
         pod.busy_until = max(pod.busy_until, end_s)
         pod.touch(adapter)
-        pod.use(adapter, now_s)
+        pod.last_used[adapter] = now_s
         pod.uses[adapter] = pod.uses.get(adapter, 0) + 1
         pod.served.add(adapter)
         if self._track_recent:
@@ -351,7 +351,7 @@ class FleetReplay(EngineDeliveries):
         end_s = now_s + (prompt_tokens * sim.prefill_ms_per_token + output_tokens * step_ms) / 1e3
         pod.busy_until = max(pod.busy_until, end_s)
         pod.touch(adapter)
-        pod.use(adapter, now_s)
+        pod.last_used[adapter] = now_s
         self.log.warmups += 1
         heappush(self.heap, (end_s, WARMUP_DONE, p, -1))
 
@@ -381,7 +381,7 @@ class FleetReplay(EngineDeliveries):
             running[adapter] = left
         else:
             del running[adapter]
-        pod.end(adapter, now_s)  # the router sees the end; vLLM's last step touches it
+        pod.last_step(adapter)  # vLLM: an adapter is as recent as its last step
         pod.kv_tokens -= self.workload.prompt_tokens[r] + self.workload.output_tokens[r]
         pod.kv_usage = pod.kv_tokens / self.sim.kv_capacity_tokens
         if pod.load_adapter is None:

@@ -117,7 +117,7 @@ class EngineEviction:
         if victim is None:
             return math.inf
         if self.victim_wait is VictimWait.IDLE:
-            return pod.last_seen.get(victim, 0.0)
+            return pod.last_used.get(victim, 0.0)
         return 2.0 * self.now_s - next_s
 
     def next_use_s(self, adapter: str) -> float:

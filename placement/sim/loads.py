@@ -98,7 +98,7 @@ class EngineLoads(EngineEviction):
         assert adapter is not None
         pod.load_adapter = None
         pod.land(adapter, now_s)
-        pod.use(adapter, now_s)  # activation counts as a use (vLLM's LRU)
+        pod.last_used[adapter] = now_s  # activation counts as a use (vLLM's LRU)
         pod.gpu_util = pod.running / self.sim.max_num_seqs
         self._pump(p, now_s)
 

@@ -61,7 +61,6 @@ class SimPod:
         "healthy",
         "kv_tokens",
         "kv_usage",
-        "last_seen",
         "last_used",
         "load_adapter",
         "load_cold",
@@ -136,13 +135,7 @@ class SimPod:
         #: with its index in the log's ``preload_used``); an eviction drops them.
         self.preloaded: dict[str, int] = {}
         self.busy_until = 0.0
-        #: When each adapter was last used here: a request's admission, a warm-up, its
-        #: landing (what the controller's log and counterfactual engines read).
         self.last_used: dict[str, float] = {}
-        #: When the router last saw each adapter in use here: as ``last_used``, or the
-        #: end of a request on it, later (the proxy sees the stream end). The victim's
-        #: idle time counts from it (``victim_last_used_s``).
-        self.last_seen: dict[str, float] = {}
         self.uses: dict[str, int] = {}
         self.recent: dict[str, deque[float]] = {}
         self.served: set[str] = set()
@@ -159,7 +152,7 @@ class SimPod:
         if self.victim_cost is not None:
             return self.victim_cost(self)
         victim = lru_victim(self)
-        return math.inf if victim is None else self.last_seen.get(victim, 0.0)
+        return math.inf if victim is None else self.last_used.get(victim, 0.0)
 
     @property
     def model(self) -> PodResidency:
@@ -229,24 +222,13 @@ class SimPod:
         slots = self.gpu_adapters
         slots[adapter] = slots.pop(adapter)
 
-    def use(self, adapter: str, now_s: float) -> None:
-        """``adapter`` was used here at ``now_s`` (admitted, warmed up or landed)."""
-        self.last_used[adapter] = now_s
-        self.last_seen[adapter] = now_s
-
     def last_step(self, adapter: str) -> None:
         """vLLM: a request on ``adapter`` ran its last step, which touched it in both
         LRUs as every step does (``PodResidency.last_step``). SGLang, and an adapter no
-        longer on its GPU slot, are left as they are."""
+        longer on its GPU slot, are left as they are; ``last_used`` keeps the start (what
+        the router saw)."""
         if adapter in self.gpu_adapters and self._model.engine is EngineModel.VLLM:
             self.touch(adapter)
-
-    def end(self, adapter: str, now_s: float) -> None:
-        """A request on ``adapter`` ended at ``now_s``: the router sees its end (its idle
-        time counts from here: ``last_seen``), and on vLLM its last step touched it
-        (``last_step``). ``last_used`` keeps the start."""
-        self.last_seen[adapter] = now_s
-        self.last_step(adapter)
 
     def land(self, adapter: str, now_s: float) -> None:
         """The adapter fetched last is on its slot now."""

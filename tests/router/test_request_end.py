@@ -1,9 +1,10 @@
-"""A request's end, as the proxy sees its stream end, is its adapter's last use on the
-pod: the router's idle time for a victim counts from it, and on vLLM its last step
-touched the adapter's entry in the engine's LRU, so the router's ledger moves it last as
-the engine does (and as the replay's ``SimPod.end``). Requests in flight are counted by
-the entry they hold, as the engines count a batch: after an unload and a reload of a
-name, the old entry's request keeps the old slot and the new entry may go."""
+"""A request's end, as the proxy sees its stream end, was a step on its adapter: on vLLM
+its last step touched the adapter's entry in the engine's LRUs, so the router's ledger
+moves it last as the engine does (and as the replay's ``FleetReplay._done``). The
+victim's idle time still counts from its last request's arrival, as in the replay.
+Requests in flight are counted by the entry they hold, as the engines count a batch:
+after an unload and a reload of a name, the old entry's request keeps the old slot and
+the new entry may go."""
 
 from __future__ import annotations
 
@@ -55,20 +56,20 @@ def test_after_a_long_request_with_a_short_one_inside_it_the_short_ones_adapter_
     pod = holding(live_pod(), "a", "b")
     send(pod, "a", 0.0)  # a runs from 0 s to 20 s
     send(pod, "b", 1.0)  # b from 1 s to 2 s
-    pod.end(B, ended_s=2.0)
-    pod.end(A, ended_s=20.0)
+    pod.end(B, ran=True)
+    pod.end(A, ran=True)
     assert list(pod.gpu_adapters) == ["b", "a"], "a's last step came last"
     assert pod.ledger.next_victim(pod.busy.keys()) == "b"
-    assert pod.victim_last_used_s == 2.0, "b idles from its end, not its start"
-    assert pod.last_used_s == {A: 20.0, B: 2.0}
+    assert pod.victim_last_used_s == 1.0, "b idles from its arrival, as in the replay"
+    assert pod.last_used_s == {A: 0.0, B: 1.0}
 
 
-def test_on_sglang_an_end_moves_no_lru_place_but_is_the_last_use() -> None:
+def test_on_sglang_an_end_moves_no_lru_place() -> None:
     pod = holding(live_pod(Engine.SGLANG), "a", "b")
     send(pod, "a", 0.0)
-    pod.end(A, ended_s=20.0)
-    assert pod.last_used_s[A] == 20.0
-    assert list(pod.gpu_adapters) == list(pod.ledger.residency.on_gpu())
+    send(pod, "b", 1.0)
+    pod.end(A, ran=True)
+    assert list(pod.gpu_adapters) == ["a", "b"] == list(pod.ledger.residency.on_gpu())
 
 
 def test_a_request_the_pod_did_not_run_moves_nothing() -> None:
@@ -77,7 +78,6 @@ def test_a_request_the_pod_did_not_run_moves_nothing() -> None:
     send(pod, "b", 1.0)
     pod.end(A)  # refused, or the gateway fell back to another pod
     assert list(pod.gpu_adapters) == ["a", "b"]
-    assert pod.last_used_s[A] == 0.0
     assert not pod.busy.get(A) and pod.inflight == 1
 
 
@@ -85,9 +85,9 @@ def test_the_victim_is_the_least_recent_adapter_no_request_of_the_router_holds()
     pod = holding(live_pod(), "a", "b")
     send(pod, "a", 0.0)
     send(pod, "b", 1.0)
-    pod.end(B, ended_s=2.0)
+    pod.end(B, ran=True)
     assert pod.ledger.next_victim(pod.busy.keys()) == "b", "a runs"
-    assert pod.victim_last_used_s == 2.0
+    assert pod.victim_last_used_s == 1.0
 
 
 def test_after_an_unload_and_a_reload_the_old_entrys_request_keeps_only_the_old_slot() -> None:
@@ -96,12 +96,12 @@ def test_after_an_unload_and_a_reload_the_old_entrys_request_keeps_only_the_old_
     pod.ledger.forget(C)  # unloaded while it runs: on vLLM its entry keeps its slot
     pod.ledger.loaded(C, "s3://c", changed=True, busy=pod.busy.keys())  # a new entry
     send(pod, "a", 1.0)
-    pod.end(A, ended_s=2.0)
+    pod.end(A, ran=True)
     # GPU: c's old entry (running), c's new entry (idle), a (idle, most recent).
     assert pod.ledger.next_victim(pod.busy.keys()) == "c", "the new, idle entry goes"
     pod.ledger.loaded(D, "s3://d", changed=True, busy=pod.busy.keys())
     assert pod.ledger.residency.gpu_entries() == (("c", False), ("a", True), ("d", True))
-    pod.end(C, ended_s=3.0)  # the old entry's request ends: it touches the old entry
+    pod.end(C, ran=True)  # the old entry's request ends: it touches the old entry
     assert not pod.busy
 
 
@@ -158,7 +158,7 @@ def test_the_ledger_keeps_the_engines_gpu_order_and_victim(
             send(pod, name, float(t))
             engine.send(name)
         elif op == "end" and any(held == name for held, _ in engine.held):
-            pod.end(adapter, ended_s=float(t))
+            pod.end(adapter, ran=True)
             engine.end(name)
         elif op == "unload" and listed:
             pod.ledger.forget(adapter)

@@ -71,8 +71,7 @@ def full_pods() -> tuple[FleetReplay, Settings, ReplayPlanning]:
     ):
         for name in held:
             pod.load(name, now_s=0.0)
-        for name, used_s in ((held[0], victim_used_s), (held[1], 90.0)):
-            pod.use(name, used_s)
+        pod.last_used.update({held[0]: victim_used_s, held[1]: 90.0})
     planning = ReplayPlanning(
         fleet=fleet, forecaster=RecentFloor(forecast), planner=empty_plan, hot_min_rps=0.2
     )
