@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from placement.adapters.live_request_log import LiveRequestLog, RequestLogTail
 from placement.adapters.request_log_files import JsonLinesRequestLog, LogRow, ParquetRequestLog
@@ -330,3 +333,81 @@ def test_a_line_that_is_not_utf8_is_a_bad_line_and_the_rest_are_read(tmp_path: P
     assert [str(p) for p in log.skipped] == [
         f"{path}: lines 2, 3: 2 lines that are not JSON objects"
     ]
+
+
+# -- any mix of the above ------------------------------------------------------------
+
+
+class _Router:
+    """The log's writer and its rotations, step by step, and the rows written whole."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.whole: list[str] = []
+        self.pending = b""  # the rest of a half-written last line
+        self.rotations = 0
+
+    def write(self) -> None:
+        _write(self.path, len(self.whole))
+        self.whole.append(f"t{len(self.whole)}")
+
+    def half(self) -> None:
+        scratch = self.path.with_name("scratch")
+        _write(scratch, len(self.whole))
+        line = scratch.read_bytes()
+        scratch.unlink()
+        with self.path.open("ab") as handle:
+            handle.write(line[:40])
+        self.pending = line[40:]
+
+    def end(self) -> None:
+        with self.path.open("ab") as handle:
+            handle.write(self.pending)
+        self.pending = b""
+        self.whole.append(f"t{len(self.whole)}")
+
+    def rotation(self) -> Path:
+        self.rotations += 1
+        return self.path.with_name(f"router.20260312T04{self.rotations:04d}.jsonl")
+
+    def step(self, step: str) -> None:
+        if self.pending:  # the router ends its line before anything else
+            self.end()
+        if step == "write":
+            self.write()
+        elif step == "half":
+            self.half()
+        elif step == "rotate" and self.path.exists():
+            self.path.rename(self.rotation())
+        elif step == "copytruncate" and self.path.exists():
+            shutil.copy(self.path, self.rotation())  # named as a rotation: nothing lost
+            os.truncate(self.path, 0)
+
+
+@settings(max_examples=40, deadline=None)
+@example(steps=["write", "write", "read", "copytruncate", "write", "write", "write", "read"])
+@example(steps=["write", "half", "read", "rotate", "write", "copytruncate", "half", "read"])
+@given(
+    steps=st.lists(
+        st.sampled_from(["write", "half", "rotate", "copytruncate", "read"]), max_size=25
+    )
+)
+def test_every_whole_row_is_read_through_any_rotations_and_truncations(
+    steps: list[str],
+) -> None:
+    """Rows of one length (the 64-byte check's blind spot), rotations by rename, copies
+    named as rotations and truncations in place, half-written lines, reads between any
+    two: each read's whole log holds every row written whole, each once, and the tail
+    has given each of them."""
+    with tempfile.TemporaryDirectory() as directory:
+        router = _Router(Path(directory) / "router.jsonl")
+        tail, whole = RequestLogTail(router.path), LiveRequestLog(router.path)
+        given: set[str] = set()
+        for step in [*steps, "read"]:
+            if step != "read":
+                router.step(step)
+                continue
+            given |= set(_tenants(tail.read_new()))
+            log = whole.read()
+            assert sorted(_tenants(log)) == sorted(router.whole) and log.skipped == ()
+            assert given == set(router.whole)
