@@ -17,7 +17,11 @@ every ``long_every`` buckets for the day. For each adapter it then
    has all the weight at ``z_short`` (first hour) or ``z_full``, none at 0. Without a
    backtest (short history), or for an adapter younger than the backtest needs, the
    naive forecast is used alone; with one to ``min_days`` days, yesterday is a naive
-   forecast of the first hour too;
+   forecast of the first hour too. Right after the last bucket jumped (``jump_factor``
+   away from the buckets before it), the first hour's stack keeps that trust only as far
+   as it beat persistence at the backtest's origins right after such jumps (a t
+   statistic over those origins: a drop that lasts is persistence's, a lone spike the
+   smoothers');
 3. forecasts an adapter that just changed level (``models.shifts``: stopped, surged,
    dropped, appeared) from its new level, as far as the backtest's changes say that
    pays (``follow``; all the way after a stop and half otherwise when it saw too few);
@@ -41,8 +45,15 @@ from models.base import PanelForecast, poisson_quantiles
 from models.experts import EXPERTS, Lags, expert_means
 from models.rolling import Plan, crossfit, grid_losses, simplex
 from models.series import CountPanel, FloatArray, IntArray
-from models.shifts import Change, ShiftRule, Shifts, detect_shifts, level_forecast
-from models.shrink import FOLLOW, after_change, follow_weights, naive_share, trust_from_evidence
+from models.shifts import Change, ShiftRule, Shifts, detect_shifts, jumped, level_forecast
+from models.shrink import (
+    FOLLOW,
+    after_change,
+    follow_weights,
+    jump_trust,
+    naive_share,
+    trust_from_evidence,
+)
 
 BoolArray = npt.NDArray[np.bool_]
 #: Experts that read the daily shape (the same as persistence without a past day).
@@ -94,6 +105,20 @@ class Selecting:
     busy_share: float = 0.01
     #: Changed (origin, step, adapter) cells below which the changed factor is a default.
     min_changes: int = 60
+    #: The last bucket has jumped when it is this many times above (or below) the mean
+    #: of the ``jump_window`` buckets before it (both ends given one request and
+    #: ``jump_smooth`` times the adapter's mean per bucket). After a jump the first
+    #: hour's stack keeps its trust only where it beat persistence over the backtest's
+    #: jumps of that adapter (None: no such check).
+    jump_factor: float | None = 3.0
+    jump_window: int = 3
+    jump_smooth: float = 0.5
+    #: Backtest jumps an adapter needs for its own evidence; with fewer, the busy
+    #: adapters' pooled evidence.
+    min_jumps: int = 6
+    #: The t statistic (of the stack's advantage right after jumps) that keeps or drops
+    #: all of its trust after a jump; half of it at 0.
+    z_jump: float = 2.0
     shift_rule: ShiftRule = field(default_factory=ShiftRule)
 
     def fit(self, history: CountPanel) -> FittedSelection:
@@ -113,15 +138,19 @@ class Selecting:
         )
         first_seen = _first_seen(history.counts)
         busy = _busy(history.counts, self.busy_share)
+        jump_weights = weights[: self.band_edges[0]].copy()
         for plan in plans:
             fitted = _fit_plan(self, lags, plan, first_seen=first_seen, busy=busy)
             for unit in range(len(plan.unit_band)):
                 weights[plan.first_unit + unit] = _expand(fitted.weights[unit], plan.experts)
+                if fitted.jump_weights is not None:
+                    jump_weights[unit] = _expand(fitted.jump_weights[unit], plan.experts)
             for band, (band_scale, band_factor, band_follow) in fitted.bands.items():
                 scale[band], factors[band], follow[band] = band_scale, band_factor, band_follow
         return FittedSelection(
             settings=self,
             weights=weights,
+            jump_weights=jump_weights,
             scale=scale,
             factors=factors,
             follow=follow,
@@ -192,6 +221,8 @@ class Selecting:
 @dataclass(frozen=True, kw_only=True, eq=False)
 class _PlanFit:
     weights: FloatArray  # (unit, plan expert, adapter)
+    #: The first band's weights after the last bucket jumped (None past the first band).
+    jump_weights: FloatArray | None
     bands: dict[int, tuple[FloatArray, FloatArray, FloatArray]]  # band -> scale, factors, follow
 
 
@@ -215,6 +246,7 @@ def _fit_plan(
     blocks = plan.origins // plan.block
     young = lags.n_buckets - first_seen < plan.min_age
     weights = np.zeros((len(plan.unit_steps), len(plan.experts), lags.counts.shape[1]))
+    jump_weights = weights.copy() if plan.first_unit == 0 else None
     fitted: dict[int, tuple[FloatArray, FloatArray, FloatArray]] = {}
     for index, band in enumerate(bands):
         band_crossed, own = crossed[index], naive[index]
@@ -224,6 +256,12 @@ def _fit_plan(
         target[: plan.naive] = shares[index]
         for unit in (u for u, b in enumerate(plan.unit_band) if b == band):
             weights[unit] = trust * stacked[unit].T + (1.0 - trust) * target
+        if jump_weights is not None:
+            jump = _jump_mask(settings, lags, plan.origins)
+            excess = own - band_crossed
+            kept = trust * jump_trust(excess, jump, busy, settings.min_jumps, settings.z_jump)
+            for unit in (u for u, b in enumerate(plan.unit_band) if b == band):
+                jump_weights[unit] = kept * stacked[unit].T + (1.0 - kept) * target
         scale = trust * np.nanmean(band_crossed, axis=0) + (1.0 - trust) * np.nanmean(own, axis=0)
         band_cells = cells.get(band)
         follow = FOLLOW.copy()
@@ -244,7 +282,20 @@ def _fit_plan(
                 margin=margin,
             )
         fitted[band] = (scale, factors, follow)
-    return _PlanFit(weights=weights, bands=fitted)
+    return _PlanFit(weights=weights, jump_weights=jump_weights, bands=fitted)
+
+
+def _jump_mask(settings: Selecting, lags: Lags, origins: IntArray) -> BoolArray:
+    """Per (origin, adapter): the last bucket jumped (never without a ``jump_factor``)."""
+    if settings.jump_factor is None:
+        return np.zeros((len(origins), lags.counts.shape[1]), dtype=bool)
+    return jumped(
+        lags,
+        origins,
+        factor=settings.jump_factor,
+        window=settings.jump_window,
+        smooth=settings.jump_smooth,
+    )
 
 
 def _typical(lags: Lags, days: int) -> FloatArray:
@@ -278,6 +329,9 @@ class FittedSelection:
     settings: Selecting
     #: ``(unit, expert, adapter)``: weights per step of the first band, then per band.
     weights: FloatArray
+    #: ``(step, expert, adapter)``: the first band's weights for an adapter whose last
+    #: bucket jumped.
+    jump_weights: FloatArray
     #: ``(band, adapter)``: the mean absolute error of the selected forecast in the backtest.
     scale: FloatArray
     #: ``(band, level, [steady, changed])``: q90 and q99 are mean + factor x scale.
@@ -293,13 +347,20 @@ class FittedSelection:
         rule = self.settings.shift_rule
         lags = Lags.of(history.counts, per_day=history.per_day(), first=history.n_buckets)
         origin = np.array([history.n_buckets], dtype=np.int64)
-        used = tuple(EXPERTS[e] for e in np.flatnonzero(self.weights.any(axis=(0, 2))))
+        either = self.weights.any(axis=(0, 2)) | self.jump_weights.any(axis=(0, 2))
+        used = tuple(EXPERTS[e] for e in np.flatnonzero(either))
         means = expert_means(lags, origin, horizon=horizon, names=used)[:, 0]
         steps = np.arange(1, horizon + 1)
         band = np.searchsorted(self.settings.band_edges, steps, side="left")
         first = self.settings.band_edges[0]
         unit = np.where(steps <= first, steps - 1, first + band - 1)
-        chosen = self.weights[unit][:, [EXPERTS.index(name) for name in used]]  # (h, e, a)
+        short = steps <= first
+        jump = _jump_mask(self.settings, lags, origin)[0]  # (adapter,)
+        weights = self.weights[unit]
+        weights[short] = np.where(
+            jump[None, None, :], self.jump_weights[unit[short]], weights[short]
+        )
+        chosen = weights[:, [EXPERTS.index(name) for name in used]]  # (h, e, a)
         mean = np.einsum("eha,hea->ha", means, chosen)
         shifts = detect_shifts(lags, origin, rule)
         changed = shifts.changed[0][None, :]

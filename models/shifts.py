@@ -163,3 +163,18 @@ def level_forecast(
     kind = shifts.kind[:, None, :]
     out = np.where(kind == Change.STOPPED, 0.0, out)
     return np.asarray(np.where(kind == Change.APPEARED, flat, out), dtype=np.float64)
+
+
+def jumped(
+    lags: Lags, origins: IntArray, *, factor: float, window: int, smooth: float
+) -> npt.NDArray[np.bool_]:
+    """Per (origin, adapter): the last bucket is ``factor`` times above or below the mean
+    of the ``window`` buckets before it, both given one request and ``smooth`` times the
+    adapter's 7-day mean per bucket (a request or two does not make a quiet adapter jump).
+    """
+    last = lags.counts[np.maximum(origins - 1, 0)]
+    before = lags.level(np.maximum(origins - 1, 0), window)
+    offset = smooth * lags.level(origins, 7 * lags.per_day) + 1.0
+    ratio = (last + offset) / (before + offset)
+    known = (origins - 1 - window >= 0)[:, None]
+    return np.asarray(known & ((ratio > factor) | (ratio * factor < 1.0)))

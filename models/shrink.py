@@ -76,3 +76,42 @@ def trust_from_evidence(excess: FloatArray, blocks: IntArray, z_full: float) -> 
     with np.errstate(divide="ignore", invalid="ignore"):
         z = np.where(spread > 0, average / spread, np.where(average > 0, np.inf, 0.0))
     return np.asarray(np.clip(np.nan_to_num(z / z_full, posinf=1.0), 0.0, 1.0), dtype=np.float64)
+
+
+def jump_trust(
+    excess: FloatArray,
+    jump: npt.NDArray[np.bool_],
+    busy: npt.NDArray[np.bool_],
+    min_jumps: int,
+    z_full: float,
+) -> FloatArray:
+    """Per adapter, how far the stack keeps its trust right after a jump: 1/2 plus the t
+    statistic of ``excess`` (naive minus stack error per origin, NaN where not scored)
+    over the backtest's origins right after a jump, over ``2 z_full``, within [0, 1]
+    (all the weight to the naive forecast where it clearly won after jumps, none where
+    it clearly lost). An adapter with under ``min_jumps`` such origins takes the busy
+    adapters' pooled statistic.
+    """
+    at = jump & ~np.isnan(excess)
+    values = np.where(at, excess, 0.0)
+    count = at.sum(axis=0)
+    own = _t_statistic(values.sum(axis=0), (values**2).sum(axis=0), count)
+    pick = busy & (count > 0)
+    pooled = _t_statistic(
+        np.array([values[:, pick].sum()]),
+        np.array([(values[:, pick] ** 2).sum()]),
+        np.array([count[pick].sum()]),
+    )
+    t = np.where(count >= min_jumps, own, pooled)
+    return np.asarray(np.clip(0.5 + t / (2.0 * z_full), 0.0, 1.0), dtype=np.float64)
+
+
+def _t_statistic(total: FloatArray, squares: FloatArray, count: IntArray) -> FloatArray:
+    """The t statistic of the mean from sums over ``count`` observations (0 under two)."""
+    n = np.maximum(count, 1).astype(np.float64)
+    mean = total / n
+    var = np.maximum(squares / n - mean**2, 0.0) * n / np.maximum(n - 1.0, 1.0)
+    spread = np.sqrt(var / n)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = np.where(spread > 0, mean / spread, np.sign(mean) * np.inf)
+    return np.asarray(np.where(count >= 2, np.nan_to_num(t, posinf=1e9, neginf=-1e9), 0.0))

@@ -13,8 +13,8 @@ from models.experts import EXPERTS, Lags, expert_means
 from models.rolling import simplex
 from models.select import FittedSelection, Selecting
 from models.series import CountPanel
-from models.shifts import Change, detect_shifts
-from models.shrink import trust_from_evidence
+from models.shifts import Change, detect_shifts, jumped
+from models.shrink import jump_trust, trust_from_evidence
 
 from .conftest import BUCKET_S, PER_DAY, START_S, daily_rate
 
@@ -266,3 +266,62 @@ def test_the_band_follows_the_forecast_within_the_clip_at_either_power(
         power=1.0,
     )
     assert np.isnan(nan).all()  # an unknown forecast stays unknown, not a clip's edge
+
+
+def regimes(*, seed: int = 8, hours: int = 3) -> np.ndarray:
+    """Poisson noise around a level that switches between 100 and 1,000 every few hours
+    and stays there: in calm buckets smoothing wins, right after a switch the last bucket.
+    """
+    rng = np.random.default_rng(seed)
+    levels = np.repeat(np.tile([100.0, 1000.0], DAYS * 24 // (2 * hours) + 1), 6 * hours)
+    return rng.poisson(levels[: DAYS * PER_DAY]).astype(np.float64)
+
+
+def test_a_jump_in_the_last_bucket_is_told_from_noise_and_from_a_quiet_adapter() -> None:
+    calm = np.random.default_rng(9).poisson(50.0, 2 * PER_DAY).astype(np.float64)
+    drop = calm.copy()
+    drop[-1] = 5.0
+    quiet = np.zeros(2 * PER_DAY)
+    quiet[-1] = 1.0  # one request after silence: not a jump
+    lags = Lags.of(panel_of(calm, drop, quiet).counts, per_day=PER_DAY, first=2 * PER_DAY)
+    flags = jumped(lags, np.array([2 * PER_DAY]), factor=3.0, window=3, smooth=0.1)
+    assert flags[0].tolist() == [False, True, False]
+
+
+def test_jump_trust_follows_the_evidence_right_after_jumps() -> None:
+    """Columns: the stack always won after jumps, always lost, won and lost alike, and
+    a quiet adapter with one jump, which takes the busy adapters' pooled statistic.
+    """
+    jump = np.zeros((40, 4), dtype=bool)
+    jump[::4, :3] = True  # ten jumps each
+    jump[0, 3] = True
+    excess = np.stack(
+        [
+            np.full(40, 5.0) + np.tile([1.0, -1.0], 20),
+            np.full(40, -5.0) - np.tile([1.0, -1.0], 20),
+            np.tile([3.0, 3.0, 3.0, 3.0, -3.0, -3.0, -3.0, -3.0], 5),
+            np.full(40, -50.0),
+        ],
+        axis=1,
+    )
+    excess[5, 0] = np.nan  # an origin not scored counts for nothing
+    busy = np.array([True, True, True, False])
+    kept = jump_trust(excess, jump, busy, 6, 2.0)
+    assert kept[:3].tolist() == pytest.approx([1.0, 0.0, 0.5])
+    # pooled over the busy three: +5, -5 and 0 on average, so about even
+    assert 0.3 < kept[3] < 0.7
+    assert jump_trust(excess, np.zeros_like(jump), busy, 6, 2.0).tolist() == [0.5] * 4
+
+
+def test_after_a_jump_that_usually_lasts_the_first_hour_follows_the_last_bucket() -> None:
+    series = regimes()
+    end = len(series) - 3 * 6 + 1  # one bucket into a new regime at 1,000
+    panel = panel_of(series[:end])
+    assert series[end - 2] < 200 and series[end - 1] > 800
+    steady = Selecting(jump_factor=None).fit(panel)
+    assert first_band_weight(steady, "persistence") <= 0.6  # smoothing carries weight
+    new_level = float(series[end - 1])
+    old = steady.predict(panel, horizon=6).mean[:, 0]
+    now = Selecting().fit(panel).predict(panel, horizon=6).mean[:, 0]
+    assert np.abs(now - new_level).max() < 0.05 * new_level
+    assert np.abs(old - new_level).max() > 0.2 * new_level
