@@ -34,7 +34,7 @@ DEFAULT_MINUTES = 1.5
 def results_table(results: list[PolicyResult], *, title: str) -> Table:
     table = Table(title=title, title_justify="left")
     columns = ("policy", "requests", "errors", "GPU hit", "GPU loads", "GPU evictions",
-               "loads/pod/s",
+               "controller loads / warm-ups", "loads/pod/s",
                "residency p50", "residency p95", "TTFT p50", "TTFT p95", "after event",
                "sent late p95")  # fmt: skip
     for column in columns:
@@ -47,6 +47,7 @@ def results_table(results: list[PolicyResult], *, title: str) -> Table:
             f"{result.gpu_hit_rate:.1%}",
             f"{result.activations:,}",
             f"{result.evictions:,}",
+            _controller_ran(result),
             f"{result.loads_per_pod_s:.2f}",
             f"{result.residency_p50_s:.1f} s",
             f"{result.residency_p95_s:.1f} s",
@@ -108,6 +109,12 @@ def _options(
         policies=policies,
         events=events,
     )
+
+
+def _controller_ran(result: PolicyResult) -> str:
+    if not result.controller_actions:
+        return "-"
+    return f"{result.controller_ran('load'):,} / {result.controller_ran('warmup'):,}"
 
 
 def _after_event(result: PolicyResult) -> str:
@@ -191,7 +198,7 @@ def demo(
                 )
 
             results = run_demo(options, folder, processes, show)
-    console = Console(width=max(out().width, 130))
+    console = Console(width=max(out().width, 170))
     console.print(results_table(results, title=f"{scenario.name}: the same requests, live"))
     console.print(_reading(options, start=start, minutes=minutes, results=results))
 
@@ -218,7 +225,8 @@ def _reading(
         f"after {options.warmup_s:g} s of warm-up per policy that is not measured, on "
         f"{clock}. GPU hit: the adapter was on a GPU slot when the request was admitted "
         "(router ledger). GPU loads, GPU evictions, loads/pod/s and residency: the pods' own "
-        "counters (the controller's loads and warm-ups among them), in wall seconds. TTFT: "
+        "counters (the controller's loads and warm-ups among them, counted apart from its "
+        "/metrics), in wall seconds. TTFT: "
         "the router's log. Sent late p95: how far behind its schedule the client sent the "
         "95th percentile request (over a second: this machine did not keep up, and the "
         f"window's edges blur).{delivered}"

@@ -3,19 +3,22 @@
 Owns the figures: GPU hits and TTFT from the router's request log (only the rows of the
 measured window, after the warm-up), GPU loads, evictions and residencies from the
 pods' own counters (``/admin/stats``, read when the window opens and when the traffic
-ends), how late the client sent its requests (whether this machine kept up), and, for
-the requests that follow a pipeline step or a login, whether the first request of each
+ends), the controller's own actions in the window from its ``/metrics`` (read likewise),
+how late the client sent its requests (whether this machine kept up), and, for the
+requests that follow a pipeline step or a login, whether the first request of each
 adapter after the event found it on a GPU. Never the simulator's figures.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
 import numpy as np
 import pandas as pd
+from prometheus_client.parser import text_string_to_metric_families
 
 from placement.demo.traffic import EventResult, Shot, ShotResult
 
@@ -81,6 +84,32 @@ class PolicyResult:
     #: Requests sent in all (warm-up included), and rows the router logged for them.
     sent: int = 0
     logged: int = 0
+    #: What the controller ran on the pods in the window, by kind (load, unload,
+    #: warmup); none without a controller. Its loads and warm-ups are among the pods'
+    #: GPU loads and evictions.
+    controller_actions: tuple[tuple[str, int], ...] = ()
+
+    def controller_ran(self, kind: str) -> int:
+        return dict(self.controller_actions).get(kind, 0)
+
+
+def controller_actions(metrics_text: str) -> Counter[str]:
+    """The actions a controller's ``/metrics`` says it ran to the end, by kind."""
+    ran: Counter[str] = Counter()
+    for family in text_string_to_metric_families(metrics_text):
+        if family.name != "lorafleet_controller_actions":
+            continue
+        for sample in family.samples:
+            if sample.name.endswith("_total") and sample.labels.get("result") == "ok":
+                ran[sample.labels["kind"]] += int(sample.value)
+    return ran
+
+
+def actions_between(
+    before: Mapping[str, int], after: Mapping[str, int]
+) -> tuple[tuple[str, int], ...]:
+    """The actions run between two reads of the controller's counters, by kind."""
+    return tuple(sorted((kind, after[kind] - before.get(kind, 0)) for kind in after))
 
 
 def _percentile(values: Sequence[float], q: float) -> float:
@@ -156,6 +185,7 @@ def measure(
     after: Sequence[PodCounts],
     results: Sequence[ShotResult],
     events: EventFigures,
+    controller: tuple[tuple[str, int], ...] = (),
 ) -> PolicyResult:
     """One policy's figures over the measured window (``window_s`` wall seconds)."""
     measured = log[(log["adapter"] != served_model) & (log["ts"] >= pd.Timestamp(measured_from))]
@@ -183,4 +213,5 @@ def measure(
         events=events,
         sent=len(results),
         logged=len(log),
+        controller_actions=controller,
     )

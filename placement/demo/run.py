@@ -29,17 +29,26 @@ import json
 import re
 import secrets
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import date, datetime, timedelta
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
+import httpx
 import numpy as np
 import pandas as pd
 import yaml
 
-from placement.demo.measure import PodCounts, PolicyResult, event_figures, measure
+from placement.demo.measure import (
+    PodCounts,
+    PolicyResult,
+    actions_between,
+    controller_actions,
+    event_figures,
+    measure,
+)
 from placement.demo.processes import Child, LocalProcesses
 from placement.demo.setup import (
     DEFAULT_SCENARIO,
@@ -246,7 +255,21 @@ def _start_controller(
     url = processes.wait_for_line(controller, _LISTENING, timeout_s=120.0)
     plan_path = prepared.workdir / "controller-state" / "plan.json"
     processes.wait_for_file(controller, plan_path, timeout_s=120.0)
-    return controller, plan_path, Webhook(url=f"{url}/v1/events", secret=secret.encode())
+    return controller, plan_path, Webhook(url=f"{url}/v1/events", secret=secret.encode(), base=url)
+
+
+async def _controller_actions(webhook: Webhook | None, dump: Path) -> Counter[str]:
+    """What the controller has run on the pods so far, by kind (its ``/metrics``, kept in
+    ``dump``); nothing without a controller."""
+    if webhook is None:
+        return Counter()
+    try:
+        async with httpx.AsyncClient(timeout=10.0) as client:
+            answer = await client.get(f"{webhook.base}/metrics")
+    except httpx.HTTPError:  # a figure lost, not the run: the controller's log says why
+        return Counter()
+    dump.write_text(answer.text)
+    return controller_actions(answer.text)
 
 
 def run_policy(
@@ -306,9 +329,12 @@ def run_policy(
             )
 
     before: list[PodCounts] = []
+    ran_before: Counter[str] = Counter()
+    dump = prepared.workdir / f"controller-metrics-{policy}"
 
     async def window_opens() -> None:
         before.extend(await pod_counts(prepared.pod_urls))
+        ran_before.update(await _controller_actions(webhook, dump.with_suffix(".opened.txt")))
 
     async def replay() -> tuple[list[ShotResult], list[PodCounts], list[EventResult]]:
         results, answers = await drive(
@@ -320,15 +346,18 @@ def run_policy(
             on_done=on_done,
             origin_s=origin_s,
         )
+        ran.update(await _controller_actions(webhook, dump.with_suffix(".ended.txt")))
         return results, await pod_counts(prepared.pod_urls), answers
 
+    ran: Counter[str] = Counter()
     results, after, answers = asyncio.run(replay())
     _write_answers(prepared.workdir / f"events-{policy}.jsonl", answers)
     for child in reversed(children):
         # A router flushes its request log on the way out; on a loaded machine that can
         # take more than the default grace, and a SIGKILL would drop its last rows.
         processes.stop(child, grace_s=STOP_GRACE_S)
-    return _measured(policy, prepared, log_path, before, after, results, answers)
+    measured = _measured(policy, prepared, log_path, before, after, results, answers)
+    return replace(measured, controller_actions=actions_between(ran_before, ran))
 
 
 def _write_answers(path: Path, answers: Sequence[EventResult]) -> None:

@@ -94,6 +94,8 @@ class Webhook:
 
     url: str
     secret: bytes
+    #: The controller's own address (its ``/metrics``); "": not known.
+    base: str = ""
 
 
 def _offsets_s(times: pd.Series, start: datetime, speed: float) -> np.ndarray:

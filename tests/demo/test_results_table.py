@@ -3,6 +3,8 @@ target compares them), as the pods counted them."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from rich.console import Console
 
 from placement.cli.demo_cmds import results_table
@@ -41,3 +43,16 @@ def test_the_table_has_a_gpu_evictions_column_with_each_policys_count() -> None:
     console = Console(width=200, record=True)
     console.print(table)
     assert "GPU evictions" in console.export_text()
+
+
+def test_the_controllers_loads_and_warm_ups_show_beside_its_policy_only() -> None:
+    with_controller = replace(
+        _result("lorafleet", activations=402, evictions=371),
+        controller_actions=(("load", 57), ("unload", 9), ("warmup", 31)),
+    )
+    table = results_table(
+        [_result("epp", activations=611, evictions=587), with_controller], title="t"
+    )
+    headers = [str(column.header) for column in table.columns]
+    column = table.columns[headers.index("controller loads / warm-ups")]
+    assert list(column.cells) == ["-", "57 / 31"]
