@@ -38,6 +38,7 @@ from urllib.parse import urlsplit
 
 from placement.domain import AdapterId, Engine, Outcome, PodId
 from placement.errors import PermanentEngineError, RetryableEngineError
+from placement.residency import Entry
 from placement.router.core import Router
 from placement.router.forward import SGLANG_NOT_LOADED, Exchange
 from placement.router.front import body_too_large, parse_request
@@ -118,6 +119,8 @@ class GatewayRequest:
         #: The pod the request was admitted on, and the adapter it keeps busy there.
         self.state: LivePod | None = None
         self.busy: AdapterId | None = None
+        #: What its ``begin`` there said it holds (the adapter's entry), for its end.
+        self.held: Entry | AdapterId | None = None
         #: It passed the front door with a model name: it gets a log row.
         self.named = False
         self.streaming = False
@@ -257,7 +260,7 @@ class GatewayRequest:
             state.note_use(adapter, self.router.clock())
             if outcome is Outcome.CPU_HIT:
                 self.router.metrics.activation(state.upstream.pod)
-        state.begin(adapter)
+        self.held = state.begin(adapter)
         self.state, self.busy = state, adapter
 
     def _refuse(self, choice: Choice) -> Refused:
@@ -293,11 +296,11 @@ class GatewayRequest:
         self.router.mark_unhealthy(state, f"the gateway fell back from it to {endpoint}")
         if serving is None:
             return
-        state.end(self.busy)
+        state.end(self.busy, held=self.held)
         if self.busy is not None:
             self.exchange.outcome = serving.ledger.classify(self.busy)
             serving.note_use(self.busy, self.router.clock())
-        serving.begin(self.busy)
+        self.held = serving.begin(self.busy)
         self.state = serving
         self.exchange.pod = serving.upstream.pod
 
@@ -358,7 +361,7 @@ class GatewayRequest:
         self.finished = True
         if self.state is not None:
             # the pod ran the request: its end was a step on the adapter
-            self.state.end(self.busy, ran=self.exchange.status == 200)
+            self.state.end(self.busy, held=self.held, ran=self.exchange.status == 200)
         if not self.named:
             return
         exchange = self.exchange

@@ -161,7 +161,7 @@ async def forward(
     body = exchange.body_for(state)
     adapter = AdapterId(exchange.model) if exchange.outcome is not None else None
     _note_admission(relay, state, exchange)
-    state.begin(adapter)
+    held = state.begin(adapter)
     ran = False  # the pod ran the request: its end was a step on the adapter
     try:
         # A whole answer is waited for whole: one wake-up, not one at its head and
@@ -193,7 +193,7 @@ async def forward(
         finally:
             reply.release()
     finally:
-        state.end(adapter, ran=ran)
+        state.end(adapter, held=held, ran=ran)
 
 
 async def _head(state: LivePod, exchange: Exchange, reply: Reply) -> bytes | None:

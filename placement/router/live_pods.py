@@ -200,27 +200,41 @@ class LivePod:
             self.last_used_s = {a: self.last_used_s.get(a, 0.0) for a in self.ledger.active_view}
         self.sync()
 
-    def begin(self, adapter: AdapterId | None = None) -> None:
+    def begin(self, adapter: AdapterId | None = None) -> Entry | AdapterId | None:
         """A request (for ``adapter``, None: the base model) was sent to the pod; it
-        holds its adapter's entry as the ledger has it now (after ``note_use``)."""
+        holds its adapter's entry as the ledger has it now (after ``note_use``).
+        Returns what it holds (the entry, else the name; None for the base model), for
+        its ``end`` to release that, not another entry of the name."""
         self.inflight += 1
-        if adapter is not None:
-            key: Entry | AdapterId = self.ledger.entry(adapter) or adapter
-            self.busy[key] = self.busy.get(key, 0) + 1
-            self._note_victim()
+        if adapter is None:
+            self._requeue()
+            return None
+        key: Entry | AdapterId = self.ledger.entry(adapter) or adapter
+        self.busy[key] = self.busy.get(key, 0) + 1
+        self._note_victim()
         self._requeue()
+        return key
 
-    def end(self, adapter: AdapterId | None = None, *, ran: bool = False) -> None:
-        """A request ``begin`` counted left the pod. ``ran``: the pod ran it to its end
-        (the proxy saw its stream end), so on vLLM its last step touched its entry in
-        the engine's LRUs (``PodLedger.last_step``), as the replay's ``FleetReplay._done``
-        does. False: it did not run here (refused, failed over). ``last_used_s`` keeps
-        the request's arrival, as the replay's ``SimPod.last_used``: the victim's worth
-        counts its idle time from its last request's arrival (a Poisson stream's last
-        event; counting from the end measured worse, docs/benchmarks.md)."""
+    def end(
+        self,
+        adapter: AdapterId | None = None,
+        *,
+        held: Entry | AdapterId | None = None,
+        ran: bool = False,
+    ) -> None:
+        """A request ``begin`` counted left the pod. ``held``: what ``begin`` returned
+        for it (the engines release the entry a request ran on, however the requests
+        of a name end in turn); None: the name's entry in flight longest. ``ran``: the
+        pod ran it to its end (the proxy saw its stream end), so on vLLM its last step
+        touched its entry in the engine's LRUs (``PodLedger.last_step``), as the
+        replay's ``FleetReplay._done`` does. False: it did not run here (refused, failed
+        over). ``last_used_s`` keeps the request's arrival, as the replay's
+        ``SimPod.last_used``: the victim's worth counts its idle time from its last
+        request's arrival (a Poisson stream's last event; counting from the end
+        measured worse, docs/benchmarks.md)."""
         self.inflight -= 1
         if adapter is not None:
-            key = self._held_by(adapter)
+            key = held if held is not None else self._held_by(adapter)
             left = self.busy.get(key, 1) - 1
             if left > 0:
                 self.busy[key] = left  # in place: the order says who is in flight longest
