@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
-from placement.adapters import live_request_log
+from placement.adapters import live_request_log_rows
 from placement.adapters.live_request_log import LiveRequestLog, RequestLogTail
 from placement.adapters.request_log_files import JsonLinesRequestLog, LogRow, ParquetRequestLog
 
 T0 = 1_773_288_000.0  # 2026-03-12T04:00:00Z
 HOUR_S = 3600.0
-parse_lines = live_request_log._parse_lines
+parse_lines = live_request_log_rows._parse_lines
 
 
 def _row(ts_s: float, tenant: str) -> LogRow:
@@ -93,7 +93,7 @@ def test_the_whole_log_reader_reads_only_what_is_new_and_returns_all(
         parsed.append(len(lines))
         return parse_lines(lines, first=first)
 
-    monkeypatch.setattr(live_request_log, "_parse_lines", counted)
+    monkeypatch.setattr(live_request_log_rows, "_parse_lines", counted)
     path = tmp_path / "router.jsonl"
     sink = JsonLinesRequestLog(path, rotate_bytes=400)
     whole = LiveRequestLog(path)
@@ -196,7 +196,7 @@ def test_rows_the_normaliser_cannot_take_are_lost_and_said_so_not_read_for_ever(
         raise TypeError("unhashable type: 'frozen'")
 
     with monkeypatch.context() as patch:
-        patch.setattr(live_request_log, "request_log_from_frame", unforeseen)
+        patch.setattr(live_request_log_rows, "request_log_from_frame", unforeseen)
         log = tail.read_new()
     assert [str(p) for p in log.skipped] == [
         f"{path}: lines 1, 2: cannot read these rows: unhashable type: 'frozen'"
