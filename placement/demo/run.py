@@ -108,8 +108,9 @@ class DemoOptions:
     seed: int = 1
     #: The emulated pods' latencies; None: the replay's pod model (``PodTimings.replayed``).
     timings: PodTimings | None = None
-    #: Seconds between the controller's ingests, forecasts and plans (on its clock);
-    #: None: the controller's defaults, as deployed (a plan every 5 minutes).
+    #: Seconds between the controller's ingests, forecasts and plans (on its clock:
+    #: ``controller_intervals`` turns them into wall seconds); None: the controller's
+    #: defaults, as deployed (a plan every 5 minutes, a forecast every 15).
     plan_every_s: int | None = None
     #: Wall seconds the controller runs before the traffic starts (its preloads).
     lead_s: float = 30.0
@@ -230,12 +231,34 @@ def _controller_config(
     }  # fmt: skip
     if prepared.pipelines is not None:
         config["pipelines"] = str(prepared.pipelines)
-    if options.plan_every_s is not None:
-        every_s = options.plan_every_s
-        config["intervals"] = {"ingest_s": every_s, "forecast_s": every_s, "plan_s": every_s}
+    intervals = controller_intervals(options.plan_every_s, speed=prepared.speed)
+    if intervals:
+        config["intervals"] = intervals
     path = prepared.workdir / "controller.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
+
+
+def controller_intervals(plan_every_s: int | None, *, speed: float) -> dict[str, int]:
+    """The controller's ingest, forecast and plan periods in wall seconds, so that it
+    keeps its cadence on the demo's clock: ``plan_every_s`` for all three, else the
+    deployed ones (``ControllerSettings``). Its scheduler runs on the wall clock while
+    its clock runs ``speed`` times faster: at 6x, a plan every 300 wall seconds would
+    come every 30 minutes of the scenario, on a forecast 90 minutes old. The watchdog
+    (pods that restarted) stays on the wall clock. Empty: nothing to change."""
+    if plan_every_s is None and speed == 1.0:
+        return {}
+    deployed = Settings().controller
+    periods = (
+        dict.fromkeys(("ingest_s", "forecast_s", "plan_s"), plan_every_s)
+        if plan_every_s is not None
+        else {
+            "ingest_s": deployed.ingest_interval_s,
+            "forecast_s": deployed.forecast_interval_s,
+            "plan_s": deployed.plan_interval_s,
+        }
+    )
+    return {job: max(1, round(every_s / speed)) for job, every_s in periods.items()}
 
 
 def _start_controller(
