@@ -196,9 +196,13 @@ class LevelProfile:
         level = (recent_actual + 1.0) / (recent_profile + 1.0)
         shrink = self.decay ** np.arange(1, horizon + 1)[:, None]
         mean = profile * level[None, :] ** shrink
-        # With no profile at all (young adapter), fall back to the recent level.
+        # With no profile at all (young adapter), fall back to the recent level; so too
+        # at a step whose bucket no past day holds (a history under a day: the hours
+        # ahead of it have never been seen, which is not the same as seen empty).
         flat = recent_actual / max(window, 1)
-        mean = np.where(profile.sum(axis=0, keepdims=True) > 0, mean, flat[None, :])
+        seen = ~np.all(np.isnan(past), axis=0)
+        has_profile = profile.sum(axis=0, keepdims=True) > 0
+        mean = np.where(has_profile & seen, mean, flat[None, :])
         return from_samples(
             history, horizon=horizon, mean=mean, samples=past * level[None, None, :], name=self.name
         )

@@ -132,3 +132,18 @@ def test_sanitize_never_lets_nan_or_negatives_through(mean: np.ndarray, band: np
         p_nonzero=band,
     )
     assert_sane(sanitize(raw))
+
+
+def test_level_profile_under_a_day_forecasts_the_unseen_hours_at_the_recent_level() -> None:
+    """20 hours of history: the 4 hours after it have no past day, so they are the
+    recent level, not zero (a controller fresh in a fleet plans from what it has
+    seen); the hours a past day holds keep their profile."""
+    per_hour = 6
+    busy = np.full(20 * per_hour, 5.0)
+    busy[: 2 * per_hour] = 0.0  # quiet from 00:00 to 02:00
+    panel = CountPanel(start_s=1_773_014_400, bucket_s=600, adapters=("a",), counts=busy[:, None])
+    forecast = forecaster_named("level-profile").fit(panel).predict(panel, horizon=144)
+    unseen = forecast.mean[: 4 * per_hour, 0]
+    assert np.allclose(unseen, 5.0)
+    assert forecast.mean[4 * per_hour : 6 * per_hour, 0].max() < 1.0  # 00:00-02:00: quiet
+    assert_sane(sanitize(forecast))
