@@ -40,12 +40,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from models.bands import band_factors, default_factors
-from models.experts import EXPERTS, Lags
+from models.bands import band_factors, default_factors, widened
+from models.base import PanelForecast, poisson_quantiles
+from models.experts import EXPERTS, Lags, expert_means
 from models.rolling import Plan, crossfit, grid_losses, simplex
-from models.selected import FittedSelection, jump_mask, typical
 from models.series import CountPanel, FloatArray, IntArray
-from models.shifts import ShiftRule
+from models.shifts import Change, ShiftRule, Shifts, detect_shifts, jumped, level_forecast
 from models.shrink import (
     FOLLOW,
     after_change,
@@ -257,7 +257,7 @@ def _fit_plan(
         for unit in (u for u, b in enumerate(plan.unit_band) if b == band):
             weights[unit] = trust * stacked[unit].T + (1.0 - trust) * target
         if jump_weights is not None:
-            jump = jump_mask(settings, lags, plan.origins)
+            jump = _jump_mask(settings, lags, plan.origins)
             excess = own - band_crossed
             kept = trust * jump_trust(excess, jump, busy, settings.min_jumps, settings.z_jump)
             for unit in (u for u, b in enumerate(plan.unit_band) if b == band):
@@ -276,13 +276,32 @@ def _fit_plan(
                 band_cells,
                 mean=mean,
                 scale=scale,
-                typical=typical(lags, settings.days),
+                typical=_typical(lags, settings.days),
                 power=power,
                 min_changes=settings.min_changes,
                 margin=margin,
             )
         fitted[band] = (scale, factors, follow)
     return _PlanFit(weights=weights, jump_weights=jump_weights, bands=fitted)
+
+
+def _jump_mask(settings: Selecting, lags: Lags, origins: IntArray) -> BoolArray:
+    """Per (origin, adapter): the last bucket jumped (never without a ``jump_factor``)."""
+    if settings.jump_factor is None:
+        return np.zeros((len(origins), lags.counts.shape[1]), dtype=bool)
+    return jumped(
+        lags,
+        origins,
+        factor=settings.jump_factor,
+        window=settings.jump_window,
+        smooth=settings.jump_smooth,
+    )
+
+
+def _typical(lags: Lags, days: int) -> FloatArray:
+    """Each adapter's mean per bucket over the last ``days`` days."""
+    end = np.array([lags.n_buckets], dtype=np.int64)
+    return np.asarray(lags.level(end, days * lags.per_day)[0], dtype=np.float64)
 
 
 def _expand(weights: FloatArray, names: tuple[str, ...]) -> FloatArray:
@@ -303,3 +322,113 @@ def _busy(counts: FloatArray, share: float) -> BoolArray:
     totals = counts.sum(axis=0)
     grand = totals.sum()
     return np.asarray(totals >= share * grand if grand > 0 else np.zeros(len(totals), dtype=bool))
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class FittedSelection:
+    settings: Selecting
+    #: ``(unit, expert, adapter)``: weights per step of the first band, then per band.
+    weights: FloatArray
+    #: ``(step, expert, adapter)``: the first band's weights for an adapter whose last
+    #: bucket jumped.
+    jump_weights: FloatArray
+    #: ``(band, adapter)``: the mean absolute error of the selected forecast in the backtest.
+    scale: FloatArray
+    #: ``(band, level, [steady, changed])``: q90 and q99 are mean + factor x scale.
+    factors: FloatArray
+    #: ``(band, [stopped, other])``: how far a changed adapter follows its new level.
+    follow: FloatArray
+    adapters: tuple[str, ...]
+    notes: tuple[str, ...] = field(default=())
+
+    def predict(self, history: CountPanel, *, horizon: int) -> PanelForecast:
+        if history.adapters != self.adapters:
+            raise ValueError(f"{self.settings.name}: fitted on other adapters than these")
+        rule = self.settings.shift_rule
+        lags = Lags.of(history.counts, per_day=history.per_day(), first=history.n_buckets)
+        origin = np.array([history.n_buckets], dtype=np.int64)
+        either = self.weights.any(axis=(0, 2)) | self.jump_weights.any(axis=(0, 2))
+        used = tuple(EXPERTS[e] for e in np.flatnonzero(either))
+        means = expert_means(lags, origin, horizon=horizon, names=used)[:, 0]
+        steps = np.arange(1, horizon + 1)
+        band = np.searchsorted(self.settings.band_edges, steps, side="left")
+        first = self.settings.band_edges[0]
+        unit = np.where(steps <= first, steps - 1, first + band - 1)
+        short = steps <= first
+        jump = _jump_mask(self.settings, lags, origin)[0]  # (adapter,)
+        weights = self.weights[unit]
+        weights[short] = np.where(
+            jump[None, None, :], self.jump_weights[unit[short]], weights[short]
+        )
+        chosen = weights[:, [EXPERTS.index(name) for name in used]]  # (h, e, a)
+        mean = np.einsum("eha,hea->ha", means, chosen)
+        shifts = detect_shifts(lags, origin, rule)
+        changed = shifts.changed[0][None, :]
+        level = level_forecast(lags, origin, shifts, horizon=horizon, rule=rule)[0]
+        kind = np.broadcast_to(shifts.kind[0][None, :], mean.shape)
+        follow = self.follow[band]  # (step, [stopped, other])
+        weight = np.where(
+            kind == Change.STOPPED, follow[:, :1], np.where(kind != 0, follow[:, 1:], 0.0)
+        )
+        mean = weight * level + (1.0 - weight) * mean
+        sigma = widened(
+            self.scale[band],
+            changed,
+            shifts.ratio[0][None, :],
+            shifts.level[0][None, :],
+            mean=mean,
+            typical=_typical(lags, self.settings.days)[None, :],
+            power=np.where(steps <= first, self.settings.band_power, self.settings.day_band_power)[
+                :, None
+            ],
+        )
+        which = changed.astype(np.int64)
+        factor = np.take_along_axis(self.factors[band], which[:, None, :].repeat(2, axis=1), axis=2)
+        _, pq90, pq99 = poisson_quantiles(mean)
+        q90 = np.maximum(mean + factor[:, 0] * sigma, pq90)
+        q99 = np.maximum(mean + factor[:, 1] * sigma, np.maximum(pq99, q90))
+        return PanelForecast(
+            origin_s=history.end_s,
+            bucket_s=history.bucket_s,
+            adapters=history.adapters,
+            mean=mean,
+            q50=mean,
+            q90=q90,
+            q99=q99,
+            p_nonzero=_p_nonzero(lags, origin, mean, changed),
+            model=self._model_names(unit, shifts),
+            notes=self.notes + _shift_notes(self.settings.name, history.adapters, shifts),
+        )
+
+    def _model_names(self, unit: IntArray, shifts: Shifts) -> tuple[str, ...]:
+        """Each adapter's heaviest expert over the horizon, or the change it is following."""
+        heaviest = self.weights[unit].sum(axis=0).argmax(axis=0)
+        names = [f"{self.settings.name}:{EXPERTS[int(i)]}" for i in heaviest]
+        for column in np.flatnonzero(shifts.changed[0]):
+            kind = Change(int(shifts.kind[0, column])).name.lower()
+            names[column] = f"{self.settings.name}:{kind}"
+        return tuple(names)
+
+
+def _p_nonzero(lags: Lags, origin: IntArray, mean: FloatArray, changed: BoolArray) -> FloatArray:
+    """The share of the last 7 days with a request in the bucket, the Poisson value of the
+    mean counting as one more day; after a change of level, the Poisson value alone.
+    """
+    rows = lags.targets(origin, mean.shape[0])[0]
+    days = lags.days_known[rows]
+    poisson = 1.0 - np.exp(-mean)
+    past = (lags.nonzero_7d[rows] * days + poisson) / (days + 1.0)
+    return np.asarray(np.where(changed, poisson, past), dtype=np.float64)
+
+
+def _shift_notes(name: str, adapters: tuple[str, ...], shifts: Shifts) -> tuple[str, ...]:
+    notes = []
+    for kind in (Change.STOPPED, Change.SURGED, Change.DROPPED, Change.APPEARED):
+        columns = np.flatnonzero(shifts.kind[0] == kind)
+        if len(columns):
+            listed = ", ".join(adapters[c] for c in columns[:5])
+            more = f" and {len(columns) - 5} more" if len(columns) > 5 else ""
+            notes.append(
+                f"{name}: {kind.name.lower()}: {listed}{more}; forecast from the new level"
+            )
+    return tuple(notes)
