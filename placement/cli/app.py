@@ -57,6 +57,9 @@ def report_errors(command: Callable[P, R]) -> Callable[P, R]:
         except LorafleetError as exc:
             err().print(f"[bold red]error[/]: {exc}", highlight=False)
             raise typer.Exit(EXIT_FAILED) from None
+        except OSError as exc:  # a file that cannot be read or written: named, no traceback
+            err().print(f"[bold red]error[/]: {exc}", highlight=False, markup=True)
+            raise typer.Exit(EXIT_BAD_INPUT) from None
         except KeyboardInterrupt:
             err().print("interrupted")
             sys.exit(130)

@@ -13,6 +13,7 @@ leaves the old file or the new one, never a mix. Owns the file system calls only
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from collections.abc import Callable
@@ -62,8 +63,12 @@ def fsync_directory(directory: Path) -> None:
 def write_through(path: Path, write: Callable[[Path], None]) -> None:
     """Let ``write`` fill a fresh temporary file beside ``path``, then put it in place
     atomically and durably; on any failure the temporary file is removed and ``path``
-    is left as it was."""
+    is left as it was. A missing directory is a ``FileNotFoundError`` that names it
+    (an OSError, so writers that keep their rows for a retry still do)."""
     target = Path(path)
+    if not target.parent.is_dir():
+        problem = f"cannot write {target}: the directory {target.parent} does not exist"
+        raise FileNotFoundError(errno.ENOENT, problem, str(target.parent))
     fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     os.close(fd)
     temporary = Path(name)

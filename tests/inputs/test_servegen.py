@@ -10,6 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from placement.cli import app
+from placement.inputs.files import write_atomically
 
 runner = CliRunner()
 WINDOWS = 144  # one day of 600 s windows
@@ -101,6 +102,34 @@ def test_the_stubs_validate_and_replay(folder: Path, tmp_path: Path) -> None:
     replayed = runner.invoke(app, ["replay", *files, "--policy", "epp", "--json"])
     assert replayed.exit_code == 0, replayed.output
     assert '"epp"' in replayed.stdout
+
+
+def test_the_outputs_may_name_a_new_folder(folder: Path, tmp_path: Path) -> None:
+    new = tmp_path / "converted" / "m-tiny"
+    catalog, fleet = new / "catalog.yaml", new / "fleet.yaml"
+    frame = _convert(
+        folder, new / "requests.parquet", "--catalog-out", str(catalog), "--fleet-out", str(fleet)
+    )
+    assert len(frame) > 0
+    assert catalog.is_file() and fleet.is_file()
+
+
+def test_writing_into_a_missing_folder_names_it(tmp_path: Path) -> None:
+    target = tmp_path / "absent" / "plan.json"
+    with pytest.raises(FileNotFoundError, match=r"absent/plan\.json: the directory .*absent"):
+        write_atomically(target, "{}")
+    assert not (tmp_path / "absent").exists()
+
+
+def test_a_command_that_cannot_write_says_where(folder: Path, tmp_path: Path) -> None:
+    blocker = tmp_path / "taken"
+    blocker.write_text("a file where the output folder should be\n")
+    result = runner.invoke(
+        app, ["convert", "servegen", str(folder), "-o", str(blocker / "requests.parquet")]
+    )
+    assert result.exit_code == 2, result.output
+    assert "taken" in result.output
+    assert "Traceback" not in result.output
 
 
 @pytest.mark.parametrize(
