@@ -19,8 +19,9 @@ What makes a decision over the candidates equal to the decision over the pool:
 - candidates keep the pool's order, so ties break as they do over the whole pool.
 
 So a decision that picks the minimum of a cost over pods picks the same pod whenever
-that pod is a candidate; only a pick of a non-holder outside the least-queued few (a
-load on a pod whose queue was not among the shortest) can differ.
+that pod is a candidate; only a pick of a non-holder outside the least-queued few can
+differ: a load where bounded affinity's order (``least_queued``) ranks the pod lower,
+which only a victim's forecast worth or a rank made stale since the last refresh does.
 
 Pure: no IO, no clock, no state; the indexes arrive as values. Must not import
 ``placement``.
@@ -41,13 +42,31 @@ DEFAULT_LEAST_QUEUED = 4
 
 
 def least_queued(pods: Sequence[PodLike], *, count: int = DEFAULT_LEAST_QUEUED) -> tuple[int, ...]:
-    """Positions of the ``count`` healthy pods with the shortest queues (then the
-    fewest running, then pool order); refreshed by the caller when queues change."""
+    """Positions of the ``count`` healthy pods where a load costs least, in bounded
+    affinity's order (``routing._bounded_best``): the shortest queue, then no load under
+    way, then a free slot, then (on a full pod) the next victim idle longest, then the
+    fewest running, then pool order. Refreshed by the caller when queues change.
+
+    The ties matter most when the fleet is quiet: with every queue empty a rank by queue
+    and pool order alone named the first ``count`` pods for every load, so the long
+    tail churned half an 8-pod fleet's slots while the other half kept adapters idle
+    since the morning (the live m-mid demo, 2026-12-02)."""
     ranked = heapq.nsmallest(
         count,
-        ((pod.queue_depth, pod.running, i) for i, pod in enumerate(pods) if pod.healthy),
+        (
+            (
+                pod.queue_depth,
+                bool(pod.loading),
+                pod.free_slots <= 0,
+                pod.victim_last_used_s if pod.free_slots <= 0 else 0.0,
+                pod.running,
+                i,
+            )
+            for i, pod in enumerate(pods)
+            if pod.healthy
+        ),
     )
-    return tuple(i for _, _, i in ranked)
+    return tuple(key[-1] for key in ranked)
 
 
 def least_kv(pods: Sequence[PodLike]) -> int | None:

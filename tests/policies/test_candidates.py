@@ -148,3 +148,40 @@ def test_the_least_kv_pod_keeps_the_pressure_tiers_of_the_full_scan() -> None:
     assert ids == {"busy", "roomy"}
     assert fewer == full
     assert full.accepted  # alone, "busy" would make the request wait (PRESSURE_WAIT)
+
+
+@settings(max_examples=300)
+@given(
+    victims=st.lists(st.sampled_from((0.0, 5.0, 10.0, 20.0)), min_size=2, max_size=14),
+    free=st.lists(st.integers(0, 1), min_size=14, max_size=14),
+    width=st.integers(1, 4),
+)
+def test_a_quiet_fleet_offers_the_load_where_bounded_affinity_would_put_it(
+    victims: list[float], free: list[int], width: int
+) -> None:
+    """Every queue empty, no pod loading, nobody holding the adapter: the full scan puts
+    the load on a free slot, else on the pod whose victim idled longest, wherever it is
+    in pool order, and the pre-filter must offer that pod (a rank by queue and pool order
+    alone offered the first ``width`` pods for every load)."""
+    pod_list = [
+        PodSnapshot(
+            pod_id=f"pod-{i}",
+            registered=frozenset({"x"}),
+            gpu_adapters=("x",),
+            free_slots=free[i],
+            max_loras=2,
+            victim_last_used_s=last,
+        )
+        for i, last in enumerate(victims)
+    ]
+    full, fewer, ids = _both(pod_list, None, width=width, tail=True)
+    assert full.pod_id in ids
+    assert fewer == full
+
+
+def test_the_oldest_victim_last_in_pool_order_is_a_candidate() -> None:
+    pod_list = [
+        PodSnapshot(pod_id=f"pod-{i}", registered=frozenset({"x"}), victim_last_used_s=50.0 - i)
+        for i in range(8)
+    ]
+    assert least_queued(pod_list, count=2) == (7, 6)
