@@ -105,6 +105,21 @@ class PodResidency:
             return True
         return any(e.name not in self.pinned and not _is_busy(e, busy) for e in self._gpu)
 
+    def gpu_victim(self, *, busy: Busy = ()) -> Entry | None:
+        """The entry an activation now would push off the GPU, as ``_activate`` picks it:
+        the least recently used slot neither pinned nor ``busy``, else the least recently
+        used unpinned one; None with a free slot, or when every slot is pinned. A vLLM
+        ghost (an unloaded name's entry) is one slot among the others: ``busy`` covers
+        the entries it holds, so of two ghosts of one name only the one a request runs
+        on is kept."""
+        if len(self._gpu) < self.max_loras:
+            return None
+        return self._victim((e for e in self._gpu if e.name not in self.pinned), busy)
+
+    def is_current(self, entry: Entry) -> bool:
+        """Whether a listed name points to ``entry`` (False: a vLLM ghost)."""
+        return self._current.get(entry.name) is entry
+
     def entry(self, name: str) -> Entry | None:
         """The entry a listed name points to now (vLLM: its id), for a request to hold
         from its arrival; None for a name not listed or without one."""

@@ -118,28 +118,12 @@ class PodLedger:
                 if first is None:
                     first = name
             return first
-        entries = residency.gpu_entries()
-        if len(entries) < self.max_loras:
+        # A ghost slot: the engine model picks the victim by entry, as the engines count
+        # a batch's adapters (by id): a name's ghosts are told apart by the entry held.
+        victim = residency.gpu_victim(busy=busy)
+        if victim is None or not residency.is_current(victim):
             return None
-        fallback: tuple[str, bool] | None = None
-        for entry, listed in entries:
-            if entry in pinned:
-                continue
-            if not self._slot_busy(entry, listed=listed, busy=busy):
-                return AdapterId(entry) if listed else None
-            if fallback is None:
-                fallback = (entry, listed)
-        return AdapterId(fallback[0]) if fallback is not None and fallback[1] else None
-
-    def _slot_busy(self, name: str, *, listed: bool, busy: Busy) -> bool:
-        """Whether a GPU slot of ``name`` (its current entry when ``listed``, else an
-        unloaded name's old one) has a request in flight by ``busy``."""
-        if name in busy:
-            return True
-        current = self.residency.entry(name)
-        if listed:
-            return current in busy
-        return any(isinstance(e, Entry) and e.name == name and e is not current for e in busy)
+        return AdapterId(victim.name)
 
     def entry(self, adapter: AdapterId) -> Entry | None:
         """The engine model's entry a request for ``adapter`` sent now holds (vLLM: its

@@ -1,0 +1,120 @@
+"""The router's ledger names the slot a load would free, as the engine model picks it,
+when a pod holds several leftover (ghost) slots of one unloaded name.
+
+On vLLM an unload frees nothing: the old entry keeps its GPU slot under its old id
+(vllm/entrypoints/openai/models/serving.py ``unload_lora_adapter``), and loading the
+name again gives a new id. Unloaded twice, a name leaves two ghosts. A request still
+running on one of them keeps that slot only (the scheduler counts a batch's LoRAs by
+id, vllm/v1/core/sched/scheduler.py ``Scheduler.schedule``); the other ghost is idle
+and goes first. ``PodLedger.next_victim`` must say so (None: a load here loses
+nothing), and the load must then evict exactly what it named.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from placement.domain import AdapterId, Engine, PodId, PoolId
+from placement.residency import EngineModel, Entry
+from placement.router.ledger import PodLedger
+from placement.router.live_pods import LivePod, Upstream
+
+A, C, D = (AdapterId(name) for name in "acd")
+
+
+def live_pod(*, max_loras: int, max_cpu_loras: int) -> LivePod:
+    return LivePod(
+        Upstream(
+            pod=PodId("pod-0"),
+            pool=PoolId("pool"),
+            url="http://pod-0",
+            engine=Engine.VLLM,
+            served_model="base",
+            max_loras=max_loras,
+            max_cpu_loras=max_cpu_loras,
+        )
+    )
+
+
+def test_an_idle_ghost_goes_first_though_another_ghost_of_its_name_runs() -> None:
+    pod = live_pod(max_loras=3, max_cpu_loras=8)
+    ledger = pod.ledger
+    ledger.loaded(C, "s3://c", changed=True)
+    ledger.forget(C)  # c's first entry keeps its slot: a ghost, idle
+    ledger.loaded(C, "s3://c", changed=True)
+    pod.note_use(C, 0.0)
+    held = pod.begin(C)  # runs on c's second entry
+    assert isinstance(held, Entry)
+    ledger.forget(C)  # the second entry is a ghost too, and its request runs on
+    ledger.loaded(A, "s3://a", changed=True, busy=pod.busy.keys())
+    assert ledger.residency.gpu_entries() == (("c", False), ("c", False), ("a", True))
+    assert ledger.next_victim(pod.busy.keys()) is None, "c's idle first entry goes"
+    ledger.loaded(D, "s3://d", changed=True, busy=pod.busy.keys())
+    assert ledger.residency.gpu_entries() == (("c", False), ("a", True), ("d", True))
+    assert ledger.active() == ("a", "d"), "a stayed, as the ledger said it would"
+
+
+def test_with_the_older_ghost_running_the_newer_one_goes() -> None:
+    pod = live_pod(max_loras=3, max_cpu_loras=8)
+    ledger = pod.ledger
+    ledger.loaded(C, "s3://c", changed=True)
+    pod.note_use(C, 0.0)
+    pod.begin(C)  # runs on c's first entry
+    ledger.forget(C)
+    ledger.loaded(C, "s3://c", changed=True, busy=pod.busy.keys())
+    ledger.forget(C)  # c's second entry: a ghost nobody runs on
+    ledger.loaded(A, "s3://a", changed=True, busy=pod.busy.keys())
+    assert ledger.next_victim(pod.busy.keys()) is None
+    ledger.loaded(D, "s3://d", changed=True, busy=pod.busy.keys())
+    assert ledger.active() == ("a", "d")
+    assert ledger.residency.ghosts_on_gpu() == 1
+
+
+# --- for any sequence: the victim named is the slot the next load frees ----------------
+
+NAMES = [AdapterId(n) for n in "ab"]
+Step = tuple[str, int]
+
+
+def _gpu_slots(ledger: PodLedger) -> list[tuple[str, bool]]:
+    return list(ledger.residency.gpu_entries())
+
+
+def _drive(ledger: PodLedger, steps: list[Step]) -> set[Entry]:
+    """Loads, unloads and requests (some kept running, by entry); returns what runs."""
+    running: set[Entry] = set()
+    for kind, i in steps:
+        name = NAMES[i]
+        if kind == "load" and not ledger.residency.serves(name):
+            ledger.loaded(name, f"s3://{name}", changed=True, busy=running)
+        elif kind == "unload":
+            ledger.forget(name)
+        elif kind == "run" and ledger.residency.serves(name):
+            ledger.activate(name, busy=running)
+            entry = ledger.entry(name)
+            if entry is not None:
+                running.add(entry)
+    return running
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.integers(2, 3),
+    st.lists(st.tuples(st.sampled_from(["load", "unload", "run"]), st.integers(0, 1)), max_size=16),
+)
+def test_the_named_victim_is_the_slot_a_load_frees(max_loras: int, steps: list[Step]) -> None:
+    ledger = PodLedger(EngineModel.VLLM, max_loras=max_loras, max_cpu_loras=64)
+    running: Collection[Entry] = _drive(ledger, steps)
+    before = _gpu_slots(ledger)
+    predicted = ledger.next_victim(running)
+    ledger.loaded(AdapterId("new"), "s3://new", changed=True, busy=running)
+    after = _gpu_slots(ledger)
+    if len(before) < max_loras:
+        assert predicted is None, "a free slot: nothing goes"
+        return
+    gone = next(i for i, slot in enumerate(before) if i >= len(after) - 1 or after[i] != slot)
+    name, listed = before[gone]
+    assert predicted == (AdapterId(name) if listed else None), (before, after)
