@@ -366,7 +366,7 @@ class EmulatedPod:
         if self.running[key] > 0:  # a restart in between already forgot the request
             self.running[key] -= 1
             self.running_entries.end(entry)
-            self.residency.last_step(entry)  # vLLM: as recent as its last step
+            self.residency.last_step(entry)  # both engines: as recent as its last step
             self.seats.give_back()
 
     async def release(self, name: str | None, entry: Entry | None = None) -> None:

@@ -47,6 +47,19 @@ models, from the engines' source:
     the least recently used one not pinned; a pinned adapter (at most slots - 1) is
     loaded into host memory like the others (``LoRAManager.load_lora_adapter``) and,
     once its first batch brings it onto the GPU, stays there.
+  - every forward batch marks each adapter it runs on as used in the pool's LRU
+    (``ForwardBatch.init_new`` -> ``LoRAManager.fetch_new_loras`` ->
+    ``prepare_lora_batch``: ``eviction_policy.mark_used``; python/sglang/srt/lora/
+    eviction_policy.py ``LRUEvictionPolicy``, the default ``--lora-eviction-policy``),
+    and a decode batch holds every running request: a slot is as recent as its
+    requests' last step (``last_step``), as on vLLM. The victim is the least recently
+    used slot whose adapter is neither in the batch nor pinned. The soft cap's order
+    (``LoRARegistry``) moves only as a request arrives (``acquire``).
+  - not modeled: the pool's slot for the base model (uid None, taken at start by
+    ``LoRAManager.init_memory_pool``; a base request takes it back), which is evicted
+    only when no adapter can be (``prepare_lora_batch`` prefers the adapters): adapters
+    hold ``max_loras - 1`` slots until one batch needs them all, and again after each
+    base-model request; and ``--lora-eviction-policy fifo``.
   - an unload removes the adapter everywhere; a request for a name never loaded, or
     unloaded, is refused (400: "Got LoRA adapter that has never been loaded", from
     python/sglang/srt/managers/tokenizer_manager.py ``TokenizerManager._resolve_lora_path``,

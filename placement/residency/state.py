@@ -231,14 +231,26 @@ class PodResidency:
         )
 
     def last_step(self, entry: Entry | None) -> None:
-        """vLLM: a request on ``entry`` ran its last step. Each step the worker touches
-        every entry its batch runs on in both caches (vllm/lora/worker_manager.py
+        """A request on ``entry`` ran its last step: both engines mark every adapter of
+        every batch they run as used, so an entry's GPU slot is as recent as its
+        requests' last step, not their first. None (the base model) and an entry no
+        longer on the GPU are left as they are.
+
+        vLLM touches it in both caches each step (vllm/lora/worker_manager.py
         ``LRUCacheWorkerLoRAManager.add_adapter``: ``get_adapter``, then
-        ``activate_adapter``, whose ``_active_adapters.touch`` refreshes the GPU slot),
-        so an entry is as recent as its requests' last step, not their first. None (the
-        base model), an entry no longer on the GPU, and SGLang are left as they are."""
-        if self.engine is EngineModel.VLLM and entry is not None and entry in self._gpu:
-            self._gpu.move_to_end(entry)
+        ``activate_adapter``, whose ``_active_adapters.touch`` refreshes the GPU slot).
+        SGLang touches the GPU pool only (sgl-project/sglang
+        python/sglang/srt/model_executor/forward_batch_info.py ``ForwardBatch.init_new``
+        -> python/sglang/srt/lora/lora_manager.py ``LoRAManager.fetch_new_loras`` ->
+        python/sglang/srt/lora/mem_pool.py ``LoRAMemoryPool.prepare_lora_batch``, which
+        calls ``eviction_policy.mark_used`` for each uid of the batch; the default
+        ``--lora-eviction-policy lru``, python/sglang/srt/lora/eviction_policy.py
+        ``LRUEvictionPolicy``): the soft cap's order (``LoRARegistry``, the host order
+        here) moves only as a request arrives (lora_registry.py ``acquire``)."""
+        if entry is None or entry not in self._gpu:
+            return
+        self._gpu.move_to_end(entry)
+        if self.engine is EngineModel.VLLM:
             self._host.move_to_end(entry)
 
     # vLLM --------------------------------------------------------------------------

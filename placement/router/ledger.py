@@ -131,20 +131,21 @@ class PodLedger:
         return self.residency.entry(adapter)
 
     def last_step(self, entry: Entry | None) -> None:
-        """vLLM: a request on ``entry`` ran its last step, which touched it in both LRUs
-        (``PodResidency.last_step``): an adapter is as recent as its requests' end, not
-        their start. The mirrors follow; SGLang, and an entry off the GPU, stay."""
+        """A request on ``entry`` ran its last step, which touched its GPU slot (and on
+        vLLM its host-cache entry too) as every step does (``PodResidency.last_step``):
+        an adapter is as recent as its requests' end, not their start. The mirrors
+        follow; an entry off the GPU, or a ghost's, stays."""
         residency = self.residency
         residency.last_step(entry)
         if (
             entry is not None
-            and residency.engine is EngineModel.VLLM
             and residency.entry(entry.name) is entry
             and residency.is_on_gpu(entry.name)
         ):
             name = AdapterId(entry.name)
             self._active.move_to_end(name)
-            self._registered.move_to_end(name)
+            if residency.engine is EngineModel.VLLM:  # SGLang's registry moves on arrival
+                self._registered.move_to_end(name)
 
     @property
     def active_view(self) -> Collection[AdapterId]:

@@ -244,6 +244,32 @@ async def test_vllm_an_adapter_is_used_last_at_its_requests_last_step_not_its_fi
     assert pod.gpu == ("a", "c")
 
 
+async def test_sglang_an_adapter_is_used_last_at_its_requests_last_step_not_its_first() -> None:
+    """Each forward batch marks every adapter it runs on as used in the GPU pool's LRU
+    (sgl-project/sglang python/sglang/srt/model_executor/forward_batch_info.py
+    ``ForwardBatch.init_new`` -> python/sglang/srt/lora/lora_manager.py
+    ``LoRAManager.fetch_new_loras`` -> python/sglang/srt/lora/mem_pool.py
+    ``LoRAMemoryPool.prepare_lora_batch``: ``eviction_policy.mark_used`` for each uid,
+    python/sglang/srt/lora/eviction_policy.py ``LRUEvictionPolicy``), and a decode
+    batch holds every running request. A long request on a, a short one on b inside
+    it: a ran last, so c's first batch evicts b (``select_victim``: the least recently
+    used slot outside the batch, not pinned), not a. (The real pool gives the base
+    model a slot of its own as well, ``LoRAManager.init_memory_pool``; it is evicted
+    only when no adapter can be, so it does not change the victim here.)"""
+    config = PodConfig(engine=Engine.SGLANG, latency=ZERO_LATENCY, max_loras=2, max_cpu_loras=4)
+    pod = EmulatedPod(config)
+    for name in ("a", "b", "c"):
+        await pod.load(name, f"s3://adapters/{name}")
+    long = await pod.admit("a")
+    short = await pod.admit("b")
+    await pod.release("b", short)
+    await pod.release("a", long)
+    third = await pod.admit("c")
+    assert pod.gpu == ("a", "c")
+    assert list(pod.residency.in_host()) == ["a", "b", "c"], "the registry moves on arrival"
+    await pod.release("c", third)
+
+
 async def test_a_release_from_before_a_restart_leaves_the_new_requests_entry_counted() -> None:
     """A restarted pod forgets its requests; a request from before it that ends later
     ends nothing of the new pod's. Its release must not end the running request the new

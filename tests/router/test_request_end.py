@@ -1,6 +1,7 @@
-"""A request's end, as the proxy sees its stream end, was a step on its adapter: on vLLM
-its last step touched the adapter's entry in the engine's LRUs, so the router's ledger
-moves it last as the engine does (and as the replay's ``FleetReplay._done``). The
+"""A request's end, as the proxy sees its stream end, was a step on its adapter: its
+last step touched the adapter's entry in the engine's LRUs (on SGLang the GPU pool's
+only), so the router's ledger moves it last as the engine does (and, on vLLM, as the
+replay's ``FleetReplay._done``). The
 victim's idle time still counts from its last request's arrival, as in the replay.
 Requests in flight are counted by the entry they hold, as the engines count a batch:
 after an unload and a reload of a name, the old entry's request keeps the old slot and
@@ -64,12 +65,17 @@ def test_after_a_long_request_with_a_short_one_inside_it_the_short_ones_adapter_
     assert pod.last_used_s == {A: 0.0, B: 1.0}
 
 
-def test_on_sglang_an_end_moves_no_lru_place() -> None:
+def test_on_sglang_an_end_moves_the_gpu_pools_lru_place_only() -> None:
+    """SGLang marks every uid of each forward batch used in its GPU pool
+    (sgl-project/sglang python/sglang/srt/lora/mem_pool.py
+    ``LoRAMemoryPool.prepare_lora_batch``: ``eviction_policy.mark_used``); its soft
+    cap's order (lora_registry.py ``LoRARegistry``) moves as a request arrives only."""
     pod = holding(live_pod(Engine.SGLANG), "a", "b")
     send(pod, "a", 0.0)
     send(pod, "b", 1.0)
     pod.end(A, ran=True)
-    assert list(pod.gpu_adapters) == ["a", "b"] == list(pod.ledger.residency.on_gpu())
+    assert list(pod.gpu_adapters) == ["b", "a"] == list(pod.ledger.residency.on_gpu())
+    assert pod.ledger.registered() == ("a", "b") == pod.ledger.residency.in_host()
 
 
 def test_a_request_the_pod_did_not_run_moves_nothing() -> None:
