@@ -173,7 +173,7 @@ class PodResidency:
         if name in self.parked:
             path = self.parked.pop(name)
             self.listed[name] = path
-            unlisted, left_gpu = self._park_over_cap(keep=name, busy=busy)
+            unlisted, left_gpu = self._park_over_cap(keep=name)
             self._current[name] = Entry(next(self._ids), name)
         entry = self._current.get(name)
         if entry is None:  # vLLM: listed, but the id's entry was dropped
@@ -294,19 +294,23 @@ class PodResidency:
             # A pinned load stays in host memory like any other: it enters the GPU pool
             # at its first batch, and from then on is never evicted.
             self.pinned.add(name)
-        unlisted, left_gpu = ((), ()) if hard else self._park_over_cap(keep=name, busy=busy)
+        unlisted, left_gpu = ((), ()) if hard else self._park_over_cap(keep=name)
         return Effects(cold=True, gpu_evicted=left_gpu, unlisted=unlisted)
 
-    def _park_over_cap(self, *, keep: str, busy: Busy) -> tuple[tuple[str, ...], tuple[str, ...]]:
-        """SGLang's soft cap: unload least recently used unpinned adapters past it.
+    def _park_over_cap(self, *, keep: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """SGLang's soft cap: unload least recently used unpinned adapters past it, with
+        requests in flight or not (sgl-project/sglang
+        python/sglang/srt/managers/tokenizer_manager.py ``load_lora_adapter`` takes
+        ``LoRARegistry.lru_lora_name(exclude_pinned=True)``, blind to the in-flight
+        counters, and its unload waits for them: ``LoRARegistry.wait_for_unload``).
 
         Returns the names unloaded, and those of them that left a GPU slot."""
         cap = self.max_cpu_loras
         parked: list[str] = []
         left_gpu: list[str] = []
         while cap is not None and len(self.listed) > cap:
-            victim = self._victim(
-                (e for e in self._host if e.name != keep and e.name not in self.pinned), busy
+            victim = next(
+                (e for e in self._host if e.name != keep and e.name not in self.pinned), None
             )
             if victim is None:
                 break

@@ -282,6 +282,22 @@ def test_sglang_soft_cap_reports_an_unloaded_adapter_that_held_a_gpu_slot() -> N
     assert pod.on_gpu() == ()
 
 
+def test_sglang_soft_cap_unloads_the_lru_though_a_request_runs_on_it() -> None:
+    """The load path takes the registry's least recently used unpinned name, blind to
+    its requests in flight, and the unload then waits for them (sgl-project/sglang
+    python/sglang/srt/managers/tokenizer_manager.py ``load_lora_adapter``:
+    ``LoRARegistry.lru_lora_name(exclude_pinned=True)``; ``wait_for_unload``)."""
+    pod = _pod(SGLANG, max_loras=2, max_cpu_loras=2)
+    pod.load("a", "/a")
+    running = pod.entry("a")
+    assert running is not None
+    pod.request("a")  # a runs from here on
+    pod.load("b", "/b")
+    pod.request("b")  # b is the more recent in the registry
+    assert pod.load("c", "/c", busy={running, "a"}).unlisted == ("a",)
+    assert pod.request("a", busy={"b"}).unlisted == ("b",)
+
+
 def test_sglang_an_adapter_the_soft_cap_unloaded_cannot_be_unloaded_and_comes_back() -> None:
     pod = _pod(SGLANG, max_loras=2, max_cpu_loras=1)
     pod.load("a", "/a")
