@@ -33,7 +33,8 @@ from placement.sizing import BUILTIN_MODELS
 from placement.solver import options_from, solve
 from placement.solver.greedy import hot_eligible, warm_eligible
 from placement.solver.packing import Assignment, evaluate
-from placement.solver.problem import Demand, PlacementProblem, PoolProblem, build_problem
+from placement.solver.problem import Demand, PlacementProblem, PoolProblem
+from placement.solver.problem_build import build_problem
 from placement.solver.timing import Deadline
 from tests import factories
 

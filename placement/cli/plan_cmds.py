@@ -32,7 +32,8 @@ from placement.plan import Plan, plan_from_dict
 from placement.review.diff import human_bytes
 from placement.settings import Settings
 from placement.solver import extract_plan, options_from, solve
-from placement.solver.problem import Demand, build_problem
+from placement.solver.problem import Demand
+from placement.solver.problem_build import build_problem
 from placement.solver.timing import Deadline
 
 Current = dict[PodId, dict[AdapterId, Tier]]

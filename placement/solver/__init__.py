@@ -10,7 +10,8 @@ Pure: no IO, no clock.
 """
 
 from placement.solver.counts import SolveOptions, options_from
-from placement.solver.problem import Demand, PlacementProblem, build_problem
+from placement.solver.problem import Demand, PlacementProblem
+from placement.solver.problem_build import build_problem
 from placement.solver.solution import Solution
 from placement.solver.solve import extract_plan, solve
 

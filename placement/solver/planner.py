@@ -32,7 +32,8 @@ from placement.solver.choose import (
 from placement.solver.counts import options_from
 from placement.solver.improve import top_up
 from placement.solver.infeasible import capacity_notes, quick_reasons
-from placement.solver.problem import Demand, PlacementProblem, PoolProblem, build_problem
+from placement.solver.problem import Demand, PlacementProblem, PoolProblem
+from placement.solver.problem_build import build_problem
 from placement.solver.solution import PoolSolution, Solution
 from placement.solver.solve import extract_plan, solve
 from placement.solver.timing import Deadline

@@ -11,7 +11,7 @@ from placement.errors import InfeasibleError
 from placement.settings import PlannerSettings, Settings
 from placement.solver import SolveOptions, extract_plan, solve
 from placement.solver.infeasible import explain_by_relaxing
-from placement.solver.problem import build_problem
+from placement.solver.problem_build import build_problem
 from tests.factories import adapter, catalog, demand, fleet, pool
 
 AT = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)

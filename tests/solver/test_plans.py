@@ -14,7 +14,8 @@ from placement.domain import AdapterId, Catalog, Fleet, PodId, Tier
 from placement.plan import Plan, plan_from_json, plan_to_dict, plan_to_json
 from placement.settings import PlannerSettings, Settings
 from placement.solver import SolveOptions, extract_plan, solve
-from placement.solver.problem import PlacementProblem, build_problem
+from placement.solver.problem import PlacementProblem
+from placement.solver.problem_build import build_problem
 from tests.factories import adapter, catalog, demand, fleet, pool
 
 AT = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)

@@ -20,7 +20,8 @@ from placement.settings import PlannerSettings, Settings
 from placement.solver import Solution, SolveOptions, extract_plan, solve
 from placement.solver.choose import greedy_assignment
 from placement.solver.packing import evaluate
-from placement.solver.problem import PlacementProblem, build_problem
+from placement.solver.problem import PlacementProblem
+from placement.solver.problem_build import build_problem
 from tests.factories import MIB, adapter, catalog, demand, fleet, pool
 
 AT = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)

@@ -25,7 +25,8 @@ from placement.plan import plan_from_json, plan_to_json
 from placement.settings import PlannerSettings, Settings
 from placement.solver import SolveOptions, extract_plan, solve
 from placement.solver.planner import greedy_solution
-from placement.solver.problem import Demand, PlacementProblem, build_problem
+from placement.solver.problem import Demand, PlacementProblem
+from placement.solver.problem_build import build_problem
 from placement.solver.reserve import busy_share, choose_reserve
 from tests.factories import adapter, catalog, fleet, pool
 

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from placement.domain import Adapter, AdapterId
 from placement.settings import PlannerSettings, Settings
 from placement.solver import SolveOptions, build_problem, extract_plan, solve
-from placement.solver.problem import slo_weight
+from placement.solver.problem_build import slo_weight
 from tests.factories import adapter, catalog, demand, fleet, pool
 
 AT = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
