@@ -31,8 +31,8 @@ from placement.domain import AdapterId, Catalog, Fleet, PodId
 from placement.settings import PlannerSettings, Settings
 from placement.sizing import BUILTIN_MODELS
 from placement.solver import options_from, solve
+from placement.solver.assignment import Assignment, evaluate
 from placement.solver.greedy import hot_eligible, warm_eligible
-from placement.solver.packing import Assignment, evaluate
 from placement.solver.problem import Demand, PlacementProblem, PoolProblem
 from placement.solver.problem_build import build_problem
 from placement.solver.timing import Deadline

@@ -15,10 +15,11 @@ from types import MappingProxyType
 
 from placement.errors import InfeasibleError, SolverError
 from placement.plan import SolverReport
+from placement.solver.assignment import Assignment, evaluate
 from placement.solver.counts import rounding_slack
 from placement.solver.greedy import ClassKey, Counts, greedy_counts, trim_counts
 from placement.solver.infeasible import honours_pins, pin_packing_reasons
-from placement.solver.packing import Assignment, assign_around, assign_pods, evaluate
+from placement.solver.packing import assign_around, assign_pods
 from placement.solver.packing_sat import pack_hot
 from placement.solver.problem import PoolProblem
 from placement.solver.solution import PoolSolution

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from placement.domain import AdapterId, PodId
+from placement.solver.assignment import Assignment
 from placement.solver.greedy import hot_eligible
-from placement.solver.packing import Assignment
 from placement.solver.problem import Candidate, PodClass, PoolProblem
 
 #: Challengers that may try a swap to make room (each try scans pods x replicas).

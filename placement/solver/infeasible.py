@@ -17,9 +17,10 @@ from collections.abc import Callable
 from ortools.sat.python import cp_model
 
 from placement.domain import AdapterId, PodId
+from placement.solver.assignment import Assignment
 from placement.solver.counts import FAMILIES, build_model
 from placement.solver.greedy import Counts, hot_eligible, named_pins_per_class
-from placement.solver.packing import Assignment, assign_pods
+from placement.solver.packing import assign_pods
 from placement.solver.problem import Candidate, PlacementProblem, PodClass, PoolProblem
 
 _FAMILY_WORDS = {

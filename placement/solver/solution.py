@@ -19,7 +19,7 @@ from types import MappingProxyType
 
 from placement.domain import AdapterClass, AdapterId, PodId, Tier
 from placement.plan import AdapterPlan, Plan, PodPlan, Preload, SolverReport
-from placement.solver.packing import Assignment, PoolCost, pod_loads
+from placement.solver.assignment import Assignment, PoolCost, pod_loads
 from placement.solver.problem import Candidate, PlacementProblem, PoolProblem
 
 

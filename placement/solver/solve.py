@@ -34,6 +34,7 @@ from ortools.sat.python import cp_model
 
 from placement.errors import InfeasibleError, SolverError
 from placement.plan import Plan
+from placement.solver.assignment import Assignment, evaluate
 from placement.solver.budget import MIN_SEARCH_S, Budget
 from placement.solver.choose import (
     bound_notes,
@@ -61,7 +62,6 @@ from placement.solver.infeasible import (
     explain_by_relaxing,
     quick_reasons,
 )
-from placement.solver.packing import Assignment, evaluate
 from placement.solver.problem import PlacementProblem, PoolProblem
 from placement.solver.solution import PoolSolution, Solution, assemble_plan
 from placement.solver.timing import Deadline, spent_s

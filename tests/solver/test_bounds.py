@@ -34,9 +34,9 @@ from ortools.sat.python import cp_model
 from placement.domain import AdapterId, PodId
 from placement.settings import PlannerSettings, Settings
 from placement.solver import SolveOptions, build_problem
+from placement.solver.assignment import Assignment, evaluate
 from placement.solver.choose import counts_of
 from placement.solver.counts import SCALE, build_model, rounding_slack
-from placement.solver.packing import Assignment, evaluate
 from placement.solver.problem import Candidate, Demand, PoolProblem
 from placement.solver.solve import solve_pool
 from tests.factories import adapter, catalog, fleet, pool

@@ -17,9 +17,9 @@ import pytest
 from placement.settings import Settings
 from placement.solver import Solution, SolveOptions, build_problem, solve
 from placement.solver import planner as planner_module
+from placement.solver.assignment import evaluate
 from placement.solver.choose import bound_notes, counts_of, greedy_assignment, pick_plan
 from placement.solver.counts import rounding_slack
-from placement.solver.packing import evaluate
 from placement.solver.planner import SolverPlanner
 from placement.solver.problem import PlacementProblem, PoolProblem
 from tests.factories import adapter, catalog, demand, fleet, pool

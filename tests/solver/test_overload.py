@@ -19,10 +19,10 @@ from ortools.sat.python import cp_model
 from placement.plan import SolverReport
 from placement.settings import PlannerSettings, Settings
 from placement.solver import SolveOptions, build_problem, solve
+from placement.solver.assignment import evaluate
 from placement.solver.choose import gap_notes, greedy_assignment
 from placement.solver.counts import SCALE, build_model, counts_from
 from placement.solver.improve import top_up
-from placement.solver.packing import evaluate
 from placement.solver.patterns import enumerate_patterns
 from placement.solver.problem import PoolProblem
 from tests.factories import adapter, catalog, demand, fleet, pool

@@ -18,8 +18,8 @@ from placement.errors import InfeasibleError
 from placement.plan import Plan, plan_to_dict
 from placement.settings import PlannerSettings, Settings
 from placement.solver import Solution, SolveOptions, extract_plan, solve
+from placement.solver.assignment import evaluate
 from placement.solver.choose import greedy_assignment
-from placement.solver.packing import evaluate
 from placement.solver.problem import PlacementProblem
 from placement.solver.problem_build import build_problem
 from tests.factories import MIB, adapter, catalog, demand, fleet, pool
