@@ -35,17 +35,16 @@ Pure: no IO, no clock, no logging.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
-from models.bands import band_factors, default_factors, widened
-from models.base import PanelForecast, poisson_quantiles
-from models.experts import EXPERTS, Lags, expert_means
+from models.bands import band_factors, default_factors
+from models.experts import EXPERTS, Lags
 from models.rolling import Plan, crossfit, grid_losses, simplex
+from models.selected import FittedSelection, SelectionSettings, jump_mask, typical
 from models.series import CountPanel, FloatArray, IntArray
-from models.shifts import Change, ShiftRule, Shifts, detect_shifts, jumped, level_forecast
 from models.shrink import (
     FOLLOW,
     after_change,
@@ -55,71 +54,16 @@ from models.shrink import (
     trust_from_evidence,
 )
 
+__all__ = ["FittedSelection", "Selecting", "SelectionSettings"]
+
 BoolArray = npt.NDArray[np.bool_]
 #: Experts that read the daily shape (the same as persistence without a past day).
 SHAPED = ("shaped-persistence",)
 
 
 @dataclass(frozen=True, kw_only=True)
-class Selecting:
-    name: str = "auto"
-    #: Upper edges (in steps) of the horizon bands; the last band runs to the horizon.
-    #: The first band is stacked step by step, the others band by band.
-    band_edges: tuple[int, ...] = (6, 36)
-    #: Stacked experts of the first band (the first is its naive forecast) and beyond
-    #: (the first two are the naive ones).
-    short_experts: tuple[str, ...] = (
-        "persistence",
-        "mean-3",
-        "median-6",
-        "shaped-persistence",
-    )
-    day_experts: tuple[str, ...] = ("yesterday", "median-7d", "yesterday-near", "recent-days")
-    #: Stacking weights move in steps of 1/grid.
-    short_grid: int = 5
-    day_grid: int = 5
-    days: int = 7
-    short_every: int = 1
-    long_every: int = 12
-    #: The t statistic at which the stack gets all the weight (none at 0 or below), past
-    #: the first band and in it.
-    z_full: float = 2.0
-    z_short: float = 0.5
-    #: The naive target mixes the naive forecasts by 1/error**naive_power (None: the best).
-    naive_power: float | None = 2.0
-    #: Days of history before the bands past the first are selected at all.
-    min_days: int = 3
-    #: Buckets of history (and of an adapter's life) before the first band is selected.
-    min_short: int = 24
-    #: Within the first band (``band_edges[0]`` buckets, the first hour) the band follows
-    #: the forecast through the day: its scale goes as the forecast over the adapter's
-    #: typical level, to this power.
-    band_power: float = 0.5
-    #: The same power past the first band: a day's volume moves as one factor, so the
-    #: error of a day-ahead forecast grows with the forecast itself.
-    day_band_power: float = 1.0
-    #: Past the first hour, the band is calibrated this share of the way from its level
-    #: (0.9, 0.99) to 1: a day's errors share one shock, so the backtest's days are few.
-    day_margin: float = 0.5
-    #: Share of traffic that makes an adapter's cells count for the band's factors.
-    busy_share: float = 0.01
-    #: Changed (origin, step, adapter) cells below which the changed factor is a default.
-    min_changes: int = 60
-    #: The last bucket has jumped when it is this many times above (or below) the mean
-    #: of the ``jump_window`` buckets before it (both ends given one request and
-    #: ``jump_smooth`` times the adapter's mean per bucket). After a jump the first
-    #: hour's stack keeps its trust only where it beat persistence over the backtest's
-    #: jumps of that adapter (None: no such check).
-    jump_factor: float | None = 3.0
-    jump_window: int = 3
-    jump_smooth: float = 0.5
-    #: Backtest jumps an adapter needs for its own evidence; with fewer, the busy
-    #: adapters' pooled evidence.
-    min_jumps: int = 6
-    #: The t statistic (of the stack's advantage right after jumps) that keeps or drops
-    #: all of its trust after a jump; half of it at 0.
-    z_jump: float = 2.0
-    shift_rule: ShiftRule = field(default_factory=ShiftRule)
+class Selecting(SelectionSettings):
+    """The ``auto`` model: its settings (``models.selected.SelectionSettings``) and the fit."""
 
     def fit(self, history: CountPanel) -> FittedSelection:
         n, per_day = history.n_buckets, history.per_day()
@@ -227,7 +171,7 @@ class _PlanFit:
 
 
 def _fit_plan(
-    settings: Selecting, lags: Lags, plan: Plan, *, first_seen: IntArray, busy: BoolArray
+    settings: SelectionSettings, lags: Lags, plan: Plan, *, first_seen: IntArray, busy: BoolArray
 ) -> _PlanFit:
     grid = simplex(len(plan.experts), plan.grid)
     mask = plan.unit_mask()
@@ -257,7 +201,7 @@ def _fit_plan(
         for unit in (u for u, b in enumerate(plan.unit_band) if b == band):
             weights[unit] = trust * stacked[unit].T + (1.0 - trust) * target
         if jump_weights is not None:
-            jump = _jump_mask(settings, lags, plan.origins)
+            jump = jump_mask(settings, lags, plan.origins)
             excess = own - band_crossed
             kept = trust * jump_trust(excess, jump, busy, settings.min_jumps, settings.z_jump)
             for unit in (u for u, b in enumerate(plan.unit_band) if b == band):
@@ -276,32 +220,13 @@ def _fit_plan(
                 band_cells,
                 mean=mean,
                 scale=scale,
-                typical=_typical(lags, settings.days),
+                typical=typical(lags, settings.days),
                 power=power,
                 min_changes=settings.min_changes,
                 margin=margin,
             )
         fitted[band] = (scale, factors, follow)
     return _PlanFit(weights=weights, jump_weights=jump_weights, bands=fitted)
-
-
-def _jump_mask(settings: Selecting, lags: Lags, origins: IntArray) -> BoolArray:
-    """Per (origin, adapter): the last bucket jumped (never without a ``jump_factor``)."""
-    if settings.jump_factor is None:
-        return np.zeros((len(origins), lags.counts.shape[1]), dtype=bool)
-    return jumped(
-        lags,
-        origins,
-        factor=settings.jump_factor,
-        window=settings.jump_window,
-        smooth=settings.jump_smooth,
-    )
-
-
-def _typical(lags: Lags, days: int) -> FloatArray:
-    """Each adapter's mean per bucket over the last ``days`` days."""
-    end = np.array([lags.n_buckets], dtype=np.int64)
-    return np.asarray(lags.level(end, days * lags.per_day)[0], dtype=np.float64)
 
 
 def _expand(weights: FloatArray, names: tuple[str, ...]) -> FloatArray:
@@ -322,113 +247,3 @@ def _busy(counts: FloatArray, share: float) -> BoolArray:
     totals = counts.sum(axis=0)
     grand = totals.sum()
     return np.asarray(totals >= share * grand if grand > 0 else np.zeros(len(totals), dtype=bool))
-
-
-@dataclass(frozen=True, kw_only=True, eq=False)
-class FittedSelection:
-    settings: Selecting
-    #: ``(unit, expert, adapter)``: weights per step of the first band, then per band.
-    weights: FloatArray
-    #: ``(step, expert, adapter)``: the first band's weights for an adapter whose last
-    #: bucket jumped.
-    jump_weights: FloatArray
-    #: ``(band, adapter)``: the mean absolute error of the selected forecast in the backtest.
-    scale: FloatArray
-    #: ``(band, level, [steady, changed])``: q90 and q99 are mean + factor x scale.
-    factors: FloatArray
-    #: ``(band, [stopped, other])``: how far a changed adapter follows its new level.
-    follow: FloatArray
-    adapters: tuple[str, ...]
-    notes: tuple[str, ...] = field(default=())
-
-    def predict(self, history: CountPanel, *, horizon: int) -> PanelForecast:
-        if history.adapters != self.adapters:
-            raise ValueError(f"{self.settings.name}: fitted on other adapters than these")
-        rule = self.settings.shift_rule
-        lags = Lags.of(history.counts, per_day=history.per_day(), first=history.n_buckets)
-        origin = np.array([history.n_buckets], dtype=np.int64)
-        either = self.weights.any(axis=(0, 2)) | self.jump_weights.any(axis=(0, 2))
-        used = tuple(EXPERTS[e] for e in np.flatnonzero(either))
-        means = expert_means(lags, origin, horizon=horizon, names=used)[:, 0]
-        steps = np.arange(1, horizon + 1)
-        band = np.searchsorted(self.settings.band_edges, steps, side="left")
-        first = self.settings.band_edges[0]
-        unit = np.where(steps <= first, steps - 1, first + band - 1)
-        short = steps <= first
-        jump = _jump_mask(self.settings, lags, origin)[0]  # (adapter,)
-        weights = self.weights[unit]
-        weights[short] = np.where(
-            jump[None, None, :], self.jump_weights[unit[short]], weights[short]
-        )
-        chosen = weights[:, [EXPERTS.index(name) for name in used]]  # (h, e, a)
-        mean = np.einsum("eha,hea->ha", means, chosen)
-        shifts = detect_shifts(lags, origin, rule)
-        changed = shifts.changed[0][None, :]
-        level = level_forecast(lags, origin, shifts, horizon=horizon, rule=rule)[0]
-        kind = np.broadcast_to(shifts.kind[0][None, :], mean.shape)
-        follow = self.follow[band]  # (step, [stopped, other])
-        weight = np.where(
-            kind == Change.STOPPED, follow[:, :1], np.where(kind != 0, follow[:, 1:], 0.0)
-        )
-        mean = weight * level + (1.0 - weight) * mean
-        sigma = widened(
-            self.scale[band],
-            changed,
-            shifts.ratio[0][None, :],
-            shifts.level[0][None, :],
-            mean=mean,
-            typical=_typical(lags, self.settings.days)[None, :],
-            power=np.where(steps <= first, self.settings.band_power, self.settings.day_band_power)[
-                :, None
-            ],
-        )
-        which = changed.astype(np.int64)
-        factor = np.take_along_axis(self.factors[band], which[:, None, :].repeat(2, axis=1), axis=2)
-        _, pq90, pq99 = poisson_quantiles(mean)
-        q90 = np.maximum(mean + factor[:, 0] * sigma, pq90)
-        q99 = np.maximum(mean + factor[:, 1] * sigma, np.maximum(pq99, q90))
-        return PanelForecast(
-            origin_s=history.end_s,
-            bucket_s=history.bucket_s,
-            adapters=history.adapters,
-            mean=mean,
-            q50=mean,
-            q90=q90,
-            q99=q99,
-            p_nonzero=_p_nonzero(lags, origin, mean, changed),
-            model=self._model_names(unit, shifts),
-            notes=self.notes + _shift_notes(self.settings.name, history.adapters, shifts),
-        )
-
-    def _model_names(self, unit: IntArray, shifts: Shifts) -> tuple[str, ...]:
-        """Each adapter's heaviest expert over the horizon, or the change it is following."""
-        heaviest = self.weights[unit].sum(axis=0).argmax(axis=0)
-        names = [f"{self.settings.name}:{EXPERTS[int(i)]}" for i in heaviest]
-        for column in np.flatnonzero(shifts.changed[0]):
-            kind = Change(int(shifts.kind[0, column])).name.lower()
-            names[column] = f"{self.settings.name}:{kind}"
-        return tuple(names)
-
-
-def _p_nonzero(lags: Lags, origin: IntArray, mean: FloatArray, changed: BoolArray) -> FloatArray:
-    """The share of the last 7 days with a request in the bucket, the Poisson value of the
-    mean counting as one more day; after a change of level, the Poisson value alone.
-    """
-    rows = lags.targets(origin, mean.shape[0])[0]
-    days = lags.days_known[rows]
-    poisson = 1.0 - np.exp(-mean)
-    past = (lags.nonzero_7d[rows] * days + poisson) / (days + 1.0)
-    return np.asarray(np.where(changed, poisson, past), dtype=np.float64)
-
-
-def _shift_notes(name: str, adapters: tuple[str, ...], shifts: Shifts) -> tuple[str, ...]:
-    notes = []
-    for kind in (Change.STOPPED, Change.SURGED, Change.DROPPED, Change.APPEARED):
-        columns = np.flatnonzero(shifts.kind[0] == kind)
-        if len(columns):
-            listed = ", ".join(adapters[c] for c in columns[:5])
-            more = f" and {len(columns) - 5} more" if len(columns) > 5 else ""
-            notes.append(
-                f"{name}: {kind.name.lower()}: {listed}{more}; forecast from the new level"
-            )
-    return tuple(notes)

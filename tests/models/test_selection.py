@@ -189,11 +189,14 @@ def test_after_a_stop_the_forecast_is_zero_but_the_band_is_not() -> None:
 
 @pytest.mark.parametrize("name", ["persistence", "yesterday", "median-7d"])
 def test_naive_experts_match_the_naive_models(name: str) -> None:
+    from models.base import FittedForecaster
     from models.baselines import Persistence, SameBucketMedian, SeasonalNaive
 
-    model = {"persistence": Persistence(), "yesterday": SeasonalNaive()}.get(
-        name, SameBucketMedian()
-    )
+    models: dict[str, FittedForecaster] = {
+        "persistence": Persistence(),
+        "yesterday": SeasonalNaive(),
+    }
+    model = models.get(name, SameBucketMedian())
     panel = panel_of(seasonal(), surged())
     lags = Lags.of(panel.counts, per_day=PER_DAY, first=panel.n_buckets)
     ours = expert_means(lags, np.array([panel.n_buckets]), horizon=PER_DAY, names=(name,))
