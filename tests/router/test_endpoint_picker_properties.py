@@ -16,7 +16,8 @@ from placement.domain import AdapterId, Engine, PodId, PoolId
 from placement.plan import Plan
 from placement.ports import PodMetrics
 from placement.router.core import Router
-from placement.router.endpoint_picking import GatewayRequest, Picked, Refused, endpoint_of
+from placement.router.endpoint_picking import GatewayRequest, Picked, Refused
+from placement.router.gateway_answer import endpoint_of
 from placement.router.reqlog import MemoryRequestLog
 from placement.router.sources import StaticPlanSource
 from placement.router.state import Upstream, build_topology
