@@ -21,8 +21,9 @@ from rich.table import Table
 
 from placement.cli.app import app, err, out, report_errors
 from placement.demo.measure import PolicyResult
+from placement.demo.prepare import DemoOptions
 from placement.demo.processes import local_processes
-from placement.demo.run import DemoOptions, Stage, run_demo
+from placement.demo.run import Stage, run_demo
 from placement.demo.setup import DEFAULT_SCENARIO, POLICIES
 from placement.errors import InputError, Problem
 

@@ -14,7 +14,8 @@ import pytest
 
 from placement.controller.config import load_controller_config
 from placement.controller.wiring import settings_for
-from placement.demo.run import DemoOptions, _controller_config
+from placement.demo.prepare import DemoOptions
+from placement.demo.run import _controller_config
 from placement.demo.setup import DEFAULT_SCENARIO, Prepared
 from placement.settings import ControllerSettings
 

@@ -23,8 +23,9 @@ from pathlib import Path
 import pytest
 
 from placement.demo.measure import PolicyResult, first_after_events
+from placement.demo.prepare import DemoOptions, prepare
 from placement.demo.processes import local_processes
-from placement.demo.run import DemoOptions, prepare, run_demo
+from placement.demo.run import run_demo
 from placement.inputs import load_request_log
 
 pytestmark = pytest.mark.slow
