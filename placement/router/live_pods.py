@@ -225,10 +225,11 @@ class LivePod:
         """A request ``begin`` counted left the pod. ``held``: what ``begin`` returned
         for it (the engines release the entry a request ran on, however the requests
         of a name end in turn); None: the name's entry in flight longest. ``ran``: the
-        pod ran it to its end (the proxy saw its stream end), so on vLLM its last step
-        touched its entry in the engine's LRUs (``PodLedger.last_step``), as the
-        replay's ``FleetReplay._done`` does. False: it did not run here (refused, failed
-        over). ``last_used_s`` keeps the request's arrival, as the replay's
+        pod ran it to its end (the proxy saw its stream end), so its last step touched
+        its entry in the engine's LRUs (``PodLedger.last_step``: its GPU slot on both
+        engines, on vLLM its host-cache entry too), as the replay's
+        ``FleetReplay._done`` does. False: it did not run here (refused, failed over).
+        ``last_used_s`` keeps the request's arrival, as the replay's
         ``SimPod.last_used``: the victim's worth counts its idle time from its last
         request's arrival (a Poisson stream's last event; counting from the end
         measured worse, docs/benchmarks.md)."""

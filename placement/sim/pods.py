@@ -3,17 +3,19 @@
 What a pod holds (the names it lists, its host cache, its GPU slots and their LRU
 orders) is ``placement.residency.PodResidency``, the engine model the emulator and the
 router's ledger run too, so the replay and an emulated pod cannot disagree. ``SimPod``
-calls it for each load, unload and request (and, on vLLM, each request's last step)
-and keeps, next to it, what the model does not: time (when an adapter landed on its
-slot, when it was used), the running batch and queue, and two mirrors of the model's
-state that the routers read per request without a copy (``gpu_adapters``,
-``registered``). The mirrors are rebuilt from the model after every call that moves
-anything, and ``agrees()`` checks them.
+calls it for each load, unload and request (and each request's last step) and keeps,
+next to it, what the model does not: time (when an adapter landed on its slot, when it
+was used), the running batch and queue, and two mirrors of the model's state that the
+routers read per request without a copy (``gpu_adapters``, ``registered``). The
+mirrors are rebuilt from the model after every call that moves anything, and
+``agrees()`` checks them.
 
-Speed: a hit (a request for an adapter on a GPU slot) changes only the LRU orders, so
-it is noted, not sent: before the model is next called or read (``model``), the hits
-since are sent in the order of their last use, which leaves it exactly as one call per
-hit would (a replay sends hundreds of thousands).
+Speed: a hit (a request for an adapter on a GPU slot) and a last step change only the
+LRU orders, so they are noted, not sent: before the model is next called or read
+(``model``), the hits since are sent in the order of their last request, then, on
+SGLang, where a last step moves the GPU order alone, the mirror's GPU order is set,
+which leaves the model exactly as one call each would (a replay sends hundreds of
+thousands).
 
 ``SimPod`` satisfies ``policies.routing.PodLike``. Mutated only by the
 replay (``placement.sim.engine`` and its parts ``loads``, ``deliveries`` and
@@ -52,6 +54,7 @@ class SimPod:
     __slots__ = (
         "_hits",
         "_model",
+        "_steps",
         "busy_until",
         "event_wanted",
         "free_slots",
@@ -94,8 +97,11 @@ class SimPod:
         self._model = PodResidency(
             spec.engine, max_loras=spec.max_loras, max_cpu_loras=spec.max_cpu_loras
         )
-        #: Adapters hit since the model was last called (see the module's docstring).
-        self._hits: set[str] = set()
+        #: Adapters hit since the model was last called, in the order of their last hit;
+        #: and, on SGLang, those whose request ran its last step since (the module's
+        #: docstring).
+        self._hits: dict[str, None] = {}
+        self._steps: set[str] = set()
         self.healthy = True
         self.queue: deque[int] = deque()
         self.queue_depth = 0
@@ -157,12 +163,16 @@ class SimPod:
     @property
     def model(self) -> PodResidency:
         """The engine model, up to date."""
-        hits = self._hits
+        hits, steps, model = self._hits, self._steps, self._model
         if hits:
-            for adapter in [name for name in self.gpu_adapters if name in hits]:
-                self._model.request(adapter)
-            hits.clear()
-        return self._model
+            for adapter in [name for name in hits if name in self.gpu_adapters]:
+                model.request(adapter)  # both orders (SGLang: the registry's acquire)
+        if steps:  # SGLang: the GPU order alone, to the mirror's (hits' places too)
+            for adapter in [name for name in self.gpu_adapters if name in steps or name in hits]:
+                model.last_step(model.entry(adapter))
+            steps.clear()
+        hits.clear()
+        return model
 
     # the engine's three calls --------------------------------------------------------
     def load(self, adapter: str, *, busy: Collection[str] = (), now_s: float = 0.0) -> Effects:
@@ -206,6 +216,7 @@ class SimPod:
             self.residencies_s.append(max(0.0, now_s - landed_s))
             self.residency_ends_s.append(now_s)
         self._hits.clear()
+        self._steps.clear()
         self._model.restart()
         self.gpu_adapters = {}
         self.registered = {}
@@ -218,17 +229,27 @@ class SimPod:
 
     def touch(self, adapter: str) -> None:
         """A request for an adapter on a GPU slot: a hit, which refreshes both LRUs."""
-        self._hits.add(adapter)
+        hits = self._hits
+        hits.pop(adapter, None)
+        hits[adapter] = None
         slots = self.gpu_adapters
         slots[adapter] = slots.pop(adapter)
 
     def last_step(self, adapter: str) -> None:
-        """vLLM: a request on ``adapter`` ran its last step, which touched it in both
-        LRUs as every step does (``PodResidency.last_step``). SGLang, and an adapter no
-        longer on its GPU slot, are left as they are; ``last_used`` keeps the start (what
-        the router saw)."""
-        if adapter in self.gpu_adapters and self._model.engine is EngineModel.VLLM:
+        """A request on ``adapter`` ran its last step, which marked its GPU slot used as
+        every step does (``PodResidency.last_step``): on vLLM in both LRUs, a hit's
+        touch; on SGLang in the GPU pool's only (``LoRAMemoryPool.prepare_lora_batch``:
+        ``mark_used``), the soft cap's registry moving on arrival alone. An adapter no
+        longer on its GPU slot is left as it is; ``last_used`` keeps the start (what the
+        router saw)."""
+        slots = self.gpu_adapters
+        if adapter not in slots:
+            return
+        if self._model.engine is EngineModel.VLLM:
             self.touch(adapter)
+            return
+        self._steps.add(adapter)
+        slots[adapter] = slots.pop(adapter)
 
     def land(self, adapter: str, now_s: float) -> None:
         """The adapter fetched last is on its slot now."""
