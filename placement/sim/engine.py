@@ -381,7 +381,7 @@ class FleetReplay(EngineDeliveries):
             running[adapter] = left
         else:
             del running[adapter]
-        pod.last_step(adapter)  # vLLM: an adapter is as recent as its last step
+        pod.last_step(adapter)  # vLLM and SGLang: a GPU slot is as recent as its last step
         pod.kv_tokens -= self.workload.prompt_tokens[r] + self.workload.output_tokens[r]
         pod.kv_usage = pod.kv_tokens / self.sim.kv_capacity_tokens
         if pod.load_adapter is None:

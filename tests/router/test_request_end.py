@@ -1,7 +1,7 @@
 """A request's end, as the proxy sees its stream end, was a step on its adapter: its
 last step touched the adapter's entry in the engine's LRUs (on SGLang the GPU pool's
-only), so the router's ledger moves it last as the engine does (and, on vLLM, as the
-replay's ``FleetReplay._done``). The
+only), so the router's ledger moves it last as the engine does (and as the replay's
+``FleetReplay._done``, on both engines). The
 victim's idle time still counts from its last request's arrival, as in the replay.
 Requests in flight are counted by the entry they hold, as the engines count a batch:
 after an unload and a reload of a name, the old entry's request keeps the old slot and
