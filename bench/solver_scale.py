@@ -6,7 +6,7 @@ lorafleet's solver (pod classes, greedy hint, two stages) and, where practical, 
 baseline: one CP-SAT boolean per (adapter, pod) for hot and for warm, the same
 objective, no hint, the same time limit and workers. lorafleet's limit is a deadline
 for the whole solve, the problem's building included, as ``lorafleet plan``'s. Both
-plans are priced by the same yardstick (``placement.solver.packing.evaluate`` without
+plans are priced by the same yardstick (``placement.solver.assignment.evaluate`` without
 the imbalance term, which the baseline does not model), and the baseline's ratio to
 ours is printed.
 
