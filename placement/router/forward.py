@@ -32,8 +32,8 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from placement.adapters.sglang import adapter_request
@@ -103,7 +103,9 @@ class Exchange:
     arrived_s: float
     path: str
     body: bytes = b""
-    payload: dict[str, Any] = field(default_factory=dict)
+    #: The parsed body, once ``front.parse_request`` has read it (None before: no
+    #: dict is made per request for it).
+    payload: Mapping[str, Any] | None = None
     model: str = ""
     stream: bool = False
     tenant: str | None = None
@@ -119,7 +121,8 @@ class Exchange:
     #: The last pod tried does not have the adapter we thought it held: retry it there.
     adapter_gone: bool = False
     #: Pods that lost the adapter once already (a second refusal there goes to the client).
-    reloaded_on: set[str] = field(default_factory=set)
+    #: (A frozenset, replaced on a reload: no set is made per request.)
+    reloaded_on: frozenset[str] = frozenset()
     client_gone: bool = False
     finished: bool = False
     #: The router knows ``model`` (``Router.knows``): only then is it an adapter the
@@ -132,7 +135,9 @@ class Exchange:
         upstream = state.upstream
         if upstream.engine is not Engine.SGLANG or self.model == upstream.served_model:
             return self.body
-        rewritten = adapter_request(upstream.served_model, AdapterId(self.model), self.payload)
+        rewritten = adapter_request(
+            upstream.served_model, AdapterId(self.model), dict(self.payload or {})
+        )
         return json.dumps(rewritten).encode()
 
     def read_usage(self, usage: object) -> None:
@@ -180,7 +185,7 @@ async def forward(
                 state.ledger.forget(adapter)
                 state.sync()
                 if state.upstream.pod not in exchange.reloaded_on:
-                    exchange.reloaded_on.add(state.upstream.pod)
+                    exchange.reloaded_on |= {state.upstream.pod}
                     exchange.adapter_gone = True
                     return False
             exchange.status = reply.status

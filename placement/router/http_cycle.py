@@ -58,6 +58,30 @@ def _status_line(status: int) -> bytes:
 
 
 _STATUS_LINES = {status: _status_line(status) for status in range(100, 600)}
+#: Header pairs already checked, to their lower-cased name. An answer's headers are
+#: nearly always the same few (the date, the server, the pod's content type), and two
+#: regular expressions and a ``lower`` per header were a third of building a head.
+_CHECKED: dict[tuple[bytes, bytes], bytes] = {}
+#: Past this many pairs (a new date each second, odd values) the cache starts over.
+_CHECKED_MAX = 1024
+
+
+def _checked_name(pair: Any, given: bytes, value: bytes) -> bytes:
+    """``given`` lower-cased, once the pair is known to be a valid header (else
+    RuntimeError); a pair that is a tuple is remembered."""
+    hashable = type(pair) is tuple
+    if hashable:
+        name: bytes | None = _CHECKED.get(pair)
+        if name is not None:
+            return name
+    if _NAME_FORBIDDEN.search(given) or _VALUE_FORBIDDEN.search(value):
+        raise RuntimeError("Invalid HTTP header name or value.")
+    name = given.lower()
+    if hashable and type(given) is bytes and type(value) is bytes:
+        if len(_CHECKED) >= _CHECKED_MAX:
+            _CHECKED.clear()
+        _CHECKED[pair] = name
+    return name
 
 
 class Link(Protocol):
@@ -293,10 +317,9 @@ class RequestCycle:
         parts = [_STATUS_LINES.get(status) or _status_line(status)]
         defaults = self._link.default_headers
         closes = False
-        for given, value in [*defaults, *headers] if defaults else headers:
-            if _NAME_FORBIDDEN.search(given) or _VALUE_FORBIDDEN.search(value):
-                raise RuntimeError("Invalid HTTP header name or value.")
-            name = given.lower()
+        for pair in [*defaults, *headers] if defaults else headers:
+            given, value = pair
+            name = _checked_name(pair, given, value)
             if name == b"content-length" and self._chunked is None:
                 self._remaining = int(value.decode())
                 self._chunked = False
