@@ -57,6 +57,10 @@ def report_errors(command: Callable[P, R]) -> Callable[P, R]:
         except LorafleetError as exc:
             err().print(f"[bold red]error[/]: {exc}", highlight=False)
             raise typer.Exit(EXIT_FAILED) from None
+        except (TimeoutError, ConnectionError):
+            # OSErrors too (asyncio's timeout among them, with no message), but not a
+            # file: they keep their traceback rather than read "error: " and exit 2.
+            raise
         except OSError as exc:  # a file that cannot be read or written: named, no traceback
             err().print(f"[bold red]error[/]: {exc}", highlight=False, markup=True)
             raise typer.Exit(EXIT_BAD_INPUT) from None

@@ -1,0 +1,37 @@
+"""``report_errors``: a file that cannot be read or written is one line and exit 2; a
+network failure or a timeout (also OSErrors) is not a bad input and keeps its traceback."""
+
+from __future__ import annotations
+
+import errno
+from pathlib import Path
+
+import pytest
+import typer
+
+from placement.cli.app import EXIT_BAD_INPUT, report_errors
+
+
+def _raising(exc: BaseException) -> None:
+    @report_errors
+    def command() -> None:
+        raise exc
+
+    command()
+
+
+def test_a_file_that_cannot_be_written_is_a_bad_input(tmp_path: Path) -> None:
+    missing = tmp_path / "absent"
+    with pytest.raises(typer.Exit) as stopped:
+        _raising(FileNotFoundError(errno.ENOENT, "no such directory", str(missing)))
+    assert stopped.value.exit_code == EXIT_BAD_INPUT
+
+
+@pytest.mark.parametrize(
+    "exc", [TimeoutError(), ConnectionRefusedError(errno.ECONNREFUSED, "Connection refused")]
+)
+def test_a_timeout_or_a_refused_connection_is_not_a_bad_input(exc: OSError) -> None:
+    # asyncio.TimeoutError is TimeoutError, an OSError, and its message is empty: caught
+    # as a file error it printed "error: " and exit 2, with nothing to say what timed out.
+    with pytest.raises(type(exc)):
+        _raising(exc)
