@@ -215,7 +215,7 @@ def _fit_plan(
             follow = follow_weights(band_cells, selected, settings.min_changes)
             mean = after_change(selected, band_cells.level, band_cells.kind, follow)
             power = settings.band_power if plan.first_unit == 0 else settings.day_band_power
-            margin = settings.day_margin if plan.first_unit else 0.0
+            margin = settings.day_margin if plan.first_unit else settings.short_margin
             factors = band_factors(
                 band_cells,
                 mean=mean,

@@ -68,6 +68,10 @@ class SelectionSettings:
     #: Past the first hour, the band is calibrated this share of the way from its level
     #: (0.9, 0.99) to 1: a day's errors share one shock, so the backtest's days are few.
     day_margin: float = 0.5
+    #: The first hour's band, calibrated this share of the way from its level to 1: its
+    #: backtest origins run back to back, so their errors share a few hours' shocks and
+    #: the band from them came out narrow (q90 0.79-0.86 on held-out dev days).
+    short_margin: float = 0.1
     #: Share of traffic that makes an adapter's cells count for the band's factors.
     busy_share: float = 0.01
     #: Changed (origin, step, adapter) cells below which the changed factor is a default.

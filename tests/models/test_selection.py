@@ -222,6 +222,17 @@ def test_the_day_margin_widens_the_day_band_and_leaves_the_first_hour() -> None:
     assert (wide.q90[hour.stop :] > narrow.q90[hour.stop :]).any()
 
 
+def test_the_short_margin_widens_the_first_hours_band_and_leaves_the_day() -> None:
+    panel = panel_of(seasonal(), seasonal(20.0, seed=6), dropped())
+    narrow = Selecting(short_margin=0.0).fit(panel).predict(panel, horizon=PER_DAY)
+    wide = Selecting().fit(panel).predict(panel, horizon=PER_DAY)  # the default margin
+    hour = slice(0, Selecting().band_edges[0])
+    np.testing.assert_array_equal(wide.mean, narrow.mean)
+    np.testing.assert_array_equal(wide.q90[hour.stop :], narrow.q90[hour.stop :])
+    assert (wide.q90 >= narrow.q90).all() and (wide.q99 >= narrow.q99).all()
+    assert (wide.q90[hour] > narrow.q90[hour]).any()
+
+
 def test_past_the_hour_the_band_grows_with_the_forecast_as_a_share_of_it() -> None:
     # A day's volume moves as one factor, so its error grows with the forecast itself.
     panel = panel_of(seasonal(400.0), seasonal(200.0, seed=6), dropped())
