@@ -13,6 +13,7 @@ from typing import ParamSpec, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from placement.errors import InputError, LorafleetError
 
@@ -62,7 +63,7 @@ def report_errors(command: Callable[P, R]) -> Callable[P, R]:
             # file: they keep their traceback rather than read "error: " and exit 2.
             raise
         except OSError as exc:  # a file that cannot be read or written: named, no traceback
-            err().print(f"[bold red]error[/]: {exc}", highlight=False, markup=True)
+            err().print(f"[bold red]error[/]: {escape(str(exc))}", highlight=False, markup=True)
             raise typer.Exit(EXIT_BAD_INPUT) from None
         except KeyboardInterrupt:
             err().print("interrupted")

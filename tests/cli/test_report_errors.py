@@ -35,3 +35,12 @@ def test_a_timeout_or_a_refused_connection_is_not_a_bad_input(exc: OSError) -> N
     # as a file error it printed "error: " and exit 2, with nothing to say what timed out.
     with pytest.raises(type(exc)):
         _raising(exc)
+
+
+@pytest.mark.parametrize("name", ["runs/[tenant]/requests.parquet", "runs/[/x]/requests.parquet"])
+def test_the_file_is_named_as_it_is(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    # Brackets in a path are not markup: read as markup, "[tenant]" vanished from the
+    # line that says which file, and "[/x]" raised MarkupError out of the handler.
+    with pytest.raises(typer.Exit):
+        _raising(FileNotFoundError(errno.ENOENT, "No such file or directory", name))
+    assert name in capsys.readouterr().err.replace("\n", "")
