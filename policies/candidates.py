@@ -20,8 +20,11 @@ What makes a decision over the candidates equal to the decision over the pool:
 
 So a decision that picks the minimum of a cost over pods picks the same pod whenever
 that pod is a candidate; only a pick of a non-holder outside the least-queued few can
-differ: a load where bounded affinity's order (``least_queued``) ranks the pod lower,
-which only a victim's forecast worth or a rank made stale since the last refresh does.
+differ: where a victim's forecast worth, a rank made stale since the last refresh, or
+a load under way decides the full scan's pick. The rank puts the queue before a load
+under way, while the full scan adds them (a queued request's share of the batch plus
+half a load): an idle pod that is loading can outrank a pod with one request queued
+that the full scan would pick.
 
 Pure: no IO, no clock, no state; the indexes arrive as values. Must not import
 ``placement``.
@@ -42,10 +45,11 @@ DEFAULT_LEAST_QUEUED = 4
 
 
 def least_queued(pods: Sequence[PodLike], *, count: int = DEFAULT_LEAST_QUEUED) -> tuple[int, ...]:
-    """Positions of the ``count`` healthy pods where a load costs least, in bounded
-    affinity's order (``routing._bounded_best``): the shortest queue, then no load under
-    way, then a free slot, then (on a full pod) the next victim idle longest, then the
-    fewest running, then pool order. Refreshed by the caller when queues change.
+    """Positions of the ``count`` healthy pods where a load costs least, in nearly
+    bounded affinity's order (``routing._bounded_best``; the module's docstring says
+    where it differs): the shortest queue, then no load under way, then a free slot,
+    then (on a full pod) the next victim idle longest, then the fewest running, then
+    pool order. Refreshed by the caller when queues change.
 
     The ties matter most when the fleet is quiet: with every queue empty a rank by queue
     and pool order alone named the first ``count`` pods for every load, so the long

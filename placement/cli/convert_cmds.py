@@ -88,12 +88,12 @@ def servegen(
     for name, value in (("--days", days), ("--rps", rps), ("--scale", scale)):
         _positive(name, value)
     moment = _start(start)
-    for path in (output, catalog_out, fleet_out):
-        if path is not None:  # a new folder for the converted trace, as `-o out/requests.parquet`
-            path.parent.mkdir(parents=True, exist_ok=True)
     clients = read_servegen(folder, days=days, prefix=prefix)
     if not clients:
         raise InputError([Problem(source=str(folder), message="no client has any demand")])
+    for path in (output, catalog_out, fleet_out):
+        if path is not None:  # a new folder for the converted trace, as `-o out/requests.parquet`
+            path.parent.mkdir(parents=True, exist_ok=True)
     factor = scale if scale is not None else scale_for(clients, rps)
     lengths = Lengths(prompt_median=prompt_median, output_median=output_median)
     frame = servegen_requests(

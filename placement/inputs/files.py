@@ -67,7 +67,8 @@ def write_through(path: Path, write: Callable[[Path], None]) -> None:
     (an OSError, so writers that keep their rows for a retry still do)."""
     target = Path(path)
     if not target.parent.is_dir():
-        problem = f"cannot write {target}: the directory {target.parent} does not exist"
+        what = "is not a directory" if target.parent.exists() else "does not exist"
+        problem = f"cannot write {target}: {target.parent} {what}"
         raise FileNotFoundError(errno.ENOENT, problem, str(target.parent))
     fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     os.close(fd)

@@ -116,9 +116,21 @@ def test_the_outputs_may_name_a_new_folder(folder: Path, tmp_path: Path) -> None
 
 def test_writing_into_a_missing_folder_names_it(tmp_path: Path) -> None:
     target = tmp_path / "absent" / "plan.json"
-    with pytest.raises(FileNotFoundError, match=r"absent/plan\.json: the directory .*absent"):
+    with pytest.raises(FileNotFoundError, match=r"absent/plan\.json: .*absent does not exist"):
         write_atomically(target, "{}")
     assert not (tmp_path / "absent").exists()
+    (tmp_path / "taken").write_text("")
+    with pytest.raises(FileNotFoundError, match=r"taken is not a directory"):
+        write_atomically(tmp_path / "taken" / "plan.json", "{}")
+
+
+def test_a_bad_trace_leaves_no_new_folder(tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    out = tmp_path / "new" / "requests.parquet"
+    result = runner.invoke(app, ["convert", "servegen", str(empty), "-o", str(out)])
+    assert result.exit_code == 2
+    assert not out.parent.exists()
 
 
 def test_a_command_that_cannot_write_says_where(folder: Path, tmp_path: Path) -> None:
