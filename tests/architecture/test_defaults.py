@@ -51,7 +51,7 @@ UNRELATED = {
         "an emulated pod's own KV cache (the emulate command's option), not the simulator's"
     ),
     ("policies/eviction.py", "policy"): "the eviction policy, not RouterSettings.policy",
-    ("placement/demo/run.py", "lead_s"): "wall seconds the demo's controller runs first",
+    ("placement/demo/prepare.py", "lead_s"): "wall seconds the demo's controller runs first",
     ("placement/demo/traffic.py", "concurrency"): "the demo's requests in flight, not calls",
 }
 
