@@ -52,9 +52,9 @@ def least_queued(pods: Sequence[PodLike], *, count: int = DEFAULT_LEAST_QUEUED) 
     pool order. Refreshed by the caller when queues change.
 
     The ties matter most when the fleet is quiet: with every queue empty a rank by queue
-    and pool order alone named the first ``count`` pods for every load, so the long
-    tail churned half an 8-pod fleet's slots while the other half kept adapters idle
-    since the morning (the live m-mid demo, 2026-12-02)."""
+    and pool order alone named the first ``count`` pods for every load, so the tail's
+    loads could reach only those pods' slots. (Live on m-mid, 2026-12-02, fixing it
+    moved the figures no more than the spread between runs.)"""
     ranked = heapq.nsmallest(
         count,
         (
