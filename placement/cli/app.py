@@ -53,10 +53,12 @@ def report_errors(command: Callable[P, R]) -> Callable[P, R]:
             console = err()
             for problem in exc.problems:
                 label = "warning" if problem.severity == "warning" else "error"
-                console.print(f"[bold red]{label}[/]: {problem}", highlight=False, markup=True)
+                console.print(
+                    f"[bold red]{label}[/]: {escape(str(problem))}", highlight=False, markup=True
+                )
             raise typer.Exit(EXIT_BAD_INPUT) from None
         except LorafleetError as exc:
-            err().print(f"[bold red]error[/]: {exc}", highlight=False)
+            err().print(f"[bold red]error[/]: {escape(str(exc))}", highlight=False, markup=True)
             raise typer.Exit(EXIT_FAILED) from None
         except (TimeoutError, ConnectionError):
             # OSErrors too (asyncio's timeout among them, with no message), but not a

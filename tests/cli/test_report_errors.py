@@ -1,5 +1,6 @@
 """``report_errors``: a file that cannot be read or written is one line and exit 2; a
-network failure or a timeout (also OSErrors) is not a bad input and keeps its traceback."""
+network failure or a timeout (also OSErrors) is not a bad input and keeps its traceback;
+every message is printed as it is, never read as Rich markup."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from pathlib import Path
 import pytest
 import typer
 
-from placement.cli.app import EXIT_BAD_INPUT, report_errors
+from placement.cli.app import EXIT_BAD_INPUT, EXIT_FAILED, report_errors
+from placement.errors import EngineError, InputError, Problem
 
 
 def _raising(exc: BaseException) -> None:
@@ -44,3 +46,23 @@ def test_the_file_is_named_as_it_is(name: str, capsys: pytest.CaptureFixture[str
     with pytest.raises(typer.Exit):
         _raising(FileNotFoundError(errno.ENOENT, "No such file or directory", name))
     assert name in capsys.readouterr().err.replace("\n", "")
+
+
+_MARKUP = "pods[3]: rank [bold]64[/] is not one of [8, 16]"
+
+
+def test_an_input_error_is_printed_as_it_is(capsys: pytest.CaptureFixture[str]) -> None:
+    # The problem's text is not markup: read as markup, "[bold]" vanished from the line
+    # and "[/]" with nothing open raised MarkupError out of the handler.
+    problem = Problem(source="fleet[a].yaml", entry="pods[3]", field="rank", message=_MARKUP)
+    with pytest.raises(typer.Exit) as stopped:
+        _raising(InputError([problem]))
+    assert stopped.value.exit_code == EXIT_BAD_INPUT
+    assert str(problem) in capsys.readouterr().err.replace("\n", "")
+
+
+def test_a_lorafleet_error_is_printed_as_it_is(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(typer.Exit) as stopped:
+        _raising(EngineError(_MARKUP))
+    assert stopped.value.exit_code == EXIT_FAILED
+    assert _MARKUP in capsys.readouterr().err.replace("\n", "")
