@@ -24,9 +24,7 @@ from placement.errors import LorafleetError
 from placement.forecast.event_preloads import Event, EventDecision, PodView, event_preloads
 from placement.residency import EngineModel, engine_model
 
-#: The ticks' logger, as before these methods left ``placement.controller.ticks``: a log
-#: filter keyed on that name still sees the events' warnings.
-logger = logging.getLogger("placement.controller.ticks")
+logger = logging.getLogger(__name__)
 
 #: The actions after which an adapter has just been on its pod's GPU.
 _LANDS = frozenset({ActionKind.LOAD, ActionKind.WARMUP})
