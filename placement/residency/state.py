@@ -143,7 +143,7 @@ class PodResidency:
         before the soft cap) or ``PinLimitError``."""
         if self.engine is EngineModel.VLLM:
             return self._vllm_load(name, path, inplace=inplace, busy=busy)
-        return self._sglang_load(name, path, pinned=pinned, busy=busy)
+        return self._sglang_load(name, path, pinned=pinned)  # its soft cap is blind to busy
 
     def unload(self, name: str) -> Effects:
         """``unload_lora_adapter``: raises ``NotLoadedError`` for a name the pod does not list.
@@ -276,7 +276,7 @@ class PodResidency:
         )
 
     # SGLang ------------------------------------------------------------------------
-    def _sglang_load(self, name: str, path: str, *, pinned: bool, busy: Busy) -> Effects:
+    def _sglang_load(self, name: str, path: str, *, pinned: bool) -> Effects:
         if name in self.listed:
             raise AlreadyLoadedError(name)
         if pinned and len(self.pinned) >= self.max_loras - 1:
