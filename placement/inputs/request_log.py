@@ -87,10 +87,32 @@ def _read_raw(path: Path) -> pd.DataFrame:
 def check_request_log(path: Path, *, known_adapters: frozenset[str] | None = None) -> list[Problem]:
     """Every fault in a log file, strictly: for ``lorafleet validate``."""
     try:
-        frame = _read_raw(path)
+        frame, lines = _read_strictly(path)
     except InputError as exc:
         return list(exc.problems)
-    return log_problems(frame.reset_index(drop=True), str(path), known_adapters)
+    return log_problems(frame.reset_index(drop=True), str(path), known_adapters, lines=lines)
+
+
+def _read_strictly(path: Path) -> tuple[pd.DataFrame, list[int] | None]:
+    """A log file's raw frame and, for JSON lines, each row's line (the problems name
+    lines, not rows after a header the file does not have); a line that is not a JSON
+    object is an InputError naming it."""
+    if not _is_json_lines(path):
+        return _read_raw(path), None
+    frame, lines, bad_lines = _read_json_lines(path)
+    if not lines and not bad_lines:
+        raise InputError([Problem(source=str(path), message="empty: no JSON lines")])
+    if bad_lines:
+        raise InputError(
+            [
+                Problem(
+                    source=str(path),
+                    entry=lines_entry(bad_lines),
+                    message=f"{len(bad_lines)} lines that are not JSON objects",
+                )
+            ]
+        )
+    return frame, lines
 
 
 def request_log_from_frame(
@@ -176,8 +198,9 @@ def load_request_log(path: str | Path, *, skip_bad_rows: bool = False) -> Reques
             skipped_rows=log.skipped_rows + len(bad_lines),
             notes=(*log.notes, f"{len(bad_lines)} unreadable lines skipped"),
         )
+    raw, rows_lines = _read_strictly(source)
     return request_log_from_frame(
-        _read_raw(source), source=str(source), skip_bad_rows=skip_bad_rows
+        raw, source=str(source), skip_bad_rows=skip_bad_rows, lines=rows_lines
     )
 
 

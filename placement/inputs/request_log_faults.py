@@ -11,9 +11,12 @@ of a JSON-lines file by its number.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
+from datetime import datetime
+from typing import cast
 
 import numpy as np
 import pandas as pd
@@ -90,11 +93,39 @@ def _faulty_rows(field: str, rows: pd.Index, message: str) -> list[_Fault]:
 def _timestamp_faults(frame: pd.DataFrame) -> list[_Fault]:
     ts = parse_ts(frame["ts"])
     valid = ts.dropna()
-    return _faulty_rows("ts", frame.index[ts.isna()], "unparsable timestamps") + _faulty_rows(
-        "ts",
-        valid.index[valid.diff() < pd.Timedelta(0)],
-        "timestamps earlier than the row before (not in time order)",
+    missing = frame["ts"][ts.isna()]  # looked at value by value: few
+    beyond = missing.map(_beyond_the_range).astype(bool)
+    return (
+        _faulty_rows("ts", missing.index[~beyond], "unparsable timestamps")
+        + _faulty_rows("ts", missing.index[beyond], _BEYOND)
+        + _faulty_rows(
+            "ts",
+            valid.index[valid.diff() < pd.Timedelta(0)],
+            "timestamps earlier than the row before (not in time order)",
+        )
     )
+
+
+_BEYOND = (
+    f"timestamps outside the times a log can hold ({pd.Timestamp.min:%Y-%m-%d} to "
+    f"{pd.Timestamp.max:%Y-%m-%d} UTC)"
+)
+
+
+def _beyond_the_range(value: object) -> bool:
+    """Whether a ``ts`` that did not parse is a time, only out of pandas' range (a
+    number of seconds, or ISO 8601 text of a year up to 9999): said so, not
+    'unparsable'."""
+    if _is_number(value):
+        seconds = float(cast(float, value))
+        return math.isfinite(seconds)
+    if isinstance(value, str):
+        try:
+            datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+        except ValueError:
+            return False
+        return True
+    return False
 
 
 def _value_faults(frame: pd.DataFrame) -> list[_Fault]:
@@ -194,9 +225,14 @@ def _missing_columns(frame: pd.DataFrame, source: str) -> list[Problem]:
 
 
 def log_problems(
-    frame: pd.DataFrame, source: str, known_adapters: frozenset[str] | None
+    frame: pd.DataFrame,
+    source: str,
+    known_adapters: frozenset[str] | None,
+    *,
+    lines: Sequence[int] | None = None,
 ) -> list[Problem]:
-    """Every fault of a raw log frame; unknown adapters are warnings, the rest errors."""
+    """Every fault of a raw log frame; unknown adapters are warnings, the rest errors.
+    ``lines``: each row's line in its file (JSON lines), named instead of a row."""
     missing = _missing_columns(frame, source)
     if missing:
         return missing
@@ -205,7 +241,7 @@ def log_problems(
             source=source,
             field=field,
             message=message,
-            entry=_rows(rows),
+            entry=_where(rows, lines),
         )
         for field, message, rows in _timestamp_faults(frame) + _value_faults(frame)
     ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -9,7 +10,12 @@ import pytest
 
 from placement.errors import InputError
 from placement.inputs import parse_bytes
-from placement.inputs.request_log import load_request_log, request_log_from_frame, write_request_log
+from placement.inputs.request_log import (
+    check_request_log,
+    load_request_log,
+    request_log_from_frame,
+    write_request_log,
+)
 
 
 @pytest.mark.parametrize(
@@ -137,7 +143,7 @@ def test_seconds_and_iso_times_mixed_in_a_json_lines_file_both_parse(tmp_path: P
         pytest.param("9300000000", id="int-past-2262"),
     ],
 )
-def test_seconds_past_the_times_a_frame_holds_are_an_unparsable_row(
+def test_seconds_past_the_times_a_frame_holds_are_a_row_out_of_range(
     tmp_path: Path, ts: str
 ) -> None:
     # pandas raised OverflowError even asked to coerce: the read failed whole (strictly
@@ -150,10 +156,53 @@ def test_seconds_past_the_times_a_frame_holds_are_an_unparsable_row(
     )
     log = load_request_log(path, skip_bad_rows=True)
     assert len(log.frame) == 2
-    assert [str(p) for p in log.skipped] == [f"{path}: line 2: ts: 1 unparsable timestamps"]
+    assert [str(p) for p in log.skipped] == [f"{path}: line 2: ts: 1 {_BEYOND}"]
     with pytest.raises(InputError) as strictly:  # not OverflowError: the file named
         load_request_log(path)
-    assert strictly.value.problems[0].source == str(path)
+    assert [str(p) for p in strictly.value.problems] == [f"{path}: line 2: ts: 1 {_BEYOND}"]
     numbers = pd.DataFrame({"ts": [1773288000, float(ts)], "adapter": ["alpha", "alpha"]})
-    with pytest.raises(InputError, match="ts: 1 unparsable timestamps"):
+    with pytest.raises(InputError, match=re.escape(f"row 3: ts: 1 {_BEYOND}")):
         request_log_from_frame(numbers)
+
+
+_BEYOND = "timestamps outside the times a log can hold (1677-09-21 to 2262-04-11 UTC)"
+
+
+def test_a_json_lines_time_after_2262_names_the_file_its_line_and_the_field(
+    tmp_path: Path,
+) -> None:
+    # The strict reads (validate, replay, plan) named "row 3" (a CSV's count, after a
+    # header the file does not have) and called the time "unparsable"; nothing clamped.
+    path = tmp_path / "log.jsonl"
+    path.write_text(
+        '{"ts": "2026-03-12T04:00:00Z", "adapter": "alpha"}\n'
+        '{"ts": "2300-01-01T00:00:00Z", "adapter": "alpha"}\n'
+        '{"ts": "not a time", "adapter": "alpha"}\n'
+    )
+    expected = [
+        f"{path}: line 3: ts: 1 unparsable timestamps",
+        f"{path}: line 2: ts: 1 {_BEYOND}",
+    ]
+    with pytest.raises(InputError) as strictly:
+        load_request_log(path)
+    assert [str(p) for p in strictly.value.problems] == expected
+    assert [str(p) for p in check_request_log(path)] == expected
+
+
+def test_a_line_that_is_not_json_read_strictly_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "log.jsonl"
+    path.write_text('{"ts": "2026-03-12T04:00:00Z", "adapter": "alpha"}\n{"ts": \n')
+    with pytest.raises(InputError) as strictly:
+        load_request_log(path)
+    assert [str(p) for p in strictly.value.problems] == [
+        f"{path}: line 2: 1 lines that are not JSON objects"
+    ]
+
+
+def test_an_empty_json_lines_file_read_strictly_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "log.jsonl"
+    path.write_text("\n")
+    with pytest.raises(InputError) as strictly:
+        load_request_log(path)
+    assert [str(p) for p in strictly.value.problems] == [f"{path}: empty: no JSON lines"]
+    assert len(load_request_log(path, skip_bad_rows=True).frame) == 0  # a live log, new
