@@ -9,7 +9,10 @@ lorafleet and the oracle differ in three levers, each named by one letter of a v
 - engine eviction: ``L`` vLLM's LRU; ``B`` Belady's, keeping the plan's hot set (the
   oracle's engine; its plan's whole hot set is preloaded); ``W`` vLLM's LRU with the
   router warming up the idle adapters ahead of the one used furthest in the future
-  (the truth), so that the LRU evicts Belady's victim;
+  (the truth), so that the LRU evicts Belady's victim; ``E`` the same, ahead of the idle
+  adapter lorafleet's own victim worth values least, when the LRU victim is worth more
+  by ``--warm-margin-s`` plus a batch place per warm-up; ``R`` as ``E``, its rate the
+  last minute's;
 - victim estimate, the wait a load's victim worth reads: ``i`` its idle time on the
   pod, over lorafleet's ``RouterSettings.victim_horizon_s``; ``n`` its true next use,
   over the oracle's own ``SimSettings.oracle_victim_horizon_s`` (``--oracle-horizon-s``
@@ -59,7 +62,15 @@ DATA = Path(__file__).resolve().parents[1] / "data"
 LORAFLEET, ORACLE, BOUNDED = "F-L-i", "T-B-n", "bounded"
 #: The finder's table (docs/benchmarks.md, "Where the gap to the oracle is").
 DEFAULT_VARIANTS = (BOUNDED, LORAFLEET, ORACLE, "T-L-i", "F-L-n", "F-W-i", "T-B-i")
-_ENGINES = {"L": EvictionPolicy.LRU, "B": EvictionPolicy.BELADY, "W": EvictionPolicy.LRU}
+_ENGINES = {
+    "L": EvictionPolicy.LRU,
+    "B": EvictionPolicy.BELADY,
+    "W": EvictionPolicy.LRU,
+    "E": EvictionPolicy.LRU,
+    "R": EvictionPolicy.LRU,
+}
+#: The engines whose warm-ups follow lorafleet's own estimate (``Levers.warm_by_estimate``).
+_ESTIMATES = {"E": "worth", "R": "recent"}
 _WAITS = {"i": VictimWait.IDLE, "n": VictimWait.NEXT_USE}
 
 
@@ -87,7 +98,7 @@ class Figures:
     wall_s: float
 
 
-def levers(variant: str) -> Levers:
+def levers(variant: str, *, warm_margin_s: float = 0.0) -> Levers:
     """``PLAN-ENGINE-ESTIMATE`` (``F-W-i``) as ``Levers``; a clear error otherwise."""
     parts = variant.split("-")
     if (
@@ -101,7 +112,7 @@ def levers(variant: str) -> Levers:
                 Problem(
                     source="--variant",
                     message=f"{variant!r} is not PLAN-ENGINE-ESTIMATE: plan F or T, "
-                    "engine L, B or W, estimate i or n (like F-L-i), nor 'bounded'",
+                    "engine L, B, W, E or R, estimate i or n (like F-L-i), nor 'bounded'",
                 )
             ]
         )
@@ -111,6 +122,8 @@ def levers(variant: str) -> Levers:
         eviction=_ENGINES[engine],
         victim_wait=_WAITS[wait],
         warm_to_true_victim=engine == "W",
+        warm_by_estimate=_ESTIMATES.get(engine),
+        warm_margin_s=warm_margin_s,
     )
 
 
@@ -120,6 +133,7 @@ def run_variants(
     *,
     settings: Settings,
     planning: ClassedPlanning,
+    warm_margin_s: float = 0.0,
 ) -> list[Figures]:
     """Each variant on a fresh fleet with the same requests and events, in the order
     given; the share closed is of the gap between ``F-L-i`` and ``T-B-n`` when both ran."""
@@ -137,7 +151,7 @@ def run_variants(
             planning=planning,
             events=scenario.events,
             controller=scenario.controller,
-            levers=None if variant == BOUNDED else levers(variant),
+            levers=None if variant == BOUNDED else levers(variant, warm_margin_s=warm_margin_s),
         )
         metrics = {
             key: float(result.metrics[key]) for key in ("gpu_hit_rate", "loads", "ttft_p95_ms")
@@ -296,6 +310,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--oracle-horizon-s", type=float, help="the oracle's victim horizon (variants with n)"
     )
+    parser.add_argument(
+        "--warm-margin-s",
+        type=float,
+        default=0.0,
+        help="E and R: the seconds of worth a warm-up's case must beat (beside a batch place each)",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     settings = Settings()
@@ -311,7 +331,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         planning = replay_planning(
             scenario.catalog, scenario.fleet, settings=settings, planner=args.planner
         )
-        figures = run_variants(scenario, variants, settings=settings, planning=planning)
+        figures = run_variants(
+            scenario,
+            variants,
+            settings=settings,
+            planning=planning,
+            warm_margin_s=args.warm_margin_s,
+        )
     except LorafleetError as error:
         print(f"error: {error}", file=sys.stderr)
         raise SystemExit(2) from None

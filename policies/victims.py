@@ -17,7 +17,7 @@ after them (``victim_after``), and its worth. Pure: no IO, no clock. Must not im
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from policies.route_context import PodLike, RoutingContext, VictimWorth
 
@@ -101,11 +101,44 @@ def victim_worth_s(pod: PodLike, ctx: RoutingContext, *, refresh: Sequence[str] 
     victim = victim_after(pod, victims, refresh)
     if victim is None:
         return 0.0
-    copies = sum(1 for other in ctx.pods if victim in other.gpu_adapters)
-    share = victims.rate(victim) / max(1, copies)
+    idle_s = 0.0 if refresh else max(0.0, ctx.now_s - pod.victim_last_used_s)
+    return adapter_worth_s(victim, idle_s, ctx, victims)
+
+
+def adapter_worth_s(
+    adapter: str, idle_s: float, ctx: RoutingContext, victims: VictimWorth
+) -> float:
+    """What evicting ``adapter`` after it has idled ``idle_s`` on its pod is expected to
+    cost (``victim_worth_s``'s rule for any adapter, not only the next victim)."""
+    copies = sum(1 for other in ctx.pods if adapter in other.gpu_adapters)
+    share = victims.rate(adapter) / max(1, copies)
     if share <= 0.0:
         return 0.0
-    idle_s = 0.0 if refresh else max(0.0, ctx.now_s - pod.victim_last_used_s)
     prior_s = PRIOR_GAPS / share + idle_s
     reuse = 1.0 - math.pow(prior_s / (prior_s + victims.victim_horizon_s), PRIOR_GAPS)
-    return reuse * ctx.warm_load_s * ctx.load_penalty_factor * victims.weight(victim)
+    return reuse * ctx.warm_load_s * ctx.load_penalty_factor * victims.weight(adapter)
+
+
+def estimate_refresh(
+    pod: PodLike,
+    worth_s: Callable[[str], float],
+    *,
+    warmup_s: float,
+    margin_s: float,
+) -> tuple[str, ...]:
+    """The warm-ups to send to a full ``pod`` before a load, in order, so that the
+    engine's LRU victim is the idle adapter ``worth_s`` values least (the first in LRU
+    order among equals): every idle adapter less recently used than it. Sent only when
+    they pay: the LRU victim's worth must exceed the least one's by ``margin_s`` plus
+    ``warmup_s`` per warm-up (each holds a batch place). Empty with a free slot, fewer
+    than two idle adapters, or when the LRU victim is the least valued already."""
+    if pod.free_slots > 0:
+        return ()
+    idle = idle_adapters(pod)
+    if len(idle) < 2:
+        return ()
+    values = [worth_s(name) for name in idle]
+    least = min(range(len(idle)), key=values.__getitem__)
+    if least == 0 or values[0] - values[least] <= margin_s + least * warmup_s:
+        return ()
+    return tuple(idle[:least])

@@ -119,6 +119,10 @@ class Levers:
     victim_wait: VictimWait
     #: Warm-ups that make the LRU victim the idle adapter used furthest in the future.
     warm_to_true_victim: bool = False
+    #: Warm-ups that make the LRU victim the idle adapter lorafleet's estimate values
+    #: least ("worth" or "recent": ``PlannedRouter.warm_by_estimate``), past a margin.
+    warm_by_estimate: str | None = None
+    warm_margin_s: float = 0.0
 
 
 def oracle_planning(planning: ReplayPlanning, history: ReplayHistory) -> ReplayPlanning:
@@ -160,6 +164,8 @@ def _hybrid(
         class_weight=None if levers.true_plan else _classes(settings, planning),
         victim_wait=levers.victim_wait,
         warm_to_true_victim=levers.warm_to_true_victim,
+        warm_by_estimate=levers.warm_by_estimate,
+        warm_margin_s=levers.warm_margin_s,
     )
 
 

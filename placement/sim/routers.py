@@ -17,7 +17,8 @@ wait to its next request, over the oracle's own horizon, ``victim_horizon``).
 The hybrids between the two (``bench/oracle_levers.py``) take ``PlannedRouter``'s
 levers one at a time: the plan (its ``planning``), the engine's eviction, the victim's
 wait its worth reads (``victim_wait``) and warm-ups that make the LRU victim the idle
-adapter used furthest in the future (``warm_to_true_victim``).
+adapter used furthest in the future (``warm_to_true_victim``), or the one lorafleet's own
+estimate values least (``warm_by_estimate``; measured, not lorafleet's behaviour).
 
 Coalescing: the EPP baseline does not know a pod is loading (the stampede), nor do the
 least-loaded and llm-d baselines; hash, bounded, lorafleet and oracle coalesce.
@@ -38,6 +39,7 @@ from placement.sim.engine import FleetReplay
 from placement.sim.events import EventController
 from placement.sim.eviction_choice import VictimWait, victim_horizon
 from placement.sim.planning import (
+    MINUTE_S,
     RECENT_S,
     ReplayHistory,
     ReplayPlanning,
@@ -62,7 +64,7 @@ from policies.routing import (
     route_plan,
     route_round_robin,
 )
-from policies.victims import idle_adapters
+from policies.victims import adapter_worth_s, estimate_refresh, idle_adapters
 
 REACTIVE = ("round-robin", "least-loaded", "epp", "llm-d", "hash", "bounded")
 PLANNED = ("lorafleet", "oracle")
@@ -233,6 +235,8 @@ class PlannedRouter(_Base):
         class_weight: Mapping[str, float] | None = None,
         victim_wait: VictimWait | None = None,
         warm_to_true_victim: bool = False,
+        warm_by_estimate: str | None = None,
+        warm_margin_s: float = 0.0,
     ) -> None:
         super().__init__(name, replay, settings, eviction)
         self.replay = replay
@@ -247,6 +251,17 @@ class PlannedRouter(_Base):
         #: A lever: before a load on a full pod, warm up the idle adapters the LRU would
         #: evict ahead of the one used furthest in the future (the truth), on any engine.
         self.warm_to_true_victim = warm_to_true_victim
+        #: A lever: before a load on a full pod, warm up the idle adapters the LRU would
+        #: evict ahead of the one lorafleet's estimate values least ("worth": the victim
+        #: worth's own rule; "recent": the same over the rate of the last minute), when
+        #: the estimate's case beats ``warm_margin_s`` (``estimate_refresh``).
+        self.warm_by_estimate = warm_by_estimate
+        self.warm_margin_s = warm_margin_s
+        self.last_minute = (
+            WindowRates(history.workload, window_s=MINUTE_S)
+            if warm_by_estimate == "recent"
+            else None
+        )
         #: Each adapter's class weight (the catalog's ``class``, ``AdapterClass.weight``);
         #: None or empty: every adapter production, no class warm-ups.
         self.class_weight: Mapping[str, float] = class_weight or {}
@@ -284,7 +299,32 @@ class PlannedRouter(_Base):
         decision = route_plan(ctx, self.weights.get(adapter), fallback=self.fallback, tail=True)
         if self.warm_to_true_victim and decision.pod_id is not None:
             return self._warm_to_true_victim(decision, adapter)
+        if self.warm_by_estimate and decision.pod_id is not None and not decision.refresh:
+            return self._warm_by_estimate(decision, ctx)
         return decision
+
+    def _warm_by_estimate(self, decision: RouteDecision, ctx: RoutingContext) -> RouteDecision:
+        """``decision`` with the warm-ups ``estimate_refresh`` names on its pod, each idle
+        adapter valued by ``adapter_worth_s`` at its own idle time there."""
+        assert decision.pod_id is not None
+        pod = self.by_id[decision.pod_id]
+        victims = self.victims
+        if victims is None or ctx.adapter in pod.gpu_adapters or ctx.adapter in pod.loading:
+            return decision
+        if self.last_minute is not None:
+            self.last_minute.now_s = ctx.now_s
+            victims = replace(victims, forecast_rps=self.last_minute, recent_rps=None)
+        now_s, last_used = ctx.now_s, pod.last_used
+        chosen = victims
+
+        def worth_s(name: str) -> float:
+            idle_s = max(0.0, now_s - last_used.get(name, 0.0))
+            return adapter_worth_s(name, idle_s, ctx, chosen)
+
+        refresh = estimate_refresh(
+            pod, worth_s, warmup_s=ctx.per_request_s, margin_s=self.warm_margin_s
+        )
+        return replace(decision, refresh=refresh) if refresh else decision
 
     def _warm_to_true_victim(self, decision: RouteDecision, adapter: str) -> RouteDecision:
         """``decision`` with the warm-ups (``RouteDecision.refresh``, in LRU order) of the

@@ -192,3 +192,25 @@ def test_a_bad_variant_stops_before_the_scenario_is_read(
     error = capsys.readouterr().err
     assert "--variant: 'T-B-x' is not PLAN-ENGINE-ESTIMATE" in error
     assert "no-such-scenario" not in error
+
+
+def test_warm_ups_by_estimate_are_sent_and_a_prohibitive_margin_sends_none(
+    bench: ModuleType, scenario: object
+) -> None:
+    assert bench.levers("F-E-i").warm_by_estimate == "worth"
+    assert bench.levers("F-R-i", warm_margin_s=0.5).warm_by_estimate == "recent"
+    assert bench.levers("F-R-i", warm_margin_s=0.5).warm_margin_s == 0.5
+    figures = bench.run_variants(
+        scenario, ["F-L-i", "F-E-i"], settings=Settings(), planning=_planning(scenario)
+    )
+    plain, warmed = figures
+    assert plain.warmups == 0 and warmed.warmups > 0
+    blocked = bench.run_variants(
+        scenario, ["F-E-i"], settings=Settings(), planning=_planning(scenario), warm_margin_s=1e9
+    )[0]
+    assert blocked.warmups == 0
+    assert (blocked.loads, blocked.gpu_hit_rate, blocked.ttft_p95_ms) == (
+        plain.loads,
+        plain.gpu_hit_rate,
+        plain.ttft_p95_ms,
+    )
