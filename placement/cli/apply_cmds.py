@@ -23,9 +23,10 @@ from placement.actuation.apply import Observation, lora_paths, make_clients, pla
 from placement.actuation.executor import ActionResult, ApplyReport, Executor, Ledger
 from placement.actuation.reconcile import ActionSchedule
 from placement.cli.app import EXIT_FAILED, app, err, out, report_errors
+from placement.cli.plan_files import read_plan_file
 from placement.domain import Action, ActionKind, Catalog, Fleet, PodId
 from placement.errors import InputError, Problem
-from placement.inputs import load_catalog, load_fleet, read_plan
+from placement.inputs import load_catalog, load_fleet
 from placement.plan import Plan
 from placement.settings import ExecutorSettings
 
@@ -173,7 +174,7 @@ def apply(
     seed: Annotated[int, typer.Option(help="Seed of the backoff jitter.")] = 0,
 ) -> None:
     """Load, unload and warm adapters on the pods until they hold the plan."""
-    plan = read_plan(plan_path)
+    plan = read_plan_file(plan_path)
     fleet = load_fleet(fleet_path)
     catalog = load_catalog(catalog_path, fleet=fleet)
     _check_refs(plan, fleet, catalog, source=str(plan_path))

@@ -22,6 +22,7 @@ import typer
 from rich.table import Table
 
 from placement.cli.app import app, err, out, report_errors
+from placement.cli.plan_files import plan_problem
 from placement.domain import AdapterId, Catalog, Fleet, PodId, Tier
 from placement.errors import InputError, PlanError, Problem
 from placement.forecast.demand import bucket_seconds, demand_from_forecast, read_forecast
@@ -139,7 +140,7 @@ def read_current(path: Path, fleet: Fleet) -> Current:
         try:
             return plan_from_dict(raw, source=str(path)).placement()
         except PlanError as exc:
-            raise InputError([Problem(source=str(path), message=str(exc))]) from None
+            raise plan_problem(exc, path) from None
     return _observed(raw, source=str(path), known=set(fleet.pod_by_name()))
 
 

@@ -23,9 +23,10 @@ from rich.table import Table
 
 from placement.adapters.statedir import PLAN_FILE, STATE_PLAN_FILE
 from placement.cli.app import app, err, out, report_errors
+from placement.cli.plan_files import read_plan_file
 from placement.domain import Catalog, Fleet
 from placement.errors import InputError, Problem
-from placement.inputs import load_catalog, load_fleet, read_plan
+from placement.inputs import load_catalog, load_fleet
 from placement.inputs.request_log import RequestLog, load_request_log
 from placement.plan import Plan
 from placement.review.diff import PlanReview, human_bytes, review_plan
@@ -62,14 +63,14 @@ def resolve_against(against: str | None, state_dir: Path | None) -> Plan | None:
     if against is None:
         return None
     if against != "current":
-        return read_plan(against)
+        return read_plan_file(against)
     if state_dir is None:
         raise InputError(
             [Problem(source="--against", message="'current' needs --state-dir (the controller's)")]
         )
     for name in STATE_PLAN_FILES:
         if (state_dir / name).is_file():
-            return read_plan(state_dir / name)
+            return read_plan_file(state_dir / name)
     names = " or ".join(STATE_PLAN_FILES)
     raise InputError(
         [Problem(source=str(state_dir), message=f"no published plan here (looked for {names})")]
@@ -228,7 +229,7 @@ def review(
     all_adapters: Annotated[bool, typer.Option("--all", help="every adapter")] = False,
 ) -> None:
     """Show what a plan does, per pod and per adapter, and what it changes."""
-    new = read_plan(plan)
+    new = read_plan_file(plan)
     base = resolve_against(against, state_dir)
     context = _context(fleet, catalog)
     result = review_plan(new, against=base, fleet=context.fleet, catalog=context.catalog)
@@ -279,7 +280,10 @@ def diff(
     """What changes from one plan to another: only the pods and adapters that move."""
     context = _context(fleet, catalog)
     result = review_plan(
-        read_plan(after), against=read_plan(before), fleet=context.fleet, catalog=context.catalog
+        read_plan_file(after),
+        against=read_plan_file(before),
+        fleet=context.fleet,
+        catalog=context.catalog,
     )
     console = out()
     print_summary(console, result)
