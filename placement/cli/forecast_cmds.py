@@ -21,6 +21,7 @@ from typing import Annotated
 import numpy as np
 import pandas as pd
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from models.backtest import BacktestReport, backtest, rolling_origins
@@ -111,7 +112,7 @@ def forecast(
         model=model,
     )
     for note in request_log.notes:
-        err().print(f"[yellow]note[/]: {log}: {note}", highlight=False)
+        err().print(f"[yellow]note[/]: {escape(f'{log}: {note}')}", highlight=False)
     output.parent.mkdir(parents=True, exist_ok=True)
     write_through(output, lambda temporary: result.frame.to_parquet(temporary, index=False))
     leads = (
@@ -146,7 +147,7 @@ def print_forecast(
         highlight=False,
     )
     for note in result.notes:
-        err().print(f"[yellow]note[/]: {note}", highlight=False)
+        err().print(f"[yellow]note[/]: {escape(str(note))}", highlight=False)
     console.print(_top_table(result, top))
     schedule = preloads(result, settings=settings.forecast, leads_s=leads_s)
     table = Table(title=f"preload schedule ({len(schedule)} rises into the hot tier)")
@@ -292,7 +293,7 @@ def backtest_command(
     for report in reports:
         out().print(_report_table(report))
         for note in report.notes:
-            err().print(f"[yellow]note[/]: {note}", highlight=False)
+            err().print(f"[yellow]note[/]: {escape(str(note))}", highlight=False)
 
 
 def _run_backtests(

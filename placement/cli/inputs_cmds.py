@@ -8,6 +8,7 @@ from typing import Annotated
 
 import numpy as np
 import typer
+from rich.markup import escape
 
 from placement.cli.app import EXIT_BAD_INPUT, app, err, out, report_errors
 from placement.inputs import load_catalog, load_fleet, load_pipelines, validate_inputs
@@ -55,7 +56,9 @@ def validate(
     console = err()
     for problem in problems:
         colour = "yellow" if problem.severity == "warning" else "red"
-        console.print(f"[bold {colour}]{problem.severity}[/]: {problem}", highlight=False)
+        console.print(
+            f"[bold {colour}]{problem.severity}[/]: {escape(str(problem))}", highlight=False
+        )
     errors = sum(problem.severity == "error" for problem in problems)
     warnings = len(problems) - errors
     if errors:

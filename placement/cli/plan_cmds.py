@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from placement.cli.app import app, err, out, report_errors
@@ -83,7 +84,7 @@ def plan(
     write_plan(output, result)
     print_review(result, parsed_fleet)
     for note in solution.notes:
-        err().print(f"[bold yellow]warning[/]: {note}", highlight=False)
+        err().print(f"[bold yellow]warning[/]: {escape(str(note))}", highlight=False)
     out().print(f"wrote {output} ({result.id})", highlight=False)
 
 

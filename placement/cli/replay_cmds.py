@@ -11,6 +11,7 @@ from typing import Annotated
 import pandas as pd
 import typer
 import yaml
+from rich.markup import escape
 
 from models.registry import forecaster_named
 from placement.cli.app import app, err, report_errors
@@ -133,7 +134,9 @@ def replay_events(
             )
         )
     for problem in problems:
-        err().print(f"[bold yellow]warning[/]: {problem}", highlight=False, markup=True)
+        err().print(
+            f"[bold yellow]warning[/]: {escape(str(problem))}", highlight=False, markup=True
+        )
     events = sim_events(log, workload, catalog=catalog, pipelines=pipelines or Pipelines())
     controller = EventController.build(
         catalog,

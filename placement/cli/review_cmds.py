@@ -19,6 +19,7 @@ from typing import Annotated
 import pandas as pd
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from placement.adapters.statedir import PLAN_FILE, STATE_PLAN_FILE
@@ -136,7 +137,7 @@ def print_summary(console: Console, review: PlanReview) -> None:
         highlight=False,
     )
     for warning in review.warnings:
-        console.print(f"[bold red]warning[/]: {warning}", highlight=False)
+        console.print(f"[bold red]warning[/]: {escape(str(warning))}", highlight=False)
 
 
 def pods_table(review: PlanReview, *, changed_only: bool) -> Table:
@@ -185,7 +186,9 @@ def print_changes(console: Console, review: PlanReview) -> None:
             if names
         ]
         if parts:
-            console.print(f"[bold]{pod.pod}[/]: " + "; ".join(parts), highlight=False)
+            console.print(
+                f"[bold]{escape(pod.pod)}[/]: " + escape("; ".join(parts)), highlight=False
+            )
 
 
 def adapters_table(review: PlanReview, *, changed_only: bool, limit: int | None) -> Table:
