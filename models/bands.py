@@ -23,6 +23,8 @@ from models.series import FloatArray, IntArray
 
 #: Quantile levels of the band.
 LEVELS = (0.9, 0.99)
+#: Groups of the first hour's calibration: the hour of day of the origin.
+HOURS = 24
 #: The changed factor over the steady one when the backtest saw too few changes.
 CHANGED_WIDENING = 1.5
 #: After a change, the error scale is at least this share of the new level.
@@ -46,10 +48,22 @@ class Cells:
     ratio: FloatArray
     recent: FloatArray
     column: IntArray
+    #: The backtest origin (bucket index) of each cell.
+    origin: IntArray
 
     @classmethod
     def concat(cls, parts: list[Cells]) -> Cells:
-        keys = ("actual", "stacked", "naive", "level", "kind", "ratio", "recent", "column")
+        keys = (
+            "actual",
+            "stacked",
+            "naive",
+            "level",
+            "kind",
+            "ratio",
+            "recent",
+            "column",
+            "origin",
+        )
         return cls(
             **{key: np.concatenate([getattr(p, key) for p in parts], axis=-1) for key in keys}
         )
@@ -87,6 +101,78 @@ def band_factors(
     factors = default_factors()
     if cells is None or not len(cells.actual):
         return factors
+    residual, changed, _ = _residuals(cells, mean=mean, scale=scale, typical=typical, power=power)
+    for k, nominal in enumerate(LEVELS):
+        level = nominal + margin * (1.0 - nominal)
+        steady = residual[~changed]
+        factors[k, 0] = max(float(np.quantile(steady, level)), 0.0) if len(steady) else 1.0
+        factors[k, 1] = (
+            max(float(np.quantile(residual[changed], level)), factors[k, 0])
+            if changed.sum() >= min_changes
+            else factors[k, 0] * CHANGED_WIDENING
+        )
+    return factors
+
+
+def hourly_factors(
+    cells: Cells | None,
+    *,
+    mean: FloatArray,
+    scale: FloatArray,
+    typical: FloatArray,
+    power: float | FloatArray,
+    per_day: int,
+    min_cells: int,
+    margin: float = 0.0,
+) -> FloatArray:
+    """``(hour, level)``: each hour of the day's steady factor over the pooled one.
+
+    The steady cells are grouped by the hour of day of their origin and each group gets
+    its own quantile (Mondrian split-conformal calibration): the errors are not the same
+    through the day (a morning ramp, a new day's volume at midnight), and one pooled
+    factor covers the quiet hours above the level and the ramps below it. An hour with
+    fewer than ``min_cells`` steady cells keeps the pooled factor (ratio 1).
+    """
+    ratios = np.ones((HOURS, len(LEVELS)))
+    if cells is None or not len(cells.actual):
+        return ratios
+    residual, changed, ok = _residuals(cells, mean=mean, scale=scale, typical=typical, power=power)
+    steady = residual[~changed]
+    hour = _hour_of_day(cells.origin, per_day)[ok][~changed]
+    if not len(steady):
+        return ratios
+    for k, nominal in enumerate(LEVELS):
+        level = nominal + margin * (1.0 - nominal)
+        pooled = max(float(np.quantile(steady, level)), 0.0)
+        if pooled <= 0:
+            continue
+        for h in range(HOURS):
+            group = steady[hour == h]
+            if len(group) >= min_cells:
+                ratios[h, k] = max(float(np.quantile(group, level)), 0.0) / pooled
+    return ratios
+
+
+def hour_of_day(origin: int, per_day: int) -> int:
+    """The hour of day (0-23) of an origin bucket."""
+    return int(_hour_of_day(np.array([origin]), per_day)[0])
+
+
+def _hour_of_day(origins: IntArray, per_day: int) -> IntArray:
+    return np.asarray((origins % per_day) * HOURS // per_day, dtype=np.int64)
+
+
+def _residuals(
+    cells: Cells,
+    *,
+    mean: FloatArray,
+    scale: FloatArray,
+    typical: FloatArray,
+    power: float | FloatArray,
+) -> tuple[FloatArray, npt.NDArray[np.bool_], npt.NDArray[np.bool_]]:
+    """The errors over their scale of the cells with a positive scale, which of those are
+    after a change, and which cells have a positive scale.
+    """
     column = cells.column
     sigma = widened(
         scale[column],
@@ -99,17 +185,7 @@ def band_factors(
     )
     ok = sigma > 0
     residual = (cells.actual - mean)[ok] / sigma[ok]
-    changed = cells.changed[ok]
-    for k, nominal in enumerate(LEVELS):
-        level = nominal + margin * (1.0 - nominal)
-        steady = residual[~changed]
-        factors[k, 0] = max(float(np.quantile(steady, level)), 0.0) if len(steady) else 1.0
-        factors[k, 1] = (
-            max(float(np.quantile(residual[changed], level)), factors[k, 0])
-            if changed.sum() >= min_changes
-            else factors[k, 0] * CHANGED_WIDENING
-        )
-    return factors
+    return np.asarray(residual, dtype=np.float64), np.asarray(cells.changed[ok]), ok
 
 
 def widened(

@@ -163,7 +163,7 @@ def crossfit(
             crossed[index, rows] = _per_origin(np.abs(stacked - actual), valid, steps)[0] * scored
             naive_loss[index, rows] = _per_origin(np.abs(naive - actual), valid, steps)[0] * scored
             keep = ((valid * steps) > 0)[..., None] & busy[None, None, :]
-            parts[band].append(_cells(keep, actual, stacked, naive, level, shifts))
+            parts[band].append(_cells(keep, actual, stacked, naive, level, shifts, origins))
     cells = {band: Cells.concat(chunks) for band, chunks in parts.items() if chunks}
     return crossed, naive_loss, cells
 
@@ -175,6 +175,7 @@ def _cells(
     naive: FloatArray,
     level: FloatArray,
     shifts: Shifts,
+    origins: IntArray,
 ) -> Cells:
     shape = actual.shape
 
@@ -190,4 +191,5 @@ def _cells(
         ratio=spread(shifts.ratio).astype(np.float64),
         recent=spread(shifts.level).astype(np.float64),
         column=np.broadcast_to(np.arange(shape[-1])[None, None, :], shape)[keep],
+        origin=np.broadcast_to(origins[:, None, None], shape)[keep],
     )

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from models.bands import band_factors, default_factors
+from models.bands import HOURS, LEVELS, band_factors, default_factors, hourly_factors
 from models.experts import EXPERTS, Lags
 from models.rolling import Plan, crossfit, grid_losses, simplex
 from models.selected import FittedSelection, SelectionSettings, jump_mask, typical
@@ -83,12 +83,15 @@ class Selecting(SelectionSettings):
         first_seen = _first_seen(history.counts)
         busy = _busy(history.counts, self.busy_share)
         jump_weights = weights[: self.band_edges[0]].copy()
+        hourly = np.ones((HOURS, len(LEVELS)))
         for plan in plans:
             fitted = _fit_plan(self, lags, plan, first_seen=first_seen, busy=busy)
             for unit in range(len(plan.unit_band)):
                 weights[plan.first_unit + unit] = _expand(fitted.weights[unit], plan.experts)
                 if fitted.jump_weights is not None:
                     jump_weights[unit] = _expand(fitted.jump_weights[unit], plan.experts)
+            if fitted.hourly is not None:
+                hourly = fitted.hourly
             for band, (band_scale, band_factor, band_follow) in fitted.bands.items():
                 scale[band], factors[band], follow[band] = band_scale, band_factor, band_follow
         return FittedSelection(
@@ -98,6 +101,7 @@ class Selecting(SelectionSettings):
             scale=scale,
             factors=factors,
             follow=follow,
+            hourly=hourly,
             adapters=history.adapters,
             notes=tuple(notes),
         )
@@ -168,6 +172,8 @@ class _PlanFit:
     #: The first band's weights after the last bucket jumped (None past the first band).
     jump_weights: FloatArray | None
     bands: dict[int, tuple[FloatArray, FloatArray, FloatArray]]  # band -> scale, factors, follow
+    #: The first band's hourly steady factors over the pooled one (None past it).
+    hourly: FloatArray | None
 
 
 def _fit_plan(
@@ -192,6 +198,7 @@ def _fit_plan(
     weights = np.zeros((len(plan.unit_steps), len(plan.experts), lags.counts.shape[1]))
     jump_weights = weights.copy() if plan.first_unit == 0 else None
     fitted: dict[int, tuple[FloatArray, FloatArray, FloatArray]] = {}
+    hourly: FloatArray | None = None
     for index, band in enumerate(bands):
         band_crossed, own = crossed[index], naive[index]
         z_full = settings.z_short if plan.first_unit == 0 else settings.z_full
@@ -225,8 +232,19 @@ def _fit_plan(
                 min_changes=settings.min_changes,
                 margin=margin,
             )
+            if plan.first_unit == 0 and settings.hourly_min_cells is not None:
+                hourly = hourly_factors(
+                    band_cells,
+                    mean=mean,
+                    scale=scale,
+                    typical=typical(lags, settings.days),
+                    power=power,
+                    per_day=lags.per_day,
+                    min_cells=settings.hourly_min_cells,
+                    margin=margin,
+                )
         fitted[band] = (scale, factors, follow)
-    return _PlanFit(weights=weights, jump_weights=jump_weights, bands=fitted)
+    return _PlanFit(weights=weights, jump_weights=jump_weights, bands=fitted, hourly=hourly)
 
 
 def _expand(weights: FloatArray, names: tuple[str, ...]) -> FloatArray:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from models.bands import widened
+from models.bands import hour_of_day, widened
 from models.base import PanelForecast, poisson_quantiles
 from models.experts import EXPERTS, Lags, expert_means
 from models.series import CountPanel, FloatArray, IntArray
@@ -72,6 +72,10 @@ class SelectionSettings:
     #: backtest origins run back to back, so their errors share a few hours' shocks and
     #: the band from them came out narrow (q90 0.79-0.86 on held-out dev days).
     short_margin: float = 0.1
+    #: The first hour's steady factor is calibrated per hour of day of the origin (each
+    #: hour's own quantile, from at least this many backtest cells; fewer: the pooled
+    #: factor), since its errors are not the same through the day. None: pooled only.
+    hourly_min_cells: int | None = 200
     #: Share of traffic that makes an adapter's cells count for the band's factors.
     busy_share: float = 0.01
     #: Changed (origin, step, adapter) cells below which the changed factor is a default.
@@ -126,6 +130,9 @@ class FittedSelection:
     factors: FloatArray
     #: ``(band, [stopped, other])``: how far a changed adapter follows its new level.
     follow: FloatArray
+    #: ``(hour of day, level)``: the first band's steady factor at an origin in that
+    #: hour, over the pooled one.
+    hourly: FloatArray
     adapters: tuple[str, ...]
     notes: tuple[str, ...] = field(default=())
 
@@ -172,6 +179,10 @@ class FittedSelection:
         )
         which = changed.astype(np.int64)
         factor = np.take_along_axis(self.factors[band], which[:, None, :].repeat(2, axis=1), axis=2)
+        hour = self.hourly[hour_of_day(history.n_buckets, history.per_day())]  # (level,)
+        factor = np.where(
+            short[:, None, None] & ~changed[:, None, :], factor * hour[None, :, None], factor
+        )
         _, pq90, pq99 = poisson_quantiles(mean)
         q90 = np.maximum(mean + factor[:, 0] * sigma, pq90)
         q99 = np.maximum(mean + factor[:, 1] * sigma, np.maximum(pq99, q90))
