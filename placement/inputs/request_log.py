@@ -70,13 +70,20 @@ def _read_raw(path: Path) -> pd.DataFrame:
     suffix = "".join(path.suffixes[-2:]).lower()
     try:
         if suffix.endswith(".parquet"):
-            return pd.read_parquet(path)
+            frame = pd.read_parquet(path)
+            if path.is_dir() and not len(frame.columns):
+                raise InputError(
+                    [Problem(source=str(path), message="a directory with no Parquet files")]
+                )
+            return frame
         if suffix.endswith((".csv", ".csv.gz")):
             return pd.read_csv(path)
         if suffix.endswith((".jsonl", ".ndjson", ".json", ".jsonl.gz")):
             return pd.read_json(path, lines=True)
     except FileNotFoundError:
         raise InputError([Problem(source=str(path), message="no such file")]) from None
+    except InputError:
+        raise
     except Exception as exc:  # every reader raises its own types
         raise InputError([Problem(source=str(path), message=f"cannot read: {exc}")]) from None
     raise InputError(

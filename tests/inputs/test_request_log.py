@@ -206,3 +206,14 @@ def test_an_empty_json_lines_file_read_strictly_is_refused(tmp_path: Path) -> No
         load_request_log(path)
     assert [str(p) for p in strictly.value.problems] == [f"{path}: empty: no JSON lines"]
     assert len(load_request_log(path, skip_bad_rows=True).frame) == 0  # a live log, new
+
+
+def test_a_parquet_directory_without_parts_says_so(tmp_path: Path) -> None:
+    # It read "ts: missing required column 'ts' (columns: )", and the same for adapter.
+    path = tmp_path / "requests.parquet"
+    path.mkdir()
+    expected = [f"{path}: a directory with no Parquet files"]
+    with pytest.raises(InputError) as strictly:
+        load_request_log(path)
+    assert [str(p) for p in strictly.value.problems] == expected
+    assert [str(p) for p in check_request_log(path)] == expected
