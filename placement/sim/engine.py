@@ -253,7 +253,7 @@ class FleetReplay(EngineDeliveries):
             if used is not None:
                 self.log.preload_used[used] = True
         for name in decision.refresh:  # class warm-ups go ahead of the request
-            pod.warmups.add(name)
+            pod.warmups[name] = pod.warmups.get(name, 0) + 1
             pod.queue.append(-1 - self._code(name))
         pod.queue.append(r)
         pod.queue_depth += 1
@@ -275,7 +275,9 @@ class FleetReplay(EngineDeliveries):
                 if adapter in pod.gpu_adapters and pod.running >= max_seqs:
                     return  # a warm-up is a request: it waits for room in the batch
                 queue.popleft()
-                pod.warmups.discard(adapter)
+                pending = pod.warmups.pop(adapter) - 1
+                if pending:
+                    pod.warmups[adapter] = pending
                 if adapter in pod.gpu_adapters:
                     self._warm_up(pod, p, adapter, now_s)
                 continue

@@ -134,9 +134,11 @@ class SimPod:
         self.planned: frozenset[str] = frozenset()
         #: Adapters an event's Warmup queued here and not yet started.
         self.event_wanted: set[str] = set()
-        #: Adapters a route's class warm-ups queued here and not yet sent: a request
-        #: refreshing an adapter on its GPU slot (``RouteDecision.refresh``).
-        self.warmups: set[str] = set()
+        #: Class warm-ups queued here and not yet sent, by adapter (two routes may queue
+        #: one each): a request refreshing an adapter on its GPU slot
+        #: (``RouteDecision.refresh``). A queue entry of a name counted here is a
+        #: warm-up, not a plan's preload.
+        self.warmups: dict[str, int] = {}
         #: Adapters an event preloaded here, no request having reached them yet (each
         #: with its index in the log's ``preload_used``); an eviction drops them.
         self.preloaded: dict[str, int] = {}

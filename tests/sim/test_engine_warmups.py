@@ -99,3 +99,36 @@ def test_a_warm_up_whose_adapter_left_the_gpu_is_dropped_not_loaded() -> None:
     assert log.warmups == 0
     assert len(log.loads) == 3
     assert "gone" not in replay.pods[0].gpu_adapters
+
+
+@dataclass
+class TwoWarmups(Scripted):
+    """Like ``Scripted``, with the warm-up on every request at the given moments."""
+
+    moments: tuple[float, ...] = ()
+
+    def route(self, adapter: str, now_s: float) -> RouteDecision:
+        refresh = self.refresh if now_s in self.moments else ()
+        return RouteDecision("pod-0", RouteReason.LOAD, refresh=refresh)
+
+
+def test_two_warm_ups_of_one_adapter_queued_at_once_are_both_sent() -> None:
+    # A long "batch" request fills the one-place batch; two requests behind it each
+    # queue a warm-up of "prod". Both are warm-ups (a set had kept one name, and the
+    # second entry was read as a plan's preload and dropped).
+    arrivals = [(0.0, "prod"), (1.0, "batch"), (2.0, "batch"), (2.5, "batch")]
+    load = SimWorkload(
+        start=START,
+        arrival_s=[moment for moment, _ in arrivals],
+        adapters=[name for _, name in arrivals],
+        prompt_tokens=[100] * len(arrivals),
+        output_tokens=[5, 2_000, 5, 5],
+        size_bytes={"prod": 50_000_000, "batch": 50_000_000},
+    )
+    spec = PodSpec(pod_id="pod-0", max_loras=2, max_cpu_loras=4)
+    sim = SimSettings(max_num_seqs=1)
+    replay = FleetReplay(load, [spec], sim=sim, load_cost=LoadCostSettings())
+    log = replay.run(TwoWarmups(refresh_at=-1.0, refresh=("prod",), moments=(2.0, 2.5)))
+    assert log.warmups == 2
+    assert replay.pods[0].warmups == {}
+    assert len(log.loads) == 2
