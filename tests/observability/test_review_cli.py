@@ -185,8 +185,8 @@ def test_diff_shows_only_what_moves(inputs: dict[str, Path], tmp_path: Path) -> 
 @pytest.mark.parametrize(
     ("content", "code", "words"),
     [
-        ("{not json", 1, "not valid JSON"),
-        ('{"schema_version": 99}', 1, "unsupported version 99"),
+        ("{not json", 2, "not valid JSON"),  # a bad input (2), not a pod's failure (1)
+        ('{"schema_version": 99}', 2, "unsupported version 99"),
     ],
     ids=["not-json", "wrong-schema"],
 )

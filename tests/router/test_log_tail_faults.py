@@ -315,7 +315,10 @@ def test_a_time_past_what_a_frame_holds_is_a_bad_line_not_a_reader_stuck_for_goo
     tail = RequestLogTail(path)
     log = tail.read_new()
     assert _tenants(log) == ["t0", "t1"]
-    assert [str(p) for p in log.skipped] == [f"{path}: line 2: ts: 1 unparsable timestamps"]
+    assert [str(p) for p in log.skipped] == [
+        f"{path}: line 2: ts: 1 timestamps outside the times a log can hold"
+        " (1677-09-21 to 2262-04-11 UTC)"
+    ]
     _write(path, 2)
     assert _tenants(tail.read_new()) == ["t2"]
 
