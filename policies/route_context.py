@@ -116,6 +116,10 @@ class VictimWorth:
     #: Each adapter's class weight (the catalog ``class``: production 1.0, batch 0.5,
     #: experiment 0.1, the solver's); absent: 1.0. Empty: no classes.
     class_weight: Mapping[str, float] = field(default_factory=dict)
+    #: RouterSettings.load_stall_weight: a load on a pod with requests queued also
+    #: pays, for each, this weight times the load's time (the expected drain
+    #: included): the pod admits none of them until it is in (the convoy). 0: not weighed.
+    stall_weight: float = 0.0
 
     def weight(self, adapter: str) -> float:
         """``adapter``'s class weight (1.0 when the caller gave none)."""

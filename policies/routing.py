@@ -98,8 +98,10 @@ def _bounded_best(ctx: RoutingContext, candidates: Sequence[PodLike]) -> tuple[P
     the fleet's slots act as one LRU cache), then the one with the fewest running.
     With a forecast in the context a load that evicts also pays its victim's worth
     (``victim_worth_s``), after the warm-ups its classes call for (``class_refresh``),
-    each costing a queued request. The loop inlines ``predicted_delay_s`` and ``load_penalty_s``
-    for speed.
+    each costing a queued request; and, with ``VictimWorth.stall_weight``, what it
+    stalls: the pod admits nothing while it drains and loads, so each request queued
+    there waits the load's time too (the convoy). The loop inlines
+    ``predicted_delay_s`` and ``load_penalty_s`` for speed.
 
     A read from storage is weighed by its victim only where storage is fast
     (``weighs_cold_victims``). On slow storage a cold load also pushes the pod's last
@@ -113,6 +115,7 @@ def _bounded_best(ctx: RoutingContext, candidates: Sequence[PodLike]) -> tuple[P
     warm_load_s = ctx.warm_load_s * ctx.load_penalty_factor
     cold_load_s = ctx.cold_load_s * ctx.load_penalty_factor
     victims = ctx.victims
+    stall_weight = 0.0 if victims is None else victims.stall_weight
     weigh_cold = weighs_cold_victims(ctx)
     best: PodLike = candidates[0]
     best_key: _Key = (math.inf, 2, 0.0, 0)
@@ -129,6 +132,9 @@ def _bounded_best(ctx: RoutingContext, candidates: Sequence[PodLike]) -> tuple[P
                 delay += busy_s
             warm = adapter in pod.registered
             delay += warm_load_s if warm else cold_load_s
+            queued = pod.queue_depth
+            if queued and stall_weight > 0.0:  # the queue behind it waits for the load
+                delay += stall_weight * queued * (ctx.warm_load_s if warm else ctx.cold_load_s)
             if pod.free_slots > 0:
                 key = (delay, 1, 0.0, pod.running)
             else:

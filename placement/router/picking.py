@@ -208,6 +208,7 @@ class Picker:
                 victim_horizon_s=self.settings.victim_horizon_s,
                 victim_of=_ledger_victim,
                 class_weight=self.class_weight,
+                stall_weight=self.settings.load_stall_weight,
             )
         self._victims = (topology, victims)
         return victims

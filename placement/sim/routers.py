@@ -371,6 +371,7 @@ class PlannedRouter(_Base):
             recent_rps=self.recent,
             victim_horizon_s=self.victim_horizon_s,
             class_weight=self.class_weight,
+            stall_weight=self.settings.router.load_stall_weight,
             # The name whose rate it weighs is the engine's victim, the one whose wait
             # victim_last_used_s gives: Belady's under Belady, not the LRU one.
             victim_of=self._engine_victim if self.eviction is EvictionPolicy.BELADY else None,

@@ -81,7 +81,8 @@ def horizons(*, lorafleet_s: float, oracle_s: float) -> Settings:
     settings = Settings()
     return replace(
         settings,
-        router=replace(settings.router, victim_horizon_s=lorafleet_s),
+        # The horizons alone: a load's stall on the queued pod (load_stall_weight) aside.
+        router=replace(settings.router, victim_horizon_s=lorafleet_s, load_stall_weight=0.0),
         sim=replace(settings.sim, oracle_victim_horizon_s=oracle_s),
     )
 
