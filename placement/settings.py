@@ -142,12 +142,11 @@ class RouterSettings:
     victim_horizon_s: float = 60.0
     #: lorafleet weighs what a load stalls on its pod: the pod admits nothing while it
     #: drains and loads, so each request queued there waits the load's time too (the
-    #: convoy); a load pays this weight times that per queued request. 1 over 0: fewer
-    #: loads on the war story, legal-research, servegen and deepseek-r1, TTFT p95 the
-    #: same or lower but on the war story's chaotic one. Counting the running requests
-    #: too cut the war story's p95 but added loads. The oracle routes so too
-    #: (docs/benchmarks.md, "Convoys").
-    load_stall_weight: float = 1.0
+    #: convoy); a load pays this weight times that per queued request. Off (0): at 1,
+    #: the greedy planner's replays made fewer loads on all four traces measured, but
+    #: the default CP-SAT planner's made 54 more on legal-research and at most 0.14%
+    #: fewer elsewhere (docs/benchmarks.md, "Convoys"). The oracle routes so too.
+    load_stall_weight: float = 0.0
     #: Production before experiments: a load's victim is weighed by its catalog
     #: ``class``, and a load on a full pod first sends warm-ups that keep a higher class
     #: off the LRU victim's place while a lower one idles there (router and replay).
