@@ -85,23 +85,51 @@ def default_factors() -> FloatArray:
     return factors
 
 
-def band_factors(
-    cells: Cells | None,
+@dataclass(frozen=True, kw_only=True, eq=False)
+class Residuals:
+    """The cells with a positive error scale: their errors over that scale, which are
+    after a change, and their backtest origins.
+    """
+
+    residual: FloatArray
+    changed: npt.NDArray[np.bool_]
+    origin: IntArray
+
+
+def band_residuals(
+    cells: Cells,
     *,
     mean: FloatArray,
     scale: FloatArray,
     typical: FloatArray,
     power: float | FloatArray,
-    min_changes: int,
-    margin: float = 0.0,
-) -> FloatArray:
-    """Factors ``(level, [steady, changed])`` on the error scale that give q90 and q99,
-    for the fitted model's forecast ``mean`` in each cell.
-    """
+) -> Residuals:
+    """The normalised errors of the fitted model's forecast ``mean`` in each cell."""
+    column = cells.column
+    sigma = widened(
+        scale[column],
+        cells.changed,
+        cells.ratio,
+        cells.recent,
+        mean=mean,
+        typical=typical[column],
+        power=power,
+    )
+    ok = sigma > 0
+    residual = (cells.actual - mean)[ok] / sigma[ok]
+    return Residuals(
+        residual=np.asarray(residual, dtype=np.float64),
+        changed=np.asarray(cells.changed[ok]),
+        origin=np.asarray(cells.origin[ok], dtype=np.int64),
+    )
+
+
+def band_factors(residuals: Residuals, *, min_changes: int, margin: float = 0.0) -> FloatArray:
+    """Factors ``(level, [steady, changed])`` on the error scale that give q90 and q99."""
     factors = default_factors()
-    if cells is None or not len(cells.actual):
+    residual, changed = residuals.residual, residuals.changed
+    if not len(residual):
         return factors
-    residual, changed, _ = _residuals(cells, mean=mean, scale=scale, typical=typical, power=power)
     for k, nominal in enumerate(LEVELS):
         level = nominal + margin * (1.0 - nominal)
         steady = residual[~changed]
@@ -115,15 +143,7 @@ def band_factors(
 
 
 def hourly_factors(
-    cells: Cells | None,
-    *,
-    mean: FloatArray,
-    scale: FloatArray,
-    typical: FloatArray,
-    power: float | FloatArray,
-    per_day: int,
-    min_cells: int,
-    margin: float = 0.0,
+    residuals: Residuals, *, per_day: int, min_cells: int, margin: float = 0.0
 ) -> FloatArray:
     """``(hour, level)``: each hour of the day's steady factor over the pooled one.
 
@@ -134,11 +154,8 @@ def hourly_factors(
     fewer than ``min_cells`` steady cells keeps the pooled factor (ratio 1).
     """
     ratios = np.ones((HOURS, len(LEVELS)))
-    if cells is None or not len(cells.actual):
-        return ratios
-    residual, changed, ok = _residuals(cells, mean=mean, scale=scale, typical=typical, power=power)
-    steady = residual[~changed]
-    hour = _hour_of_day(cells.origin, per_day)[ok][~changed]
+    steady = residuals.residual[~residuals.changed]
+    hour = _hour_of_day(residuals.origin[~residuals.changed], per_day)
     if not len(steady):
         return ratios
     for k, nominal in enumerate(LEVELS):
@@ -160,32 +177,6 @@ def hour_of_day(origin: int, per_day: int) -> int:
 
 def _hour_of_day(origins: IntArray, per_day: int) -> IntArray:
     return np.asarray((origins % per_day) * HOURS // per_day, dtype=np.int64)
-
-
-def _residuals(
-    cells: Cells,
-    *,
-    mean: FloatArray,
-    scale: FloatArray,
-    typical: FloatArray,
-    power: float | FloatArray,
-) -> tuple[FloatArray, npt.NDArray[np.bool_], npt.NDArray[np.bool_]]:
-    """The errors over their scale of the cells with a positive scale, which of those are
-    after a change, and which cells have a positive scale.
-    """
-    column = cells.column
-    sigma = widened(
-        scale[column],
-        cells.changed,
-        cells.ratio,
-        cells.recent,
-        mean=mean,
-        typical=typical[column],
-        power=power,
-    )
-    ok = sigma > 0
-    residual = (cells.actual - mean)[ok] / sigma[ok]
-    return np.asarray(residual, dtype=np.float64), np.asarray(cells.changed[ok]), ok
 
 
 def widened(

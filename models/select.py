@@ -40,7 +40,14 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from models.bands import HOURS, LEVELS, band_factors, default_factors, hourly_factors
+from models.bands import (
+    HOURS,
+    LEVELS,
+    band_factors,
+    band_residuals,
+    default_factors,
+    hourly_factors,
+)
 from models.experts import EXPERTS, Lags
 from models.rolling import Plan, crossfit, grid_losses, simplex
 from models.selected import FittedSelection, SelectionSettings, jump_mask, typical
@@ -199,6 +206,7 @@ def _fit_plan(
     jump_weights = weights.copy() if plan.first_unit == 0 else None
     fitted: dict[int, tuple[FloatArray, FloatArray, FloatArray]] = {}
     hourly: FloatArray | None = None
+    usual = typical(lags, settings.days)
     for index, band in enumerate(bands):
         band_crossed, own = crossed[index], naive[index]
         z_full = settings.z_short if plan.first_unit == 0 else settings.z_full
@@ -223,22 +231,13 @@ def _fit_plan(
             mean = after_change(selected, band_cells.level, band_cells.kind, follow)
             power = settings.band_power if plan.first_unit == 0 else settings.day_band_power
             margin = settings.day_margin if plan.first_unit else settings.short_margin
-            factors = band_factors(
-                band_cells,
-                mean=mean,
-                scale=scale,
-                typical=typical(lags, settings.days),
-                power=power,
-                min_changes=settings.min_changes,
-                margin=margin,
+            residuals = band_residuals(
+                band_cells, mean=mean, scale=scale, typical=usual, power=power
             )
+            factors = band_factors(residuals, min_changes=settings.min_changes, margin=margin)
             if plan.first_unit == 0 and settings.hourly_min_cells is not None:
                 hourly = hourly_factors(
-                    band_cells,
-                    mean=mean,
-                    scale=scale,
-                    typical=typical(lags, settings.days),
-                    power=power,
+                    residuals,
                     per_day=lags.per_day,
                     min_cells=settings.hourly_min_cells,
                     margin=margin,
