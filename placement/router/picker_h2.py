@@ -335,6 +335,6 @@ class GrpcH2Server:
             except TimeoutError:
                 break
         for connection in list(self.connections):
-            connection.close()
+            connection.close()  # its calls cancelled, their rows logged, here and now
         await server.wait_closed()
-        await asyncio.sleep(0)  # the connections' ends: their calls cancelled, rows logged
+        await asyncio.sleep(0)  # the ends of the connections whose writes are done

@@ -144,8 +144,17 @@ class H2Connection(asyncio.Protocol):
             self.flush()
 
     def close(self) -> None:
+        """Close the connection and end its streams now: their handlers hear
+        ``cancelled`` (their rows are logged) before the caller goes on. The transport's
+        ``connection_lost`` waits until what it holds is written, which a peer that
+        reads nothing defers past the router's stop, and its request log's close."""
         if self.transport is not None:
             self.transport.close()
+        streams, self.streams = self.streams, {}
+        for stream in streams.values():
+            self._cancel(stream)
+        if streams:
+            self.server.changed()
 
     def pause_writing(self) -> None:
         """The peer is not reading what we write: read nothing more from it (its PINGs,

@@ -16,6 +16,15 @@ full disk) is kept for the next flush; any other error drops the batch (counted)
 is raised to the loop's supervisor. ``close`` flushes what is left and always closes
 the sink, whatever the flush raised.
 
+At shutdown (``Router.stop``) the log loop is cancelled, possibly in the middle of a
+flush whose batch is already with the worker thread (which cannot be stopped). Such a
+flush outlasts its cancellation: it waits for the thread, settles the batch as above,
+then ends cancelled; and ``close`` closes the sink only once no batch is in a thread.
+(Before, the cancellation let go of the batch: one not yet started in its thread was
+never written, one started could find the file closed under it, in silence.) A row
+appended after ``close`` cannot be written: it is counted (``reason="closed"``) and
+warned about, never kept unseen.
+
 The sinks, and the layout of their files, are in ``placement.adapters.request_log_files``:
 
 - ``ParquetRequestLog(directory)``: a part file per batch, compacted into one file
@@ -82,6 +91,10 @@ class RequestLogger:
         self.max_pending_rows = max_pending_rows
         self.metrics = metrics
         self._rows: list[LogRow] = []
+        #: ``append``'s bound: ``max_pending_rows``, 0 once closed (a row then takes the
+        #: refusal's branch, so the open log's ``append`` tests nothing more).
+        self._room = max_pending_rows
+        self._closed = False
         self._lock = asyncio.Lock()
 
     @property
@@ -93,25 +106,43 @@ class RequestLogger:
     def append(self, row: LogRow) -> None:
         if self.sink is None:
             return
-        if len(self._rows) >= self.max_pending_rows:
-            self.metrics.log_rows_dropped.labels(reason="overflow").inc()
+        if len(self._rows) >= self._room:
+            self._refuse(row)
             return
         self._rows.append(row)
 
+    def _refuse(self, row: LogRow) -> None:
+        if not self._closed:
+            self.metrics.log_rows_dropped.labels(reason="overflow").inc()
+            return
+        self.metrics.log_rows_dropped.labels(reason="closed").inc()
+        log.warning("request-log row dropped: the %s is closed: %r", self.description, row)
+
     async def flush(self) -> None:
-        """Write the rows collected so far; see the module's docstring for failures."""
+        """Write the rows collected so far; see the module's docstring for failures and
+        for a flush cancelled while its batch is in the worker thread."""
         if self.sink is None or not self._rows:
             return
-        rows, self._rows = self._rows, []
         async with self._lock:  # batches reach the file in the order they were taken
+            # Taken under the lock: a flush cancelled while it waits for it takes none.
+            rows, self._rows = self._rows, []
+            if not rows:
+                return
+            writing = asyncio.get_running_loop().run_in_executor(None, self._write, rows)
+            stopped = await _outlast(writing)
             try:
-                await asyncio.to_thread(self._write, rows)
+                writing.result()
             except OSError:
                 self._keep(rows)
-                raise
-            except Exception:
+                if stopped is None:
+                    raise
+            except Exception as exc:
                 self.metrics.log_rows_dropped.labels(reason="write_error").inc(len(rows))
-                raise
+                if stopped is None:
+                    raise
+                log.error("%d rows of the %s lost: %s", len(rows), self.description, exc)
+            if stopped is not None:
+                raise stopped
 
     def _write(self, rows: list[LogRow]) -> None:
         assert self.sink is not None
@@ -137,9 +168,11 @@ class RequestLogger:
         self._rows = pending
 
     async def close(self) -> None:
-        """Flush what is left and close the sink, even if the flush fails."""
+        """Flush what is left and close the sink, even if the flush fails; once no batch
+        is in the worker thread. Rows appended from now on are counted and dropped."""
         try:
-            await self.flush()
+            while self._rows:  # and any appended while the last batch was being written
+                await self.flush()
         except Exception as exc:
             lost, self._rows = len(self._rows), []
             self.metrics.log_rows_dropped.labels(reason="write_error").inc(lost)
@@ -147,8 +180,23 @@ class RequestLogger:
                 "the last flush of the %s failed, %d rows lost: %s", self.description, lost, exc
             )
         finally:
+            self._closed, self._room = True, 0
             if self.sink is not None:
-                await asyncio.to_thread(self.sink.close)
+                async with self._lock:  # after any batch still in its thread
+                    await asyncio.to_thread(self.sink.close)
+
+
+async def _outlast(future: asyncio.Future[None]) -> asyncio.CancelledError | None:
+    """Wait until ``future`` is done, however often the waiting task is cancelled
+    meanwhile (``asyncio.wait`` does not cancel what it waits for); the cancellation, if
+    there was one, for the caller to raise once it has dealt with the future's end."""
+    stopped: asyncio.CancelledError | None = None
+    while not future.done():
+        try:
+            await asyncio.wait((future,))
+        except asyncio.CancelledError as exc:
+            stopped = exc
+    return stopped
 
 
 __all__ = [
