@@ -166,8 +166,6 @@ class PodResidency:
         """A completion (or a warm-up) naming ``name``; raises ``NotLoadedError`` if refused."""
         if not self.serves(name):
             raise NotLoadedError(name)
-        cold = False
-        host_evicted: tuple[str, ...] = ()
         unlisted: tuple[str, ...] = ()
         left_gpu: tuple[str, ...] = ()
         if name in self.parked:
@@ -178,18 +176,7 @@ class PodResidency:
         entry = self._current.get(name)
         if entry is None:  # vLLM: listed, but the id's entry was dropped
             entry = self._current[name] = Entry(next(self._ids), name)
-        if entry not in self._host:
-            cold = True
-            host_evicted, host_left_gpu = self._into_host(entry, busy=busy)
-            left_gpu += host_left_gpu
-        activated, gpu_evicted = self._activate(entry, busy=busy)
-        return Effects(
-            cold=cold,
-            activated=activated,
-            gpu_evicted=left_gpu + gpu_evicted,
-            host_evicted=host_evicted,
-            unlisted=unlisted,
-        )
+        return self._run_on(entry, busy=busy, unlisted=unlisted, left_gpu=left_gpu)
 
     def request_entry(self, entry: Entry, *, busy: Busy = ()) -> Effects:
         """A request that runs on ``entry``, captured as it arrived (``entry``).
@@ -204,15 +191,7 @@ class PodResidency:
             return self.request(entry.name, busy=busy)
         if self.engine is not EngineModel.VLLM:
             raise NotLoadedError(entry.name)
-        cold = entry not in self._host
-        host_evicted, left_gpu = self._into_host(entry, busy=busy) if cold else ((), ())
-        activated, gpu_evicted = self._activate(entry, busy=busy)
-        return Effects(
-            cold=cold,
-            activated=activated,
-            gpu_evicted=left_gpu + gpu_evicted,
-            host_evicted=host_evicted,
-        )
+        return self._run_on(entry, busy=busy)
 
     def next_step(self, running: Collection[Entry]) -> tuple[tuple[Entry, Effects], ...]:
         """vLLM's next step: the worker activates every entry its batch runs on
@@ -266,14 +245,7 @@ class PodResidency:
         # ones first (``remove_adapter`` deactivates too), so they are copied to the GPU again.
         self._host.pop(entry, None)
         self._gpu.pop(entry, None)
-        host_evicted, left_gpu = self._into_host(entry, busy=busy)
-        activated, gpu_evicted = self._activate(entry, busy=busy)
-        return Effects(
-            cold=True,
-            activated=activated,
-            gpu_evicted=left_gpu + gpu_evicted,
-            host_evicted=host_evicted,
-        )
+        return self._run_on(entry, busy=busy)  # cold: the entry just left the host cache
 
     # SGLang ------------------------------------------------------------------------
     def _sglang_load(self, name: str, path: str, *, pinned: bool) -> Effects:
@@ -324,6 +296,30 @@ class PodResidency:
         return tuple(parked), tuple(left_gpu)
 
     # shared ------------------------------------------------------------------------
+    def _run_on(
+        self,
+        entry: Entry,
+        *,
+        busy: Busy,
+        unlisted: tuple[str, ...] = (),
+        left_gpu: tuple[str, ...] = (),
+    ) -> Effects:
+        """What a load or a request does to ``entry``: its weights read into the host
+        cache if they are not there (a cold read), then activated on a GPU slot; the
+        ``Effects`` of both. ``unlisted`` and ``left_gpu`` are what the soft cap did
+        first (``request`` of a parked name): the names it unloaded, and those of them
+        that left a GPU slot."""
+        cold = entry not in self._host
+        host_evicted, host_left_gpu = self._into_host(entry, busy=busy) if cold else ((), ())
+        activated, gpu_evicted = self._activate(entry, busy=busy)
+        return Effects(
+            cold=cold,
+            activated=activated,
+            gpu_evicted=left_gpu + host_left_gpu + gpu_evicted,
+            host_evicted=host_evicted,
+            unlisted=unlisted,
+        )
+
     def _into_host(self, entry: Entry, *, busy: Busy) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """Put ``entry`` in the host cache; returns the names dropped from it, and those
         of them that left a GPU slot with it: vLLM's host cache calls
