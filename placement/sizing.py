@@ -15,6 +15,7 @@ import math
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from placement.domain import TARGET_MODULES, ModelDims
 
@@ -163,14 +164,7 @@ def residency_budget(budget_bytes: int, adapter_sizes: list[int]) -> int:
 
 def model_dims_from_config(path: Path, *, name: str | None = None) -> ModelDims:
     """Read the dimensions from a Hugging Face ``config.json``."""
-    try:
-        config = json.loads(path.read_text())
-    except OSError as exc:
-        raise SizingError(f"cannot read {path}: {exc.strerror}") from None
-    except json.JSONDecodeError as exc:
-        raise SizingError(f"{path} is not valid JSON: {exc}") from None
-    if not isinstance(config, dict):
-        raise SizingError(f"{path}: expected a JSON object")
+    config = _read_json_object(path)
     try:
         hidden = int(config["hidden_size"])
         heads = int(config["num_attention_heads"])
@@ -237,7 +231,13 @@ def peft_adapter_size(directory: Path) -> AdapterSize:
 
 def peft_adapter_config(directory: Path) -> dict[str, object]:
     """The parsed ``adapter_config.json`` of a PEFT directory."""
-    path = directory / "adapter_config.json"
+    return _read_json_object(directory / "adapter_config.json")
+
+
+def _read_json_object(path: Path) -> dict[str, Any]:
+    """The JSON object in ``path``; SizingError naming the file if it cannot be read, is
+    not JSON or holds something else. Its values are the file's, unchecked: each caller
+    converts the fields it reads."""
     try:
         config = json.loads(path.read_text())
     except OSError as exc:
