@@ -19,12 +19,16 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from models.series import FloatArray, IntArray
+from models.series import DAY_S, FloatArray, IntArray
 
 #: Quantile levels of the band.
 LEVELS = (0.9, 0.99)
-#: Groups of the first hour's calibration: the hour of day of the origin.
+#: Groups of the first hour's calibration: the hour of day of the origin (0-23), and
+#: the steps past a day boundary the history has not reached.
 HOURS = 24
+BOUNDARY = HOURS
+#: Day boundaries the backtest needs before the steps past one get their own factor.
+MIN_BOUNDARIES = 3
 #: The changed factor over the steady one when the backtest saw too few changes.
 CHANGED_WIDENING = 1.5
 #: After a change, the error scale is at least this share of the new level.
@@ -48,8 +52,9 @@ class Cells:
     ratio: FloatArray
     recent: FloatArray
     column: IntArray
-    #: The backtest origin (bucket index) of each cell.
+    #: The backtest origin (bucket index) of each cell, and its step (0: the origin's bucket).
     origin: IntArray
+    step: IntArray
 
     @classmethod
     def concat(cls, parts: list[Cells]) -> Cells:
@@ -63,6 +68,7 @@ class Cells:
             "recent",
             "column",
             "origin",
+            "step",
         )
         return cls(
             **{key: np.concatenate([getattr(p, key) for p in parts], axis=-1) for key in keys}
@@ -88,12 +94,13 @@ def default_factors() -> FloatArray:
 @dataclass(frozen=True, kw_only=True, eq=False)
 class Residuals:
     """The cells with a positive error scale: their errors over that scale, which are
-    after a change, and their backtest origins.
+    after a change, their backtest origins and steps.
     """
 
     residual: FloatArray
     changed: npt.NDArray[np.bool_]
     origin: IntArray
+    step: IntArray
 
 
 def band_residuals(
@@ -121,6 +128,7 @@ def band_residuals(
         residual=np.asarray(residual, dtype=np.float64),
         changed=np.asarray(cells.changed[ok]),
         origin=np.asarray(cells.origin[ok], dtype=np.int64),
+        step=np.asarray(cells.step[ok], dtype=np.int64),
     )
 
 
@@ -143,36 +151,78 @@ def band_factors(residuals: Residuals, *, min_changes: int, margin: float = 0.0)
 
 
 def hourly_factors(
-    residuals: Residuals, *, per_day: int, min_cells: int, margin: float = 0.0
+    residuals: Residuals,
+    *,
+    per_day: int,
+    phase: int,
+    min_cells: int,
+    margin: float = 0.0,
+    boundary: bool = True,
 ) -> FloatArray:
-    """``(hour, level)``: each hour of the day's steady factor over the pooled one.
+    """``(group, level)``: each group's steady factor over the pooled one. Groups 0-23
+    are the hour of day of the origin; group ``BOUNDARY`` holds the cells past a day
+    boundary the history had not reached (with ``boundary``; else, or with too few such
+    cells, they stay in their hour and that row is NaN: the hour's factor applies).
 
-    The steady cells are grouped by the hour of day of their origin and each group gets
-    its own quantile (Mondrian split-conformal calibration): the errors are not the same
-    through the day (a morning ramp, a new day's volume at midnight), and one pooled
-    factor covers the quiet hours above the level and the ramps below it. An hour with
-    fewer than ``min_cells`` steady cells keeps the pooled factor (ratio 1).
+    Each group gets its own quantile (Mondrian split-conformal calibration): the errors
+    are not the same through the day (a morning ramp), and a bucket in a new day carries
+    that day's volume, which nothing before midnight shows (a week's days can differ by
+    half). An hour with fewer than ``min_cells`` steady cells keeps the pooled factor
+    (ratio 1); the boundary needs as many, over ``MIN_BOUNDARIES`` day boundaries.
+    ``phase``: the bucket of the day the panel starts at (``day_phase``).
     """
-    ratios = np.ones((HOURS, len(LEVELS)))
-    steady = residuals.residual[~residuals.changed]
-    hour = _hour_of_day(residuals.origin[~residuals.changed], per_day)
-    if not len(steady):
+    ratios = np.ones((BOUNDARY + 1, len(LEVELS)))
+    ratios[BOUNDARY] = np.nan
+    steady = ~residuals.changed
+    residual = residuals.residual[steady]
+    origin, step = residuals.origin[steady], residuals.step[steady]
+    group = _hour_of_day(origin + phase, per_day)
+    past = past_boundary(origin, step, per_day=per_day, phase=phase)
+    days = len(np.unique((origin + phase + step)[past] // per_day))
+    if boundary and past.sum() >= min_cells and days >= MIN_BOUNDARIES:
+        group = np.where(past, BOUNDARY, group)
+    if not len(residual):
         return ratios
     for k, nominal in enumerate(LEVELS):
         level = nominal + margin * (1.0 - nominal)
-        pooled = max(float(np.quantile(steady, level)), 0.0)
+        pooled = max(float(np.quantile(residual, level)), 0.0)
         if pooled <= 0:
             continue
-        for h in range(HOURS):
-            group = steady[hour == h]
-            if len(group) >= min_cells:
-                ratios[h, k] = max(float(np.quantile(group, level)), 0.0) / pooled
+        for g in np.unique(group):
+            inside = group == g
+            if inside.sum() >= min_cells:
+                ratios[g, k] = max(float(np.quantile(residual[inside], level)), 0.0) / pooled
     return ratios
 
 
-def hour_of_day(origin: int, per_day: int) -> int:
-    """The hour of day (0-23) of an origin bucket."""
-    return int(_hour_of_day(np.array([origin]), per_day)[0])
+def past_boundary(
+    origin: IntArray, step: IntArray, *, per_day: int, phase: int
+) -> npt.NDArray[np.bool_]:
+    """Whether the bucket ``step`` after ``origin`` is in a later day than the history's
+    last bucket (the one before the origin).
+    """
+    last = (origin + phase - 1) % per_day
+    return np.asarray(last + step + 1 >= per_day)
+
+
+def first_hour_ratios(
+    ratios: FloatArray, origin: int, steps: int, *, per_day: int, phase: int, boundary: bool
+) -> FloatArray:
+    """``(step, level)``: the fitted ratios (``hourly_factors``) of each of the first
+    ``steps`` steps from ``origin``: the boundary's past a day boundary (with
+    ``boundary``, where it was calibrated), the origin's hour of day's otherwise.
+    """
+    hour = int(_hour_of_day(np.array([origin + phase]), per_day)[0])
+    picked = np.repeat(ratios[hour][None, :], steps, axis=0)
+    if boundary and not np.isnan(ratios[BOUNDARY]).any():
+        past = past_boundary(np.full(steps, origin), np.arange(steps), per_day=per_day, phase=phase)
+        picked[past] = ratios[BOUNDARY]
+    return np.asarray(picked, dtype=np.float64)
+
+
+def day_phase(start_s: int, bucket_s: int) -> int:
+    """The bucket of the (UTC) day a panel starting at ``start_s`` starts at."""
+    return int((start_s % DAY_S) // bucket_s)
 
 
 def _hour_of_day(origins: IntArray, per_day: int) -> IntArray:

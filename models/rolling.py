@@ -192,4 +192,5 @@ def _cells(
         recent=spread(shifts.level).astype(np.float64),
         column=np.broadcast_to(np.arange(shape[-1])[None, None, :], shape)[keep],
         origin=np.broadcast_to(origins[:, None, None], shape)[keep],
+        step=np.broadcast_to(np.arange(shape[1])[None, :, None], shape)[keep],
     )

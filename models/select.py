@@ -41,10 +41,11 @@ import numpy as np
 import numpy.typing as npt
 
 from models.bands import (
-    HOURS,
+    BOUNDARY,
     LEVELS,
     band_factors,
     band_residuals,
+    day_phase,
     default_factors,
     hourly_factors,
 )
@@ -90,9 +91,10 @@ class Selecting(SelectionSettings):
         first_seen = _first_seen(history.counts)
         busy = _busy(history.counts, self.busy_share)
         jump_weights = weights[: self.band_edges[0]].copy()
-        hourly = np.ones((HOURS, len(LEVELS)))
+        hourly = np.ones((BOUNDARY + 1, len(LEVELS)))
+        phase = day_phase(history.start_s, history.bucket_s)
         for plan in plans:
-            fitted = _fit_plan(self, lags, plan, first_seen=first_seen, busy=busy)
+            fitted = _fit_plan(self, lags, plan, first_seen=first_seen, busy=busy, phase=phase)
             for unit in range(len(plan.unit_band)):
                 weights[plan.first_unit + unit] = _expand(fitted.weights[unit], plan.experts)
                 if fitted.jump_weights is not None:
@@ -179,12 +181,19 @@ class _PlanFit:
     #: The first band's weights after the last bucket jumped (None past the first band).
     jump_weights: FloatArray | None
     bands: dict[int, tuple[FloatArray, FloatArray, FloatArray]]  # band -> scale, factors, follow
-    #: The first band's hourly steady factors over the pooled one (None past it).
+    #: The first band's steady factors per hour of day and past a day boundary, over the
+    #: pooled one (None past the first band).
     hourly: FloatArray | None
 
 
 def _fit_plan(
-    settings: SelectionSettings, lags: Lags, plan: Plan, *, first_seen: IntArray, busy: BoolArray
+    settings: SelectionSettings,
+    lags: Lags,
+    plan: Plan,
+    *,
+    first_seen: IntArray,
+    busy: BoolArray,
+    phase: int,
 ) -> _PlanFit:
     grid = simplex(len(plan.experts), plan.grid)
     mask = plan.unit_mask()
@@ -239,8 +248,10 @@ def _fit_plan(
                 hourly = hourly_factors(
                     residuals,
                     per_day=lags.per_day,
+                    phase=phase,
                     min_cells=settings.hourly_min_cells,
                     margin=margin,
+                    boundary=settings.boundary_band,
                 )
         fitted[band] = (scale, factors, follow)
     return _PlanFit(weights=weights, jump_weights=jump_weights, bands=fitted, hourly=hourly)

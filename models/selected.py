@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from models.bands import hour_of_day, widened
+from models.bands import day_phase, first_hour_ratios, widened
 from models.base import PanelForecast, poisson_quantiles
 from models.experts import EXPERTS, Lags, expert_means
 from models.series import CountPanel, FloatArray, IntArray
@@ -76,6 +76,13 @@ class SelectionSettings:
     #: hour's own quantile, from at least this many backtest cells; fewer: the pooled
     #: factor), since its errors are not the same through the day. None: pooled only.
     hourly_min_cells: int | None = 200
+    #: True: the first hour's steps past a day boundary that the history has not reached
+    #: get their own steady factor, from the backtest's cells past one (a new day's
+    #: volume can differ from the last day's by half, and no bucket before midnight
+    #: shows it). Days are UTC days. Off by default: on the perturbed m-mid it lifted
+    #: the midnight origins' q90 but took three splits above 0.95 (docs/benchmarks.md).
+    #: False: those steps keep their origin's hour of day.
+    boundary_band: bool = False
     #: Share of traffic that makes an adapter's cells count for the band's factors.
     busy_share: float = 0.01
     #: Changed (origin, step, adapter) cells below which the changed factor is a default.
@@ -130,8 +137,9 @@ class FittedSelection:
     factors: FloatArray
     #: ``(band, [stopped, other])``: how far a changed adapter follows its new level.
     follow: FloatArray
-    #: ``(hour of day, level)``: the first band's steady factor at an origin in that
-    #: hour, over the pooled one.
+    #: ``(group, level)``: the first band's steady factor at an origin in that hour of
+    #: day (0-23) or past a day boundary (``models.bands.BOUNDARY``; NaN where too few
+    #: backtest cells were past one: the hour's factor), over the pooled one.
     hourly: FloatArray
     adapters: tuple[str, ...]
     notes: tuple[str, ...] = field(default=())
@@ -179,10 +187,16 @@ class FittedSelection:
         )
         which = changed.astype(np.int64)
         factor = np.take_along_axis(self.factors[band], which[:, None, :].repeat(2, axis=1), axis=2)
-        hour = self.hourly[hour_of_day(history.n_buckets, history.per_day())]  # (level,)
-        factor = np.where(
-            short[:, None, None] & ~changed[:, None, :], factor * hour[None, :, None], factor
-        )
+        hour = np.ones((horizon, factor.shape[1]))
+        hour[short] = first_hour_ratios(
+            self.hourly,
+            history.n_buckets,
+            int(short.sum()),
+            per_day=history.per_day(),
+            phase=day_phase(history.start_s, history.bucket_s),
+            boundary=self.settings.boundary_band,
+        )  # (step, level)
+        factor = np.where(~changed[:, None, :], factor * hour[:, :, None], factor)
         _, pq90, pq99 = poisson_quantiles(mean)
         q90 = np.maximum(mean + factor[:, 0] * sigma, pq90)
         q99 = np.maximum(mean + factor[:, 1] * sigma, np.maximum(pq99, q90))

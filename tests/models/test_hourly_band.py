@@ -43,3 +43,15 @@ def test_an_hour_whose_errors_run_wide_gets_a_wider_first_hour_band() -> None:
             assert (b.q90[first] <= a.q90[first]).all() and (b.q90[first] < a.q90[first]).any()
     assert hourly.hourly[8, 0] > 1.0 > hourly.hourly[3, 0]
     np.testing.assert_array_equal(pooled.hourly, np.ones_like(pooled.hourly))
+
+
+def test_the_hours_are_the_clocks_when_the_log_starts_in_the_afternoon() -> None:
+    # The controller's panel starts at its first request, here 13:00 UTC: the wide hour
+    # is still 08:00 UTC, not 8 hours after the panel's start.
+    skip = 13 * HOUR
+    counts = np.column_stack([ramped(1), ramped(2)])[skip:]
+    panel = CountPanel(
+        start_s=START_S + skip * BUCKET_S, bucket_s=BUCKET_S, adapters=("a", "b"), counts=counts
+    )
+    fitted = Selecting().fit(panel.head((DAYS - 1) * PER_DAY - skip))
+    assert fitted.hourly[7:9, 0].min() > 1.0 > fitted.hourly[[3, 20], 0].max()
