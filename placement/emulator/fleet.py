@@ -31,25 +31,19 @@ import httpx
 import uvicorn
 from fastapi import FastAPI
 
-from placement.domain import Engine, Fleet, ModelDims, Pod, PodId, Pool, PoolId
+from placement.domain import Engine, Fleet, Pod, PodId, Pool, PoolId
 from placement.emulator.config import PodConfig
 from placement.emulator.pod import EmulatedPod, Sleep
 from placement.emulator.sglang_app import create_sglang_app
 from placement.emulator.vllm_app import create_vllm_app
+from placement.sizing import BUILTIN_MODELS
 
 HOST = "127.0.0.1"
 DEFAULT_BASE_PORT = 18000
 
-#: Dimensions that only name the base model; emulated pods do not size adapters.
-EMULATED_DIMS = ModelDims(
-    name="base-model",
-    hidden_size=4096,
-    num_layers=32,
-    num_attention_heads=32,
-    num_kv_heads=8,
-    head_dim=128,
-    intermediate_size=14336,
-)
+#: Dimensions that only name the base model (emulated pods do not size adapters):
+#: Llama-3.1-8B's, under the name the emulated pods serve.
+EMULATED_DIMS = replace(BUILTIN_MODELS["llama-3.1-8b"], name="base-model")
 
 
 @dataclass(frozen=True, kw_only=True)
