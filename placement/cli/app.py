@@ -42,6 +42,16 @@ def err() -> Console:
     return Console(stderr=True, soft_wrap=True)
 
 
+def print_labelled(console: Console, style: str, label: str, message: object) -> None:
+    """Print one line "label: message", the label in the Rich ``style``.
+
+    The label and the message are printed as they are: brackets in a path, a name or a
+    problem are not Rich markup (read as markup, "[tenant]" vanished from the line and a
+    stray "[/]" raised MarkupError).
+    """
+    console.print(f"[{style}]{escape(label)}[/]: {escape(str(message))}", highlight=False)
+
+
 def report_errors(command: Callable[P, R]) -> Callable[P, R]:
     """Turn lorafleet's errors into clear lines and exit codes instead of tracebacks."""
 
@@ -53,19 +63,17 @@ def report_errors(command: Callable[P, R]) -> Callable[P, R]:
             console = err()
             for problem in exc.problems:
                 label = "warning" if problem.severity == "warning" else "error"
-                console.print(
-                    f"[bold red]{label}[/]: {escape(str(problem))}", highlight=False, markup=True
-                )
+                print_labelled(console, "bold red", label, problem)
             raise typer.Exit(EXIT_BAD_INPUT) from None
         except LorafleetError as exc:
-            err().print(f"[bold red]error[/]: {escape(str(exc))}", highlight=False, markup=True)
+            print_labelled(err(), "bold red", "error", exc)
             raise typer.Exit(EXIT_FAILED) from None
         except (TimeoutError, ConnectionError):
             # OSErrors too (asyncio's timeout among them, with no message), but not a
             # file: they keep their traceback rather than read "error: " and exit 2.
             raise
         except OSError as exc:  # a file that cannot be read or written: named, no traceback
-            err().print(f"[bold red]error[/]: {escape(str(exc))}", highlight=False, markup=True)
+            print_labelled(err(), "bold red", "error", exc)
             raise typer.Exit(EXIT_BAD_INPUT) from None
         except KeyboardInterrupt:
             err().print("interrupted")

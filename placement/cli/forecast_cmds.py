@@ -21,14 +21,13 @@ from typing import Annotated
 import numpy as np
 import pandas as pd
 import typer
-from rich.markup import escape
 from rich.table import Table
 
 from models.backtest import BacktestReport, backtest, rolling_origins
 from models.base import Forecaster
 from models.registry import forecaster_named
 from models.series import CountPanel, SeriesError, build_panel
-from placement.cli.app import app, err, out, report_errors
+from placement.cli.app import app, err, out, print_labelled, report_errors
 from placement.errors import ForecastError, InputError, Problem
 from placement.forecast.forecaster import (
     Forecast,
@@ -112,7 +111,7 @@ def forecast(
         model=model,
     )
     for note in request_log.notes:
-        err().print(f"[yellow]note[/]: {escape(f'{log}: {note}')}", highlight=False)
+        print_labelled(err(), "yellow", "note", f"{log}: {note}")
     output.parent.mkdir(parents=True, exist_ok=True)
     write_through(output, lambda temporary: result.frame.to_parquet(temporary, index=False))
     leads = (
@@ -147,7 +146,7 @@ def print_forecast(
         highlight=False,
     )
     for note in result.notes:
-        err().print(f"[yellow]note[/]: {escape(str(note))}", highlight=False)
+        print_labelled(err(), "yellow", "note", note)
     console.print(_top_table(result, top))
     schedule = preloads(result, settings=settings.forecast, leads_s=leads_s)
     table = Table(title=f"preload schedule ({len(schedule)} rises into the hot tier)")
@@ -293,7 +292,7 @@ def backtest_command(
     for report in reports:
         out().print(_report_table(report))
         for note in report.notes:
-            err().print(f"[yellow]note[/]: {escape(str(note))}", highlight=False)
+            print_labelled(err(), "yellow", "note", note)
 
 
 def _run_backtests(

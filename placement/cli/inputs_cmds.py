@@ -8,9 +8,8 @@ from typing import Annotated
 
 import numpy as np
 import typer
-from rich.markup import escape
 
-from placement.cli.app import EXIT_BAD_INPUT, app, err, out, report_errors
+from placement.cli.app import EXIT_BAD_INPUT, app, err, out, print_labelled, report_errors
 from placement.inputs import load_catalog, load_fleet, load_pipelines, validate_inputs
 from placement.inputs.events import check_events_against, write_events
 from placement.inputs.request_log import write_request_log
@@ -56,9 +55,7 @@ def validate(
     console = err()
     for problem in problems:
         colour = "yellow" if problem.severity == "warning" else "red"
-        console.print(
-            f"[bold {colour}]{problem.severity}[/]: {escape(str(problem))}", highlight=False
-        )
+        print_labelled(console, f"bold {colour}", problem.severity, problem)
     errors = sum(problem.severity == "error" for problem in problems)
     warnings = len(problems) - errors
     if errors:

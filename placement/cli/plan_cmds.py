@@ -19,10 +19,9 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.markup import escape
 from rich.table import Table
 
-from placement.cli.app import app, err, out, report_errors
+from placement.cli.app import app, err, out, print_labelled, report_errors
 from placement.cli.plan_files import plan_problem
 from placement.domain import AdapterId, Catalog, Fleet, PodId, Tier
 from placement.errors import InputError, PlanError, Problem
@@ -84,7 +83,7 @@ def plan(
     write_plan(output, result)
     print_review(result, parsed_fleet)
     for note in solution.notes:
-        err().print(f"[bold yellow]warning[/]: {escape(str(note))}", highlight=False)
+        print_labelled(err(), "bold yellow", "warning", note)
     out().print(f"wrote {output} ({result.id})", highlight=False)
 
 

@@ -11,10 +11,9 @@ from typing import Annotated
 import pandas as pd
 import typer
 import yaml
-from rich.markup import escape
 
 from models.registry import forecaster_named
-from placement.cli.app import app, err, report_errors
+from placement.cli.app import app, err, print_labelled, report_errors
 from placement.cli.replay_output import print_results, replayed_frame, result_json
 from placement.domain import Catalog, Fleet, Pipelines
 from placement.errors import InputError, Problem
@@ -134,9 +133,7 @@ def replay_events(
             )
         )
     for problem in problems:
-        err().print(
-            f"[bold yellow]warning[/]: {escape(str(problem))}", highlight=False, markup=True
-        )
+        print_labelled(err(), "bold yellow", "warning", problem)
     events = sim_events(log, workload, catalog=catalog, pipelines=pipelines or Pipelines())
     controller = EventController.build(
         catalog,

@@ -19,11 +19,10 @@ from typing import Annotated
 import pandas as pd
 import typer
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 from placement.adapters.statedir import PLAN_FILE, STATE_PLAN_FILE
-from placement.cli.app import app, err, out, report_errors
+from placement.cli.app import app, err, out, print_labelled, report_errors
 from placement.cli.plan_files import read_plan_file
 from placement.domain import Catalog, Fleet
 from placement.errors import InputError, Problem
@@ -137,7 +136,7 @@ def print_summary(console: Console, review: PlanReview) -> None:
         highlight=False,
     )
     for warning in review.warnings:
-        console.print(f"[bold red]warning[/]: {escape(str(warning))}", highlight=False)
+        print_labelled(console, "bold red", "warning", warning)
 
 
 def pods_table(review: PlanReview, *, changed_only: bool) -> Table:
@@ -186,9 +185,7 @@ def print_changes(console: Console, review: PlanReview) -> None:
             if names
         ]
         if parts:
-            console.print(
-                f"[bold]{escape(pod.pod)}[/]: " + escape("; ".join(parts)), highlight=False
-            )
+            print_labelled(console, "bold", str(pod.pod), "; ".join(parts))
 
 
 def adapters_table(review: PlanReview, *, changed_only: bool, limit: int | None) -> Table:

@@ -5,12 +5,14 @@ every message is printed as it is, never read as Rich markup."""
 from __future__ import annotations
 
 import errno
+import io
 from pathlib import Path
 
 import pytest
 import typer
+from rich.console import Console
 
-from placement.cli.app import EXIT_BAD_INPUT, EXIT_FAILED, report_errors
+from placement.cli.app import EXIT_BAD_INPUT, EXIT_FAILED, print_labelled, report_errors
 from placement.errors import EngineError, InputError, Problem
 
 
@@ -66,3 +68,11 @@ def test_a_lorafleet_error_is_printed_as_it_is(capsys: pytest.CaptureFixture[str
         _raising(EngineError(_MARKUP))
     assert stopped.value.exit_code == EXIT_FAILED
     assert _MARKUP in capsys.readouterr().err.replace("\n", "")
+
+
+def test_a_labelled_line_prints_its_label_and_message_as_they_are() -> None:
+    # Every CLI warning, note and per-pod line goes through print_labelled: the style is
+    # markup, the label (a pod name) and the message (a plan's warning) are not.
+    written = io.StringIO()
+    print_labelled(Console(file=written, width=200, color_system=None), "bold", "pod[a]", _MARKUP)
+    assert written.getvalue() == f"pod[a]: {_MARKUP}\n"
