@@ -80,7 +80,7 @@ class SelectionSettings:
     #: get their own steady factor, from the backtest's cells past one (a new day's
     #: volume can differ from the last day's by half, and no bucket before midnight
     #: shows it). Days are UTC days. Off by default: on the perturbed m-mid it lifted
-    #: the midnight origins' q90 but took 4 of 35 splits above 0.95 (docs/benchmarks.md).
+    #: the midnight origins' q90 but took 4 of 42 traces above 0.95 (docs/benchmarks.md).
     #: False: those steps keep their origin's hour of day.
     boundary_band: bool = False
     #: Share of traffic that makes an adapter's cells count for the band's factors.
