@@ -53,20 +53,24 @@ class Planner(Protocol):
 
 
 class _ProblemPlanner:
+    """A ``Planner`` over the solver's problem: it builds the problem, has ``_solve``
+    solve it (each subclass its own way) and extracts the plan."""
+
     def __init__(self, catalog: Catalog, *, settings: Settings, clock: Clock | None) -> None:
         self._catalog = catalog
         self._settings = settings
         self._clock = clock
 
-    def _problem(
+    def __call__(
         self,
         demand: Mapping[AdapterId, Demand],
         *,
         fleet: Fleet,
         valid_from: datetime,
         current: Plan | None,
-    ) -> PlacementProblem:
-        return build_problem(
+    ) -> Plan:
+        deadline = self._deadline()  # before the building, which the time limit counts
+        problem = build_problem(
             self._catalog,
             fleet,
             demand,
@@ -74,6 +78,16 @@ class _ProblemPlanner:
             valid_from=valid_from,
             current=current.placement() if current is not None else None,
         )
+        solution = self._solve(problem, deadline=deadline)
+        return extract_plan(problem, solution, created_at=self._created_at(valid_from))
+
+    def _deadline(self) -> Deadline | None:
+        """The whole plan's deadline, started now; None: no deadline."""
+        return None
+
+    def _solve(self, problem: PlacementProblem, *, deadline: Deadline | None) -> Solution:
+        """The problem's solution, within ``deadline`` (``_deadline``'s) where one is set."""
+        raise NotImplementedError
 
     def _created_at(self, valid_from: datetime) -> datetime:
         # Without a clock (a replay) a plan is made at the moment it takes effect.
@@ -107,42 +121,26 @@ class SolverPlanner(_ProblemPlanner):
         self._reproducible = clock is None if reproducible is None else reproducible
         self._deadline_clock = None if self._reproducible else deadline_clock
 
-    def __call__(
-        self,
-        demand: Mapping[AdapterId, Demand],
-        *,
-        fleet: Fleet,
-        valid_from: datetime,
-        current: Plan | None,
-    ) -> Plan:
-        deadline = None
-        if self._deadline_clock is not None:
-            limit_s = self._settings.planner.time_limit_s
-            deadline = Deadline.after(limit_s, clock=self._deadline_clock)
-        problem = self._problem(demand, fleet=fleet, valid_from=valid_from, current=current)
+    def _deadline(self) -> Deadline | None:
+        if self._deadline_clock is None:
+            return None
+        limit_s = self._settings.planner.time_limit_s
+        return Deadline.after(limit_s, clock=self._deadline_clock)
+
+    def _solve(self, problem: PlacementProblem, *, deadline: Deadline | None) -> Solution:
         options = options_from(problem, reproducible=self._reproducible)
         solution = solve(problem, options=options, deadline=deadline)
         for note in bound_notes(list(solution.pools)):
             logger.warning("%s", note)
-        return extract_plan(problem, solution, created_at=self._created_at(valid_from))
+        return solution
 
 
 class GreedyPlanner(_ProblemPlanner):
     """The solver's greedy plan (its hint and its fallback) without CP-SAT; the plan's
     status says FALLBACK_GREEDY."""
 
-    def __call__(
-        self,
-        demand: Mapping[AdapterId, Demand],
-        *,
-        fleet: Fleet,
-        valid_from: datetime,
-        current: Plan | None,
-    ) -> Plan:
-        problem = self._problem(demand, fleet=fleet, valid_from=valid_from, current=current)
-        return extract_plan(
-            problem, greedy_solution(problem), created_at=self._created_at(valid_from)
-        )
+    def _solve(self, problem: PlacementProblem, *, deadline: Deadline | None) -> Solution:
+        return greedy_solution(problem)
 
 
 def greedy_solution(problem: PlacementProblem) -> Solution:
