@@ -25,8 +25,8 @@ import pyarrow as pa
 
 from placement.adapters.live_request_log_file import FileRead, new_bytes
 from placement.errors import InputError, Problem
+from placement.inputs.json_lines import lines_entry
 from placement.inputs.request_log import RequestLog, request_log_from_frame
-from placement.inputs.request_log_faults import lines_entry
 
 #: Problems kept per file (the counts stay whole).
 _KEEP_PROBLEMS = 20

@@ -12,7 +12,6 @@ What a fault is, and the contract's names, are in ``placement.inputs.request_log
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -22,12 +21,13 @@ import pandas as pd
 
 from placement.errors import InputError, Problem
 from placement.inputs.files import write_through
-from placement.inputs.request_log_faults import (
-    fatal_faults,
-    lines_entry,
-    log_problems,
-    parse_ts,
+from placement.inputs.json_lines import (
+    is_json_lines,
+    not_objects,
+    read_json_lines,
+    read_json_lines_strictly,
 )
+from placement.inputs.request_log_faults import fatal_faults, log_problems, parse_ts
 
 
 @dataclass(frozen=True)
@@ -78,8 +78,6 @@ def _read_raw(path: Path) -> pd.DataFrame:
             return frame
         if suffix.endswith((".csv", ".csv.gz")):
             return pd.read_csv(path)
-        if suffix.endswith((".jsonl", ".ndjson", ".json", ".jsonl.gz")):
-            return pd.read_json(path, lines=True)
     except FileNotFoundError:
         raise InputError([Problem(source=str(path), message="no such file")]) from None
     except InputError:
@@ -104,22 +102,10 @@ def _read_strictly(path: Path) -> tuple[pd.DataFrame, list[int] | None]:
     """A log file's raw frame and, for JSON lines, each row's line (the problems name
     lines, not rows after a header the file does not have); a line that is not a JSON
     object is an InputError naming it."""
-    if not _is_json_lines(path):
+    if not is_json_lines(path):
         return _read_raw(path), None
-    frame, lines, bad_lines = _read_json_lines(path)
-    if not lines and not bad_lines:
-        raise InputError([Problem(source=str(path), message="empty: no JSON lines")])
-    if bad_lines:
-        raise InputError(
-            [
-                Problem(
-                    source=str(path),
-                    entry=lines_entry(bad_lines),
-                    message=f"{len(bad_lines)} lines that are not JSON objects",
-                )
-            ]
-        )
-    return frame, lines
+    read = read_json_lines_strictly(path)
+    return _frame(read.records), read.lines
 
 
 def request_log_from_frame(
@@ -189,16 +175,15 @@ def load_request_log(path: str | Path, *, skip_bad_rows: bool = False) -> Reques
     faulty rows, and JSON lines that do not parse (one the router is half-way through
     writing), are left out and reported in ``skipped`` instead."""
     source = Path(path)
-    if skip_bad_rows and _is_json_lines(source):
-        frame, lines, bad_lines = _read_json_lines(source)
-        log = request_log_from_frame(frame, source=str(source), skip_bad_rows=True, lines=lines)
+    if skip_bad_rows and is_json_lines(source):
+        read = read_json_lines(source)
+        log = request_log_from_frame(
+            _frame(read.records), source=str(source), skip_bad_rows=True, lines=read.lines
+        )
+        bad_lines = read.bad_lines
         if not bad_lines:
             return log
-        problem = Problem(
-            source=str(source),
-            entry=lines_entry(bad_lines),
-            message=f"{len(bad_lines)} lines that are not JSON objects",
-        )
+        problem = not_objects(source, bad_lines)
         return replace(
             log,
             skipped=(problem, *log.skipped),
@@ -211,37 +196,11 @@ def load_request_log(path: str | Path, *, skip_bad_rows: bool = False) -> Reques
     )
 
 
-def _is_json_lines(path: Path) -> bool:
-    return "".join(path.suffixes[-2:]).lower().endswith((".jsonl", ".ndjson", ".json"))
-
-
-def _read_json_lines(path: Path) -> tuple[pd.DataFrame, list[int], list[int]]:
-    """The objects of a JSON-lines file, one per line, each one's line number, and the
-    numbers of the lines that are not a JSON object (a half-written last line among
-    them)."""
-    rows: list[dict[str, object]] = []
-    numbers: list[int] = []
-    bad: list[int] = []
-    try:
-        with path.open("rb") as handle:
-            for number, line in enumerate(handle, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except (ValueError, RecursionError):
-                    row = None
-                if isinstance(row, dict):
-                    rows.append(row)
-                    numbers.append(number)
-                else:
-                    bad.append(number)
-    except FileNotFoundError:
-        raise InputError([Problem(source=str(path), message="no such file")]) from None
-    except OSError as exc:
-        raise InputError([Problem(source=str(path), message=f"cannot read: {exc}")]) from None
-    frame = pd.DataFrame.from_records(rows) if rows else pd.DataFrame(columns=["ts", "adapter"])
-    return frame, numbers, bad
+def _frame(records: list[dict[str, object]]) -> pd.DataFrame:
+    """A JSON-lines log's raw frame (an empty one still has the required columns)."""
+    return (
+        pd.DataFrame.from_records(records) if records else pd.DataFrame(columns=["ts", "adapter"])
+    )
 
 
 def write_request_log(frame: pd.DataFrame, path: str | Path) -> None:

@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from placement.errors import Problem
+from placement.inputs.json_lines import lines_entry
 
 PER_REQUEST_COLUMNS = (
     "ts",
@@ -93,20 +94,31 @@ def _faulty_rows(field: str, rows: pd.Index, message: str) -> list[_Fault]:
 def _timestamp_faults(frame: pd.DataFrame) -> list[_Fault]:
     ts = parse_ts(frame["ts"])
     valid = ts.dropna()
-    missing = frame["ts"][ts.isna()]  # looked at value by value: few
-    beyond = missing.map(_beyond_the_range).astype(bool)
-    return (
-        _faulty_rows("ts", missing.index[~beyond], "unparsable timestamps")
-        + _faulty_rows("ts", missing.index[beyond], _BEYOND)
-        + _faulty_rows(
-            "ts",
-            valid.index[valid.diff() < pd.Timedelta(0)],
-            "timestamps earlier than the row before (not in time order)",
-        )
+    return [
+        fault
+        for message, rows in unread_times(frame["ts"], ts)
+        for fault in _faulty_rows("ts", rows, message)
+    ] + _faulty_rows(
+        "ts",
+        valid.index[valid.diff() < pd.Timedelta(0)],
+        "timestamps earlier than the row before (not in time order)",
     )
 
 
-_BEYOND = (
+def unread_times(column: pd.Series, parsed: pd.Series) -> list[tuple[str, pd.Index]]:
+    """The rows of a ``ts`` column that did not parse (NaT in ``parsed``, its
+    ``parse_ts``), as two faults: values that are no time ('unparsable timestamps'),
+    and times only out of the range a frame holds (said so, with the range)."""
+    missing = column[parsed.isna()]  # looked at value by value: few
+    beyond = missing.map(_beyond_the_range).astype(bool)
+    return [
+        ("unparsable timestamps", missing.index[~beyond]),
+        (OUT_OF_RANGE, missing.index[beyond]),
+    ]
+
+
+#: What a time past pandas' range is: a log holds 1677-09-21 to 2262-04-11.
+OUT_OF_RANGE = (
     f"timestamps outside the times a log can hold ({pd.Timestamp.min:%Y-%m-%d} to "
     f"{pd.Timestamp.max:%Y-%m-%d} UTC)"
 )
@@ -241,7 +253,7 @@ def log_problems(
             source=source,
             field=field,
             message=message,
-            entry=_where(rows, lines),
+            entry=rows_entry(rows, lines),
         )
         for field, message, rows in _timestamp_faults(frame) + _value_faults(frame)
     ]
@@ -265,17 +277,13 @@ def fatal_faults(
     if missing:
         return [(p, None) for p in missing]
     return [
-        (Problem(source=source, field=name, message=message, entry=_where(rows, lines)), rows)
+        (Problem(source=source, field=name, message=message, entry=rows_entry(rows, lines)), rows)
         for name, message, rows in _timestamp_faults(frame) + _value_faults(frame)
     ]
 
 
-def _where(rows: pd.Index, lines: Sequence[int] | None) -> str:
+def rows_entry(rows: pd.Index, lines: Sequence[int] | None = None) -> str:
+    """A Problem's entry for rows of a frame: their lines where ``lines`` gives each
+    row's line in its file (JSON lines), else the rows as a reader of the file counts
+    them (from 1, after a header line)."""
     return _rows(rows) if lines is None else lines_entry([lines[int(i)] for i in rows])
-
-
-def lines_entry(numbers: list[int]) -> str:
-    """A Problem's entry for lines of a JSON-lines file (numbered from 1)."""
-    shown = ", ".join(str(n) for n in numbers[:_SHOW_ROWS])
-    more = f" and {len(numbers) - _SHOW_ROWS} more" if len(numbers) > _SHOW_ROWS else ""
-    return f"{'line' if len(numbers) == 1 else 'lines'} {shown}{more}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import re
 from pathlib import Path
 
@@ -197,6 +198,21 @@ def test_a_line_that_is_not_json_read_strictly_is_named(tmp_path: Path) -> None:
     assert [str(p) for p in strictly.value.problems] == [
         f"{path}: line 2: 1 lines that are not JSON objects"
     ]
+
+
+def test_a_gzipped_json_lines_log_names_its_lines(tmp_path: Path) -> None:
+    # A .jsonl.gz went through pandas' reader: "row 4" for the third line after a blank
+    # one, and a line that is not JSON failed the whole file with pandas' message.
+    path = tmp_path / "log.jsonl.gz"
+    text = '{"ts": "2026-03-12T04:00:00Z", "adapter": "alpha"}\n\n{"ts": "x", "adapter": "a"}\n'
+    path.write_bytes(gzip.compress(text.encode()))
+    assert [str(p) for p in check_request_log(path)] == [
+        f"{path}: line 3: ts: 1 unparsable timestamps"
+    ]
+    path.write_bytes(gzip.compress(b'{"ts": "2026-03-12T04:00:00Z", "adapter": "alpha"}\n{"ts'))
+    log = load_request_log(path, skip_bad_rows=True)
+    assert [str(p) for p in log.skipped] == [f"{path}: line 2: 1 lines that are not JSON objects"]
+    assert len(log.frame) == 1
 
 
 def test_an_empty_json_lines_file_read_strictly_is_refused(tmp_path: Path) -> None:
