@@ -27,17 +27,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
-from types import MappingProxyType
 
 import aiohttp
 
-from placement.domain import AdapterId, Engine, PodId, PoolId, Tier
-from placement.plan import AdapterPlan, Plan, plan_to_json
-from placement.ports import PodMetrics
+from bench.routing_latency import make_topology
+from placement.plan import Plan, plan_to_json
 from placement.router.picking import Picker
-from placement.router.state import Upstream, build_topology
 from placement.settings import LoadCostSettings, RouterSettings
 from tests import factories
 
@@ -174,45 +171,9 @@ def _cpu_s(pid: int) -> float:
 
 def _decision_us(pods: int = 64, adapters: int = 2000, calls: int = 20000) -> dict[str, float]:
     """Routing decisions over 64 pods: planned adapters (2 replicas), and unplanned ones."""
-    upstreams = tuple(
-        Upstream(
-            pod=PodId(f"pod-{i}"),
-            pool=PoolId("pool"),
-            url=f"http://127.0.0.1:{20000 + i}",
-            engine=Engine.VLLM,
-            served_model="base-model",
-            max_loras=8,
-            max_cpu_loras=32,
-        )
-        for i in range(pods)
-    )
     names = [f"a{i}" for i in range(adapters)]
-    now = datetime.now(UTC)
-    entries = {
-        AdapterId(n): AdapterPlan(
-            tier=Tier.HOT,
-            pods=MappingProxyType(
-                {PodId(f"pod-{i % pods}"): 0.5, PodId(f"pod-{(i + 1) % pods}"): 0.5}
-            ),
-        )
-        for i, n in enumerate(names[: adapters // 2])
-    }
-    plan = Plan(
-        id="p",
-        created_at=now,
-        valid_from=now,
-        valid_until=now + timedelta(hours=1),
-        pods=MappingProxyType({}),
-        adapters=MappingProxyType(entries),
-    )
-    topology = build_topology(upstreams, plan)
     rng = random.Random(0)
-    for state in topology.pods.values():
-        state.observe(
-            PodMetrics(waiting=rng.randint(0, 4), running=rng.randint(0, 8), kv_usage=0.5)
-        )
-        for name in rng.sample(names, 8):
-            state.note_use(AdapterId(name), rng.random())
+    topology = make_topology(pods, names, rng, used_per_pod=8, refreshed=False)
     picker = Picker(settings=RouterSettings(), load_cost=LoadCostSettings())
     chosen = [rng.choice(names) for _ in range(calls)]
     wall, cpu = [], []

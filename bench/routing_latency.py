@@ -86,8 +86,18 @@ def measure(decide: Callable[[str], object], requests: list[str]) -> tuple[float
     return samples[len(samples) // 2] / 1e3, samples[int(len(samples) * 0.99)] / 1e3
 
 
-def make_topology(pods: int, adapters: list[str], rng: random.Random) -> Topology:
-    """``pods`` vLLM pods (8 slots, 32 in host RAM); half the adapters hot on two."""
+def make_topology(
+    pods: int,
+    adapters: list[str],
+    rng: random.Random,
+    *,
+    used_per_pod: int = 32,
+    refreshed: bool = True,
+) -> Topology:
+    """``pods`` vLLM pods (8 slots, 32 in host RAM); half the adapters hot on two; each
+    pod with live queues and ``used_per_pod`` adapters it used lately. ``refreshed``:
+    the pre-filter ranks the queues, as after a scrape round; False leaves the ranks of
+    before the queues were observed, as ``bench.router_overhead`` has always measured."""
     upstreams = tuple(
         Upstream(
             pod=PodId(f"pod-{i}"),
@@ -123,10 +133,11 @@ def make_topology(pods: int, adapters: list[str], rng: random.Random) -> Topolog
         state.observe(
             PodMetrics(waiting=rng.randint(0, 4), running=rng.randint(0, 8), kv_usage=0.5)
         )
-        for name in rng.sample(adapters, 32):
+        for name in rng.sample(adapters, used_per_pod):
             state.note_use(AdapterId(name), rng.random())
-    for view in topology.pools.values():
-        view.index.refresh()  # as the scraper does after a round
+    if refreshed:
+        for view in topology.pools.values():
+            view.index.refresh()  # as the scraper does after a round
     return topology
 
 
