@@ -9,7 +9,10 @@ an event caused names it in the request log's optional ``event_id`` column.
 ``check_events`` lists every problem, one line each: unreadable values, unknown kinds,
 repeated ids, events out of time order, triggers pipelines.yaml does not define,
 tenants neither the catalog nor the logins know, and events outside the request log's
-span (a warning: a replay never delivers them). ``load_events`` reads a log for use
+span (a warning: a replay never delivers them). A problem names its rows as a CSV's
+reader counts them (after the header), or the lines of a JSON-lines file; times are
+read as a request log's (``placement.inputs.request_log_faults``), so one past 2262
+is out of range, not unparsable. ``load_events`` reads a log for use
 and raises InputError on any error. Reads files; writes only through ``write_events``.
 """
 
@@ -17,7 +20,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -29,8 +32,10 @@ from placement.errors import InputError, Problem
 from placement.inputs.catalog import parse_catalog
 from placement.inputs.files import write_through
 from placement.inputs.fleet import parse_fleet
+from placement.inputs.json_lines import is_json_lines, read_json_lines_strictly
 from placement.inputs.pipelines import parse_pipelines
 from placement.inputs.request_log import load_request_log
+from placement.inputs.request_log_faults import parse_ts, rows_entry, unread_times
 
 EVENT_COLUMNS = ("ts", "kind", "trigger", "tenant", "event_id")
 REQUIRED_COLUMNS = ("ts", "kind", "event_id")
@@ -85,26 +90,23 @@ def known_names(
     )
 
 
-def _rows(index: Iterable[int]) -> str:
-    rows = [int(i) + 2 for i in index]  # +2: a header line, and rows count from 1
-    shown = ", ".join(str(r) for r in rows[:_SHOW])
-    more = f" and {len(rows) - _SHOW} more" if len(rows) > _SHOW else ""
-    return f"{'row' if len(rows) == 1 else 'rows'} {shown}{more}"
-
-
 def _events(count: int) -> str:
     return f"{count} event" if count == 1 else f"{count} events"
 
 
-def _read(path: Path) -> pd.DataFrame:
+def _read(path: Path) -> tuple[pd.DataFrame, list[int] | None]:
+    """An event log's raw frame and, for JSON lines, each row's line in the file (a
+    problem names the line, not a row after a header the file does not have)."""
+    if is_json_lines(path):
+        read = read_json_lines_strictly(path)
+        return _as_text(pd.DataFrame.from_records(read.records)), read.lines
     suffix = "".join(path.suffixes[-2:]).lower()
     try:
         if suffix.endswith(".parquet"):
-            return pd.read_parquet(path)
+            return pd.read_parquet(path), None
         if suffix.endswith((".csv", ".csv.gz")):
-            return pd.read_csv(path, dtype={"trigger": str, "tenant": str, "event_id": str})
-        if suffix.endswith((".jsonl", ".ndjson", ".json", ".jsonl.gz")):
-            return pd.read_json(path, lines=True, dtype={"event_id": str})
+            frame = pd.read_csv(path, dtype={"trigger": str, "tenant": str, "event_id": str})
+            return frame, None
     except FileNotFoundError:
         raise InputError([Problem(source=str(path), message="no such file")]) from None
     except Exception as exc:  # every reader raises its own types
@@ -112,6 +114,16 @@ def _read(path: Path) -> pd.DataFrame:
     raise InputError(
         [Problem(source=str(path), message="unknown format: use .parquet, .csv or .jsonl")]
     )
+
+
+def _as_text(frame: pd.DataFrame) -> pd.DataFrame:
+    """JSON values of the text columns as text, as a CSV's are read (an id 7 is "7";
+    a null stays missing)."""
+    for name in ("kind", "trigger", "tenant", "event_id"):
+        if name in frame.columns:
+            values = frame[name].astype(object)
+            frame[name] = values.where(values.isna(), values.map(str))
+    return frame
 
 
 def _text(frame: pd.DataFrame, column: str) -> pd.Series:
@@ -127,18 +139,15 @@ def _text(frame: pd.DataFrame, column: str) -> pd.Series:
     )
 
 
-def _parse_ts(column: pd.Series) -> pd.Series:
-    if pd.api.types.is_datetime64_any_dtype(column):
-        return pd.to_datetime(column, utc=True)
-    if pd.api.types.is_numeric_dtype(column):
-        return pd.to_datetime(column, unit="s", utc=True, errors="coerce")
-    return pd.to_datetime(column, utc=True, errors="coerce", format="ISO8601")
-
-
 class _Problems:
-    def __init__(self, source: str) -> None:
+    def __init__(self, source: str, lines: Sequence[int] | None) -> None:
         self.source = source
+        self.lines = lines
         self.found: list[Problem] = []
+
+    def where(self, rows: pd.Index) -> str:
+        """The rows' entry: their lines in a JSON-lines file, else rows as a CSV's."""
+        return rows_entry(rows, self.lines)
 
     def rows(self, field: str, rows: pd.Index, message: str, severity: str = "error") -> None:
         if len(rows):
@@ -146,7 +155,7 @@ class _Problems:
                 Problem(
                     source=self.source,
                     field=field,
-                    entry=_rows(rows),
+                    entry=self.where(rows),
                     message=f"{len(rows)} {message}",
                     severity=severity,
                 )
@@ -159,7 +168,8 @@ class _Problems:
 
 
 def _value_problems(frame: pd.DataFrame, ts: pd.Series, found: _Problems) -> None:
-    found.rows("ts", frame.index[ts.isna()], "unparsable timestamps")
+    for message, rows in unread_times(frame["ts"], ts):
+        found.rows("ts", rows, message)
     valid = ts.dropna()
     found.rows(
         "ts",
@@ -192,10 +202,8 @@ def _value_problems(frame: pd.DataFrame, ts: pd.Series, found: _Problems) -> Non
     repeated = named[named.duplicated(keep=False)]
     if len(repeated):
         shown = ", ".join(repr(x) for x in repeated.unique()[:_SHOW])
-        found.line(
-            "event_id",
-            f"{repeated.nunique()} ids used more than once ({shown}) in {_rows(repeated.index)}",
-        )
+        where = found.where(repeated.index)
+        found.line("event_id", f"{repeated.nunique()} ids used more than once ({shown}) in {where}")
 
 
 def _name_problems(frame: pd.DataFrame, known: KnownNames, found: _Problems) -> None:
@@ -203,14 +211,14 @@ def _name_problems(frame: pd.DataFrame, known: KnownNames, found: _Problems) -> 
     if known.triggers is not None:
         unknown = trigger[(kind == "pipeline") & trigger.notna() & ~trigger.isin(known.triggers)]
         for name, count in unknown.value_counts().items():
-            rows = _rows(unknown.index[unknown == name])
+            rows = found.where(unknown.index[unknown == name])
             found.line(
                 "trigger", f"trigger {name!r} is not in pipelines.yaml ({_events(count)}, {rows})"
             )
     if known.tenants is not None:
         unknown = tenant[tenant.notna() & ~tenant.isin(known.tenants)]
         for name, count in unknown.value_counts().items():
-            rows = _rows(unknown.index[unknown == name])
+            rows = found.where(unknown.index[unknown == name])
             found.line(
                 "tenant",
                 f"tenant {name!r} is neither in the catalog nor in pipelines.yaml's logins"
@@ -234,17 +242,20 @@ def _span_problems(ts: pd.Series, known: KnownNames, found: _Problems) -> None:
         )
 
 
-def problems_in(frame: pd.DataFrame, source: str, known: KnownNames) -> list[Problem]:
-    """Every problem of a raw event frame; events outside the span are warnings."""
+def problems_in(
+    frame: pd.DataFrame, source: str, known: KnownNames, *, lines: Sequence[int] | None = None
+) -> list[Problem]:
+    """Every problem of a raw event frame; events outside the span are warnings.
+    ``lines``: each row's line in its file (JSON lines), named instead of a row."""
     frame = frame.reset_index(drop=True)
-    found = _Problems(source)
+    found = _Problems(source, lines)
     missing = [c for c in REQUIRED_COLUMNS if c not in frame.columns]
     for column in missing:
         columns = ", ".join(map(str, frame.columns))
         found.line(column, f"missing required column {column!r} (columns: {columns})")
     if missing:
         return found.found
-    ts = _parse_ts(frame["ts"])
+    ts = parse_ts(frame["ts"])
     _value_problems(frame, ts, found)
     _name_problems(frame, known, found)
     _span_problems(ts, known, found)
@@ -255,22 +266,23 @@ def check_events(path: str | os.PathLike[str], known: KnownNames | None = None) 
     """Every problem in an event log file, strictly: for ``lorafleet validate``."""
     source = Path(path)
     try:
-        frame = _read(source)
+        frame, lines = _read(source)
     except InputError as exc:
         return list(exc.problems)
-    return problems_in(frame, str(source), known or KnownNames())
+    return problems_in(frame, str(source), known or KnownNames(), lines=lines)
 
 
 def load_events(path: str | os.PathLike[str], known: KnownNames | None = None) -> EventLog:
     """Read an event log; InputError lists every error (warnings do not stop it)."""
     source = Path(path)
-    frame = _read(source).reset_index(drop=True)
-    problems = problems_in(frame, str(source), known or KnownNames())
+    frame, lines = _read(source)
+    frame = frame.reset_index(drop=True)
+    problems = problems_in(frame, str(source), known or KnownNames(), lines=lines)
     errors = [p for p in problems if p.severity == "error"]
     if errors:
         raise InputError(errors)
     columns = {
-        "ts": _parse_ts(frame["ts"]),
+        "ts": parse_ts(frame["ts"]),
         **{name: _text(frame, name) for name in EVENT_COLUMNS if name != "ts"},
     }
     return EventLog(frame=pd.DataFrame(columns), source=str(source))

@@ -221,3 +221,61 @@ def test_load_events_raises_every_error_and_keeps_warnings_quiet(tmp_path: Path)
     path.write_text(HEADER + GOOD)
     assert len(load_events(path, late)) == 1
     assert [p.severity for p in check_events(path, late)] == ["warning"]
+
+
+_OUT_OF_RANGE = "timestamps outside the times a log can hold (1677-09-21 to 2262-04-11 UTC)"
+
+
+def test_a_json_lines_event_log_names_the_file_and_each_line(tmp_path: Path) -> None:
+    # It named "row N+1" (a CSV's count after a header the file does not have, blank
+    # lines not counted), called a time past 2262 "unparsable", read a missing id as the
+    # id "nan", and 1e300 seconds raised OverflowError: a traceback.
+    path = tmp_path / "events.jsonl"
+    path.write_text(
+        '{"ts": "2026-03-09T13:00:00Z", "kind": "login", "tenant": "firm-east", "event_id": "a"}\n'
+        "\n"
+        '{"ts": "2026-03-09T13:01:00Z", "kind": "party", "tenant": "firm-east", "event_id": "a"}\n'
+        '{"ts": "2300-01-01T00:00:00Z", "kind": "login", "tenant": "firm-east", "event_id": "b"}\n'
+        '{"ts": 1e300, "kind": "login", "tenant": "firm-east", "event_id": "c"}\n'
+        '{"ts": "yesterday", "kind": "login", "tenant": "firm-x", "event_id": null}\n'
+    )
+    known = KnownNames(tenants=frozenset({"firm-east"}))
+    assert [str(p) for p in check_events(path, known)] == [
+        f"{path}: line 6: ts: 1 unparsable timestamps",
+        f"{path}: lines 4, 5: ts: 2 {_OUT_OF_RANGE}",
+        f"{path}: line 3: kind: 1 unknown kinds (expected pipeline or login)",
+        f"{path}: line 6: event_id: 1 events without an id",
+        f"{path}: event_id: 1 ids used more than once ('a') in lines 1, 3",
+        f"{path}: tenant: tenant 'firm-x' is neither in the catalog nor in pipelines.yaml's"
+        " logins (1 event, line 6)",
+    ]
+
+
+def test_a_csv_time_past_2262_is_out_of_range_not_unparsable(tmp_path: Path) -> None:
+    result = runner.invoke(
+        app, _inputs(tmp_path, HEADER + GOOD + "2300-01-01T00:00:00Z,login,,firm-west,l-2\n")
+    )
+    assert result.exit_code == 2, result.output
+    assert f"{tmp_path / 'events.csv'}: row 3: ts: 1 {_OUT_OF_RANGE}" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        pytest.param(
+            '{"ts": "2026-03-09T13:00:00Z", "kind": "login", "event_id": "a"}\n\n{"ts": \n',
+            "line 3: 1 lines that are not JSON objects",
+            id="half-a-line",
+        ),
+        pytest.param("\n", "empty: no JSON lines", id="empty"),
+    ],
+)
+def test_a_json_lines_event_log_that_does_not_read_says_where(
+    tmp_path: Path, text: str, expected: str
+) -> None:
+    path = tmp_path / "events.jsonl"
+    path.write_text(text)
+    assert [str(p) for p in check_events(path)] == [f"{path}: {expected}"]
+    with pytest.raises(InputError) as raised:
+        load_events(path)
+    assert [str(p) for p in raised.value.problems] == [f"{path}: {expected}"]
