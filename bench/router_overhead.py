@@ -35,6 +35,7 @@ import aiohttp
 from bench.routing_latency import make_topology
 from placement.plan import Plan, plan_to_json
 from placement.router.picking import Picker
+from placement.router.state import Topology
 from placement.settings import LoadCostSettings, RouterSettings
 from tests import factories
 
@@ -169,11 +170,17 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def decision_topology(pods: int, names: list[str], rng: random.Random) -> Topology:
+    """The decision's topology: ``routing_latency``'s, with 8 adapters used lately per
+    pod; its pre-filter ranks the observed queues, as the router's after a scrape."""
+    return make_topology(pods, names, rng, used_per_pod=8)
+
+
 def _decision_us(pods: int = 64, adapters: int = 2000, calls: int = 20000) -> dict[str, float]:
     """Routing decisions over 64 pods: planned adapters (2 replicas), and unplanned ones."""
     names = [f"a{i}" for i in range(adapters)]
     rng = random.Random(0)
-    topology = make_topology(pods, names, rng, used_per_pod=8, refreshed=False)
+    topology = decision_topology(pods, names, rng)
     picker = Picker(settings=RouterSettings(), load_cost=LoadCostSettings())
     chosen = [rng.choice(names) for _ in range(calls)]
     wall, cpu = [], []

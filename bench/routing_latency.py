@@ -92,12 +92,11 @@ def make_topology(
     rng: random.Random,
     *,
     used_per_pod: int = 32,
-    refreshed: bool = True,
 ) -> Topology:
     """``pods`` vLLM pods (8 slots, 32 in host RAM); half the adapters hot on two; each
-    pod with live queues and ``used_per_pod`` adapters it used lately. ``refreshed``:
-    the pre-filter ranks the queues, as after a scrape round; False leaves the ranks of
-    before the queues were observed, as ``bench.router_overhead`` has always measured."""
+    pod with live queues and ``used_per_pod`` adapters it used lately; the pre-filter's
+    ranks refreshed after the queues are observed, as the router's scrape round does
+    (``Router.start`` runs the first round before it serves)."""
     upstreams = tuple(
         Upstream(
             pod=PodId(f"pod-{i}"),
@@ -135,9 +134,8 @@ def make_topology(
         )
         for name in rng.sample(adapters, used_per_pod):
             state.note_use(AdapterId(name), rng.random())
-    if refreshed:
-        for view in topology.pools.values():
-            view.index.refresh()  # as the scraper does after a round
+    for view in topology.pools.values():
+        view.index.refresh()  # as the scrape round does once every pod is read
     return topology
 
 
