@@ -18,6 +18,7 @@ and Chameleon assign them), q_proj and v_proj, one pool.
 
 from __future__ import annotations
 
+import io
 import os
 import re
 from dataclasses import dataclass
@@ -28,11 +29,13 @@ import numpy as np
 import pandas as pd
 
 from placement.errors import InputError, Problem
+from placement.inputs.json_lines import lines_entry
 
 WINDOW_S = 600.0
 COLUMNS = ("t", "rate", "cv", "pattern", "shape", "scale")
 PATTERNS = ("Gamma", "Weibull")
 _CLIENT = re.compile(r"^chunk-(\d+)-trace\.csv$")
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")
 RANKS = (8, 16, 32, 64, 128)
 
 
@@ -62,18 +65,44 @@ class Lengths:
     output_sigma: float = 1.0
 
 
+def _window_lines(text: str) -> list[int]:
+    """The number of each line of ``text`` that is not blank, counted from 1 as the file
+    counts them: the lines pandas' reader makes windows of (it skips lines of only
+    spaces and tabs)."""
+    lines = _LINE_BREAK.split(text)
+    if lines and lines[-1] == "":
+        lines.pop()  # the break that ends the last line opens no line
+    return [number for number, line in enumerate(lines, start=1) if line.strip(" \t")]
+
+
 def _client(path: Path, prefix: str) -> Client:
     try:
-        frame = pd.read_csv(path, header=None, names=list(COLUMNS), dtype={"pattern": str})
+        text = path.read_text(encoding="utf-8-sig")
+        frame = pd.read_csv(
+            io.StringIO(text), header=None, names=list(COLUMNS), dtype={"pattern": str}
+        )
     except (OSError, ValueError, pd.errors.ParserError) as exc:
         raise InputError([Problem(source=str(path), message=f"cannot read: {exc}")]) from None
+    if len(frame) == 0:
+        raise InputError(
+            [Problem(source=str(path), message="not a ServeGen client trace: no windows")]
+        )
     numbers = frame[["t", "rate", "shape"]].apply(pd.to_numeric, errors="coerce")
     bad = numbers.isna().any(axis=1) | (numbers["rate"] < 0) | ~np.isfinite(numbers["rate"])
-    if len(frame) == 0 or bad.any():
-        rows = ", ".join(str(int(i) + 1) for i in frame.index[bad][:5])
-        what = "no windows" if len(frame) == 0 else f"rows {rows}: not numbers or a rate below 0"
+    if bad.any():
+        lines = _window_lines(text)
+        if len(lines) == len(frame):
+            entry = lines_entry([lines[int(i)] for i in frame.index[bad]])
+        else:  # a quoted field across lines (never in ServeGen's files): windows, not lines
+            entry = "window" + lines_entry([int(i) + 1 for i in frame.index[bad]])[len("line") :]
         raise InputError(
-            [Problem(source=str(path), message=f"not a ServeGen client trace: {what}")]
+            [
+                Problem(
+                    source=str(path),
+                    entry=entry,
+                    message="not a ServeGen client trace: not numbers or a rate below 0",
+                )
+            ]
         )
     number = int(_CLIENT.match(path.name).group(1))  # type: ignore[union-attr]
     return Client(

@@ -150,7 +150,7 @@ def test_a_command_that_cannot_write_says_where(folder: Path, tmp_path: Path) ->
         pytest.param(lambda root: None, "no ServeGen client files", id="empty-folder"),
         pytest.param(
             lambda root: (root / "chunk-1-trace.csv").write_text("0,fast,1,Gamma,1,1\n"),
-            "not a ServeGen client trace: rows 1",
+            "line 1: not a ServeGen client trace: not numbers or a rate below 0",
             id="not-a-number",
         ),
         pytest.param(
@@ -169,4 +169,31 @@ def test_a_bad_folder_is_one_line(tmp_path: Path, make: object, expected: str) -
     )
     assert result.exit_code == 2
     assert expected in result.output
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(
+    ("text", "entry"),
+    [
+        pytest.param("0,1,1,Gamma,1,1\n\n600,fast,1,Gamma,1,1\n", "line 3", id="blank-line"),
+        pytest.param("\n \t\n0,-1,1,Gamma,1,1\n", "line 3", id="blank-lines-first"),
+        pytest.param(
+            "0,x,1,Gamma,1,1\r\n\r\n600,1,1,Gamma,1,1\r\n\r\n1200,y,1,Gamma,1,1\r\n",
+            "lines 1, 5",
+            id="crlf",
+        ),
+    ],
+)
+def test_a_bad_window_is_named_by_its_line_in_the_file(
+    tmp_path: Path, text: str, entry: str
+) -> None:
+    """Blank lines count, as an editor counts them (pandas skips them as windows)."""
+    root = tmp_path / "bad"
+    root.mkdir()
+    (root / "chunk-1-trace.csv").write_text(text, newline="")
+    result = runner.invoke(
+        app, ["convert", "servegen", str(root), "-o", str(tmp_path / "o.parquet")]
+    )
+    assert result.exit_code == 2
+    assert f"chunk-1-trace.csv: {entry}: not a ServeGen client trace" in result.output
     assert "Traceback" not in result.output
