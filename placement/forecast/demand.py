@@ -21,6 +21,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Protocol
 
+import numpy as np
 import pandas as pd
 
 from placement.domain import AdapterId
@@ -29,6 +30,7 @@ from placement.inputs.request_log import RequestLog
 from placement.solver.problem import Demand
 
 FORECAST_COLUMNS = ("ts", "adapter", "mean", "q90")
+_SHOW_BUCKETS = 3
 
 
 class DemandForecaster(Protocol):
@@ -60,18 +62,43 @@ def read_forecast(path: str | Path) -> pd.DataFrame:
     frame = frame.assign(
         ts=pd.to_datetime(frame["ts"], utc=True), adapter=frame["adapter"].astype(str)
     )
-    bad = frame[(frame["mean"] < 0) | (frame["q90"] < 0) | frame["mean"].isna()]
-    if not bad.empty:
-        raise InputError(
-            [
-                Problem(
-                    source=str(source),
-                    entry=f"rows {', '.join(str(i) for i in bad.index[:5])}",
-                    message="mean and q90 must be non-negative numbers",
-                )
-            ]
-        )
+    problems = [
+        Problem(source=str(source), entry=entry, field=column, message=message)
+        for column in ("mean", "q90")
+        for entry, message in _rate_faults(frame, column)
+    ]
+    if problems:
+        raise InputError(problems)
     return frame
+
+
+def _rate_faults(frame: pd.DataFrame, column: str) -> list[tuple[str | None, str]]:
+    """What is wrong in a rate column (per bucket, so a number >= 0), each with the
+    buckets it is in, named by adapter and time: a Parquet file has no lines, and its
+    rows' numbers are whatever index it was written with."""
+    values = frame[column]
+    if not pd.api.types.is_numeric_dtype(values) or pd.api.types.is_bool_dtype(values):
+        return [(None, f"not numbers (a column of {values.dtype}); rates are numbers >= 0")]
+    numbers = values.to_numpy(dtype=float, na_value=np.nan)
+    faults: list[tuple[str | None, str]] = []
+    for message, bad in (
+        ("rates that are not numbers (NaN)", np.isnan(numbers)),
+        ("infinite rates", np.isinf(numbers)),
+        ("negative rates", np.isfinite(numbers) & (numbers < 0)),
+    ):
+        if bad.any():
+            faults.append((_buckets(frame.iloc[np.flatnonzero(bad)]), f"{bad.sum()} {message}"))
+    return faults
+
+
+def _buckets(rows: pd.DataFrame) -> str:
+    """A Problem's entry for forecast buckets: "bucket a1 at 2026-03-09T04:00:00+00:00"."""
+    shown = ", ".join(
+        f"{adapter} at {'no time' if pd.isna(ts) else ts.isoformat()}"
+        for adapter, ts in rows[["adapter", "ts"]].head(_SHOW_BUCKETS).itertuples(index=False)
+    )
+    more = f" and {len(rows) - _SHOW_BUCKETS} more" if len(rows) > _SHOW_BUCKETS else ""
+    return f"{'bucket' if len(rows) == 1 else 'buckets'} {shown}{more}"
 
 
 def bucket_seconds(frame: pd.DataFrame, *, default_s: int) -> int:

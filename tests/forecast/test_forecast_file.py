@@ -1,0 +1,85 @@
+"""read_forecast: a bad rate in a forecast file is named by its bucket (adapter and time).
+
+A Parquet file has no lines a person can go to, and the numbers of its rows are the
+index it was written with (a frame filtered before ``to_parquet`` keeps its labels), so
+a bad bucket is named by what the person wrote: its adapter and its time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from placement.errors import InputError
+from placement.forecast.demand import read_forecast
+
+T0 = pd.Timestamp("2026-03-09T04:00:00Z")
+
+
+def _forecast(path: Path, mean: Sequence[object], q90: Sequence[object]) -> Path:
+    """Buckets of 600 s for a1, a2, a1, ..., written with the index 10, 11, ... (the
+    labels of a frame cut from a larger one)."""
+    count = len(mean)
+    frame = pd.DataFrame(
+        {
+            "ts": [T0 + pd.Timedelta(seconds=600 * (i // 2)) for i in range(count)],
+            "adapter": ["a1" if i % 2 == 0 else "a2" for i in range(count)],
+            "mean": mean,
+            "q50": 1.0,
+            "q90": q90,
+            "q99": 1.0,
+            "p_nonzero": 1.0,
+        },
+        index=range(10, 10 + count),
+    )
+    frame.to_parquet(path)
+    return path
+
+
+def _problems(path: Path) -> list[str]:
+    with pytest.raises(InputError) as caught:
+        read_forecast(path)
+    return [str(problem) for problem in caught.value.problems]
+
+
+def test_a_negative_mean_names_its_adapter_and_time_not_a_row_index(tmp_path: Path) -> None:
+    path = _forecast(tmp_path / "f.parquet", [1.0, 1.0, 1.0, -2.0], [2.0] * 4)
+    assert _problems(path) == [
+        f"{path}: bucket a2 at 2026-03-09T04:10:00+00:00: mean: 1 negative rates"
+    ]
+
+
+def test_a_missing_q90_is_refused_as_a_missing_mean_is(tmp_path: Path) -> None:
+    """A q90 of NaN passed (only mean was checked for NaN): a NaN q90 for the solver."""
+    path = _forecast(tmp_path / "f.parquet", [1.0, np.nan, 1.0, 1.0], [2.0, 2.0, np.nan, 2.0])
+    assert _problems(path) == [
+        f"{path}: bucket a2 at 2026-03-09T04:00:00+00:00: mean: 1 rates that are not numbers (NaN)",
+        f"{path}: bucket a1 at 2026-03-09T04:10:00+00:00: q90: 1 rates that are not numbers (NaN)",
+    ]
+
+
+def test_many_bad_buckets_are_counted_and_the_first_shown(tmp_path: Path) -> None:
+    path = _forecast(tmp_path / "f.parquet", [1.0] * 8, [-1.0] * 7 + [np.inf])
+    (infinite, negative) = _problems(path)
+    assert negative == (
+        f"{path}: buckets a1 at 2026-03-09T04:00:00+00:00, a2 at 2026-03-09T04:00:00+00:00, "
+        "a1 at 2026-03-09T04:10:00+00:00 and 4 more: q90: 7 negative rates"
+    )
+    assert infinite.startswith(f"{path}: bucket a2 at 2026-03-09T04:30:00+00:00: q90: 1 infinite")
+
+
+def test_a_rate_column_of_text_is_one_problem_not_a_type_error(tmp_path: Path) -> None:
+    path = _forecast(tmp_path / "f.parquet", ["1.0", "fast"], [2.0, 2.0])
+    assert _problems(path) == [
+        f"{path}: mean: not numbers (a column of object); rates are numbers >= 0"
+    ]
+
+
+def test_a_good_forecast_is_read(tmp_path: Path) -> None:
+    path = _forecast(tmp_path / "f.parquet", [0.0, 1.0], [0.0, 2.0])
+    frame = read_forecast(path)
+    assert list(frame["adapter"]) == ["a1", "a2"]
