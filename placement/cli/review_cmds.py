@@ -26,6 +26,7 @@ from placement.cli.app import app, err, out, print_labelled, report_errors
 from placement.cli.plan_files import read_plan_file
 from placement.domain import Catalog, Fleet
 from placement.errors import InputError, Problem
+from placement.forecast.demand import read_forecast
 from placement.inputs import load_catalog, load_fleet
 from placement.inputs.request_log import RequestLog, load_request_log
 from placement.plan import Plan
@@ -38,7 +39,6 @@ from placement.settings import Settings
 #: The controller's state directory (``placement.adapters.statedir``): the published
 #: plan, else the last plan it saved for a restart.
 STATE_PLAN_FILES = (PLAN_FILE, STATE_PLAN_FILE)
-FORECAST_COLUMNS = ("ts", "adapter", "mean")
 
 FleetOption = Annotated[Path | None, typer.Option(help="fleet.yaml: budgets per pod")]
 CatalogOption = Annotated[Path | None, typer.Option(help="catalog.yaml: sizes, pins, groups")]
@@ -75,21 +75,6 @@ def resolve_against(against: str | None, state_dir: Path | None) -> Plan | None:
     raise InputError(
         [Problem(source=str(state_dir), message=f"no published plan here (looked for {names})")]
     )
-
-
-def read_forecast(path: Path) -> pd.DataFrame:
-    try:
-        frame = pd.read_parquet(path)
-    except (OSError, ValueError) as exc:
-        raise InputError([Problem(source=str(path), message=f"cannot read: {exc}")]) from None
-    missing = [c for c in FORECAST_COLUMNS if c not in frame.columns]
-    if missing:
-        raise InputError(
-            [Problem(source=str(path), message=f"not a forecast: missing {', '.join(missing)}")]
-        )
-    frame["ts"] = pd.to_datetime(frame["ts"], utc=True)
-    frame["adapter"] = frame["adapter"].astype(str)
-    return frame
 
 
 def _replay(

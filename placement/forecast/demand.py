@@ -16,7 +16,7 @@ implementation).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Protocol
@@ -42,7 +42,9 @@ class DemandForecaster(Protocol):
 
 
 def read_forecast(path: str | Path) -> pd.DataFrame:
-    """Read a forecast Parquet file; InputError names the file and what is missing."""
+    """Read a forecast Parquet file; InputError names the file and each fault: a missing
+    column, a ``ts`` that is missing, no time or without a timezone (by its row and
+    adapter), a rate that is no number >= 0 (by its bucket)."""
     source = Path(path)
     try:
         frame = pd.read_parquet(source)
@@ -59,10 +61,12 @@ def read_forecast(path: str | Path) -> pd.DataFrame:
                 )
             ]
         )
-    frame = frame.assign(
-        ts=pd.to_datetime(frame["ts"], utc=True), adapter=frame["adapter"].astype(str)
-    )
+    times, time_faults = _times(frame["ts"])
+    frame = frame.assign(ts=times, adapter=frame["adapter"].astype(str))
     problems = [
+        Problem(source=str(source), entry=_rows(frame, rows), field="ts", message=message)
+        for message, rows in time_faults
+    ] + [
         Problem(source=str(source), entry=entry, field=column, message=message)
         for column in ("mean", "q90")
         for entry, message in _rate_faults(frame, column)
@@ -70,6 +74,83 @@ def read_forecast(path: str | Path) -> pd.DataFrame:
     if problems:
         raise InputError(problems)
     return frame
+
+
+def _times(values: pd.Series) -> tuple[pd.Series, list[tuple[str, np.ndarray | None]]]:
+    """``ts`` as UTC times (NaT where it is no time), and what is wrong in it, each with
+    the rows it is in (None: the whole column). A time without a timezone is refused,
+    not read as UTC: a local time taken for UTC shifts every bucket by hours."""
+    if pd.api.types.is_datetime64_any_dtype(values):
+        if getattr(values.dtype, "tz", None) is None:
+            return pd.Series(pd.NaT, index=values.index, dtype="datetime64[ns, UTC]"), [
+                (f"times without a timezone (a column of {values.dtype}); {_TIMES}", None)
+            ]
+        times = values.dt.tz_convert("UTC")
+        return times, _faults((("times missing", np.flatnonzero(times.isna()), []),))
+    if not (pd.api.types.is_object_dtype(values) or pd.api.types.is_string_dtype(values)):
+        return pd.Series(pd.NaT, index=values.index, dtype="datetime64[ns, UTC]"), [
+            (f"not times (a column of {values.dtype}); {_TIMES}", None)
+        ]
+    parsed = [_time(value) for value in values]
+    kinds = np.array([kind for kind, _ in parsed])
+    times = pd.Series([time for _, time in parsed], index=values.index, dtype="datetime64[ns, UTC]")
+    shown = values.to_numpy()
+    return times, _faults(
+        (message, np.flatnonzero(kinds == kind), list(shown[kinds == kind]) if show else [])
+        for kind, message, show in (
+            ("missing", "times missing", False),
+            ("not a time", "values that are not times", True),
+            ("no timezone", "times without a timezone", True),
+        )
+    )
+
+
+#: What a forecast's ``ts`` is, said where it is not.
+_TIMES = "a forecast's times are timestamps with a timezone, or ISO 8601 text with an offset"
+
+
+def _time(value: object) -> tuple[str, pd.Timestamp | None]:
+    """One ``ts`` value of a column of objects or text: ("ok", its UTC time), or what
+    is wrong with it ("missing", "not a time", "no timezone") and None."""
+    if value is None or (isinstance(value, float) and np.isnan(value)) or value is pd.NaT:
+        return "missing", None
+    if not isinstance(value, str | datetime):
+        return "not a time", None
+    try:
+        time = pd.Timestamp(value)
+    except ValueError:  # DateParseError, OutOfBoundsDatetime
+        return "not a time", None
+    if pd.isna(time):  # the empty text
+        return "missing", None
+    if time.tzinfo is None:
+        return "no timezone", None
+    return "ok", time.tz_convert("UTC")
+
+
+def _faults(
+    found: Iterable[tuple[str, np.ndarray, list[object]]],
+) -> list[tuple[str, np.ndarray | None]]:
+    """Each fault found in ``ts`` with its rows: its count, what it is, the first
+    values (where they say more than 'missing')."""
+    faults: list[tuple[str, np.ndarray | None]] = []
+    for message, rows, values in found:
+        if not len(rows):
+            continue
+        examples = ", ".join(repr(v) for v in values[:_SHOW_BUCKETS])
+        faults.append((f"{len(rows)} {message}" + (f" ({examples})" if values else ""), rows))
+    return faults
+
+
+def _rows(frame: pd.DataFrame, rows: np.ndarray | None) -> str | None:
+    """A Problem's entry for rows of a forecast whose time is at fault: their number in
+    the file (from 1, in the order written; not the index's labels) and adapter, as
+    "row 3 (a1)"; None for the whole column."""
+    if rows is None:
+        return None
+    adapters = frame["adapter"].to_numpy()
+    shown = ", ".join(f"{int(i) + 1} ({adapters[i]})" for i in rows[:_SHOW_BUCKETS])
+    more = f" and {len(rows) - _SHOW_BUCKETS} more" if len(rows) > _SHOW_BUCKETS else ""
+    return f"{'row' if len(rows) == 1 else 'rows'} {shown}{more}"
 
 
 def _rate_faults(frame: pd.DataFrame, column: str) -> list[tuple[str | None, str]]:

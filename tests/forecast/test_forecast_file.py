@@ -20,13 +20,17 @@ from placement.forecast.demand import read_forecast
 T0 = pd.Timestamp("2026-03-09T04:00:00Z")
 
 
-def _forecast(path: Path, mean: Sequence[object], q90: Sequence[object]) -> Path:
+def _forecast(
+    path: Path, mean: Sequence[object], q90: Sequence[object], ts: Sequence[object] | None = None
+) -> Path:
     """Buckets of 600 s for a1, a2, a1, ..., written with the index 10, 11, ... (the
-    labels of a frame cut from a larger one)."""
+    labels of a frame cut from a larger one); ``ts`` instead of those times."""
     count = len(mean)
     frame = pd.DataFrame(
         {
-            "ts": [T0 + pd.Timedelta(seconds=600 * (i // 2)) for i in range(count)],
+            "ts": [T0 + pd.Timedelta(seconds=600 * (i // 2)) for i in range(count)]
+            if ts is None
+            else ts,
             "adapter": ["a1" if i % 2 == 0 else "a2" for i in range(count)],
             "mean": mean,
             "q50": 1.0,
@@ -77,6 +81,59 @@ def test_a_rate_column_of_text_is_one_problem_not_a_type_error(tmp_path: Path) -
     assert _problems(path) == [
         f"{path}: mean: not numbers (a column of object); rates are numbers >= 0"
     ]
+
+
+@pytest.mark.parametrize(
+    ("ts", "expected"),
+    [
+        pytest.param(
+            ["2026-03-09T04:00:00Z", "soon", None, ""],
+            [
+                "rows 3 (a1), 4 (a2): ts: 2 times missing",
+                "row 2 (a2): ts: 1 values that are not times ('soon')",
+            ],
+            id="text-not-times-and-missing",
+        ),
+        pytest.param(
+            ["2026-03-09T04:00:00Z", "2026-03-09T04:00:00", "2026-03-09T04:10:00+01:00", "later"],
+            [
+                "row 4 (a2): ts: 1 values that are not times ('later')",
+                "row 2 (a2): ts: 1 times without a timezone ('2026-03-09T04:00:00')",
+            ],
+            id="text-without-timezone",
+        ),
+        pytest.param(
+            [pd.Timestamp("2026-03-09T04:00:00")] * 4,
+            [
+                "ts: times without a timezone (a column of datetime64[ns]); a forecast's "
+                "times are timestamps with a timezone, or ISO 8601 text with an offset"
+            ],
+            id="naive-timestamps",
+        ),
+        pytest.param(
+            [1773028800] * 4,
+            [
+                "ts: not times (a column of int64); a forecast's times are timestamps with "
+                "a timezone, or ISO 8601 text with an offset"
+            ],
+            id="numbers",
+        ),
+        pytest.param([T0, pd.NaT, T0, T0], ["row 2 (a2): ts: 1 times missing"], id="NaT"),
+    ],
+)
+def test_a_bad_time_is_named_by_its_row_and_adapter(
+    tmp_path: Path, ts: list[object], expected: list[str]
+) -> None:
+    """A ts that is missing, no time or has no timezone was read: NaT, or a local time
+    taken for UTC; text that is no time was a DateParseError traceback."""
+    path = _forecast(tmp_path / "f.parquet", [1.0] * 4, [2.0] * 4, ts=ts)
+    assert sorted(_problems(path)) == sorted(f"{path}: {line}" for line in expected)
+
+
+def test_times_with_a_timezone_are_read_as_utc(tmp_path: Path) -> None:
+    ts = ["2026-03-09T05:00:00+01:00", "2026-03-09T04:00:00Z"]
+    frame = read_forecast(_forecast(tmp_path / "f.parquet", [1.0] * 2, [2.0] * 2, ts=ts))
+    assert list(frame["ts"]) == [T0, T0]
 
 
 def test_a_good_forecast_is_read(tmp_path: Path) -> None:

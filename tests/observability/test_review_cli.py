@@ -216,4 +216,27 @@ def test_a_forecast_without_its_columns_is_refused(inputs: dict[str, Path], tmp_
         ],
     )
     assert result.exit_code == 2
-    assert "not a forecast: missing mean" in result.output
+    assert f"{wrong}: missing columns mean, q90" in result.output
+
+
+def test_a_forecast_with_a_bad_rate_or_time_is_refused_as_plan_refuses_it(
+    inputs: dict[str, Path], tmp_path: Path
+) -> None:
+    """review read a forecast with its own reader, which checked no rates and no times:
+    a negative rate was drawn, a time that is no time a traceback."""
+    bad = tmp_path / "bad.parquet"
+    frame = pd.read_parquet(inputs["forecast"])
+    frame.loc[1, "mean"] = -1.0
+    frame["ts"] = frame["ts"].astype(str)
+    frame.loc[2, "ts"] = "soon"
+    frame.to_parquet(bad)
+    report = tmp_path / "r.html"
+    result = runner.invoke(
+        app,
+        ["review", str(inputs["after"]), "--forecast", str(bad), "--html", str(report)],
+        env={"COLUMNS": "300"},
+    )
+    assert result.exit_code == 2, result.output
+    assert f"{bad}: row 3 (gamma): ts: 1 values that are not times ('soon')" in result.output
+    assert f"{bad}: bucket beta at {T0.isoformat()}: mean: 1 negative rates" in result.output
+    assert not report.exists()
