@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Literal
 
 MB = 1_000_000
 
@@ -322,8 +323,20 @@ class SimSettings:
     metrics_window_s: float = 300.0
     #: Above 0.5 swaps per second per pod a cascade is under way.
     convoy_loads_per_pod_s: float = 0.5
+    #: How a pod admits requests around a load. "drain": the load drains the running
+    #: batch first (up to ``LoadCostSettings.max_drain_ms``) and the pod admits nothing
+    #: until it lands (the convoy effect of the domain brief). "vllm": vLLM's scheduler
+    #: (``Scheduler.schedule``'s max_loras check): no drain; a request whose adapter
+    #: cannot get a GPU slot (every slot's adapter has a request running) waits while
+    #: those behind it on resident adapters run, and the load stalls the running batch
+    #: for its duration (the model runner activates adapters inside the step).
+    load_admission: Literal["drain", "vllm"] = "drain"
 
     def __post_init__(self) -> None:
+        if self.load_admission not in ("drain", "vllm"):
+            raise ValueError(
+                f"SimSettings.load_admission must be 'drain' or 'vllm', got {self.load_admission!r}"
+            )
         horizon_s = self.oracle_victim_horizon_s
         if not (math.isfinite(horizon_s) and horizon_s > 0):
             raise ValueError(

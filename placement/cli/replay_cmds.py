@@ -6,7 +6,7 @@ import json
 import math
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import pandas as pd
 import typer
@@ -22,6 +22,7 @@ from placement.inputs.events import check_events, known_names, load_events
 from placement.inputs.pipelines import load_pipelines
 from placement.inputs.request_log import load_request_log
 from placement.settings import Settings
+from placement.sim.admission import LOAD_ADMISSIONS
 from placement.sim.events import EventController, SimEvent, sim_events
 from placement.sim.faults import FaultSchedule, parse_inline, parse_yaml, schedule
 from placement.sim.replay import check_policies, run_replay
@@ -158,11 +159,27 @@ def fault_schedule(spec: str, workload: SimWorkload, fleet: Fleet) -> FaultSched
     return schedule(parsed, [str(pod.name) for pod in fleet.pods], workload.duration_s)
 
 
-def _replay_settings(*, plan_interval_s: float | None, class_priority: bool | None) -> Settings:
-    """The settings tree with ``--plan-interval-s`` and ``--class-priority`` over it."""
+def _replay_settings(
+    *, plan_interval_s: float | None, class_priority: bool | None, load_admission: str | None
+) -> Settings:
+    """The settings tree with ``--plan-interval-s``, ``--class-priority`` and
+    ``--load-admission`` over it."""
     settings = Settings()
     if plan_interval_s is not None:
         settings = replace(settings, sim=replace(settings.sim, plan_interval_s=plan_interval_s))
+    if load_admission is not None:
+        if load_admission not in LOAD_ADMISSIONS:
+            raise InputError(
+                [
+                    Problem(
+                        source="--load-admission",
+                        message=f"unknown admission {load_admission!r}; choose"
+                        f" {' or '.join(LOAD_ADMISSIONS)}",
+                    )
+                ]
+            )
+        admission: Literal["drain", "vllm"] = "vllm" if load_admission == "vllm" else "drain"
+        settings = replace(settings, sim=replace(settings.sim, load_admission=admission))
     if class_priority is not None:
         settings = replace(settings, router=replace(settings.router, class_priority=class_priority))
     return settings
@@ -277,12 +294,25 @@ def replay(
             " that keep a higher class resident; figures per class for every policy",
         ),
     ] = None,
+    load_admission: Annotated[
+        str | None,
+        typer.Option(
+            help="how a pod admits around a load (sim.load_admission): drain (the default:"
+            " the load drains the batch, nothing is admitted until it lands) or vllm"
+            " (vLLM's scheduler: no drain, a request whose adapter can get no GPU slot"
+            " waits while those on resident adapters run, the load stalls the batch)"
+        ),
+    ] = None,
 ) -> None:
     """Replay a request log on a simulated fleet under every named policy."""
     check_policies(policy)
     chosen_eviction = _eviction(eviction)
     _check_planning(planner, forecast_model)
-    settings = _replay_settings(plan_interval_s=plan_interval_s, class_priority=class_priority)
+    settings = _replay_settings(
+        plan_interval_s=plan_interval_s,
+        class_priority=class_priority,
+        load_admission=load_admission,
+    )
     parsed_fleet = load_fleet(fleet)
     parsed_catalog = load_catalog(catalog, fleet=parsed_fleet)
     workload = workload_from_log(

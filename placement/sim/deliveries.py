@@ -51,7 +51,9 @@ class EngineDeliveries(EngineLoads):
             return []
         if kind == DOWN:
             pod.healthy = False
-            queued = [r for r in pod.queue if r >= 0]
+            queued = [r for waiting in pod.passed.values() for r in waiting]
+            queued += [r for r in pod.queue if r >= 0]
+            pod.passed.clear()
             pod.queue.clear()
             pod.queue_depth = 0
             pod.waiting_adapters.clear()

@@ -36,7 +36,7 @@ from typing import Protocol
 from placement.domain import Action
 from placement.forecast.event_preloads import Event
 from placement.settings import LoadCostSettings, SimSettings
-from placement.sim.deliveries import EngineDeliveries
+from placement.sim.admission import EngineAdmission
 from placement.sim.events import SimEvent
 from placement.sim.faults import FaultSchedule
 from placement.sim.pods import PodSpec, SimPod
@@ -98,7 +98,7 @@ class SimRouter(Protocol):
         ...
 
 
-class FleetReplay(EngineDeliveries):
+class FleetReplay(EngineAdmission):
     """One replay of one workload under one router."""
 
     def __init__(
@@ -138,6 +138,10 @@ class FleetReplay(EngineDeliveries):
         self.router_eviction = EvictionPolicy.LRU
         #: The latest forecast (req/s per adapter), for forecast-aware eviction.
         self.forecast_rps: dict[str, float] = {}
+        #: ``SimSettings.load_admission`` "vllm" (``placement.sim.admission``), and there
+        #: each running request's pod's ``stall_s`` when it was admitted or last moved.
+        self.vllm_admission = sim.load_admission == "vllm"
+        self.stall_seen_s: dict[int, float] = {}
 
     # --- the loop ------------------------------------------------------------------
 
@@ -264,6 +268,9 @@ class FleetReplay(EngineDeliveries):
         self._pump(p, now_s)
 
     def _pump(self, p: int, now_s: float) -> None:
+        if self.vllm_admission:
+            self._pump_vllm(p, now_s)
+            return
         pod = self.pods[p]
         queue = pod.queue
         adapters = self.workload.adapters
@@ -338,6 +345,8 @@ class FleetReplay(EngineDeliveries):
         pod.served.add(adapter)
         if self._track_recent:
             self._remember(pod, adapter, now_s)
+        if self.vllm_admission:
+            self._admitted_vllm(pod, r, now_s + prefill_ms / 1000.0)
         heappush(self.heap, (end_s, DONE, p, r))
 
     def _warm_up(self, pod: SimPod, p: int, adapter: str, now_s: float) -> None:
@@ -375,6 +384,8 @@ class FleetReplay(EngineDeliveries):
 
     def _done(self, p: int, r: int, now_s: float) -> None:
         pod = self.pods[p]
+        if self.vllm_admission and self._stalled_past(pod, p, r, now_s):
+            return
         adapter = self.workload.adapters[r]
         pod.running -= 1
         running = pod.running_adapters

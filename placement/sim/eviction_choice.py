@@ -61,6 +61,9 @@ class EngineEviction:
     _next_use: dict[str, list[float]] | None
     #: ``steer_victim_wait``'s choice; None: the eviction's own (``_victim_cost``).
     victim_wait: VictimWait | None = None
+    #: ``SimSettings.load_admission`` "vllm": a load never evicts the adapter of a
+    #: running request (the batch holds at most ``max_loras`` adapters).
+    vllm_admission: bool = False
 
     def _fetch(self, pod: SimPod, adapter: str, now_s: float) -> Effects:
         """The engine model's load or request for ``adapter``, with the victim it evicts
@@ -70,8 +73,13 @@ class EngineEviction:
         busy: set[str]
         if pod.free_slots > 0 or self.router_eviction is EvictionPolicy.LRU:
             busy = {*pod.running_adapters, *pod.waiting_adapters}
+            if self.vllm_admission and busy.issuperset(pod.gpu_adapters):
+                busy = set(pod.running_adapters)  # never one of the batch's (max_loras)
         else:
             victim = self._victim(pod, now_s)
+            if self.vllm_admission and (victim is None or victim in pod.running_adapters):
+                idle = (name for name in pod.gpu_adapters if name not in pod.running_adapters)
+                victim = next(idle, victim)
             busy = {name for name in pod.gpu_adapters if name != victim}
         return pod.fetch(adapter, busy=busy, now_s=now_s)
 

@@ -42,13 +42,14 @@ class EngineLoads(EngineEviction):
         )
 
     def _start_load(self, pod: SimPod, p: int, adapter: str, now_s: float, r: int) -> None:
-        """A swap's five phases: drain the batch, then deallocate, transfer, init, warm up."""
+        """A swap's five phases: drain the batch, then deallocate, transfer, init, warm up
+        (under ``load_admission`` "vllm" no drain, and the load stalls the batch)."""
         cost = self.load_cost
         size = self.workload.size_bytes.get(adapter, 0)
         # Into a free slot the weights move between steps (a swap's best case, no
         # drain); replacing an adapter drains the running batch first.
         drain_ms = 0.0
-        if pod.free_slots <= 0:
+        if pod.free_slots <= 0 and not self.vllm_admission:
             drain_ms = min(cost.max_drain_ms, max(0.0, pod.busy_until - now_s) * 1000.0)
         effects = self._fetch(pod, adapter, now_s)
         cold = effects.cold
@@ -56,6 +57,8 @@ class EngineLoads(EngineEviction):
         if cold:
             load_ms += self.fetch_ms(p, size)
         load_ms *= self.faults.load_factor(pod.pod_id, now_s)
+        if self.vllm_admission:
+            self._stall_batch(pod, load_ms, now_s)  # vLLM loads inside the step
         pod.load_adapter = adapter
         pod.load_cold = cold
         pod.gpu_util = 1.0
@@ -105,4 +108,7 @@ class EngineLoads(EngineEviction):
     # the engine's own (``FleetReplay``) --------------------------------------------
 
     def _pump(self, p: int, now_s: float) -> None:
+        raise NotImplementedError
+
+    def _stall_batch(self, pod: SimPod, load_ms: float, now_s: float) -> None:
         raise NotImplementedError

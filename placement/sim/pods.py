@@ -71,8 +71,10 @@ class SimPod:
         "loading",
         "max_cpu_loras",
         "max_loras",
+        "passed",
         "planned",
         "pod_id",
+        "prefilling",
         "preloaded",
         "queue",
         "queue_depth",
@@ -84,6 +86,7 @@ class SimPod:
         "running",
         "running_adapters",
         "served",
+        "stall_s",
         "uses",
         "victim_cost",
         "waiting_adapters",
@@ -105,6 +108,16 @@ class SimPod:
         self.healthy = True
         self.queue: deque[int] = deque()
         self.queue_depth = 0
+        #: Under ``SimSettings.load_admission`` "vllm": the queued requests passed over
+        #: because their adapter could get no GPU slot, by adapter in the order the
+        #: first of each was passed over (they go before the queue, as vLLM puts its
+        #: skipped requests back at the head of the waiting queue); the time the loads
+        #: here have stalled the running batch, all told; and the requests admitted
+        #: with the time their prefill ends (a load that starts before delays their
+        #: first token).
+        self.passed: dict[str, deque[int]] = {}
+        self.stall_s = 0.0
+        self.prefilling: deque[tuple[float, int]] = deque()
         #: Per adapter, the loads started here and how many of them read storage; and
         #: per queued request, those two counts of its adapter when it was queued: a
         #: request admitted after a load of its adapter started waited for that load.
