@@ -33,7 +33,7 @@ def fake_api() -> Iterator[FakeApiServer]:
 def kube_api(fake_api: FakeApiServer) -> Iterator[client.ApiClient]:
     api = connect(host=fake_api.url)
     yield api
-    api.close()
+    api.close()  # type: ignore[no-untyped-call]  # kubernetes: close is unannotated
 
 
 @pytest.fixture

@@ -121,6 +121,7 @@ class FakeApiServer:
     @property
     def url(self) -> str:
         host, port = self._httpd.server_address[:2]
+        assert isinstance(host, str)  # an AF_INET server's address: bytes only for AF_UNIX
         return f"http://{host}:{port}"
 
     def start(self) -> FakeApiServer:
@@ -252,6 +253,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._list(kind, ns, query)
         elif method == "GET":
             self._read(kind, ns, name)
+        elif body is None:  # the API server's answer to a write without a body
+            self._send(400, _status(400, "BadRequest", f"{method} {path}: no body"))
         elif method == "POST":
             self._create(kind, ns, body)
         elif method == "PUT":

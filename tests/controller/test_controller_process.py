@@ -275,7 +275,7 @@ def test_rollback_on_kubernetes_swaps_the_plan_configmap(
         assert "HTTP 500" in failed.output
         assert store.current() == make_plan(plan_id="p1")
     finally:
-        api.close()
+        api.close()  # type: ignore[no-untyped-call]  # kubernetes: close is unannotated
 
 
 @pytest.mark.anyio

@@ -9,10 +9,13 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
+from typing import Protocol
 
 import pandas as pd
 import pytest
+from kubernetes import client
 
+from placement.adapters.kube_api import KubeTarget
 from placement.adapters.kube_memory import (
     MemoryHotSets,
     MemoryLeaseStore,
@@ -34,6 +37,7 @@ from placement.domain import (
     Tier,
 )
 from placement.emulator import ZERO_LATENCY, EmulatedFleet, PodConfig
+from placement.emulator.wire import PodStats
 from placement.errors import KubeConflictError, RetryableKubeError, SolverError
 from placement.forecast.event_preloads import pipeline_predictor
 from placement.inputs.request_log import RequestLog, request_log_from_frame
@@ -42,6 +46,7 @@ from placement.ports import DiscoveredPod
 from placement.settings import ControllerSettings, ExecutorSettings, Settings
 from placement.solver.problem import Demand
 from tests import factories
+from tests.controller.controller_kubefake import FakeApiServer
 from tests.factories import T0, FakeClock
 
 pytestmark = pytest.mark.anyio
@@ -146,8 +151,22 @@ class Rig:
         return set(self.emulated.pod(pod).listed)
 
 
+class MakeRig(Protocol):
+    """The ``make_rig`` fixture: a rig over a fresh fleet, store and clock, or given ones."""
+
+    def __call__(
+        self,
+        *,
+        emulated: EmulatedFleet | None = None,
+        state: MemoryStateStore | None = None,
+        pods: MemoryPods | None = None,
+        elector: LeaderElector | None = None,
+        clock: FakeClock | None = None,
+    ) -> Rig: ...
+
+
 @pytest.fixture
-async def make_rig() -> AsyncIterator[object]:
+async def make_rig() -> AsyncIterator[MakeRig]:
     clients = []
 
     def build(
@@ -206,8 +225,8 @@ async def cycle(controller: Controller) -> list[TickOutcome]:
 
 
 async def test_a_cycle_loads_the_plan_publishes_it_and_its_hot_sets_and_saves_state(
-    make_rig,
-) -> None:  # type: ignore[no-untyped-def]
+    make_rig: MakeRig,
+) -> None:
     rig: Rig = make_rig()
     assert await cycle(rig.controller) == [TickOutcome.DONE] * 3
     plan = rig.plans.current()
@@ -220,18 +239,20 @@ async def test_a_cycle_loads_the_plan_publishes_it_and_its_hot_sets_and_saves_st
     assert rig.state.load().plan_json is not None
 
 
-async def test_nothing_to_plan_before_any_history(make_rig) -> None:  # type: ignore[no-untyped-def]
+async def test_nothing_to_plan_before_any_history(make_rig: MakeRig) -> None:
     rig: Rig = make_rig()
     assert await rig.controller.guarded(Job.PLAN, rig.controller.plan_and_apply) is TickOutcome.IDLE
     assert await rig.controller.guarded(Job.FORECAST, rig.controller.forecast) is TickOutcome.IDLE
 
 
-async def test_a_failed_plan_keeps_the_last_good_plan_and_backs_off(make_rig) -> None:  # type: ignore[no-untyped-def]
+async def test_a_failed_plan_keeps_the_last_good_plan_and_backs_off(make_rig: MakeRig) -> None:
     rig: Rig = make_rig()
     await cycle(rig.controller)
     good = rig.controller.state.plan
     rig.planner.fail_next.extend([SolverError("no solution"), SolverError("still none")])
-    plan_tick = lambda: rig.controller.guarded(Job.PLAN, rig.controller.plan_and_apply)  # noqa: E731
+
+    async def plan_tick() -> TickOutcome:
+        return await rig.controller.guarded(Job.PLAN, rig.controller.plan_and_apply)
 
     assert await plan_tick() is TickOutcome.FAILED
     assert rig.controller.state.plan == good and rig.plans.current() == good
@@ -247,7 +268,7 @@ async def test_a_failed_plan_keeps_the_last_good_plan_and_backs_off(make_rig) ->
     assert Job.PLAN not in rig.controller.state.backoff
 
 
-async def test_a_clock_jumping_back_does_not_strand_a_backing_off_job(make_rig) -> None:  # type: ignore[no-untyped-def]
+async def test_a_clock_jumping_back_does_not_strand_a_backing_off_job(make_rig: MakeRig) -> None:
     rig: Rig = make_rig()
     await cycle(rig.controller)
     rig.planner.fail_next.append(SolverError("no solution"))
@@ -267,8 +288,8 @@ async def test_a_clock_jumping_back_does_not_strand_a_backing_off_job(make_rig) 
     ],
 )
 async def test_kube_failures_fail_the_tick_which_recovers_later(
-    make_rig, store: str, error: Exception
-) -> None:  # type: ignore[no-untyped-def]
+    make_rig: MakeRig, store: str, error: Exception
+) -> None:
     rig: Rig = make_rig()
     getattr(rig, store).faults.queued.append(error)
     assert await cycle(rig.controller) == [TickOutcome.DONE, TickOutcome.DONE, TickOutcome.FAILED]
@@ -277,7 +298,7 @@ async def test_kube_failures_fail_the_tick_which_recovers_later(
     assert rig.plans.current() == rig.controller.state.plan
 
 
-async def test_a_restart_resumes_without_loading_anything_twice(make_rig) -> None:  # type: ignore[no-untyped-def]
+async def test_a_restart_resumes_without_loading_anything_twice(make_rig: MakeRig) -> None:
     first: Rig = make_rig()
     await cycle(first.controller)
     loads = first.loads()
@@ -290,7 +311,7 @@ async def test_a_restart_resumes_without_loading_anything_twice(make_rig) -> Non
     assert first.loads() == loads
 
 
-async def test_pods_that_vanish_leave_the_plan_and_the_rest_keep_working(make_rig) -> None:  # type: ignore[no-untyped-def]
+async def test_pods_that_vanish_leave_the_plan_and_the_rest_keep_working(make_rig: MakeRig) -> None:
     emulated = EmulatedFleet.start(
         2, config=PodConfig(latency=ZERO_LATENCY, max_loras=2, max_cpu_loras=4)
     )
@@ -308,29 +329,32 @@ async def test_pods_that_vanish_leave_the_plan_and_the_rest_keep_working(make_ri
     )
     rig: Rig = make_rig(emulated=emulated, pods=discovered)
     assert await cycle(rig.controller) == [TickOutcome.DONE] * 3
-    assert set(rig.controller.state.plan.pods) == {"pod-0", "pod-1"}  # type: ignore[union-attr]
+    assert rig.controller.state.plan is not None
+    assert set(rig.controller.state.plan.pods) == {"pod-0", "pod-1"}
     discovered.remove(PodId("pod-1"))
     rig.clock.advance(300)
     assert await rig.controller.guarded(Job.PLAN, rig.controller.plan_and_apply) is TickOutcome.DONE
-    assert set(rig.controller.state.plan.pods) == {"pod-0"}  # type: ignore[union-attr]
+    assert rig.controller.state.plan is not None
+    assert set(rig.controller.state.plan.pods) == {"pod-0"}
     # a pod that stops answering mid-apply does not fail the tick
     emulated.pod("pod-0").kill(down_s=3600)
     rig.clock.advance(300)
     assert await rig.controller.guarded(Job.PLAN, rig.controller.plan_and_apply) is TickOutcome.DONE
 
 
-async def test_the_watchdog_refills_a_pod_that_came_back_empty(make_rig) -> None:  # type: ignore[no-untyped-def]
+async def test_the_watchdog_refills_a_pod_that_came_back_empty(make_rig: MakeRig) -> None:
     rig: Rig = make_rig()
     await cycle(rig.controller)
     assert await rig.controller.guarded(Job.WATCHDOG, rig.controller.watchdog) is TickOutcome.IDLE
-    wanted = set(rig.controller.state.plan.pods[PodId("pod-1")].hot)  # type: ignore[union-attr]
+    assert rig.controller.state.plan is not None
+    wanted = set(rig.controller.state.plan.pods[PodId("pod-1")].hot)
     rig.emulated.pod("pod-1").restart()
     assert rig.registered("pod-1") == set()
     assert await rig.controller.guarded(Job.WATCHDOG, rig.controller.watchdog) is TickOutcome.DONE
     assert wanted <= rig.registered("pod-1")
 
 
-async def test_timed_preloads_run_once_even_across_a_restart(make_rig) -> None:  # type: ignore[no-untyped-def]
+async def test_timed_preloads_run_once_even_across_a_restart(make_rig: MakeRig) -> None:
     rig: Rig = make_rig()
     await cycle(rig.controller)
     due = rig.controller.due_preloads()
@@ -357,7 +381,7 @@ async def test_timed_preloads_run_once_even_across_a_restart(make_rig) -> None: 
     assert rig.loads() == loads
 
 
-async def test_a_forecast_that_moves_tiers_asks_for_a_plan_at_once(make_rig) -> None:  # type: ignore[no-untyped-def]
+async def test_a_forecast_that_moves_tiers_asks_for_a_plan_at_once(make_rig: MakeRig) -> None:
     rig: Rig = make_rig()
     await cycle(rig.controller)
     await rig.controller.guarded(Job.FORECAST, rig.controller.forecast)
@@ -367,7 +391,9 @@ async def test_a_forecast_that_moves_tiers_asks_for_a_plan_at_once(make_rig) -> 
     assert rig.controller.state.replan_now is True
 
 
-async def test_a_standby_does_nothing_and_takes_over_when_the_leader_stops(make_rig) -> None:  # type: ignore[no-untyped-def]
+async def test_a_standby_does_nothing_and_takes_over_when_the_leader_stops(
+    make_rig: MakeRig,
+) -> None:
     clock = FakeClock(T0.replace(hour=8).timestamp())
     lease, shared_state = MemoryLeaseStore(), MemoryStateStore()
     emulated = EmulatedFleet.start(
@@ -400,7 +426,7 @@ async def test_a_standby_does_nothing_and_takes_over_when_the_leader_stops(make_
     assert leader.loads() == loads
 
 
-async def test_event_preloads_run_in_the_background_on_the_pods(make_rig) -> None:  # type: ignore[no-untyped-def]
+async def test_event_preloads_run_in_the_background_on_the_pods(make_rig: MakeRig) -> None:
     from placement.domain import Pipeline, PipelineStep, TenantId
     from placement.forecast.event_preloads import Event, EventKind
 
@@ -423,7 +449,9 @@ async def test_event_preloads_run_in_the_background_on_the_pods(make_rig) -> Non
     assert "a5" in rig.registered(decision.actions[0].pod)
 
 
-async def test_the_schedule_brings_the_plan_forward_and_adds_preload_triggers(make_rig) -> None:  # type: ignore[no-untyped-def]
+async def test_the_schedule_brings_the_plan_forward_and_adds_preload_triggers(
+    make_rig: MakeRig,
+) -> None:
     from placement.controller.schedule import PRELOAD_PREFIX, Schedule
 
     rig: Rig = make_rig()
@@ -451,7 +479,7 @@ async def test_the_schedule_brings_the_plan_forward_and_adds_preload_triggers(ma
         schedule.scheduler.shutdown(wait=False)
 
 
-async def test_no_pods_or_no_traffic_keeps_the_last_plan(make_rig) -> None:  # type: ignore[no-untyped-def]
+async def test_no_pods_or_no_traffic_keeps_the_last_plan(make_rig: MakeRig) -> None:
     emulated = EmulatedFleet.start(
         1, config=PodConfig(latency=ZERO_LATENCY, max_loras=2, max_cpu_loras=4)
     )
@@ -494,10 +522,10 @@ async def test_no_pods_or_no_traffic_keeps_the_last_plan(make_rig) -> None:  # t
 
 
 async def test_two_controllers_against_one_fake_api_server_only_the_holder_acts(
-    make_rig,
-    fake_api,
-    kube_api,
-    target,  # type: ignore[no-untyped-def]
+    make_rig: MakeRig,
+    fake_api: FakeApiServer,
+    kube_api: client.ApiClient,
+    target: KubeTarget,
 ) -> None:
     from placement.adapters.kube import KubeLeaseStore, KubePlanStore, connect
 
@@ -509,8 +537,8 @@ async def test_two_controllers_against_one_fake_api_server_only_the_holder_acts(
     second_api = connect(host=fake_api.url)
     try:
 
-        def elector(name: str, api: object) -> LeaderElector:
-            store = KubeLeaseStore(api, target=target)  # type: ignore[arg-type]
+        def elector(name: str, api: client.ApiClient) -> LeaderElector:
+            store = KubeLeaseStore(api, target=target)
             return LeaderElector(
                 store,
                 identity=name,
@@ -549,7 +577,7 @@ async def test_two_controllers_against_one_fake_api_server_only_the_holder_acts(
         lease = fake_api.get("leases", "lorafleet-controller")
         assert lease is not None and lease["spec"]["holderIdentity"] == "b"
     finally:
-        second_api.close()
+        second_api.close()  # type: ignore[no-untyped-call]  # kubernetes: close is unannotated
 
 
 @pytest.mark.parametrize(
@@ -561,8 +589,8 @@ async def test_two_controllers_against_one_fake_api_server_only_the_holder_acts(
     ],
 )
 async def test_an_unreadable_saved_ledger_starts_empty_without_loading_twice(
-    make_rig,
-    ledger_json: str,  # type: ignore[no-untyped-def]
+    make_rig: MakeRig,
+    ledger_json: str,
 ) -> None:
     from placement.ports import StoredState
 
@@ -578,14 +606,16 @@ async def test_an_unreadable_saved_ledger_starts_empty_without_loading_twice(
     assert first.loads() == loads
 
 
-async def _gpu_stats(rig: Rig) -> dict[str, dict[str, object]]:
+async def _gpu_stats(rig: Rig) -> dict[str, PodStats]:
     async with rig.emulated.http() as http:
         return {
             h.name: (await http.get(f"{h.url}/admin/stats")).json() for h in rig.emulated.handles
         }
 
 
-async def test_the_ledger_is_each_pods_engine_model_and_survives_a_restart(make_rig) -> None:  # type: ignore[no-untyped-def]
+async def test_the_ledger_is_each_pods_engine_model_and_survives_a_restart(
+    make_rig: MakeRig,
+) -> None:
     """After a cycle the ledger's model of each pod holds on its GPU what the pod reports;
     a controller that resumes from the saved state holds the same, and goes on without
     loading or warming anything again."""
@@ -594,8 +624,8 @@ async def test_the_ledger_is_each_pods_engine_model_and_survives_a_restart(make_
     ledger = first.controller.state.ledger
     for name, stats in (await _gpu_stats(first)).items():
         model = ledger.pods[PodId(name)]
-        assert model.on_gpu() == tuple(stats["gpu"]) and len(model.on_gpu()) == 2  # type: ignore[arg-type]
-        assert set(model.listed) == set(stats["listed"])  # type: ignore[arg-type]
+        assert model.on_gpu() == tuple(stats["gpu"]) and len(model.on_gpu()) == 2
+        assert set(model.listed) == set(stats["listed"])
     second: Rig = make_rig(emulated=first.emulated, state=first.state, clock=first.clock)
     await second.controller.resume()
     resumed = second.controller.state.ledger
@@ -609,7 +639,7 @@ async def test_the_ledger_is_each_pods_engine_model_and_survives_a_restart(make_
     assert {h.name: dict(h.pod.counters) for h in first.emulated.handles} == calls
 
 
-async def test_event_views_show_the_engine_and_its_next_victim_on_vllm(make_rig) -> None:  # type: ignore[no-untyped-def]
+async def test_event_views_show_the_engine_and_its_next_victim_on_vllm(make_rig: MakeRig) -> None:
     """vLLM: an unloaded adapter leaves the listing but keeps its GPU slot. The views the
     event preloads decide from list it no more, count its slot as taken, and name as the
     next victim the adapter the engine then evicts."""

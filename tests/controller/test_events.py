@@ -230,6 +230,6 @@ def test_learned_models_add_followers_and_login_habits_to_the_declared_ones() ->
     predict = learned_predictor(_Learned(), declared=pipeline_predictor(doc_pipelines(), CATALOG))
     upload = {p.adapter: (p.probability, p.within_s) for p in predict(UPLOAD)}
     login = {p.adapter: (p.probability, p.within_s) for p in predict(LOGIN)}
-    assert upload["medical-extract"] == (0.9, 30.0)  # learned beats declared 0.4
-    assert upload["legal-extract"] == (0.6, 120.0)
+    assert upload[AdapterId("medical-extract")] == (0.9, 30.0)  # learned beats declared 0.4
+    assert upload[AdapterId("legal-extract")] == (0.6, 120.0)
     assert login == {"acme-chat": (1.0, 300.0), "busy-one": (0.5, 600.0)}

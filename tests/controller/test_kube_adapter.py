@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections.abc import Callable
 
 import pytest
 from kubernetes import client
@@ -203,7 +204,7 @@ def test_api_failures_become_kube_errors(
     plans = KubePlanStore(kube_api, target=target)
     plans.publish(make_plan(plan_id="p1"))
     fake_api.inject(method, kind, status)
-    actions = {
+    actions: dict[str, Callable[[], object]] = {
         "pods": lambda: KubePods(kube_api, target=target).list_pods(),
         "configmaps": lambda: plans.publish(make_plan(plan_id="p2")),
         "leases": lambda: KubeLeaseStore(kube_api, target=target).read(),
@@ -224,7 +225,7 @@ def test_an_unreachable_server_is_retryable(target: KubeTarget) -> None:
         with pytest.raises(RetryableKubeError):
             KubePods(api, target=target).list_pods()
     finally:
-        api.close()
+        api.close()  # type: ignore[no-untyped-call]  # kubernetes: close is unannotated
 
 
 # --- lease ----------------------------------------------------------------------------

@@ -24,7 +24,7 @@ TICK_S = 5.0
 def second_api(fake_api: FakeApiServer) -> Iterator[client.ApiClient]:
     api = connect(host=fake_api.url)
     yield api
-    api.close()
+    api.close()  # type: ignore[no-untyped-call]  # kubernetes: close is unannotated
 
 
 def elector(store: LeaseStore, name: str, clock: FakeClock) -> LeaderElector:

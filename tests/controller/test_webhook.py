@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 import pytest
@@ -343,7 +344,7 @@ def test_schemathesis_fuzz_never_5xx(app: FastAPI, clock: FakeClock) -> None:
 
         @settings(max_examples=60, deadline=None, database=None)
         @given(case=strategy, sign_it=st.booleans())
-        def fuzz(case: schemathesis.Case, sign_it: bool) -> None:
+        def fuzz(case: schemathesis.Case[Any], sign_it: bool) -> None:
             clock.advance(1)  # keeps the rate limit from deciding every answer
             present = not isinstance(case.body, NotSet)
             body = json.dumps(case.body).encode() if present else b""
