@@ -10,7 +10,7 @@ import os
 import random
 import signal
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -111,6 +111,10 @@ class Replica:
         return await c.guarded(job, run)
 
 
+#: The ``replicas`` fixture: makes a replica by name; the clock they share.
+Replicas = tuple[Callable[[str], Replica], FakeClock]
+
+
 @pytest.fixture
 def fake() -> Iterator[FakeApiServer]:
     server = FakeApiServer().start()
@@ -119,7 +123,7 @@ def fake() -> Iterator[FakeApiServer]:
 
 
 @pytest.fixture
-async def replicas(fake: FakeApiServer) -> object:
+async def replicas(fake: FakeApiServer) -> AsyncIterator[Replicas]:
     from tests.controller.test_controller_ticks import catalog, history
 
     clock = FakeClock(T0.replace(hour=8).timestamp())
@@ -164,16 +168,16 @@ async def replicas(fake: FakeApiServer) -> object:
     yield replica, clock
     for r in made:
         r.planner.release.set()
-        r.api.close()
+        r.api.close()  # type: ignore[no-untyped-call]  # kubernetes: close is unannotated
     await http.aclose()
 
 
 async def _deposed_mid_solve(
-    fake: FakeApiServer, replicas: object
+    fake: FakeApiServer, replicas: Replicas
 ) -> tuple[Replica, Replica, asyncio.Task[TickOutcome], int]:
     """a leads and starts a solve that blocks; the clock passes its lease; b takes over
     and publishes. Returns a, b, a's plan tick (still running) and b's first write."""
-    replica, clock = replicas  # type: ignore[misc]
+    replica, clock = replicas
     a, b = replica("a"), replica("b")
     assert await a.tick(Job.LEASE) is TickOutcome.DONE
     assert await b.tick(Job.LEASE) is TickOutcome.STANDBY
@@ -191,7 +195,7 @@ async def _deposed_mid_solve(
 
 @pytest.mark.anyio
 async def test_a_leader_deposed_mid_solve_publishes_nothing(
-    fake: FakeApiServer, replicas: object
+    fake: FakeApiServer, replicas: Replicas
 ) -> None:
     a, b, solving, first_b = await _deposed_mid_solve(fake, replicas)
     published = b.controller.state.plan
@@ -205,7 +209,7 @@ async def test_a_leader_deposed_mid_solve_publishes_nothing(
 
 @pytest.mark.anyio
 async def test_a_lease_tick_that_finds_the_lease_lost_stops_the_solve(
-    fake: FakeApiServer, replicas: object
+    fake: FakeApiServer, replicas: Replicas
 ) -> None:
     a, _, solving, first_b = await _deposed_mid_solve(fake, replicas)
     assert await a.tick(Job.LEASE) is TickOutcome.STANDBY  # sees b's lease: stops its jobs
@@ -231,7 +235,7 @@ def test_a_write_from_an_earlier_term_never_overwrites_a_later_one(
         current = later.current()
         assert current is not None and current.id == "from-the-second-leader"
     finally:
-        api.close()
+        api.close()  # type: ignore[no-untyped-call]  # kubernetes: close is unannotated
 
 
 def test_the_state_directory_lock_admits_one_replica(tmp_path: Path) -> None:

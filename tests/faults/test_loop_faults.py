@@ -12,8 +12,9 @@ import asyncio
 import json
 import logging
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import replace
+from datetime import datetime
 from pathlib import Path
 
 import httpx
@@ -24,8 +25,12 @@ from placement.controller.config import load_controller_config
 from placement.controller.ports import Job, TickOutcome
 from placement.controller.schedule import Schedule
 from placement.controller.wiring import build
-from placement.domain import Action
+from placement.domain import Action, AdapterId, Fleet
+from placement.inputs.request_log import RequestLog
+from placement.plan import Plan
 from placement.ports import StoredState
+from placement.solver.planner import Planner
+from placement.solver.problem import Demand
 from tests.factories import FakeClock
 from tests.faults.rig import SECRET, controller_yaml, prepare_workdir
 
@@ -75,14 +80,21 @@ async def rig(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[
 class Exploding:
     """A planner that raises what no tick expects, then works again."""
 
-    def __init__(self, planner: object, errors: list[BaseException]) -> None:
+    def __init__(self, planner: Planner, errors: list[BaseException]) -> None:
         self._planner = planner
         self.errors = errors
 
-    def __call__(self, *args: object, **kwargs: object) -> object:
+    def __call__(
+        self,
+        demand: Mapping[AdapterId, Demand],
+        *,
+        fleet: Fleet,
+        valid_from: datetime,
+        current: Plan | None,
+    ) -> Plan:
         if self.errors:
             raise self.errors.pop(0)
-        return self._planner(*args, **kwargs)  # type: ignore[operator]
+        return self._planner(demand, fleet=fleet, valid_from=valid_from, current=current)
 
 
 @pytest.mark.parametrize(
@@ -152,7 +164,7 @@ async def test_a_hung_job_fails_healthz_until_it_ends(rig: Rig) -> None:
     release = threading.Event()
     entered = threading.Event()
 
-    def hang() -> object:
+    def hang() -> RequestLog:
         entered.set()
         release.wait(timeout=60)
         raise TimeoutError("the history source never answered")
