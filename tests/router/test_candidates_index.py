@@ -57,7 +57,7 @@ def _apply(
         state.ledger.forget(adapter)
         state.sync()
     elif call == "listing":
-        listed = {a: "" for a in state.ledger.residency.listed if a != adapter}
+        listed = {AdapterId(a): "" for a in state.ledger.residency.listed if a != adapter}
         state.ledger.reconcile_listing(listed)
         state.sync()
     else:

@@ -28,7 +28,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_proc
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_proc_grpc
 from prometheus_client import CollectorRegistry
 
-from placement.domain import Catalog, Fleet
+from placement.domain import Catalog, Fleet, PodId
 from placement.emulator import Latency
 from placement.plan import Plan
 from placement.router import MemoryRequestLog, build_router
@@ -385,7 +385,7 @@ def test_the_gateway_falls_back_to_the_second_endpoint_and_the_first_leaves_the_
 
             first = picking.send(completion("alpha"), before_sending=kill_the_first)
             [dead] = killed
-            assert not picking.router.topology.pods[dead].healthy
+            assert not picking.router.topology.pods[PodId(dead)].healthy
             retry = picking.send(completion("alpha"))
     alive = "pod-1" if dead == "pod-0" else "pod-0"
     assert first.endpoints == [endpoint(pods, dead), endpoint(pods, alive)]

@@ -16,7 +16,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_proc
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_proc_grpc
 from typer.testing import CliRunner
 
-from placement.cli import app
+from placement.cli.app import app
 from placement.domain import Engine
 
 from .conftest import catalog_of, emulated, plan_of

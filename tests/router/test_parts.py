@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from pathlib import Path
 from types import MappingProxyType
 
 import pytest
@@ -14,10 +15,14 @@ from placement.adapters.kube_memory import MemoryPlanStore, MemoryPods
 from placement.cli.app import app
 from placement.domain import AdapterId, Engine, Outcome, PodId, PoolId, Tier
 from placement.errors import KubeError, PlanError
+from placement.plan import Plan
 from placement.ports import DiscoveredPod
 from placement.residency import EngineModel
 from placement.router.kube_sources import DiscoveryPodSource, StorePlanSource
 from placement.router.ledger import PodLedger
+from placement.router.picking import Picker
+from placement.router.state import Topology, Upstream, build_topology
+from placement.settings import LoadCostSettings, RouterSettings
 
 from .conftest import plan_of
 
@@ -37,7 +42,7 @@ def _apply(ledger: PodLedger, call: str, adapter: AdapterId) -> None:
     elif call == "forget":
         ledger.forget(adapter)
     else:  # the pod lists what the ledger lists, less this adapter (unloaded behind us)
-        listed = {a: "" for a in ledger.residency.listed if a != adapter}
+        listed = {AdapterId(a): "" for a in ledger.residency.listed if a != adapter}
         ledger.reconcile_listing(listed)
 
 
@@ -220,15 +225,13 @@ def test_the_command_refuses_unclear_pod_sources(args: list[str], message: str) 
     assert message in result.output
 
 
-def test_the_command_names_a_missing_fleet_file(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_the_command_names_a_missing_fleet_file(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["router", "--fleet", str(tmp_path / "nope.yaml")])
     assert result.exit_code == 2
     assert "nope.yaml" in result.output
 
 
-def _topology(n: int, plan=None):  # type: ignore[no-untyped-def]
-    from placement.router.state import Upstream, build_topology
-
+def _topology(n: int, plan: Plan | None = None) -> Topology:
     upstreams = tuple(
         Upstream(
             pod=PodId(f"pod-{i}"),
@@ -244,10 +247,7 @@ def _topology(n: int, plan=None):  # type: ignore[no-untyped-def]
     return build_topology(upstreams, plan)
 
 
-def _picker():  # type: ignore[no-untyped-def]
-    from placement.router.picking import Picker
-    from placement.settings import LoadCostSettings, RouterSettings
-
+def _picker() -> Picker:
     return Picker(settings=RouterSettings(), load_cost=LoadCostSettings())
 
 
