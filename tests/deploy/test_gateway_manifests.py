@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import jsonschema
+import jsonschema  # type: ignore[import-untyped]  # no stubs: types-jsonschema is not installed
 import kubernetes_validate
 import pytest
 import yaml
@@ -180,6 +180,7 @@ def patched_router() -> dict[str, Any]:
     """deploy/base's router Deployment with the JSON patch of the kustomization applied
     (its ``add`` operations, which are all it uses)."""
     deployment = copy.deepcopy(yaml.safe_load((BASE / "router-deployment.yaml").read_text()))
+    assert isinstance(deployment, dict)
     [patch] = kustomization()["patches"]
     assert patch["target"]["name"] == deployment["metadata"]["name"]
     for operation in yaml.safe_load((GATEWAY / patch["path"]).read_text()):

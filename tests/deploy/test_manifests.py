@@ -105,6 +105,7 @@ def test_the_controller_config_and_inputs_in_the_configmap_parse(tmp_path: Path)
         (tmp_path / file_name).write_text(text)
     config = load_controller_config(tmp_path / "controller.yaml")
     fleet = load_fleet(config.fleet)
+    assert config.catalog is not None
     catalog = load_catalog(config.catalog, fleet=fleet)
     assert config.pipelines is not None
     load_pipelines(config.pipelines, catalog=catalog)
@@ -181,7 +182,7 @@ def test_the_controller_role_grants_exactly_what_the_controller_uses() -> None:
         state.load()
         plans.rollback()
     finally:
-        api.close()
+        api.close()  # type: ignore[no-untyped-call]  # kubernetes: close is unannotated
         fake.stop()
     rules = granted("lorafleet-controller")
     requests = used(fake.requests)
@@ -197,7 +198,7 @@ def test_the_router_role_grants_exactly_what_the_router_uses() -> None:
         KubePods(api, target=target).list_pods()
         KubePlanStore(api, target=target).current()
     finally:
-        api.close()
+        api.close()  # type: ignore[no-untyped-call]  # kubernetes: close is unannotated
         fake.stop()
     rules = granted("lorafleet-router")
     requests = used(fake.requests)
@@ -214,7 +215,9 @@ def test_the_controller_patches_no_pod() -> None:
 
 
 def _policy(name: str) -> dict[str, Any]:
-    return by_kind("NetworkPolicy")[name]["spec"]
+    spec = by_kind("NetworkPolicy")[name]["spec"]
+    assert isinstance(spec, dict)
+    return spec
 
 
 def _allowed_namespaces(name: str) -> list[dict[str, str]]:
