@@ -6,6 +6,7 @@ beside each and the verdicts' form are."""
 
 from __future__ import annotations
 
+import importlib
 import shutil
 import sys
 from collections.abc import Iterator
@@ -35,9 +36,7 @@ def bench() -> Iterator[ModuleType]:
     """The bench scripts import each other as top-level modules, run from bench/."""
     sys.path.insert(0, str(BENCH))
     try:
-        import scenario_table
-
-        yield scenario_table
+        yield importlib.import_module("scenario_table")
     finally:
         sys.path.remove(str(BENCH))
 

@@ -11,6 +11,7 @@ import pytest
 
 from models.preload import HotRule
 from models.series import CountPanel
+from placement.domain import AdapterId
 from placement.errors import ForecastError
 from placement.forecast.forecaster import (
     FORECAST_COLUMNS,
@@ -140,7 +141,9 @@ def test_daily_pattern_reaches_the_frame_and_the_schedule(
         to_requests(panel), at=at, model="profile-7d", horizon_s=86_400, bucket_s=panel.bucket_s
     )
     by_hour = result.frame.set_index("ts")["mean"]
-    assert by_hour.idxmax().hour in (12, 13, 14)
+    peak = by_hour.idxmax()
+    assert isinstance(peak, pd.Timestamp)
+    assert peak.hour in (12, 13, 14)
     rule = HotRule(mean_per_bucket=10.0, p_nonzero=1.1)
     (rise,) = preloads(result, settings=ForecastSettings(preload_lead_s=900), rule=rule)
     assert rise.needed_at_s - rise.load_at_s == 900
@@ -155,8 +158,9 @@ def test_model_forecaster_is_the_controllers_port(
     forecaster = ModelForecaster(settings=FORECAST, model="profile-7d")
     demand = forecaster(log, start=start, duration_s=3600)
     assert set(demand) == {"adapter-0", "adapter-1"}
-    assert demand["adapter-0"].mean_rps > demand["adapter-1"].mean_rps > 0
-    assert demand["adapter-0"].q90_rps >= demand["adapter-0"].mean_rps
+    first, second = demand[AdapterId("adapter-0")], demand[AdapterId("adapter-1")]
+    assert first.mean_rps > second.mean_rps > 0
+    assert first.q90_rps >= first.mean_rps
 
 
 def test_a_model_that_cannot_fit_falls_back_and_says_so() -> None:

@@ -63,7 +63,7 @@ def fleets_short_of_slots(draw: st.DrawFn) -> tuple[list[Adapter], dict[str, flo
         )
         for i in range(n)
     ]
-    rates = {a.name: draw(st.integers(1, 40)) / 10 for a in adapters}
+    rates: dict[str, float] = {a.name: draw(st.integers(1, 40)) / 10 for a in adapters}
     return adapters, rates, pods, slots
 
 
