@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from placement.errors import InputError, Problem
+from placement.inputs.csv_lines import CsvLines
 from placement.inputs.files import write_through
 from placement.inputs.json_lines import (
     is_json_lines,
@@ -66,6 +67,10 @@ class RequestLog:
         return result
 
 
+def _is_csv(path: Path) -> bool:
+    return "".join(path.suffixes[-2:]).lower().endswith((".csv", ".csv.gz"))
+
+
 def _read_raw(path: Path) -> pd.DataFrame:
     suffix = "".join(path.suffixes[-2:]).lower()
     try:
@@ -76,7 +81,7 @@ def _read_raw(path: Path) -> pd.DataFrame:
                     [Problem(source=str(path), message="a directory with no Parquet files")]
                 )
             return frame
-        if suffix.endswith((".csv", ".csv.gz")):
+        if _is_csv(path):
             return pd.read_csv(path)
     except FileNotFoundError:
         raise InputError([Problem(source=str(path), message="no such file")]) from None
@@ -98,12 +103,14 @@ def check_request_log(path: Path, *, known_adapters: frozenset[str] | None = Non
     return log_problems(frame.reset_index(drop=True), str(path), known_adapters, lines=lines)
 
 
-def _read_strictly(path: Path) -> tuple[pd.DataFrame, list[int] | None]:
-    """A log file's raw frame and, for JSON lines, each row's line (the problems name
-    lines, not rows after a header the file does not have); a line that is not a JSON
-    object is an InputError naming it."""
+def _read_strictly(path: Path) -> tuple[pd.DataFrame, Sequence[int] | None]:
+    """A log file's raw frame and, for JSON lines and CSV, each row's line (the
+    problems name lines: a JSON-lines file has no header, and a CSV's blank lines and
+    fields across lines are no rows); a line that is not a JSON object is an
+    InputError naming it."""
     if not is_json_lines(path):
-        return _read_raw(path), None
+        frame = _read_raw(path)
+        return frame, CsvLines(path, rows=len(frame)) if _is_csv(path) else None
     read = read_json_lines_strictly(path)
     return _frame(read.records), read.lines
 

@@ -5,8 +5,9 @@ counts, the outcomes, and what an adapter's name may be. Each finder takes a raw
 (as read, before any normalising) and returns its faults with the rows they are in, so
 that ``placement.inputs.request_log`` can list them all (``check_request_log``), or
 leave those rows out of a live log (``request_log_from_frame(skip_bad_rows=True)``).
-A row is named as a reader of the file counts it (from 1, after a header line); a line
-of a JSON-lines file by its number.
+A row is named by its line in the file where the reader gives each row's line (CSV,
+JSON lines: ``lines``), else as a reader of the file counts rows (from 1, after a
+header line).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from placement.errors import Problem
+from placement.inputs.csv_lines import CsvLines
 from placement.inputs.json_lines import lines_entry
 
 PER_REQUEST_COLUMNS = (
@@ -244,7 +246,7 @@ def log_problems(
     lines: Sequence[int] | None = None,
 ) -> list[Problem]:
     """Every fault of a raw log frame; unknown adapters are warnings, the rest errors.
-    ``lines``: each row's line in its file (JSON lines), named instead of a row."""
+    ``lines``: each row's line in its file (CSV, JSON lines), named instead of a row."""
     missing = _missing_columns(frame, source)
     if missing:
         return missing
@@ -270,9 +272,10 @@ def fatal_faults(
 ) -> list[tuple[Problem, pd.Index | None]]:
     """Each fault as a Problem with its rows (None: the whole file, a missing column),
     named by row, or by line where ``lines`` gives each row's line in the file (a
-    missing column then names every line: JSON lines all without a key)."""
+    missing column then names every line of JSON lines, all without the key; a CSV's
+    is its header's fault, no line's)."""
     missing = _missing_columns(frame, source)
-    if missing and lines is not None:
+    if missing and lines is not None and not isinstance(lines, CsvLines):
         missing = [replace(p, entry=lines_entry(list(lines))) for p in missing]
     if missing:
         return [(p, None) for p in missing]
@@ -284,6 +287,6 @@ def fatal_faults(
 
 def rows_entry(rows: pd.Index, lines: Sequence[int] | None = None) -> str:
     """A Problem's entry for rows of a frame: their lines where ``lines`` gives each
-    row's line in its file (JSON lines), else the rows as a reader of the file counts
-    them (from 1, after a header line)."""
+    row's line in its file (CSV, JSON lines), else the rows as a reader of the file
+    counts them (from 1, after a header line)."""
     return _rows(rows) if lines is None else lines_entry([lines[int(i)] for i in rows])

@@ -233,3 +233,65 @@ def test_a_parquet_directory_without_parts_says_so(tmp_path: Path) -> None:
         load_request_log(path)
     assert [str(p) for p in strictly.value.problems] == expected
     assert [str(p) for p in check_request_log(path)] == expected
+
+
+_HEADER = "ts,adapter,prompt_tokens\n"
+_GOOD = "2026-03-12T04:00:00Z,alpha,10\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "entry"),
+    [
+        pytest.param(_HEADER + _GOOD + "\n" + "x,alpha,10\n", "line 4", id="blank-line"),
+        pytest.param("\n \n" + _HEADER + "x,alpha,10\n", "line 4", id="blank-lines-first"),
+        pytest.param(
+            (_HEADER + _GOOD + "\n" + "x,alpha,10\n").replace("\n", "\r\n"), "line 4", id="crlf"
+        ),
+        pytest.param(
+            (_HEADER + _GOOD + "\n" + "x,alpha,10\n").replace("\n", "\r"), "line 4", id="cr"
+        ),
+        pytest.param(
+            _HEADER + _GOOD + '"x\ny",alpha,10\n' + "x,alpha,10\n",
+            "lines 3, 5",
+            id="a-field-across-lines",
+        ),
+        pytest.param(
+            "\ufeff" + _HEADER + "\t\n" + "x,alpha,10\n" + _GOOD + "\n" + "y,alpha,10\n",
+            "lines 3, 6",
+            id="byte-order-mark-tab-line",
+        ),
+    ],
+)
+def test_a_csv_fault_names_the_files_line(tmp_path: Path, text: str, entry: str) -> None:
+    """A CSV's rows were named by their place + 2 (a header, and from 1): off after a
+    blank line (pandas skips them) or a quoted field across lines."""
+    path = tmp_path / "log.csv"
+    path.write_bytes(text.encode())
+    expected = [f"{path}: {entry}: ts: {entry.count(',') + 1} unparsable timestamps"]
+    assert [str(p) for p in check_request_log(path)] == expected
+    with pytest.raises(InputError) as strictly:
+        load_request_log(path)
+    assert [str(p) for p in strictly.value.problems] == expected
+    log = load_request_log(path, skip_bad_rows=True)
+    assert [str(p) for p in log.skipped] == expected
+    assert len(log.frame) == text.count("2026-03-12")  # the good rows all kept
+
+
+def test_a_gzipped_csv_names_its_lines(tmp_path: Path) -> None:
+    path = tmp_path / "log.csv.gz"
+    path.write_bytes(gzip.compress((_HEADER + "\n" + _GOOD + "alpha,alpha,-1\n").encode()))
+    assert [str(p) for p in check_request_log(path)] == [
+        f"{path}: line 4: ts: 1 unparsable timestamps",
+        f"{path}: line 4: prompt_tokens: 1 negative values",
+    ]
+
+
+def test_a_csv_missing_a_column_names_no_line(tmp_path: Path) -> None:
+    """The header lacks the column: it is no line's fault (JSON lines name each line,
+    each without the key)."""
+    path = tmp_path / "log.csv"
+    path.write_text("ts,model\n" + "2026-03-12T04:00:00Z,alpha\n" * 3)
+    message = "adapter: missing required column 'adapter' (columns: ts, model)"
+    with pytest.raises(InputError) as strictly:
+        load_request_log(path, skip_bad_rows=True)
+    assert [str(p) for p in strictly.value.problems] == [f"{path}: {message}"]

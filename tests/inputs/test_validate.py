@@ -67,11 +67,11 @@ PLANTED = [
     pytest.param(
         "logins acme: adapters: unknown adapter 'nobody-knows-me'", id="login-unknown-adapter"
     ),
-    pytest.param("log-bad.csv: row 4: ts: 1 unparsable timestamps", id="unparsable-ts"),
+    pytest.param("log-bad.csv: line 4: ts: 1 unparsable timestamps", id="unparsable-ts"),
     pytest.param(
-        "log-bad.csv: row 5: ts: 1 timestamps earlier than the row before", id="out-of-order"
+        "log-bad.csv: line 5: ts: 1 timestamps earlier than the row before", id="out-of-order"
     ),
-    pytest.param("log-bad.csv: row 3: prompt_tokens: 1 negative values", id="negative-tokens"),
+    pytest.param("log-bad.csv: line 3: prompt_tokens: 1 negative values", id="negative-tokens"),
     pytest.param("warning: ", id="unknown-adapter-in-log-is-a-warning"),
 ]
 
@@ -114,7 +114,7 @@ def test_negative_counts_in_an_aggregated_log() -> None:
         "--log", str(CORPUS / "log-aggregated-bad.csv"),
     )  # fmt: skip
     assert code == 2
-    assert any("row 3: requests: 1 negative values" in line for line in lines)
+    assert any("line 3: requests: 1 negative values" in line for line in lines)
 
 
 def test_missing_file_is_named() -> None:
