@@ -93,7 +93,9 @@ def _faulty_rows(field: str, rows: pd.Index, message: str) -> list[_Fault]:
     return [(field, f"{len(rows)} {message}", rows)] if len(rows) else []
 
 
-def _timestamp_faults(frame: pd.DataFrame) -> list[_Fault]:
+def _timestamp_faults(frame: pd.DataFrame, *, by_line: bool) -> list[_Fault]:
+    """The ``ts`` faults; one out of time order is earlier than the line (``by_line``)
+    or the row before it."""
     ts = parse_ts(frame["ts"])
     valid = ts.dropna()
     return [
@@ -103,7 +105,7 @@ def _timestamp_faults(frame: pd.DataFrame) -> list[_Fault]:
     ] + _faulty_rows(
         "ts",
         valid.index[valid.diff() < pd.Timedelta(0)],
-        "timestamps earlier than the row before (not in time order)",
+        f"timestamps earlier than the {'line' if by_line else 'row'} before (not in time order)",
     )
 
 
@@ -257,7 +259,8 @@ def log_problems(
             message=message,
             entry=rows_entry(rows, lines),
         )
-        for field, message, rows in _timestamp_faults(frame) + _value_faults(frame)
+        for field, message, rows in _timestamp_faults(frame, by_line=lines is not None)
+        + _value_faults(frame)
     ]
     if known_adapters is not None:
         problems += [
@@ -281,7 +284,8 @@ def fatal_faults(
         return [(p, None) for p in missing]
     return [
         (Problem(source=source, field=name, message=message, entry=rows_entry(rows, lines)), rows)
-        for name, message, rows in _timestamp_faults(frame) + _value_faults(frame)
+        for name, message, rows in _timestamp_faults(frame, by_line=lines is not None)
+        + _value_faults(frame)
     ]
 
 

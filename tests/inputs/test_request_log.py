@@ -295,3 +295,41 @@ def test_a_csv_missing_a_column_names_no_line(tmp_path: Path) -> None:
     with pytest.raises(InputError) as strictly:
         load_request_log(path, skip_bad_rows=True)
     assert [str(p) for p in strictly.value.problems] == [f"{path}: {message}"]
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "said"),
+    [
+        pytest.param(
+            "log.jsonl",
+            '{"ts": "2026-03-12T04:00:05Z", "adapter": "alpha"}\n\n'
+            '{"ts": "2026-03-12T04:00:00Z", "adapter": "alpha"}\n',
+            "line 3: ts: 1 timestamps earlier than the line before (not in time order)",
+            id="json-lines",
+        ),
+        pytest.param(
+            "log.csv",
+            "ts,adapter\n2026-03-12T04:00:05Z,alpha\n\n2026-03-12T04:00:00Z,alpha\n",
+            "line 4: ts: 1 timestamps earlier than the line before (not in time order)",
+            id="csv",
+        ),
+        pytest.param(
+            "log.parquet",
+            None,
+            ": ts: 1 timestamps earlier than the row before (not in time order)",
+            id="parquet-has-rows",
+        ),
+    ],
+)
+def test_a_time_out_of_order_is_earlier_than_the_line_before(
+    tmp_path: Path, name: str, text: str | None, said: str
+) -> None:
+    """JSON lines and CSV said 'earlier than the row before' of a file of lines."""
+    path = tmp_path / name
+    if text is None:
+        ts = pd.to_datetime(["2026-03-12T04:00:05Z", "2026-03-12T04:00:00Z"], utc=True)
+        pd.DataFrame({"ts": ts, "adapter": ["alpha", "alpha"]}).to_parquet(path)
+    else:
+        path.write_text(text)
+    (problem,) = check_request_log(path)
+    assert str(problem).endswith(said) and str(problem).startswith(str(path))

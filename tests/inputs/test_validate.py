@@ -69,7 +69,7 @@ PLANTED = [
     ),
     pytest.param("log-bad.csv: line 4: ts: 1 unparsable timestamps", id="unparsable-ts"),
     pytest.param(
-        "log-bad.csv: line 5: ts: 1 timestamps earlier than the row before", id="out-of-order"
+        "log-bad.csv: line 5: ts: 1 timestamps earlier than the line before", id="out-of-order"
     ),
     pytest.param("log-bad.csv: line 3: prompt_tokens: 1 negative values", id="negative-tokens"),
     pytest.param("warning: ", id="unknown-adapter-in-log-is-a-warning"),
