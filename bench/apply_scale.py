@@ -22,7 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -30,7 +30,7 @@ import httpx
 
 from placement.actuation.apply import apply_plan, make_clients
 from placement.actuation.executor import Ledger
-from placement.domain import ActionKind, Catalog, PodId
+from placement.domain import Action, ActionKind, Catalog, PodId
 from placement.emulator import EmulatedFleet, Latency, PodConfig
 from placement.plan import Plan
 from placement.settings import ExecutorSettings
@@ -57,22 +57,23 @@ def _catalog() -> Catalog:
 def _plan(pods: list[PodId], *, seed: int) -> Plan:
     """HOT adapters hot and WARM warm on each pod, drawn at random from the catalog."""
     rng = random.Random(seed)
-    hot, warm = {}, {}
+    hot: dict[str, list[str]] = {}
+    warm: dict[str, list[str]] = {}
     for pod in pods:
         chosen = rng.sample(NAMES, HOT + WARM)
         hot[pod], warm[pod] = chosen[:HOT], chosen[HOT:]
     return factories.make_plan(hot, warm, plan_id=f"bench-{seed}", created=datetime.now(UTC))
 
 
-def _critical_path_s(actions: tuple[object, ...]) -> float:
+def _critical_path_s(actions: tuple[Action, ...]) -> float:
     """The slowest pod's sum of simulated times: a bound no executor beats."""
-    per_pod: Counter[str] = Counter()
+    per_pod: defaultdict[PodId, float] = defaultdict(float)
     load_ms = LATENCY.cold_ms(ADAPTER_MB * 1_000_000)
     warm_ms = LATENCY.swap_ms(ADAPTER_MB * 1_000_000) + LATENCY.ttft_ms
     for action in actions:
-        kind = action.kind  # type: ignore[attr-defined]
+        kind = action.kind
         cost = load_ms if kind is ActionKind.LOAD else warm_ms if kind is ActionKind.WARMUP else 0.0
-        per_pod[action.pod] += cost  # type: ignore[attr-defined]
+        per_pod[action.pod] += cost
     return max(per_pod.values(), default=0.0) / 1000.0
 
 

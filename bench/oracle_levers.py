@@ -40,6 +40,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
@@ -229,7 +230,10 @@ def read_scenario(
 
 def _scenario(args: argparse.Namespace, settings: Settings) -> Scenario:
     if args.servegen:
-        from replay_servegen import build  # bench/, reads ../shared/traces
+        if TYPE_CHECKING:
+            from bench.replay_servegen import build
+        else:
+            from replay_servegen import build  # bench/, reads ../shared/traces
 
         workload, catalog, fleet = build(2, 4.0, 0)  # ServeGen m-mid
         return Scenario(workload=workload, catalog=catalog, fleet=fleet)

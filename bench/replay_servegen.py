@@ -19,10 +19,10 @@ import argparse
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
-from replay_targets import print_target_ratios
 
 from placement.domain import (
     Adapter,
@@ -41,6 +41,11 @@ from placement.sim.routers import POLICIES
 from placement.sim.wiring import PLANNERS, replay_planning
 from placement.sim.workload import SimWorkload
 from placement.sizing import BUILTIN_MODELS, adapter_bytes
+
+if TYPE_CHECKING:  # mypy checks bench/ as the package bench
+    from bench.replay_targets import print_target_ratios
+else:  # run as a file (python bench/<name>.py): bench/ is sys.path[0]
+    from replay_targets import print_target_ratios
 
 TRACES = Path("../shared/traces")
 RANKS = (8, 16, 32, 64, 128)

@@ -19,18 +19,10 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
-from replay_targets import print_target_ratios
-from war_story_windows import (
-    ARTICLE,
-    TimedReplay,
-    Window,
-    article_windows,
-    window_figures,
-    within,
-)
 
 from placement.domain import Catalog, Fleet
 from placement.inputs import load_catalog, load_fleet
@@ -40,6 +32,27 @@ from placement.sim.replay import ReplayResult, run_policy
 from placement.sim.routers import POLICIES
 from placement.sim.wiring import PLANNERS, replay_planning
 from placement.sim.workload import SimWorkload, workload_from_log
+
+if TYPE_CHECKING:  # mypy checks bench/ as the package bench
+    from bench.replay_targets import print_target_ratios
+    from bench.war_story_windows import (
+        ARTICLE,
+        TimedReplay,
+        Window,
+        article_windows,
+        window_figures,
+        within,
+    )
+else:  # run as a file (python bench/<name>.py): bench/ is sys.path[0]
+    from replay_targets import print_target_ratios
+    from war_story_windows import (
+        ARTICLE,
+        TimedReplay,
+        Window,
+        article_windows,
+        window_figures,
+        within,
+    )
 
 DATA = Path("data/war-story")
 EXPERIMENT = pd.Timestamp("2026-03-12T10:15:00-04:00")

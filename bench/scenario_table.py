@@ -37,11 +37,9 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import war_story_windows as ws
-from scenario_claims import POLICIES, SERVEGEN, WAR_STORY, Check, Row, judge
-from scenario_render import BEFORE, CASCADE, FIXED_POLICIES, FIXES, SCENARIOS, table
 
 from placement.cli.replay_cmds import replay_events
 from placement.domain import Catalog, Fleet, Pipelines
@@ -55,6 +53,15 @@ from placement.sim.replay import ReplayResult, run_policy
 from placement.sim.routers import PLANNED
 from placement.sim.wiring import replay_planning
 from placement.sim.workload import SimWorkload, workload_from_log
+
+if TYPE_CHECKING:  # mypy checks bench/ as the package bench
+    from bench import war_story_windows as ws
+    from bench.scenario_claims import POLICIES, SERVEGEN, WAR_STORY, Check, Row, judge
+    from bench.scenario_render import BEFORE, CASCADE, FIXED_POLICIES, FIXES, SCENARIOS, table
+else:  # run as a file (python bench/<name>.py): bench/ is sys.path[0]
+    import war_story_windows as ws
+    from scenario_claims import POLICIES, SERVEGEN, WAR_STORY, Check, Row, judge
+    from scenario_render import BEFORE, CASCADE, FIXED_POLICIES, FIXES, SCENARIOS, table
 
 DATA = Path("data")
 #: What the tests and other scripts use through this module.
@@ -106,7 +113,10 @@ def read_scenario(directory: Path, settings: Settings) -> Inputs:
 def scenario_inputs(name: str, data: Path) -> Inputs:
     """Two scenarios at most per process: the war story's log is 6.3 M requests."""
     if name == SERVEGEN:
-        from replay_servegen import build  # reads ../shared/traces
+        if TYPE_CHECKING:
+            from bench.replay_servegen import build
+        else:
+            from replay_servegen import build  # reads ../shared/traces
 
         workload, catalog, fleet = build(2, 4.0, 0)
         return Inputs(directory=None, workload=workload, catalog=catalog, fleet=fleet)

@@ -39,7 +39,7 @@ from datetime import UTC, datetime
 
 import numpy as np
 from ortools.sat.python import cp_model
-from scipy.optimize import linprog
+from scipy.optimize import linprog  # type: ignore[import-untyped]  # no stubs: scipy-stubs is not installed
 
 from placement.domain import AdapterId, Catalog, Fleet
 from placement.settings import Settings
