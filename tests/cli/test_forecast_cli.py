@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from placement.cli import app
+from placement.cli.app import app
 
 START = pd.Timestamp("2026-01-01T00:00:00Z")
 

@@ -86,7 +86,9 @@ def three_pods() -> Fleet:
     return fleet(pool("p", 3, max_loras=2, max_cpu_loras=4))
 
 
-def views_of(fl: Fleet, hot: Mapping[int, tuple[str, ...]], idle_s: float = 900.0) -> dict:
+def views_of(
+    fl: Fleet, hot: Mapping[int, tuple[str, ...]], idle_s: float = 900.0
+) -> dict[PodId, PodView]:
     """Each pod's GPU slots (least recently used first), every adapter idle ``idle_s``."""
     out: dict[PodId, PodView] = {}
     for i, pod in enumerate(fl.pods):
@@ -132,8 +134,8 @@ def test_another_tenants_likely_step_goes_to_the_pod_the_first_step_runs_on() ->
     )
     decision = decide(UPLOADED, views, doc_pipelines())
     assert warmed(decision) == {"legal": "p-2"}
-    assert decision.skipped["classify"] == "already hot on p-2"
-    assert decision.skipped["medical"] == (
+    assert decision.skipped[AdapterId("classify")] == "already hot on p-2"
+    assert decision.skipped[AdapterId("medical")] == (
         f"a step of tenant clinic at p=0.40, under {MIN_STEP_PROBABILITY:.2f}"
     )
 
@@ -190,7 +192,7 @@ def test_another_tenants_step_displaces_only_an_adapter_idle_long_enough() -> No
     for idle_s in (0.0, STEP_VICTIM_MIN_IDLE_S - 1.0):  # in use, or used a moment ago
         decision = decide(UPLOADED, views_of(fl, full, idle_s=idle_s), doc_pipelines(1.0))
         assert "legal" not in warmed(decision)
-        assert decision.skipped["legal"] == (
+        assert decision.skipped[AdapterId("legal")] == (
             f"it would displace busy, not known idle {STEP_VICTIM_MIN_IDLE_S:.0f} s or more"
         )
     idle = views_of(fl, full, idle_s=STEP_VICTIM_MIN_IDLE_S)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from placement.cli import app
+from placement.cli.app import app
 from placement.domain import AdapterClass, AdapterId
 from placement.errors import InputError
 from placement.inputs.catalog import load_catalog, parse_catalog

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from placement.cli import app
+from placement.cli.app import app
 from placement.errors import InputError
 from placement.inputs import load_catalog, load_fleet, load_pipelines
 from placement.inputs.events import (
@@ -28,7 +29,7 @@ runner = CliRunner()
 DATA = Path(__file__).resolve().parents[2] / "data"
 
 
-def _synth(scenario: str, **changes: object) -> SyntheticLog:
+def _synth(scenario: str, **changes: Any) -> SyntheticLog:
     files = load_scenario(DATA / scenario / "scenario.yaml")
     catalog = load_catalog(files.catalog, fleet=load_fleet(files.fleet))
     pipelines = load_pipelines(files.pipelines, catalog=catalog) if files.pipelines else None
@@ -68,9 +69,10 @@ class TestTheEventLogSynthWrites:
         requests, events = war_story.requests, war_story.events
         kind = events.set_index("event_id")["kind"]
         caused = requests[requests["event_id"].notna()]
-        by_kind = caused.groupby(caused["event_id"].map(kind))["adapter"].agg(
-            lambda names: set(map(str, names))
-        )
+        by_kind = {
+            event_kind: set(map(str, names))
+            for event_kind, names in caused.groupby(caused["event_id"].map(kind))["adapter"]
+        }
         assert by_kind["pipeline"] <= {
             "doc-classifier-v2",
             "legal-extract-v3",

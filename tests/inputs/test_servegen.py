@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -9,7 +10,7 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from placement.cli import app
+from placement.cli.app import app
 from placement.inputs.files import write_atomically
 
 runner = CliRunner()
@@ -160,10 +161,12 @@ def test_a_command_that_cannot_write_says_where(folder: Path, tmp_path: Path) ->
         ),
     ],
 )
-def test_a_bad_folder_is_one_line(tmp_path: Path, make: object, expected: str) -> None:
+def test_a_bad_folder_is_one_line(
+    tmp_path: Path, make: Callable[[Path], object], expected: str
+) -> None:
     root = tmp_path / "bad"
     root.mkdir()
-    make(root)  # type: ignore[operator]
+    make(root)
     result = runner.invoke(
         app, ["convert", "servegen", str(root), "-o", str(tmp_path / "o.parquet")]
     )

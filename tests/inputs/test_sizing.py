@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from placement import sizing
-from placement.cli import app
+from placement.cli.app import app
 
 runner = CliRunner()
 LLAMA_70B = sizing.BUILTIN_MODELS["llama-3.1-70b"]
@@ -56,9 +57,9 @@ def test_residency_budget_8_gib_of_240_mib_adapters_is_34() -> None:
         pytest.param(lambda: sizing.dtype_bytes("float13"), "unknown dtype", id="dtype"),
     ],
 )
-def test_bad_sizing_input(call: object, message: str) -> None:
+def test_bad_sizing_input(call: Callable[[], object], message: str) -> None:
     with pytest.raises(sizing.SizingError, match=message):
-        call()  # type: ignore[operator]
+        call()
 
 
 def write_peft(directory: Path, tensors: dict[str, tuple[str, list[int]]]) -> None:

@@ -5,13 +5,14 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from placement.cli import app
+from placement.cli.app import app
 from placement.domain import Adapter, AdapterId, Catalog, TenantId
 from placement.inputs import load_catalog, load_fleet, load_pipelines
 from placement.synth.generate import Experiment, Scenario, generate
@@ -134,7 +135,7 @@ def test_bad_scenario_is_reported(tmp_path: Path, body: str, expected: str) -> N
     assert "Traceback" not in result.output
 
 
-def _small(**changes: object) -> tuple[Scenario, Catalog]:
+def _small(**changes: Any) -> tuple[Scenario, Catalog]:
     catalog = Catalog(
         adapters=tuple(
             Adapter(

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from placement.cli import app
+from placement.cli.app import app
 
 CORPUS = Path(__file__).parent / "corpus"
 runner = CliRunner()

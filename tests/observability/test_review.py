@@ -7,7 +7,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from placement.domain import AdapterId, Fleet, PodId, Tier
-from placement.review.diff import human_bytes, review_plan
+from placement.plan import Plan
+from placement.review.diff import (
+    AdapterReview,
+    PlanReview,
+    PodReview,
+    human_bytes,
+    review_plan,
+)
 from tests import factories
 from tests.factories import MIB, make_plan
 
@@ -15,18 +22,29 @@ NAMES = ["a", "b", "c", "d", "e"]
 CATALOG = factories.catalog(*map(factories.adapter, NAMES))  # 50 MiB each
 
 
-def one_pod(**budgets: float) -> Fleet:
+def one_pod(
+    *, max_loras: int = 2, max_cpu_loras: int = 4, hbm_mib: int = 200, capacity_rps: float = 2.0
+) -> Fleet:
     """pod-0: two GPU slots, four host slots, 200 MiB for adapters on the GPU, 2 rps."""
-    shape = {"max_loras": 2, "max_cpu_loras": 4, "hbm_mib": 200, "capacity_rps": 2.0}
-    return factories.fleet(factories.pool("base", 1, pod_prefix="pod", **shape | budgets))
+    return factories.fleet(
+        factories.pool(
+            "base",
+            1,
+            pod_prefix="pod",
+            max_loras=max_loras,
+            max_cpu_loras=max_cpu_loras,
+            hbm_mib=hbm_mib,
+            capacity_rps=capacity_rps,
+        )
+    )
 
 
-def pod(review: object, name: str):  # type: ignore[no-untyped-def]
-    return next(p for p in review.pods if p.pod == PodId(name))  # type: ignore[attr-defined]
+def pod(review: PlanReview, name: str) -> PodReview:
+    return next(p for p in review.pods if p.pod == PodId(name))
 
 
-def adapter(review: object, name: str):  # type: ignore[no-untyped-def]
-    return next(a for a in review.adapters if a.adapter == AdapterId(name))  # type: ignore[attr-defined]
+def adapter(review: PlanReview, name: str) -> AdapterReview:
+    return next(a for a in review.adapters if a.adapter == AdapterId(name))
 
 
 def test_changes_per_pod_with_bytes_moved() -> None:
@@ -128,7 +146,7 @@ def test_loads_and_unloads_turn_the_old_registrations_into_the_new(
     old: dict[str, list[str]], new: dict[str, list[str]]
 ) -> None:
     # Split each pod's adapters: the first half hot, the rest warm.
-    def plan_of(layout: dict[str, list[str]], plan_id: str):  # type: ignore[no-untyped-def]
+    def plan_of(layout: dict[str, list[str]], plan_id: str) -> Plan:
         hot = {p: names[: len(names) // 2 + 1] for p, names in layout.items() if names}
         warm = {p: names[len(names) // 2 + 1 :] for p, names in layout.items() if names}
         return make_plan(hot, warm, plan_id=plan_id)

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from placement.cli import app
+from placement.cli.app import app
 from placement.plan import Plan, plan_to_json
 from tests.factories import T0, make_plan
 from tests.fleets import fleet_yaml
