@@ -217,13 +217,15 @@ def review(
     new = read_plan_file(plan)
     base = resolve_against(against, state_dir)
     context = _context(fleet, catalog)
+    # Every input read before anything is printed: a bad one is the only output.
+    request_log = load_request_log(log) if log is not None else None
+    ahead = read_forecast(forecast) if forecast is not None and html is not None else None
     result = review_plan(new, against=base, fleet=context.fleet, catalog=context.catalog)
     console = out()
     print_summary(console, result)
     console.print(pods_table(result, changed_only=False))
     print_changes(console, result)
     console.print(adapters_table(result, changed_only=False, limit=None if all_adapters else top))
-    request_log = load_request_log(log) if log is not None else None
     replay, note = (
         _replay(new, base, request_log, context) if request_log is not None else (None, None)
     )
@@ -238,7 +240,7 @@ def review(
     page = render_html(
         result,
         new,
-        forecast=read_forecast(forecast) if forecast is not None else None,
+        forecast=ahead,
         history=_history(request_log),
         replay=replay,
         replay_note=note,

@@ -222,8 +222,9 @@ def test_a_forecast_without_its_columns_is_refused(inputs: dict[str, Path], tmp_
 def test_a_forecast_with_a_bad_rate_or_time_is_refused_as_plan_refuses_it(
     inputs: dict[str, Path], tmp_path: Path
 ) -> None:
-    """review read a forecast with its own reader, which checked no rates and no times:
-    a negative rate was drawn, a time that is no time a traceback."""
+    """review read a forecast with its own reader, which checked no rates and no times
+    (a negative rate was drawn, a time that is no time a traceback), and only after
+    printing the review's tables."""
     bad = tmp_path / "bad.parquet"
     frame = pd.read_parquet(inputs["forecast"])
     frame.loc[1, "mean"] = -1.0
@@ -240,3 +241,4 @@ def test_a_forecast_with_a_bad_rate_or_time_is_refused_as_plan_refuses_it(
     assert f"{bad}: row 3 (gamma): ts: 1 values that are not times ('soon')" in result.output
     assert f"{bad}: bucket beta at {T0.isoformat()}: mean: 1 negative rates" in result.output
     assert not report.exists()
+    assert "per pod" not in result.output  # refused before any table is printed
