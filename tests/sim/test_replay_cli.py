@@ -98,8 +98,9 @@ def test_table_and_replayed_log(inputs: dict[str, Path], tmp_path: Path) -> None
     [
         (["--policy", "fastest"], "unknown policy 'fastest'"),
         (["--policy", "epp", "--eviction", "random"], "unknown policy 'random'"),
+        (["--policy", "epp", "--load-admission", "fifo"], "unknown admission 'fifo'"),
     ],
-    ids=["bad-policy", "bad-eviction"],
+    ids=["bad-policy", "bad-eviction", "bad-admission"],
 )
 def test_bad_options_are_one_line_errors(
     inputs: dict[str, Path], extra: list[str], message: str
@@ -108,6 +109,15 @@ def test_bad_options_are_one_line_errors(
     assert result.exit_code == 2
     assert message in result.output
     assert "Traceback" not in result.output
+
+
+def test_load_admission_reaches_the_replay(inputs: dict[str, Path]) -> None:
+    """--load-admission vllm replays under vLLM's admission; drain is the default."""
+    default = _policies(inputs)["epp"]
+    assert _policies(inputs, "--load-admission", "drain")["epp"] == default
+    vllm = _policies(inputs, "--load-admission", "vllm")["epp"]
+    assert vllm["requests"] == default["requests"]
+    assert vllm != default
 
 
 def test_solver_planner_replays(inputs: dict[str, Path]) -> None:
