@@ -9,9 +9,10 @@ an event caused names it in the request log's optional ``event_id`` column.
 ``check_events`` lists every problem, one line each: unreadable values, unknown kinds,
 repeated ids, events out of time order, triggers pipelines.yaml does not define,
 tenants neither the catalog nor the logins know, and events outside the request log's
-span (a warning: a replay never delivers them). A problem names its rows as a CSV's
-reader counts them (after the header), or the lines of a JSON-lines file; times are
-read as a request log's (``placement.inputs.request_log_faults``), so one past 2262
+span (a warning: a replay never delivers them). A problem names the file's lines
+for a CSV or JSON-lines log (``placement.inputs.csv_lines``: blank lines and the
+header counted, a quoted field across lines one row), a Parquet log's rows from 1;
+times are read as a request log's (``placement.inputs.request_log_faults``), so one past 2262
 is out of range, not unparsable. ``load_events`` reads a log for use
 and raises InputError on any error. Reads files; writes only through ``write_events``.
 """
@@ -30,6 +31,7 @@ import pandas as pd
 from placement.domain import Catalog, Pipelines
 from placement.errors import InputError, Problem
 from placement.inputs.catalog import parse_catalog
+from placement.inputs.csv_lines import CsvLines
 from placement.inputs.files import write_through
 from placement.inputs.fleet import parse_fleet
 from placement.inputs.json_lines import is_json_lines, read_json_lines_strictly
@@ -94,9 +96,10 @@ def _events(count: int) -> str:
     return f"{count} event" if count == 1 else f"{count} events"
 
 
-def _read(path: Path) -> tuple[pd.DataFrame, list[int] | None]:
-    """An event log's raw frame and, for JSON lines, each row's line in the file (a
-    problem names the line, not a row after a header the file does not have)."""
+def _read(path: Path) -> tuple[pd.DataFrame, Sequence[int] | None]:
+    """An event log's raw frame and, for JSON lines and CSV, each row's line in the
+    file (a problem names the line: a JSON-lines file has no header, and a CSV's blank
+    lines and fields across lines are no rows)."""
     if is_json_lines(path):
         read = read_json_lines_strictly(path)
         return _as_text(pd.DataFrame.from_records(read.records)), read.lines
@@ -106,7 +109,7 @@ def _read(path: Path) -> tuple[pd.DataFrame, list[int] | None]:
             return pd.read_parquet(path), None
         if suffix.endswith((".csv", ".csv.gz")):
             frame = pd.read_csv(path, dtype={"trigger": str, "tenant": str, "event_id": str})
-            return frame, None
+            return frame, CsvLines(path, rows=len(frame))
     except FileNotFoundError:
         raise InputError([Problem(source=str(path), message="no such file")]) from None
     except Exception as exc:  # every reader raises its own types
@@ -146,7 +149,8 @@ class _Problems:
         self.found: list[Problem] = []
 
     def where(self, rows: pd.Index) -> str:
-        """The rows' entry: their lines in a JSON-lines file, else rows as a CSV's."""
+        """The rows' entry: their lines in a CSV or JSON-lines file, else their rows
+        (from 1)."""
         return rows_entry(rows, self.lines)
 
     def rows(self, field: str, rows: pd.Index, message: str, severity: str = "error") -> None:
@@ -174,7 +178,8 @@ def _value_problems(frame: pd.DataFrame, ts: pd.Series, found: _Problems) -> Non
     found.rows(
         "ts",
         valid.index[valid.diff() < pd.Timedelta(0)],
-        "events earlier than the row before (not in time order)",
+        f"events earlier than the {'row' if found.lines is None else 'line'} before"
+        " (not in time order)",
     )
     kind = _text(frame, "kind")
     found.rows(
@@ -246,7 +251,7 @@ def problems_in(
     frame: pd.DataFrame, source: str, known: KnownNames, *, lines: Sequence[int] | None = None
 ) -> list[Problem]:
     """Every problem of a raw event frame; events outside the span are warnings.
-    ``lines``: each row's line in its file (JSON lines), named instead of a row."""
+    ``lines``: each row's line in its file (CSV, JSON lines), named instead of a row."""
     frame = frame.reset_index(drop=True)
     found = _Problems(source, lines)
     missing = [c for c in REQUIRED_COLUMNS if c not in frame.columns]

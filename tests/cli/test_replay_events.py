@@ -104,40 +104,43 @@ def validate_lines(inputs: dict[str, Path], events: Path) -> list[str]:
 BAD_LOGS = {
     "unknown-trigger": (
         [LOGIN, {**PIPE, "trigger": "doc.deleted"}],
-        ["error: {path}: trigger: trigger 'doc.deleted' is not in pipelines.yaml (1 event, row 3)"],
+        [
+            "error: {path}: trigger: trigger 'doc.deleted' is not in pipelines.yaml"
+            " (1 event, line 3)"
+        ],
     ),
     "unknown-tenant": (
         [{**LOGIN, "tenant": "initech"}, PIPE],
         [
             "error: {path}: tenant: tenant 'initech' is neither in the catalog nor in"
-            " pipelines.yaml's logins (1 event, row 2)"
+            " pipelines.yaml's logins (1 event, line 2)"
         ],
     ),
     "out-of-order": (
         [PIPE, LOGIN],
-        ["error: {path}: row 3: ts: 1 events earlier than the row before (not in time order)"],
+        ["error: {path}: line 3: ts: 1 events earlier than the line before (not in time order)"],
     ),
     "repeated-id": (
         [LOGIN, {**PIPE, "event_id": "login-1"}],
-        ["error: {path}: event_id: 1 ids used more than once ('login-1') in rows 2, 3"],
+        ["error: {path}: event_id: 1 ids used more than once ('login-1') in lines 2, 3"],
     ),
     "bad-id": (
         [{**LOGIN, "event_id": "login 1"}, PIPE],
         [
-            "error: {path}: row 2: event_id: 1 ids that are not valid (letters, digits and"
+            "error: {path}: line 2: event_id: 1 ids that are not valid (letters, digits and"
             " ._:-, at most 128)"
         ],
     ),
     "unknown-kind": (
         [{**LOGIN, "kind": "logout"}, PIPE],
-        ["error: {path}: row 2: kind: 1 unknown kinds (expected pipeline or login)"],
+        ["error: {path}: line 2: kind: 1 unknown kinds (expected pipeline or login)"],
     ),
     "two-problems": (
         [{**LOGIN, "tenant": "initech"}, {**PIPE, "ts": "2026-03-10T09:01:00Z"}],
         [
-            "error: {path}: row 3: ts: 1 events earlier than the row before (not in time order)",
+            "error: {path}: line 3: ts: 1 events earlier than the line before (not in time order)",
             "error: {path}: tenant: tenant 'initech' is neither in the catalog nor in"
-            " pipelines.yaml's logins (1 event, row 2)",
+            " pipelines.yaml's logins (1 event, line 2)",
         ],
     ),
 }

@@ -139,38 +139,38 @@ def _inputs(tmp_path: Path, events: str) -> list[str]:
     [
         pytest.param(
             "2026-03-09T13:00:00Z,pipeline,invoice.scanned,firm-east,p-1\n",
-            "trigger 'invoice.scanned' is not in pipelines.yaml (1 event, row 3)",
+            "trigger 'invoice.scanned' is not in pipelines.yaml (1 event, line 3)",
             id="unknown-trigger",
         ),
         pytest.param(
             "2026-03-09T13:01:00Z,login,,firm-north,l-2\n2026-03-09T13:02:00Z,login,,firm-north,l-3\n",
             "tenant 'firm-north' is neither in the catalog nor in pipelines.yaml's logins"
-            " (2 events, rows 3, 4)",
+            " (2 events, lines 3, 4)",
             id="unknown-tenant",
         ),
         pytest.param(
             "2026-03-09T12:00:00Z,login,,firm-west,l-2\n",
-            "row 3: ts: 1 events earlier than the row before (not in time order)",
+            "line 3: ts: 1 events earlier than the line before (not in time order)",
             id="out-of-order",
         ),
         pytest.param(
             "2026-03-09T13:05:00Z,login,,firm-west,login-1\n",
-            "1 ids used more than once ('login-1') in rows 2, 3",
+            "1 ids used more than once ('login-1') in lines 2, 3",
             id="repeated-id",
         ),
         pytest.param(
             "2026-03-09T13:05:00Z,logout,,firm-west,l-2\n",
-            "row 3: kind: 1 unknown kinds (expected pipeline or login)",
+            "line 3: kind: 1 unknown kinds (expected pipeline or login)",
             id="unknown-kind",
         ),
         pytest.param(
             "2026-03-09T13:05:00Z,pipeline,,firm-west,l-2\n",
-            "row 3: trigger: 1 pipeline events without a trigger",
+            "line 3: trigger: 1 pipeline events without a trigger",
             id="pipeline-without-trigger",
         ),
         pytest.param(
             "yesterday,login,,firm-west,l-2\n",
-            "row 3: ts: 1 unparsable timestamps",
+            "line 3: ts: 1 unparsable timestamps",
             id="bad-time",
         ),
     ],
@@ -258,7 +258,7 @@ def test_a_csv_time_past_2262_is_out_of_range_not_unparsable(tmp_path: Path) -> 
         app, _inputs(tmp_path, HEADER + GOOD + "2300-01-01T00:00:00Z,login,,firm-west,l-2\n")
     )
     assert result.exit_code == 2, result.output
-    assert f"{tmp_path / 'events.csv'}: row 3: ts: 1 {_OUT_OF_RANGE}" in result.stderr
+    assert f"{tmp_path / 'events.csv'}: line 3: ts: 1 {_OUT_OF_RANGE}" in result.stderr
 
 
 @pytest.mark.parametrize(
@@ -281,3 +281,86 @@ def test_a_json_lines_event_log_that_does_not_read_says_where(
     with pytest.raises(InputError) as raised:
         load_events(path)
     assert [str(p) for p in raised.value.problems] == [f"{path}: {expected}"]
+
+
+_LATE = "2026-03-09T13:05:00Z,login,,firm-east,l-2\n"
+
+
+def _bad_time(event_id: str) -> str:
+    return f"yesterday,login,,firm-east,{event_id}\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "entry"),
+    [
+        pytest.param(HEADER + GOOD + "\n" + _bad_time("b"), "line 4", id="blank-line"),
+        pytest.param("\n \n" + HEADER + _bad_time("b"), "line 4", id="blank-lines-first"),
+        pytest.param(
+            (HEADER + GOOD + "\n" + _bad_time("b")).replace("\n", "\r\n"), "line 4", id="crlf"
+        ),
+        pytest.param(
+            HEADER + '"x\ny",login,,firm-east,b\n' + _bad_time("c"),
+            "lines 2, 4",
+            id="a-field-across-lines",
+        ),
+        pytest.param(
+            "\ufeff" + HEADER + "\t\n" + _bad_time("b") + GOOD + "\n" + _bad_time("c"),
+            "lines 3, 6",
+            id="byte-order-mark-tab-line",
+        ),
+    ],
+)
+def test_a_csv_event_fault_names_the_files_line(tmp_path: Path, text: str, entry: str) -> None:
+    """A CSV's rows were named by their place + 2 (a header, and from 1): off after a
+    blank line (pandas skips them) or a quoted field across lines."""
+    path = tmp_path / "events.csv"
+    path.write_bytes(text.encode())
+    expected = [f"{path}: {entry}: ts: {entry.count(',') + 1} unparsable timestamps"]
+    assert [str(p) for p in check_events(path)] == expected
+    with pytest.raises(InputError) as raised:
+        load_events(path)
+    assert [str(p) for p in raised.value.problems] == expected
+
+
+def test_a_csv_event_logs_names_are_lines_after_a_blank_one(tmp_path: Path) -> None:
+    """The time order, the repeated ids and the unknown names name lines too, the
+    blank line counted."""
+    path = tmp_path / "events.csv"
+    path.write_text(HEADER + "\n" + _LATE + GOOD + "2026-03-09T13:06:00Z,login,,firm-x,l-2\n")
+    assert [str(p) for p in check_events(path, KnownNames(tenants=frozenset({"firm-east"})))] == [
+        f"{path}: line 4: ts: 1 events earlier than the line before (not in time order)",
+        f"{path}: event_id: 1 ids used more than once ('l-2') in lines 3, 5",
+        f"{path}: tenant: tenant 'firm-x' is neither in the catalog nor in pipelines.yaml's"
+        " logins (1 event, line 5)",
+    ]
+
+
+_JSON_LATE = '{"ts": "2026-03-09T13:05:00Z", "kind": "login", "tenant": "t", "event_id": "a"}\n'
+_JSON_EARLY = '{"ts": "2026-03-09T13:00:00Z", "kind": "login", "tenant": "t", "event_id": "b"}\n'
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "said"),
+    [
+        pytest.param(
+            "events.jsonl",
+            _JSON_LATE + "\n" + _JSON_EARLY,
+            "line 3: ts: 1 events earlier than the line before",
+            id="jsonl",
+        ),
+        pytest.param(
+            "events.csv",
+            HEADER + _LATE + GOOD,
+            "line 3: ts: 1 events earlier than the line before",
+            id="csv",
+        ),
+    ],
+)
+def test_an_event_out_of_order_is_earlier_than_the_line_before(
+    tmp_path: Path, name: str, text: str, said: str
+) -> None:
+    """JSON lines said 'earlier than the row before' of a file of lines."""
+    path = tmp_path / name
+    path.write_text(text)
+    (problem,) = check_events(path)
+    assert str(problem) == f"{path}: {said} (not in time order)"
