@@ -285,6 +285,7 @@ async def test_the_composed_controller_learns_event_models_and_forecasts_with_mo
     from datetime import timedelta
 
     from placement.controller.live_ports import ReusingForecaster, SeasonalForecaster
+    from placement.domain import TenantId
     from placement.forecast.demand import demand_from_forecast
     from placement.forecast.event_preloads import Event, EventKind
     from placement.forecast.forecaster import ModelForecaster
@@ -295,7 +296,7 @@ async def test_the_composed_controller_learns_event_models_and_forecasts_with_mo
     assert await controller.guarded(Job.LEASE, controller.lease) is TickOutcome.DONE
     assert await controller.guarded(Job.INGEST, controller.ingest) is TickOutcome.DONE
     assert controller.state.predictor is not None
-    login = Event(kind=EventKind.LOGIN, id="e", tenant="firm-east")  # type: ignore[arg-type]
+    login = Event(kind=EventKind.LOGIN, id="e", tenant=TenantId("firm-east"))
     declared = {p.adapter for p in controller.ports.predictor(login)}
     learned = {p.adapter for p in controller.state.predictor(login)}
     assert declared < learned  # the log taught more than pipelines.yaml says

@@ -4,6 +4,7 @@ not under the name of the module it was split out of."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import cast
 
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from placement.adapters.kube_memory import MemoryPlanStore, MemoryStateStore
 from placement.controller.ports import Actuator, ControllerPorts, HistorySource
 from placement.controller.ticks import Controller
+from placement.domain import AdapterId, PodId
 from placement.forecast.demand import DemandForecaster
 from placement.forecast.event_preloads import Predictor
 from placement.settings import Settings
@@ -22,7 +24,7 @@ from tests.factories import T0, FakeClock
 pytestmark = pytest.mark.anyio
 
 
-def _unreadable() -> dict[str, dict[str, float]]:
+def _unreadable() -> Mapping[PodId, Mapping[AdapterId, float]]:
     raise OSError("router log: cannot read")
 
 
@@ -39,7 +41,7 @@ async def test_an_event_without_idle_times_is_logged_by_event_ticks(
         plans=MemoryPlanStore(),
         state=MemoryStateStore(),
         predictor=cast(Predictor, None),
-        recent_use=_unreadable,  # type: ignore[arg-type]
+        recent_use=_unreadable,
     )
     controller = Controller(ports, settings=Settings(), clock=FakeClock(T0.timestamp()))
     with caplog.at_level(logging.WARNING, logger="placement.controller.event_ticks"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from hypothesis import example, given
 from hypothesis import strategies as st
@@ -16,6 +17,7 @@ from placement.forecast.event_preloads import (
     event_preloads,
     pipeline_predictor,
 )
+from placement.plan import Plan
 from tests.controller.controller_support import doc_catalog, doc_pipelines, make_fleet
 from tests.factories import make_plan
 
@@ -46,7 +48,7 @@ def decide(
     *,
     busy: Mapping[str, float] | None = None,
     max_loads: int = 2,
-    plan: object = None,
+    plan: Plan | None = None,
 ) -> list[tuple[str, str, str]]:
     predict = pipeline_predictor(doc_pipelines(), CATALOG)
     decision = event_preloads(
@@ -54,7 +56,7 @@ def decide(
         predict(event),
         catalog=CATALOG,
         fleet=FLEET,
-        plan=plan,  # type: ignore[arg-type]
+        plan=plan,
         views=pod_views,
         busy_rps={AdapterId(k): v for k, v in (busy or {}).items()},
         max_loads=max_loads,
@@ -208,20 +210,27 @@ def test_bounded_and_never_displacing_pinned_or_busier(
         )
 
 
+@dataclass(frozen=True)
+class _Preload:
+    adapter: str
+    due_s: float
+    probability: float
+
+
 class _Learned:
     """A learned event model's answers, canned: legal-extract follows doc-classifier."""
 
-    def after_request(self, *, tenant, adapter, at_s, min_probability=0.3):  # type: ignore[no-untyped-def]
-        from types import SimpleNamespace
-
+    def after_request(
+        self, *, tenant: str | None, adapter: str, at_s: float, min_probability: float = 0.3
+    ) -> tuple[_Preload, ...]:
         if adapter == "doc-classifier":
-            return (SimpleNamespace(adapter="medical-extract", due_s=at_s + 30, probability=0.9),)
+            return (_Preload(adapter="medical-extract", due_s=at_s + 30, probability=0.9),)
         return ()
 
-    def after_login(self, *, tenant, at_s, min_probability=0.3):  # type: ignore[no-untyped-def]
-        from types import SimpleNamespace
-
-        return (SimpleNamespace(adapter="busy-one", due_s=at_s + 600, probability=0.5),)
+    def after_login(
+        self, *, tenant: str, at_s: float, min_probability: float = 0.3
+    ) -> tuple[_Preload, ...]:
+        return (_Preload(adapter="busy-one", due_s=at_s + 600, probability=0.5),)
 
 
 def test_learned_models_add_followers_and_login_habits_to_the_declared_ones() -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
@@ -21,6 +21,7 @@ from placement.controller.webhook_gate import (
     TokenBuckets,
     sign,
 )
+from placement.domain import TenantId
 from placement.forecast.event_preloads import (
     Event,
     EventDecision,
@@ -119,7 +120,12 @@ async def test_signed_upload_is_accepted_with_its_preloads(
         {"kind": "warmup", "pod": "pod-0", "adapter": "legal-extract"},
     ]
     assert sink.events == [
-        Event(kind=EventKind.PIPELINE, id="evt-1", tenant="acme", trigger="document.uploaded")  # type: ignore[arg-type]
+        Event(
+            kind=EventKind.PIPELINE,
+            id="evt-1",
+            tenant=TenantId("acme"),
+            trigger="document.uploaded",
+        )
     ]
 
 
@@ -175,11 +181,11 @@ async def test_unauthenticated_events_are_refused(
     http: httpx.AsyncClient,
     clock: FakeClock,
     sink: RecordingSink,
-    headers_for: object,
+    headers_for: Callable[[bytes, FakeClock], dict[str, str]],
     message: str,
 ) -> None:
     body = raw(UPLOAD)
-    response = await http.post("/v1/events", content=body, headers=headers_for(body, clock))  # type: ignore[operator]
+    response = await http.post("/v1/events", content=body, headers=headers_for(body, clock))
     assert response.status_code == 401
     assert message in response.json()["detail"]
     assert sink.events == []
