@@ -12,6 +12,7 @@ import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -19,13 +20,16 @@ from placement.errors import InputError
 from placement.settings import Settings
 from placement.sim.engine import FleetReplay
 from placement.sim.planning import ReplayHistory
-from placement.sim.replay import ReplayResult, pod_specs, run_policy
-from placement.sim.routers import PlannedRouter
+from placement.sim.replay import Levers, ReplayResult, pod_specs, run_policy
+from placement.sim.routers import ClassedPlanning, PlannedRouter
 from placement.sim.wiring import replay_planning
 from placement.sim.workload import SimWorkload
 from policies.eviction import EvictionPolicy
 from tests import factories
 from tests.bench.test_scenario_table import BENCH
+
+if TYPE_CHECKING:  # the fixture loads it from bench/ as oracle_levers: the same file
+    from bench.oracle_levers import Scenario
 
 MB = 1_000_000
 
@@ -56,36 +60,37 @@ def _workload() -> SimWorkload:
 
 
 @pytest.fixture(scope="module")
-def scenario(bench: ModuleType) -> object:
+def scenario(bench: ModuleType) -> Scenario:
     workload = _workload()
     fleet = factories.replay_fleet(2, max_loras=3, max_cpu_loras=8)
     catalog = factories.replay_catalog(workload.size_bytes)
-    return bench.Scenario(workload=workload, catalog=catalog, fleet=fleet)
+    made: Scenario = bench.Scenario(workload=workload, catalog=catalog, fleet=fleet)
+    return made
 
 
-def _planning(scenario: object) -> object:
+def _planning(scenario: Scenario) -> ClassedPlanning:
     return replay_planning(
-        scenario.catalog,  # type: ignore[attr-defined]
-        scenario.fleet,  # type: ignore[attr-defined]
+        scenario.catalog,
+        scenario.fleet,
         settings=Settings(),
         planner="greedy",
     )
 
 
-def _replay(name: str, scenario: object, **options: object) -> ReplayResult:
+def _replay(name: str, scenario: Scenario, *, levers: Levers | None = None) -> ReplayResult:
     return run_policy(
         name,
-        scenario.workload,  # type: ignore[attr-defined]
-        scenario.fleet,  # type: ignore[attr-defined]
+        scenario.workload,
+        scenario.fleet,
         settings=Settings(),
-        planning=_planning(scenario),  # type: ignore[arg-type]
-        **options,  # type: ignore[arg-type]
+        planning=_planning(scenario),
+        levers=levers,
     )
 
 
 @pytest.mark.parametrize(("variant", "policy"), [("F-L-i", "lorafleet"), ("T-B-n", "oracle")])
 def test_the_ends_are_the_replays_lorafleet_and_oracle(
-    bench: ModuleType, scenario: object, variant: str, policy: str
+    bench: ModuleType, scenario: Scenario, variant: str, policy: str
 ) -> None:
     hybrid = _replay("lorafleet", scenario, levers=bench.levers(variant))
     replayed = _replay(policy, scenario)
@@ -97,7 +102,7 @@ def test_the_ends_are_the_replays_lorafleet_and_oracle(
 
 
 def test_every_hybrid_runs_and_the_ends_close_none_and_all(
-    bench: ModuleType, scenario: object
+    bench: ModuleType, scenario: Scenario
 ) -> None:
     variants = [
         "bounded",
@@ -108,7 +113,7 @@ def test_every_hybrid_runs_and_the_ends_close_none_and_all(
     )
     by_name = {row.variant: row for row in figures}
     assert list(by_name) == variants
-    requests = len(scenario.workload)  # type: ignore[attr-defined]
+    requests = len(scenario.workload)
     for row in figures:
         assert 0.0 < row.gpu_hit_rate <= 1.0 and row.loads > 0, row
         assert row.wall_s >= 0.0
@@ -123,12 +128,12 @@ def test_every_hybrid_runs_and_the_ends_close_none_and_all(
     assert all(row.warmups < requests for row in figures)
 
 
-def test_the_oracles_victim_is_beladys_in_its_worth_and_its_wait(scenario: object) -> None:
+def test_the_oracles_victim_is_beladys_in_its_worth_and_its_wait(scenario: Scenario) -> None:
     """The oracle's victim worth weighs Belady's victim (the one whose wait it reads),
     not the LRU one, and with every adapter planned the one its engine evicts then;
     lorafleet's, on vLLM's LRU, the LRU one."""
-    workload = scenario.workload  # type: ignore[attr-defined]
-    fleet = scenario.fleet  # type: ignore[attr-defined]
+    workload = scenario.workload
+    fleet = scenario.fleet
     settings = Settings()
     for eviction in (EvictionPolicy.BELADY, EvictionPolicy.LRU):
         replay = FleetReplay(
@@ -139,7 +144,7 @@ def test_the_oracles_victim_is_beladys_in_its_worth_and_its_wait(scenario: objec
             replay,
             settings,
             eviction,
-            planning=_planning(scenario),  # type: ignore[arg-type]
+            planning=_planning(scenario),
             history=ReplayHistory(workload),
         )
         replay.router_eviction = eviction
@@ -194,7 +199,7 @@ def test_a_bad_variant_stops_before_the_scenario_is_read(
 
 
 def test_warm_ups_by_estimate_are_sent_and_a_prohibitive_margin_sends_none(
-    bench: ModuleType, scenario: object
+    bench: ModuleType, scenario: Scenario
 ) -> None:
     assert bench.levers("F-E-i").warm_by_estimate == "worth"
     assert bench.levers("F-R-i", warm_margin_s=0.5).warm_by_estimate == "recent"

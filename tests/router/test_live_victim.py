@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import MappingProxyType
 
-import jsonschema  # type: ignore[import-untyped]
+import jsonschema  # type: ignore[import-untyped]  # no stubs: types-jsonschema is not installed
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st

@@ -99,5 +99,9 @@ def test_with_the_router_clock_a_victim_idle_long_is_worth_less_than_its_forecas
     settings, cost = RouterSettings(), LoadCostSettings()
     blind = Picker(settings=settings, load_cost=cost)
     timed = Picker(settings=settings, load_cost=cost, clock=lambda: 1000.0)
-    assert blind.pick(two_full_pods(), "tail").pod.pod_id == "pod-1"  # type: ignore[union-attr]
-    assert timed.pick(two_full_pods(), "tail").pod.pod_id == "pod-0"  # type: ignore[union-attr]
+    blind_pod, timed_pod = (
+        blind.pick(two_full_pods(), "tail").pod,
+        timed.pick(two_full_pods(), "tail").pod,
+    )
+    assert blind_pod is not None and blind_pod.pod_id == "pod-1"
+    assert timed_pod is not None and timed_pod.pod_id == "pod-0"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import pytest
 from placement.emulator import Latency
 from placement.inputs.request_log import load_request_log
 from placement.plan import Plan, plan_to_json
-from placement.router.reqlog import JsonLinesRequestLog, LogRow, ParquetRequestLog
+from placement.router.reqlog import JsonLinesRequestLog, LogRow, ParquetRequestLog, RequestLogSink
 
 from .conftest import catalog_of, emulated, plan_of, router_for
 
@@ -103,7 +104,9 @@ ROWS = [
     [ParquetRequestLog, lambda d: JsonLinesRequestLog(d / "log.jsonl")],
     ids=["parquet", "jsonl"],
 )
-def test_log_files_read_back_through_the_forecasters_reader(tmp_path: Path, make) -> None:  # type: ignore[no-untyped-def]
+def test_log_files_read_back_through_the_forecasters_reader(
+    tmp_path: Path, make: Callable[[Path], RequestLogSink]
+) -> None:
     sink = make(tmp_path)
     sink.write(ROWS[:3])
     sink.write(ROWS[3:])

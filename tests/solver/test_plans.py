@@ -7,7 +7,7 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import jsonschema  # type: ignore[import-untyped]
+import jsonschema  # type: ignore[import-untyped]  # no stubs: types-jsonschema is not installed
 import pytest
 
 from placement.domain import AdapterId, Catalog, Fleet, PodId, Tier

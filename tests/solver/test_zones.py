@@ -14,7 +14,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
-import jsonschema  # type: ignore[import-untyped]
+import jsonschema  # type: ignore[import-untyped]  # no stubs: types-jsonschema is not installed
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
