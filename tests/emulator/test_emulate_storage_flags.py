@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -32,11 +33,11 @@ TWO_POOLS = """pools:
 """
 
 
-def _storage(**flags: object) -> AdapterStorage | None:
-    given: dict[str, object] = {
+def _storage(**flags: Any) -> AdapterStorage | None:
+    given: dict[str, Any] = {
         "fleet": None, "pool": None, "kind": None, "bandwidth": None, "first_byte_ms": None,
     }  # fmt: skip
-    return pods_storage(**{**given, **flags})  # type: ignore[arg-type]
+    return pods_storage(**{**given, **flags})
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import httpx
 import pytest
@@ -43,9 +44,9 @@ def emulated() -> EmulatedFactory:
         *,
         engine: Engine = Engine.VLLM,
         clock: ManualClock | None = None,
-        **config: object,
+        **config: Any,
     ) -> EmulatedFleet:
-        template = PodConfig(latency=ZERO_LATENCY, **config)  # type: ignore[arg-type]
+        template = PodConfig(latency=ZERO_LATENCY, **config)
         return EmulatedFleet.start(n, engine=engine, config=template, clock=clock or ManualClock())
 
     return make

@@ -50,8 +50,8 @@ def context(pods: Sequence[PodSnapshot], **fields: Any) -> RoutingContext:
     return replace(_BASE, pods=pods, **fields)
 
 
-def pod(name: str, **fields: object) -> PodSnapshot:
-    return PodSnapshot(pod_id=name, **fields)  # type: ignore[arg-type]
+def pod(name: str, **fields: Any) -> PodSnapshot:
+    return PodSnapshot(pod_id=name, **fields)
 
 
 POD_02 = pod(

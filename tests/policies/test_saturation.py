@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -24,8 +25,8 @@ _ROUTER = RouterSettings()
 _COST = LoadCostSettings()
 
 
-def _pod(name: str, queue: int = 0, kv: float = 0.0, **fields: object) -> PodSnapshot:
-    return PodSnapshot(pod_id=name, queue_depth=queue, kv_usage=kv, **fields)  # type: ignore[arg-type]
+def _pod(name: str, queue: int = 0, kv: float = 0.0, **fields: Any) -> PodSnapshot:
+    return PodSnapshot(pod_id=name, queue_depth=queue, kv_usage=kv, **fields)
 
 
 def _context(pods: Sequence[PodSnapshot]) -> RoutingContext:
@@ -109,9 +110,9 @@ def test_priority_below_zero_is_sheddable(priority: int, criticality: Criticalit
     ],
     ids=["negative-queue", "kv-over-one"],
 )
-def test_bad_thresholds_are_named(fields: dict[str, float], message: str) -> None:
+def test_bad_thresholds_are_named(fields: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        SaturationThresholds(**fields)  # type: ignore[arg-type]
+        SaturationThresholds(**fields)
 
 
 # --- the simulated EPP ----------------------------------------------------------------

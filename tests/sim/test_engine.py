@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -53,11 +54,11 @@ def catalog_of(load: SimWorkload) -> Catalog:
 
 
 def replay(
-    name: str, load: SimWorkload, fleet: Fleet, *, planner: str = "greedy", **options: object
+    name: str, load: SimWorkload, fleet: Fleet, *, planner: str = "greedy", **options: Any
 ) -> ReplayResult:
     settings = Settings()
     planning = replay_planning(catalog_of(load), fleet, settings=settings, planner=planner)
-    return run_policy(name, load, fleet, settings=settings, planning=planning, **options)  # type: ignore[arg-type]
+    return run_policy(name, load, fleet, settings=settings, planning=planning, **options)
 
 
 def test_load_phases_give_85_ms_best_and_about_670_ms_worst() -> None:

@@ -22,6 +22,7 @@ from placement.solver.choose import bound_notes, counts_of, greedy_assignment, p
 from placement.solver.counts import rounding_slack
 from placement.solver.planner import SolverPlanner
 from placement.solver.problem import PlacementProblem, PoolProblem
+from placement.solver.timing import Deadline
 from tests.factories import adapter, catalog, demand, fleet, pool
 
 AT = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
@@ -69,8 +70,13 @@ def test_a_planner_logs_an_invalid_bound_as_a_warning(
 ) -> None:
     real = solve
 
-    def with_an_invalid_cut(problem: PlacementProblem, **kwargs: object) -> Solution:
-        solution = real(problem, **kwargs)  # type: ignore[arg-type]
+    def with_an_invalid_cut(
+        problem: PlacementProblem,
+        *,
+        options: SolveOptions | None = None,
+        deadline: Deadline | None = None,
+    ) -> Solution:
+        solution = real(problem, options=options, deadline=deadline)
         pools = tuple(replace(s, bound_excess=7.0) for s in solution.pools)
         return replace(solution, pools=pools)
 
