@@ -127,7 +127,8 @@ def request_log_from_frame(
     A faulty row (no adapter, a name no engine takes, a count that is not a whole
     number) makes the log unusable, unless ``skip_bad_rows``: then those rows are left
     out and listed in ``skipped`` (a live log the router is still writing). ``lines``:
-    each row's line in its file, which the problems then name instead of a row."""
+    each row's line in its file, which the problems then name instead of a row; without
+    them a row is named by its place in ``frame`` from 1 ("row 2" for the second)."""
     frame = frame.reset_index(drop=True)
     fatal = [
         (p, rows)

@@ -6,8 +6,8 @@ counts, the outcomes, and what an adapter's name may be. Each finder takes a raw
 that ``placement.inputs.request_log`` can list them all (``check_request_log``), or
 leave those rows out of a live log (``request_log_from_frame(skip_bad_rows=True)``).
 A row is named by its line in the file where the reader gives each row's line (CSV,
-JSON lines: ``lines``), else as a reader of the file counts rows (from 1, after a
-header line).
+JSON lines: ``lines``), else by its place in the frame from 1: a Parquet file's rows,
+or a frame built in memory (no header, no lines).
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def _is_number(value: object) -> bool:
 
 
 def _rows(index: Iterable[int]) -> str:
-    rows = [int(i) + 2 for i in index]  # +2: a header line, and rows count from 1
+    rows = [int(i) + 1 for i in index]  # from 1: a Parquet file has no header line
     shown = ", ".join(str(r) for r in rows[:_SHOW_ROWS])
     more = f" and {len(rows) - _SHOW_ROWS} more" if len(rows) > _SHOW_ROWS else ""
     label = "row" if len(rows) == 1 else "rows"
@@ -291,6 +291,6 @@ def fatal_faults(
 
 def rows_entry(rows: pd.Index, lines: Sequence[int] | None = None) -> str:
     """A Problem's entry for rows of a frame: their lines where ``lines`` gives each
-    row's line in its file (CSV, JSON lines), else the rows as a reader of the file
-    counts them (from 1, after a header line)."""
+    row's line in its file (CSV, JSON lines), else their places in the frame from 1 (a
+    Parquet file's rows, or a frame's built in memory)."""
     return _rows(rows) if lines is None else lines_entry([lines[int(i)] for i in rows])

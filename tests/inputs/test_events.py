@@ -354,13 +354,25 @@ _JSON_EARLY = '{"ts": "2026-03-09T13:00:00Z", "kind": "login", "tenant": "t", "e
             "line 3: ts: 1 events earlier than the line before",
             id="csv",
         ),
+        pytest.param(
+            "events.parquet",
+            None,
+            "row 2: ts: 1 events earlier than the row before",
+            id="parquet-rows-from-1",
+        ),
     ],
 )
 def test_an_event_out_of_order_is_earlier_than_the_line_before(
-    tmp_path: Path, name: str, text: str, said: str
+    tmp_path: Path, name: str, text: str | None, said: str
 ) -> None:
-    """JSON lines said 'earlier than the row before' of a file of lines."""
+    """JSON lines said 'earlier than the row before' of a file of lines; a Parquet log
+    (no header line) called its second row 'row 3'."""
     path = tmp_path / name
-    path.write_text(text)
+    if text is None:
+        ts = pd.to_datetime(["2026-03-09T13:05:00Z", "2026-03-09T13:00:00Z"], utc=True)
+        login = {"kind": "login", "trigger": None, "tenant": "t"}
+        write_events(pd.DataFrame({"ts": ts, **login, "event_id": ["a", "b"]}), path)
+    else:
+        path.write_text(text)
     (problem,) = check_events(path)
     assert str(problem) == f"{path}: {said} (not in time order)"

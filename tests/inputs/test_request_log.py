@@ -162,8 +162,8 @@ def test_seconds_past_the_times_a_frame_holds_are_a_row_out_of_range(
         load_request_log(path)
     assert [str(p) for p in strictly.value.problems] == [f"{path}: line 2: ts: 1 {_BEYOND}"]
     numbers = pd.DataFrame({"ts": [1773288000, float(ts)], "adapter": ["alpha", "alpha"]})
-    with pytest.raises(InputError, match=re.escape(f"row 3: ts: 1 {_BEYOND}")):
-        request_log_from_frame(numbers)
+    with pytest.raises(InputError, match=re.escape(f"row 2: ts: 1 {_BEYOND}")):
+        request_log_from_frame(numbers)  # a frame has no header: its second row
 
 
 _BEYOND = "timestamps outside the times a log can hold (1677-09-21 to 2262-04-11 UTC)"
@@ -333,3 +333,40 @@ def test_a_time_out_of_order_is_earlier_than_the_line_before(
         path.write_text(text)
     (problem,) = check_request_log(path)
     assert str(problem).endswith(said) and str(problem).startswith(str(path))
+
+
+def test_a_parquet_log_names_its_rows_from_1(tmp_path: Path) -> None:
+    """A Parquet file (no header line) called its second row "row 3", as a CSV's."""
+    path = tmp_path / "log.parquet"
+    pd.DataFrame(
+        {
+            "ts": pd.to_datetime(["2026-03-12T04:00:00Z"] * 4, utc=True),
+            "adapter": ["alpha", "no name!", "alpha", "alpha"],
+            "prompt_tokens": [10, 10, -1, -1],
+        }
+    ).to_parquet(path)
+    expected = [
+        f"{path}: row 2: adapter: 1 adapter names that are not valid names"
+        " (letters, digits and ._:/@+-)",
+        f"{path}: rows 3, 4: prompt_tokens: 2 negative values",
+    ]
+    assert [str(p) for p in check_request_log(path)] == expected
+    with pytest.raises(InputError) as strictly:
+        load_request_log(path)
+    assert [str(p) for p in strictly.value.problems] == expected
+    log = load_request_log(path, skip_bad_rows=True)
+    assert [str(p) for p in log.skipped] == expected
+    assert len(log.frame) == 1
+
+
+def test_a_frame_built_in_memory_names_its_rows_from_1() -> None:
+    """What the Prometheus source and the replay build is named by its place from 1,
+    not as a CSV's row after a header line ("row 3" for the second)."""
+    frame = pd.DataFrame(
+        {"ts": ["2026-03-12T04:00:00Z", "2026-03-12T04:00:01Z"], "adapter": ["alpha", None]}
+    )
+    with pytest.raises(InputError) as raised:
+        request_log_from_frame(frame, source="prometheus http://prom:9090")
+    assert [str(p) for p in raised.value.problems] == [
+        "prometheus http://prom:9090: row 2: adapter: 1 rows without an adapter"
+    ]
