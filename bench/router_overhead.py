@@ -283,7 +283,7 @@ def _print_profile(path: Path) -> None:
     stats = pstats.Stats(str(path))
     own: dict[str, float] = {}
     total = 0.0
-    for (filename, _line, _name), (_cc, _nc, tottime, _ct, _callers) in stats.stats.items():  # type: ignore[attr-defined]
+    for (filename, _line, _name), (_cc, _nc, tottime, _ct, _callers) in stats.stats.items():  # type: ignore[attr-defined]  # typeshed's Stats has no stats
         area = next((label for label, part in _AREAS if part in filename), None)
         if area is None:
             area = "C (sockets, parsers, builtins)" if filename == "~" else "other Python"

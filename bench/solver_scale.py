@@ -23,6 +23,7 @@ import math
 import time
 from datetime import UTC, datetime
 from types import MappingProxyType
+from typing import Any
 
 import numpy as np
 from ortools.sat.python import cp_model
@@ -95,7 +96,11 @@ def generate(
     return catalog, fleet, demand, planner
 
 
-def direct_model(problem: PoolProblem) -> tuple[cp_model.CpModel, dict, dict]:  # type: ignore[type-arg]
+#: A CP-SAT variable per (adapter, pod); ortools' types are not checked (no stubs).
+PairVars = dict[tuple[AdapterId, PodId], Any]
+
+
+def direct_model(problem: PoolProblem) -> tuple[cp_model.CpModel, PairVars, PairVars]:
     """The baseline: a boolean per (adapter, pod) for hot and for warm, no aggregation."""
     model = cp_model.CpModel()
     pods = {pod: cls for cls in problem.classes for pod in cls.pods}

@@ -26,6 +26,7 @@ import argparse
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -51,8 +52,8 @@ class AgedReplay(FleetReplay):
 
     last: AgedReplay | None = None
 
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         count = len(self.workload)
         self.admitted_s = np.full(count, np.nan)
         self.landed_s = np.full(count, np.nan)

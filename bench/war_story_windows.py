@@ -40,6 +40,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -74,8 +75,8 @@ class _Evictions(list[float]):
 class TimedReplay(FleetReplay):
     """A ``FleetReplay`` that keeps (eviction time, pod, stay) for every eviction."""
 
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         self.evictions: list[tuple[float, int, float]] = []
         for p, pod in enumerate(self.pods):
             pod.residencies_s = _Evictions(self, p, self.evictions)
@@ -343,8 +344,8 @@ def engine_pinned_replay(
     hold only under the engine's own eviction (LRU), not under a counterfactual one."""
 
     class PinnedReplay(FleetReplay):
-        def __init__(self, *args: object, **kwargs: object) -> None:
-            super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
             for pod in self.pods:
                 for adapter in sorted(by_pod.get(pod.pod_id, ())):
                     pod.load(adapter, now_s=0.0)

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from models.base import PanelForecast, poisson_ppf, sanitize
+from models.base import Forecaster, PanelForecast, poisson_ppf, sanitize
 from models.baselines import DailyProfile, Ewma, SeasonalNaive
 from models.boosting import GlobalBoosting, NotEnoughHistoryError
 from models.registry import forecaster_named
@@ -19,10 +19,10 @@ from models.series import CountPanel
 SMALL_GBM = GlobalBoosting(max_rows=6_000, max_iter=30, quantile_iter=20)
 
 
-def day_ahead_mae(model: object, panel: CountPanel, *, days_back: int = 1) -> float:
+def day_ahead_mae(model: Forecaster, panel: CountPanel, *, days_back: int = 1) -> float:
     cut = panel.n_buckets - days_back * panel.per_day()
     history = panel.head(cut)
-    forecast = model.fit(history).predict(history, horizon=panel.per_day())  # type: ignore[attr-defined]
+    forecast = model.fit(history).predict(history, horizon=panel.per_day())
     return float(np.mean(np.abs(forecast.mean - panel.counts[cut : cut + panel.per_day()])))
 
 
@@ -42,7 +42,7 @@ def assert_sane(forecast: PanelForecast) -> None:
     ids=["profile-7d", "seasonal-naive", "global-gbm"],
 )
 def test_daily_periodic_adapter_beats_a_flat_forecast(
-    model: object, seasonal_panel: Callable[..., CountPanel]
+    model: Forecaster, seasonal_panel: Callable[..., CountPanel]
 ) -> None:
     panel = seasonal_panel(days=7)
     flat = day_ahead_mae(Ewma(), panel)
