@@ -19,13 +19,15 @@ from pathlib import Path
 
 import httpx
 import pytest
+from fastapi import FastAPI
 
+from placement.actuation.executor import ApplyReport, Ledger
 from placement.adapters.prom import PromHistorySource
 from placement.controller.config import load_controller_config
-from placement.controller.ports import Job, TickOutcome
+from placement.controller.ports import Actuator, Job, TickOutcome
 from placement.controller.schedule import Schedule
 from placement.controller.wiring import build
-from placement.domain import Action, AdapterId, Fleet
+from placement.domain import Action, AdapterId, Fleet, PodId
 from placement.inputs.request_log import RequestLog
 from placement.plan import Plan
 from placement.ports import StoredState
@@ -38,12 +40,12 @@ pytestmark = pytest.mark.anyio
 
 
 class Rig:
-    def __init__(self, schedule: Schedule, app: object, monotonic: FakeClock) -> None:
+    def __init__(self, schedule: Schedule, app: FastAPI, monotonic: FakeClock) -> None:
         self.schedule = schedule
         self.controller = schedule.controller
         self.monotonic = monotonic
         self.http = httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=app),  # type: ignore[arg-type]
+            transport=httpx.ASGITransport(app=app),
             base_url="http://controller",
         )
 
@@ -127,14 +129,19 @@ async def test_any_exception_from_a_tick_is_logged_counted_and_backed_off(
 class BrokenActuator:
     """Pods whose client raises something unexpected mid-run."""
 
-    def __init__(self, actuator: object) -> None:
+    def __init__(self, actuator: Actuator) -> None:
         self._actuator = actuator
 
-    def __getattr__(self, name: str) -> object:
-        return getattr(self._actuator, name)
+    async def apply(self, plan: Plan, *, fleet: Fleet, ledger: Ledger) -> ApplyReport:
+        return await self._actuator.apply(plan, fleet=fleet, ledger=ledger)
 
-    async def run(self, actions: tuple[Action, ...], **_: object) -> object:
+    async def run(
+        self, actions: tuple[Action, ...], *, fleet: Fleet, ledger: Ledger
+    ) -> ApplyReport:
         raise RuntimeError(f"engine client bug on {actions[0].pod}")
+
+    async def registered(self, fleet: Fleet) -> Mapping[PodId, frozenset[AdapterId] | None]:
+        return await self._actuator.registered(fleet)
 
 
 async def test_an_event_whose_preloads_blow_up_is_logged_with_its_pods_and_counted(
@@ -144,7 +151,7 @@ async def test_an_event_whose_preloads_blow_up_is_logged_with_its_pods_and_count
     from placement.forecast.event_preloads import Event, EventKind
 
     c = rig.controller
-    c.ports = replace(c.ports, actuator=BrokenActuator(c.ports.actuator))  # type: ignore[arg-type]
+    c.ports = replace(c.ports, actuator=BrokenActuator(c.ports.actuator))
     event = Event(
         kind=EventKind.PIPELINE, id="e1", tenant=TenantId("firm-east"), trigger="brief.filed"
     )
