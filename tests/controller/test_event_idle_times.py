@@ -99,7 +99,7 @@ async def rig(
             fleet=emulated.domain(pool="llama"),
             history=lambda: empty,
             forecaster=SeasonalForecaster(bucket_s=SETTINGS.forecast.bucket_s, days=1),
-            planner=lambda *_, **__: None,  # type: ignore[arg-type]
+            planner=lambda *_, **__: None,  # type: ignore[arg-type]  # no plan tick runs here
             actuator=EngineActuator(
                 catalog=CATALOG, http=pods, settings=SETTINGS, rng=random.Random(0), sleep=_no_sleep
             ),

@@ -37,7 +37,7 @@ class _Decided(_Stream):
     """The decision twin: ``decide`` in place of the router's (no router behind it)."""
 
     def __init__(self, decide: Callable[[], Any]) -> None:
-        super().__init__(None, RoutedAnswers())  # type: ignore[arg-type]
+        super().__init__(None, RoutedAnswers())  # type: ignore[arg-type]  # no router: decide answers
         self.decide = decide
 
     async def body(self, chunk: Any) -> list[Any]:
@@ -46,7 +46,7 @@ class _Decided(_Stream):
 
 def _call(decide: Callable[[], Any]) -> Callable[[Call], ProcessCall]:
     def process(call: Call) -> ProcessCall:
-        handler = ProcessCall(call, None, RoutedAnswers())  # type: ignore[arg-type]
+        handler = ProcessCall(call, None, RoutedAnswers())  # type: ignore[arg-type]  # no router, as above
         handler.stream = _Decided(decide)
         return handler
 

@@ -84,7 +84,7 @@ def _serving(app: _App, *, keep_alive_s: float = 5.0) -> Iterator[int]:
         loop="asyncio",
         lifespan="off",
         log_level="warning",
-        timeout_keep_alive=keep_alive_s,  # type: ignore[arg-type]
+        timeout_keep_alive=keep_alive_s,  # type: ignore[arg-type]  # uvicorn says int; a float works
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)

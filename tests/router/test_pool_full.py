@@ -32,7 +32,7 @@ def test_a_full_upstream_pool_is_a_503_and_the_pod_stays_in_rotation(
         async def full(*_args: object, **_kwargs: object) -> NoReturn:
             raise PoolFullError("no upstream connection came free (1 open)")
 
-        session.post = full  # type: ignore[method-assign]
+        session.post = full  # type: ignore[method-assign]  # the fault is the pool's, at its call
         body = {"model": "lora-a", "prompt": "p", "max_tokens": 1}
         with caplog.at_level(logging.WARNING, logger="lorafleet"):
             answer = httpx.post(f"{running.url}/v1/completions", json=body, timeout=30.0)

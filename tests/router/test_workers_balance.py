@@ -70,6 +70,7 @@ def _heads(app: BalancedApp, requests: int) -> Iterator[list[tuple[bytes, bytes]
 
 def test_a_worker_over_its_share_closes_that_many_answered_connections() -> None:
     counts = ConnectionCounts(2)
+    # a bare ASGI answer stands in for the RouterApp that BalancedApp wraps
     heavy = BalancedApp(_answer, counts, worker=0)  # type: ignore[arg-type]
     light = BalancedApp(_answer, counts, worker=1)  # type: ignore[arg-type]
     light.rebalance(11)
