@@ -207,19 +207,25 @@ def review(
     ] = None,
     fleet: FleetOption = None,
     catalog: CatalogOption = None,
-    forecast: Annotated[Path | None, typer.Option(help="forecast parquet (curves)")] = None,
+    forecast: Annotated[
+        Path | None, typer.Option(help="forecast parquet: the HTML report's curves (needs --html)")
+    ] = None,
     log: Annotated[Path | None, typer.Option(help="request log (curves, replay)")] = None,
     html: Annotated[Path | None, typer.Option(help="write the HTML report here")] = None,
     top: Annotated[int, typer.Option(help="adapters in the table and the curves")] = 20,
     all_adapters: Annotated[bool, typer.Option("--all", help="every adapter")] = False,
 ) -> None:
     """Show what a plan does, per pod and per adapter, and what it changes."""
+    if forecast is not None and html is None:
+        # The forecast is drawn in the HTML report's curves and nowhere else: without
+        # --html it would be silently ignored.
+        raise InputError([Problem(source="review", message="--forecast is used only with --html")])
     new = read_plan_file(plan)
     base = resolve_against(against, state_dir)
     context = _context(fleet, catalog)
     # Every input read before anything is printed: a bad one is the only output.
     request_log = load_request_log(log) if log is not None else None
-    ahead = read_forecast(forecast) if forecast is not None and html is not None else None
+    ahead = read_forecast(forecast) if forecast is not None else None
     result = review_plan(new, against=base, fleet=context.fleet, catalog=context.catalog)
     console = out()
     print_summary(console, result)

@@ -242,3 +242,16 @@ def test_a_forecast_with_a_bad_rate_or_time_is_refused_as_plan_refuses_it(
     assert f"{bad}: bucket beta at {T0.isoformat()}: mean: 1 negative rates" in result.output
     assert not report.exists()
     assert "per pod" not in result.output  # refused before any table is printed
+
+
+def test_a_forecast_without_html_is_refused_not_ignored(
+    inputs: dict[str, Path], tmp_path: Path
+) -> None:
+    """The forecast is drawn only in the HTML report: without --html, review neither read
+    nor used it, and printed its tables as if the flag had counted."""
+    missing = tmp_path / "no-such.parquet"
+    for forecast in (inputs["forecast"], missing):
+        result = runner.invoke(app, ["review", str(inputs["after"]), "--forecast", str(forecast)])
+        assert result.exit_code == 2, result.output
+        assert "review: --forecast is used only with --html" in result.output
+        assert "per pod" not in result.output  # refused before any table is printed
