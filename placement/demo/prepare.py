@@ -77,10 +77,13 @@ def _window(
 
 def _log_frame(path: Path) -> pd.DataFrame:
     """The request log's rows, sorted by time. A Parquet log with UTC times is read as it
-    is (millions of rows in seconds); ``prepare`` checks the parts it uses. Any other
-    log goes through ``load_request_log``, which checks every row."""
+    is (millions of rows in seconds), its index each row's place in the file from 0;
+    ``prepare`` checks the parts it uses, naming a bad row by that place. Any other log
+    goes through ``load_request_log``, which checks every row (none is left to name)."""
     if path.suffix.lower() == ".parquet":
         frame = pd.read_parquet(path)
+        # The index pandas stored with the file, if any, is no place in the file.
+        frame.index = pd.RangeIndex(len(frame))
         if "ts" in frame and isinstance(frame["ts"].dtype, pd.DatetimeTZDtype):
             return frame.assign(ts=frame["ts"].dt.tz_convert("UTC")).sort_values(
                 "ts", kind="stable"
@@ -97,9 +100,8 @@ def prepare(options: DemoOptions, workdir: Path) -> Prepared:
     start = opened - timedelta(seconds=options.warmup_s)
     rng = np.random.default_rng(options.seed)
     source = str(files.log)
-    replayed = request_log_from_frame(
-        frame[(frame["ts"] >= start) & (frame["ts"] < closed)], source=source
-    ).frame
+    window = frame[(frame["ts"] >= start) & (frame["ts"] < closed)]
+    replayed = request_log_from_frame(window, source=source, file_rows=window.index.tolist()).frame
     # Thinned, the replay keeps a share of the requests and the history the same share,
     # so that the rates the controller learns are the rates the router will see.
     in_window = int((replayed["ts"] >= opened).sum())

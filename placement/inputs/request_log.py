@@ -121,6 +121,7 @@ def request_log_from_frame(
     source: str = "log",
     skip_bad_rows: bool = False,
     lines: Sequence[int] | None = None,
+    file_rows: Sequence[int] | None = None,
 ) -> RequestLog:
     """Normalise a raw frame into a RequestLog, sorting and de-duplicating with notes.
 
@@ -128,11 +129,13 @@ def request_log_from_frame(
     number) makes the log unusable, unless ``skip_bad_rows``: then those rows are left
     out and listed in ``skipped`` (a live log the router is still writing). ``lines``:
     each row's line in its file, which the problems then name instead of a row; without
-    them a row is named by its place in ``frame`` from 1 ("row 2" for the second)."""
+    them a row is named by its place in ``frame`` from 1 ("row 2" for the second), or,
+    where ``file_rows`` gives each row's place in its file from 0 (a window of a Parquet
+    file), by its row in the file from 1."""
     frame = frame.reset_index(drop=True)
     fatal = [
         (p, rows)
-        for p, rows in fatal_faults(frame, source, lines=lines)
+        for p, rows in fatal_faults(frame, source, lines=lines, file_rows=file_rows)
         if p.severity == "error" and "time order" not in p.message
     ]
     skipped: tuple[Problem, ...] = ()

@@ -271,26 +271,46 @@ def log_problems(
 
 
 def fatal_faults(
-    frame: pd.DataFrame, source: str, *, lines: Sequence[int] | None = None
+    frame: pd.DataFrame,
+    source: str,
+    *,
+    lines: Sequence[int] | None = None,
+    file_rows: Sequence[int] | None = None,
 ) -> list[tuple[Problem, pd.Index | None]]:
     """Each fault as a Problem with its rows (None: the whole file, a missing column),
-    named by row, or by line where ``lines`` gives each row's line in the file (a
-    missing column then names every line of JSON lines, all without the key; a CSV's
-    is its header's fault, no line's)."""
+    named by row (its place in the file where ``file_rows`` gives it), or by line where
+    ``lines`` gives each row's line in the file (a missing column then names every line
+    of JSON lines, all without the key; a CSV's is its header's fault, no line's)."""
     missing = _missing_columns(frame, source)
     if missing and lines is not None and not isinstance(lines, CsvLines):
         missing = [replace(p, entry=lines_entry(list(lines))) for p in missing]
     if missing:
         return [(p, None) for p in missing]
     return [
-        (Problem(source=source, field=name, message=message, entry=rows_entry(rows, lines)), rows)
+        (
+            Problem(
+                source=source,
+                field=name,
+                message=message,
+                entry=rows_entry(rows, lines, file_rows=file_rows),
+            ),
+            rows,
+        )
         for name, message, rows in _timestamp_faults(frame, by_line=lines is not None)
         + _value_faults(frame)
     ]
 
 
-def rows_entry(rows: pd.Index, lines: Sequence[int] | None = None) -> str:
+def rows_entry(
+    rows: pd.Index, lines: Sequence[int] | None = None, *, file_rows: Sequence[int] | None = None
+) -> str:
     """A Problem's entry for rows of a frame: their lines where ``lines`` gives each
-    row's line in its file (CSV, JSON lines), else their places in the frame from 1 (a
-    Parquet file's rows, or a frame's built in memory)."""
-    return _rows(rows) if lines is None else lines_entry([lines[int(i)] for i in rows])
+    row's line in its file (CSV, JSON lines), their rows in the file from 1 where
+    ``file_rows`` gives each row's place there from 0 (a window cut from a Parquet
+    file), else their places in the frame from 1 (a Parquet file's rows, or a frame's
+    built in memory)."""
+    if lines is not None:
+        return lines_entry([lines[int(i)] for i in rows])
+    if file_rows is not None:
+        return _rows(sorted(int(file_rows[int(i)]) for i in rows))
+    return _rows(rows)
