@@ -12,10 +12,12 @@ from it (vLLM has no pin over HTTP). Another ``EvictionPolicy`` stands for an en
 that would evict otherwise (counterfactual: it protects the plan's hot set), its
 victim passed to the model (``placement.sim.eviction_choice``). A load drains the batch first (up to
 ``max_drain_ms``) and the pod admits nothing new until the weights are in: that is
-the convoy effect. The step cost rises with batch size and distinct adapters. A
-request's outcome (GPU hit, host hit, cold load) is set where it is routed and made
-heavier, never lighter, by the load it then waits for: its adapter may have left the
-GPU or the host cache meanwhile, and the engine reads it again.
+the convoy effect (the default ``SimSettings.load_admission``; under "vllm", vLLM's
+scheduler, ``placement.sim.admission``). The step cost rises with batch size and
+distinct adapters. A request's outcome (GPU hit, host hit, cold load) is set where
+it is routed and made heavier, never lighter, by the load it then waits for: its
+adapter may have left the GPU or the host cache meanwhile, and the engine reads it
+again.
 
 Events live on one heap of ``(time_s, kind, pod, request)`` tuples merged with the
 sorted arrivals; state is plain lists, dicts and deques so that a replay runs at
