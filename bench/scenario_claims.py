@@ -36,9 +36,11 @@ class Row:
     policy: str
     fix: str
     metrics: dict[str, float]
+    #: ``SimSettings.load_admission`` of the run (rows written before it: "drain").
     events: dict[str, float] = field(default_factory=dict)
     figures: dict[str, float] = field(default_factory=dict)
     wall_s: float = 0.0
+    admission: str = "drain"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -35,9 +35,9 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
@@ -47,6 +47,7 @@ from placement.inputs import load_catalog, load_fleet
 from placement.inputs.pipelines import load_pipelines
 from placement.inputs.request_log import load_request_log
 from placement.settings import Settings
+from placement.sim.admission import LOAD_ADMISSIONS
 from placement.sim.engine import GPU_HIT, REJECTED, FleetReplay
 from placement.sim.events import EventController, SimEvent
 from placement.sim.replay import ReplayResult, run_policy
@@ -131,6 +132,8 @@ class Task:
     scenario: str
     policy: str
     fix: str = ""
+    #: ``SimSettings.load_admission``: "drain" (the default) or vLLM's "vllm".
+    admission: str = "drain"
 
 
 def variant(
@@ -150,11 +153,21 @@ def variant(
     return inputs.fleet, catalog, settings, ws.pinned_replay(pins)
 
 
+def admitted(settings: Settings, admission: str) -> Settings:
+    """``settings`` with the replay's pods admitting by ``admission``."""
+    if admission == settings.sim.load_admission:
+        return settings
+    chosen: Literal["drain", "vllm"] = "vllm" if admission == "vllm" else "drain"
+    return replace(settings, sim=replace(settings.sim, load_admission=chosen))
+
+
 def run_task(task: Task, data: Path = DATA) -> Row:
     inputs = scenario_inputs(task.scenario, data)
     began = time.perf_counter()
     with tempfile.TemporaryDirectory() as workdir:
-        fleet, catalog, settings, replay_type = variant(inputs, task.fix, Settings(), Path(workdir))
+        fleet, catalog, settings, replay_type = variant(
+            inputs, task.fix, admitted(Settings(), task.admission), Path(workdir)
+        )
     planning = (
         replay_planning(catalog, fleet, settings=settings) if task.policy in PLANNED else None
     )
@@ -173,6 +186,7 @@ def run_task(task: Task, data: Path = DATA) -> Row:
         scenario=task.scenario,
         policy=task.policy,
         fix=task.fix,
+        admission=task.admission,
         metrics=flat(result.metrics),
         events=flat(result.event_figures or {}),
         figures=figures,
@@ -242,15 +256,23 @@ def scenario_figures(
 
 
 def tasks_for(
-    scenarios: Sequence[str], policies: Sequence[str] = POLICIES, *, fixes: bool = True
+    scenarios: Sequence[str],
+    policies: Sequence[str] = POLICIES,
+    *,
+    fixes: bool = True,
+    admission: str = "drain",
 ) -> list[Task]:
     """Every run, in the order they are worth having when a busy machine cannot finish:
     the small scenarios, EPP on the war story with its fixes, saas-50, lorafleet on the
     war story with its fixes, ServeGen, then the war story's other policies."""
-    tasks = [Task(scenario=name, policy=policy) for name in scenarios for policy in policies]
+    tasks = [
+        Task(scenario=name, policy=policy, admission=admission)
+        for name in scenarios
+        for policy in policies
+    ]
     if WAR_STORY in scenarios and fixes:
         tasks += [
-            Task(scenario=WAR_STORY, policy=p, fix=fix)
+            Task(scenario=WAR_STORY, policy=p, fix=fix, admission=admission)
             for p in FIXED_POLICIES
             if p in policies
             for fix in FIXES
@@ -275,16 +297,20 @@ def run_all(
     ``rows_path`` each row is appended there as it comes (JSON lines), and the tasks
     already there are not run again: a long run that stops can go on."""
     done = read_rows(rows_path) if rows_path is not None and rows_path.exists() else []
-    have = {(row.scenario, row.policy, row.fix): row for row in done}
-    todo = [task for task in tasks if (task.scenario, task.policy, task.fix) not in have]
+    have = {(row.scenario, row.policy, row.fix, row.admission): row for row in done}
+    todo = [task for task in tasks if _key(task) not in have]
     task_run: Callable[[Task], Row] = functools.partial(run_task, data=data)
     if jobs <= 1:
         fresh = [_noted(task_run(task), rows_path) for task in todo]
     else:
         with ProcessPoolExecutor(max_workers=jobs) as pool:
             fresh = [_noted(row, rows_path) for row in pool.map(task_run, todo)]
-    have.update({(row.scenario, row.policy, row.fix): row for row in fresh})
-    return [have[(task.scenario, task.policy, task.fix)] for task in tasks]
+    have.update({(row.scenario, row.policy, row.fix, row.admission): row for row in fresh})
+    return [have[_key(task)] for task in tasks]
+
+
+def _key(task: Task) -> tuple[str, str, str, str]:
+    return task.scenario, task.policy, task.fix, task.admission
 
 
 def _noted(row: Row, rows_path: Path | None) -> Row:
@@ -311,13 +337,21 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--markdown", action="store_true")
     parser.add_argument("--data", type=Path, default=DATA)
     parser.add_argument(
+        "--load-admission",
+        choices=LOAD_ADMISSIONS,
+        default="drain",
+        help="the replay's pods: drain the batch for a load (default) or admit as vLLM does",
+    )
+    parser.add_argument(
         "--rows", type=Path, default=None, help="JSON lines of finished runs: kept, and resumed"
     )
     args = parser.parse_args(argv)
     scenarios = args.scenario or list(SCENARIOS)
     kept = len(read_rows(args.rows)) if args.rows is not None and args.rows.exists() else 0
     began = time.perf_counter()
-    tasks = tasks_for(scenarios, args.policy or POLICIES, fixes=not args.no_fixes)
+    tasks = tasks_for(
+        scenarios, args.policy or POLICIES, fixes=not args.no_fixes, admission=args.load_admission
+    )
     rows = run_all(tasks, data=args.data, jobs=args.jobs, rows_path=args.rows)
     print(table(rows, markdown=args.markdown))
     wall_s = time.perf_counter() - began

@@ -77,6 +77,25 @@ def test_every_policy_gets_a_row_with_its_claim(bench: ModuleType, legal_slice: 
     assert "first on GPU" in target_lines[0]  # the scenario's logins, judged for lorafleet
 
 
+def test_a_rows_file_keeps_each_admission_apart(
+    bench: ModuleType, legal_slice: Path, tmp_path: Path
+) -> None:
+    """--load-admission vllm replays under vLLM's admission: a rows file of drain runs is
+    not taken for it, and each row says which it is."""
+    rows_path = tmp_path / "rows.jsonl"
+    drain = bench.tasks_for(["legal-research"], ["epp"], fixes=False)
+    vllm = bench.tasks_for(["legal-research"], ["epp"], fixes=False, admission="vllm")
+    (first,) = bench.run_all(drain, data=legal_slice, jobs=1, rows_path=rows_path)
+    (second,) = bench.run_all(vllm, data=legal_slice, jobs=1, rows_path=rows_path)
+    assert (first.admission, second.admission) == ("drain", "vllm")
+    # the setting reaches the replay: no drain before the morning's loads under vllm
+    assert second.metrics["ttft_p95_ms"] != first.metrics["ttft_p95_ms"]
+    assert len(bench.read_rows(rows_path)) == 2
+    (again,) = bench.run_all(vllm, data=legal_slice, jobs=1, rows_path=rows_path)
+    assert again == second  # resumed from the file, not run again
+    assert len(bench.read_rows(rows_path)) == 2
+
+
 @pytest.mark.parametrize(
     ("rule", "claim", "measured", "holds"),
     [
