@@ -138,12 +138,16 @@ class EngineAdmission(EngineDeliveries):
         return False
 
     def _room(self, pod: SimPod, r: int, max_seqs: int) -> bool:
+        """Whether request ``r`` fits the batch now: a sequence free and its tokens in the
+        KV cache (a batch of none takes any request). Both admissions ask it."""
         need = self.workload.prompt_tokens[r] + self.workload.output_tokens[r]
         return pod.running < max_seqs and not (
             pod.running and pod.kv_tokens + need > self.sim.kv_capacity_tokens
         )
 
     def _admit_queued(self, pod: SimPod, p: int, r: int, adapter: str, now_s: float) -> None:
+        """Request ``r``, off the queue, into the batch: the queue's counts, the loads
+        it waited for, then ``_admit``. Both admissions call it."""
         pod.queue_depth -= 1
         waiting = pod.waiting_adapters
         left = waiting[adapter] - 1

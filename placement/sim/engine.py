@@ -306,21 +306,10 @@ class FleetReplay(EngineAdmission):
             if r < 0:
                 queue.popleft()
                 continue
-            need = self.workload.prompt_tokens[r] + self.workload.output_tokens[r]
-            if pod.running >= max_seqs or (
-                pod.running and pod.kv_tokens + need > self.sim.kv_capacity_tokens
-            ):
+            if not self._room(pod, r, max_seqs):
                 return
             queue.popleft()
-            pod.queue_depth -= 1
-            waiting = pod.waiting_adapters
-            left = waiting[adapter] - 1
-            if left:
-                waiting[adapter] = left
-            else:
-                del waiting[adapter]
-            self._charge_loads(pod, r, adapter)
-            self._admit(pod, p, r, adapter, need, now_s)
+            self._admit_queued(pod, p, r, adapter, now_s)
 
     def _admit(self, pod: SimPod, p: int, r: int, adapter: str, need: int, now_s: float) -> None:
         sim = self.sim
