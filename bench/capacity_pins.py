@@ -28,7 +28,6 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -47,10 +46,10 @@ from placement.sim.routers import PLANNED
 from placement.sim.wiring import replay_planning
 from placement.sim.workload import SimWorkload, workload_from_log
 
-if TYPE_CHECKING:  # mypy checks bench/ as the package bench
-    from bench import war_story_windows as ws
-else:  # run as a file (python bench/<name>.py): bench/ is sys.path[0]
-    import war_story_windows as ws
+if not __package__:  # run as a file (python bench/<name>.py): the repository root on the path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench import war_story_windows as ws
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 

@@ -40,7 +40,6 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pandas as pd
 
@@ -230,10 +229,7 @@ def read_scenario(
 
 def _scenario(args: argparse.Namespace, settings: Settings) -> Scenario:
     if args.servegen:
-        if TYPE_CHECKING:
-            from bench.replay_servegen import build
-        else:
-            from replay_servegen import build  # bench/, reads ../shared/traces
+        from bench.replay_servegen import build  # reads ../shared/traces
 
         workload, catalog, fleet = build(2, 4.0, 0)  # ServeGen m-mid
         return Scenario(workload=workload, catalog=catalog, fleet=fleet)

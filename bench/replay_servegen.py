@@ -16,10 +16,10 @@ figures are for the whole replay. Ratios as in bench/replay_war_story.py.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -42,10 +42,10 @@ from placement.sim.wiring import PLANNERS, replay_planning
 from placement.sim.workload import SimWorkload
 from placement.sizing import BUILTIN_MODELS, adapter_bytes
 
-if TYPE_CHECKING:  # mypy checks bench/ as the package bench
-    from bench.replay_targets import print_target_ratios
-else:  # run as a file (python bench/<name>.py): bench/ is sys.path[0]
-    from replay_targets import print_target_ratios
+if not __package__:  # run as a file (python bench/<name>.py): the repository root on the path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.replay_targets import print_target_ratios
 
 TRACES = Path("../shared/traces")
 RANKS = (8, 16, 32, 64, 128)

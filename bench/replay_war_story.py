@@ -17,9 +17,9 @@ simulator's (``war_story_windows``): the figures the scenario was calibrated on.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -33,26 +33,18 @@ from placement.sim.routers import POLICIES
 from placement.sim.wiring import PLANNERS, replay_planning
 from placement.sim.workload import SimWorkload, workload_from_log
 
-if TYPE_CHECKING:  # mypy checks bench/ as the package bench
-    from bench.replay_targets import print_target_ratios
-    from bench.war_story_windows import (
-        ARTICLE,
-        TimedReplay,
-        Window,
-        article_windows,
-        window_figures,
-        within,
-    )
-else:  # run as a file (python bench/<name>.py): bench/ is sys.path[0]
-    from replay_targets import print_target_ratios
-    from war_story_windows import (
-        ARTICLE,
-        TimedReplay,
-        Window,
-        article_windows,
-        window_figures,
-        within,
-    )
+if not __package__:  # run as a file (python bench/<name>.py): the repository root on the path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.replay_targets import print_target_ratios
+from bench.war_story_windows import (
+    ARTICLE,
+    TimedReplay,
+    Window,
+    article_windows,
+    window_figures,
+    within,
+)
 
 DATA = Path("data/war-story")
 EXPERIMENT = pd.Timestamp("2026-03-12T10:15:00-04:00")

@@ -13,13 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # mypy checks bench/ as the package bench
-    from bench import war_story_windows as ws
-else:  # run as a file (python bench/<name>.py): bench/ is sys.path[0]
-    import war_story_windows as ws
-
+from bench import war_story_windows as ws
 
 SERVEGEN = "servegen-m-mid"
 WAR_STORY = "war-story"

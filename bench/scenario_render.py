@@ -4,31 +4,17 @@ fixes, rendered as aligned text or Markdown from rows (``scenario_claims.Row``).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # mypy checks bench/ as the package bench
-    from bench.scenario_claims import (
-        POLICIES,
-        SERVEGEN,
-        WAR_STORY,
-        Row,
-        event_targets,
-        gap_figures,
-        judge,
-        share,
-    )
-else:  # run as a file (python bench/<name>.py): bench/ is sys.path[0]
-    from scenario_claims import (
-        POLICIES,
-        SERVEGEN,
-        WAR_STORY,
-        Row,
-        event_targets,
-        gap_figures,
-        judge,
-        share,
-    )
-
+from bench.scenario_claims import (
+    POLICIES,
+    SERVEGEN,
+    WAR_STORY,
+    Row,
+    event_targets,
+    gap_figures,
+    judge,
+    share,
+)
 
 BEFORE, CASCADE = "before 08:00-10:15", "cascade 14:30-15:30"
 FIRST = "first_request_ttft_p95_ms"

@@ -37,7 +37,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import numpy as np
 
@@ -55,14 +55,12 @@ from placement.sim.routers import PLANNED
 from placement.sim.wiring import replay_planning
 from placement.sim.workload import SimWorkload, workload_from_log
 
-if TYPE_CHECKING:  # mypy checks bench/ as the package bench
-    from bench import war_story_windows as ws
-    from bench.scenario_claims import POLICIES, SERVEGEN, WAR_STORY, Check, Row, judge
-    from bench.scenario_render import BEFORE, CASCADE, FIXED_POLICIES, FIXES, SCENARIOS, table
-else:  # run as a file (python bench/<name>.py): bench/ is sys.path[0]
-    import war_story_windows as ws
-    from scenario_claims import POLICIES, SERVEGEN, WAR_STORY, Check, Row, judge
-    from scenario_render import BEFORE, CASCADE, FIXED_POLICIES, FIXES, SCENARIOS, table
+if not __package__:  # run as a file (python bench/<name>.py): the repository root on the path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench import war_story_windows as ws
+from bench.scenario_claims import POLICIES, SERVEGEN, WAR_STORY, Check, Row, judge
+from bench.scenario_render import BEFORE, CASCADE, FIXED_POLICIES, FIXES, SCENARIOS, table
 
 DATA = Path("data")
 #: What the tests and other scripts use through this module.
@@ -114,10 +112,7 @@ def read_scenario(directory: Path, settings: Settings) -> Inputs:
 def scenario_inputs(name: str, data: Path) -> Inputs:
     """Two scenarios at most per process: the war story's log is 6.3 M requests."""
     if name == SERVEGEN:
-        if TYPE_CHECKING:
-            from bench.replay_servegen import build
-        else:
-            from replay_servegen import build  # reads ../shared/traces
+        from bench.replay_servegen import build  # reads ../shared/traces
 
         workload, catalog, fleet = build(2, 4.0, 0)
         return Inputs(directory=None, workload=workload, catalog=catalog, fleet=fleet)

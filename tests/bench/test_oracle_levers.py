@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import importlib
 import random
-import sys
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from types import ModuleType
-from typing import TYPE_CHECKING
 
 import pytest
 
+from bench.oracle_levers import Scenario
 from placement.errors import InputError
 from placement.settings import Settings
 from placement.sim.engine import FleetReplay
@@ -26,22 +24,14 @@ from placement.sim.wiring import replay_planning
 from placement.sim.workload import SimWorkload
 from policies.eviction import EvictionPolicy
 from tests import factories
-from tests.bench.test_scenario_table import BENCH
-
-if TYPE_CHECKING:  # the fixture loads it from bench/ as oracle_levers: the same file
-    from bench.oracle_levers import Scenario
 
 MB = 1_000_000
 
 
 @pytest.fixture(scope="module")
-def bench() -> Iterator[ModuleType]:
-    """The bench scripts import each other as top-level modules, run from bench/."""
-    sys.path.insert(0, str(BENCH))
-    try:
-        yield importlib.import_module("oracle_levers")
-    finally:
-        sys.path.remove(str(BENCH))
+def bench() -> ModuleType:
+    """bench/oracle_levers.py, as the module bench.oracle_levers."""
+    return importlib.import_module("bench.oracle_levers")
 
 
 def _workload() -> SimWorkload:
