@@ -35,13 +35,12 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 
-from placement.cli.replay_cmds import replay_events
+from placement.cli.replay_cmds import replay_events, with_load_admission
 from placement.domain import Catalog, Fleet, Pipelines
 from placement.inputs import load_catalog, load_fleet
 from placement.inputs.pipelines import load_pipelines
@@ -148,20 +147,12 @@ def variant(
     return inputs.fleet, catalog, settings, ws.pinned_replay(pins)
 
 
-def admitted(settings: Settings, admission: str) -> Settings:
-    """``settings`` with the replay's pods admitting by ``admission``."""
-    if admission == settings.sim.load_admission:
-        return settings
-    chosen: Literal["drain", "vllm"] = "vllm" if admission == "vllm" else "drain"
-    return replace(settings, sim=replace(settings.sim, load_admission=chosen))
-
-
 def run_task(task: Task, data: Path = DATA) -> Row:
     inputs = scenario_inputs(task.scenario, data)
     began = time.perf_counter()
     with tempfile.TemporaryDirectory() as workdir:
         fleet, catalog, settings, replay_type = variant(
-            inputs, task.fix, admitted(Settings(), task.admission), Path(workdir)
+            inputs, task.fix, with_load_admission(Settings(), task.admission), Path(workdir)
         )
     planning = (
         replay_planning(catalog, fleet, settings=settings) if task.policy in PLANNED else None

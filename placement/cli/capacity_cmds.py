@@ -14,7 +14,12 @@ import typer
 from rich.table import Table
 
 from placement.cli.app import app, err, out, report_errors
-from placement.cli.replay_cmds import figures_window, parse_moment, replay_events
+from placement.cli.replay_cmds import (
+    figures_window,
+    parse_moment,
+    replay_events,
+    with_load_admission,
+)
 from placement.cli.size_cmds import base_model
 from placement.domain import Catalog, Fleet, Pipelines
 from placement.errors import InputError, Problem
@@ -312,6 +317,13 @@ def capacity(
         Path | None,
         typer.Option(help="with --gpu: the base model's config.json, when it is not built in"),
     ] = None,
+    load_admission: Annotated[
+        str | None,
+        typer.Option(
+            help="how a pod admits around a load (sim.load_admission): drain (the default)"
+            " or vllm (vLLM's and current SGLang's scheduler: no drain); see replay --help"
+        ),
+    ] = None,
     jobs: Annotated[int, typer.Option(help="replays run at once")] = 2,
     plot: Annotated[Path | None, typer.Option(help="write hit rate vs slots and pods (PNG)")] = (
         None
@@ -320,7 +332,7 @@ def capacity(
 ) -> None:
     """Replay a grid of fleet shapes; name the cheapest meeting the targets."""
     _check_choices(target_hit=target_hit, policy=grid_policy, planner=planner)
-    settings = Settings()
+    settings = with_load_admission(Settings(), load_admission)
     parsed_fleet = load_fleet(fleet)
     parsed_catalog = load_catalog(catalog, fleet=parsed_fleet)
     shapes = _grid(parsed_fleet, slots, pods, host_slots)

@@ -159,27 +159,34 @@ def fault_schedule(spec: str, workload: SimWorkload, fleet: Fleet) -> FaultSched
     return schedule(parsed, [str(pod.name) for pod in fleet.pods], workload.duration_s)
 
 
+def with_load_admission(settings: Settings, load_admission: str | None) -> Settings:
+    """``settings`` with ``--load-admission`` over ``sim.load_admission`` (None: as it
+    is); an unknown admission is an InputError naming the choices. The replay and
+    capacity commands share it."""
+    if load_admission is None:
+        return settings
+    if load_admission not in LOAD_ADMISSIONS:
+        raise InputError(
+            [
+                Problem(
+                    source="--load-admission",
+                    message=f"unknown admission {load_admission!r}; choose"
+                    f" {' or '.join(LOAD_ADMISSIONS)}",
+                )
+            ]
+        )
+    admission: Literal["drain", "vllm"] = "vllm" if load_admission == "vllm" else "drain"
+    return replace(settings, sim=replace(settings.sim, load_admission=admission))
+
+
 def _replay_settings(
     *, plan_interval_s: float | None, class_priority: bool | None, load_admission: str | None
 ) -> Settings:
     """The settings tree with ``--plan-interval-s``, ``--class-priority`` and
     ``--load-admission`` over it."""
-    settings = Settings()
+    settings = with_load_admission(Settings(), load_admission)
     if plan_interval_s is not None:
         settings = replace(settings, sim=replace(settings.sim, plan_interval_s=plan_interval_s))
-    if load_admission is not None:
-        if load_admission not in LOAD_ADMISSIONS:
-            raise InputError(
-                [
-                    Problem(
-                        source="--load-admission",
-                        message=f"unknown admission {load_admission!r}; choose"
-                        f" {' or '.join(LOAD_ADMISSIONS)}",
-                    )
-                ]
-            )
-        admission: Literal["drain", "vllm"] = "vllm" if load_admission == "vllm" else "drain"
-        settings = replace(settings, sim=replace(settings.sim, load_admission=admission))
     if class_priority is not None:
         settings = replace(settings, router=replace(settings.router, class_priority=class_priority))
     return settings

@@ -74,3 +74,22 @@ def test_events_reach_lorafleets_controller_in_every_shape() -> None:
     report = json.loads(result.stdout)
     assert len(report["grid"]) == 1 and report["policy"] == "lorafleet"
     assert report["cpu_s"] > 0.0
+
+
+def test_load_admission_reaches_every_shape() -> None:
+    """--load-admission vllm sizes the fleet under vLLM's admission (no drain before a
+    load); an unknown one is a one-line error before any replay."""
+    figures = {}
+    for admission in ("drain", "vllm"):
+        result = runner.invoke(
+            app,
+            [*BASE, *SMALL, "--policy", "epp", "--target-hit", "0.5", "--json",
+             "--load-admission", admission],
+        )  # fmt: skip
+        assert result.exit_code == 0, result.output
+        (shape,) = json.loads(result.stdout)["grid"]
+        figures[admission] = shape
+    assert figures["vllm"] != figures["drain"]
+    result = runner.invoke(app, [*BASE, *SMALL, "--target-hit", "0.5", "--load-admission", "fifo"])
+    assert result.exit_code == 2
+    assert "unknown admission 'fifo'" in result.output and "Traceback" not in result.output
