@@ -158,6 +158,11 @@ class RoutingContext:
     load_penalty_factor: float = 2.0
     #: lorafleet only (None: not weighed): what a load's LRU victim is worth.
     victims: VictimWorth | None = None
+    #: Under an admission that drains nothing (vLLM's; the replay's ``load_admission``
+    #: "vllm"): a load on a pod where it can take no GPU slot (``waits_for_slot``)
+    #: waits this much for one besides ``warm_load_s`` or ``cold_load_s``, and a
+    #: victim's reload is weighed with it. None: a load costs the same on every pod.
+    slot_wait_s: float | None = None
 
 
 class RouteReason(enum.StrEnum):
@@ -266,9 +271,25 @@ def predicted_delay_s(pod: PodLike, ctx: RoutingContext) -> float:
     return delay
 
 
+def waits_for_slot(pod: PodLike) -> bool:
+    """Whether a load on ``pod`` would wait for a GPU slot under vLLM's admission: no
+    slot is free and every GPU adapter has requests running or queued there."""
+    if pod.free_slots > 0:
+        return False
+    running, waiting = pod.running_adapters, pod.waiting_adapters
+    return all(name in running or name in waiting for name in pod.gpu_adapters)
+
+
+def slot_wait_s(pod: PodLike, ctx: RoutingContext) -> float:
+    """The wait for a slot a load on ``pod`` adds (``RoutingContext.slot_wait_s``): 0
+    without one, or where the load can take a slot now."""
+    wait = ctx.slot_wait_s
+    return 0.0 if wait is None or not waits_for_slot(pod) else wait
+
+
 def load_penalty_s(pod: PodLike, ctx: RoutingContext) -> float:
     """What a load of the adapter on ``pod`` costs: 0 when it is on a GPU slot there."""
     if holds(pod, ctx.adapter):
         return 0.0
     load_s = ctx.warm_load_s if ctx.adapter in pod.registered else ctx.cold_load_s
-    return load_s * ctx.load_penalty_factor
+    return (load_s + slot_wait_s(pod, ctx)) * ctx.load_penalty_factor

@@ -48,6 +48,7 @@ from policies.route_context import (
     load_penalty_s,
     predicted_delay_s,
     prelude,
+    waits_for_slot,
 )
 from policies.victims import class_refresh, lru_victim, victim_worth_s
 
@@ -100,7 +101,9 @@ def _bounded_best(ctx: RoutingContext, candidates: Sequence[PodLike]) -> tuple[P
     (``victim_worth_s``), after the warm-ups its classes call for (``class_refresh``),
     each costing a queued request; and, with ``VictimWorth.stall_weight``, what it
     stalls: the pod admits nothing while it drains and loads, so each request queued
-    there waits the load's time too (the convoy). The loop inlines
+    there waits the load's time too (the convoy). Under vLLM's admission
+    (``RoutingContext.slot_wait_s``) a load on a pod where it can take no GPU slot also
+    pays the wait for one (``waits_for_slot``). The loop inlines
     ``predicted_delay_s`` and ``load_penalty_s`` for speed.
 
     A read from storage is weighed by its victim only where storage is fast
@@ -117,6 +120,7 @@ def _bounded_best(ctx: RoutingContext, candidates: Sequence[PodLike]) -> tuple[P
     victims = ctx.victims
     stall_weight = 0.0 if victims is None else victims.stall_weight
     weigh_cold = weighs_cold_victims(ctx)
+    slot_wait = ctx.slot_wait_s
     best: PodLike = candidates[0]
     best_key: _Key = (math.inf, 2, 0.0, 0)
     for pod in candidates:
@@ -132,9 +136,12 @@ def _bounded_best(ctx: RoutingContext, candidates: Sequence[PodLike]) -> tuple[P
                 delay += busy_s
             warm = adapter in pod.registered
             delay += warm_load_s if warm else cold_load_s
+            wait_s = 0.0 if slot_wait is None or not waits_for_slot(pod) else slot_wait
+            delay += wait_s * ctx.load_penalty_factor
             queued = pod.queue_depth
             if queued and stall_weight > 0.0:  # the queue behind it waits for the load
-                delay += stall_weight * queued * (ctx.warm_load_s if warm else ctx.cold_load_s)
+                load_s = ctx.warm_load_s if warm else ctx.cold_load_s
+                delay += stall_weight * queued * (load_s + wait_s)
             if pod.free_slots > 0:
                 key = (delay, 1, 0.0, pod.running)
             else:

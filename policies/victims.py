@@ -116,7 +116,8 @@ def adapter_worth_s(
         return 0.0
     prior_s = PRIOR_GAPS / share + idle_s
     reuse = 1.0 - math.pow(prior_s / (prior_s + victims.victim_horizon_s), PRIOR_GAPS)
-    return reuse * ctx.warm_load_s * ctx.load_penalty_factor * victims.weight(adapter)
+    reload_s = ctx.warm_load_s + (ctx.slot_wait_s or 0.0)
+    return reuse * reload_s * ctx.load_penalty_factor * victims.weight(adapter)
 
 
 def estimate_refresh(

@@ -81,9 +81,18 @@ class Costs:
     cold_load_s: float
     no_load_kv_usage: float
     reject_kv_usage: float
+    #: Under vLLM's admission: the wait for a slot a load adds on a pod where it can take
+    #: none (``RoutingContext.slot_wait_s``), besides its cost; None under the drain.
+    slot_wait_s: float | None = None
 
 
 def costs_for(replay: FleetReplay, settings: Settings) -> Costs:
+    """The routers' figures. A load costs its transfer plus
+    ``LoadCostSettings.expected_drain_ms`` on every pod (under vLLM's admission, which
+    drains nothing, that figure stands in for the churn of cheaper loads: without it the
+    routers thrash, docs/benchmarks.md); under vLLM's admission a load on a pod where it
+    can take no GPU slot waits that figure more (``Costs.slot_wait_s``,
+    ``policies.route_context.waits_for_slot``)."""
     workload, sim, cost = replay.workload, settings.sim, settings.load_cost
     count = max(1, len(workload))
     mean_prompt = sum(workload.prompt_tokens) / count
@@ -103,6 +112,7 @@ def costs_for(replay: FleetReplay, settings: Settings) -> Costs:
         cold_load_s=cold_s,
         no_load_kv_usage=settings.router.no_load_kv_usage,
         reject_kv_usage=settings.router.reject_kv_usage,
+        slot_wait_s=cost.expected_drain_ms / 1e3 if sim.load_admission == "vllm" else None,
     )
 
 
@@ -162,6 +172,7 @@ class _Base:
             no_load_kv_usage=costs.no_load_kv_usage,
             reject_kv_usage=costs.reject_kv_usage,
             coalesce=self.coalesce,
+            slot_wait_s=costs.slot_wait_s,
         )
 
 
