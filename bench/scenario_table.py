@@ -45,8 +45,7 @@ from placement.domain import Catalog, Fleet, Pipelines
 from placement.inputs import load_catalog, load_fleet
 from placement.inputs.pipelines import load_pipelines
 from placement.inputs.request_log import load_request_log
-from placement.settings import Settings
-from placement.sim.admission import LOAD_ADMISSIONS
+from placement.settings import LOAD_ADMISSIONS, Settings
 from placement.sim.engine import GPU_HIT, REJECTED, FleetReplay
 from placement.sim.events import EventController, SimEvent
 from placement.sim.replay import ReplayResult, run_policy

@@ -14,6 +14,11 @@ from typing import Literal
 
 MB = 1_000_000
 
+#: How a replayed pod admits requests around a load (``SimSettings.load_admission``).
+LoadAdmission = Literal["drain", "vllm"]
+#: Its choices, as ``--load-admission`` names them.
+LOAD_ADMISSIONS: tuple[LoadAdmission, ...] = ("drain", "vllm")
+
 
 @dataclass(frozen=True, kw_only=True)
 class LoadCostSettings:
@@ -330,12 +335,13 @@ class SimSettings:
     #: cannot get a GPU slot (every slot's adapter has a request running) waits while
     #: those behind it on resident adapters run, and the load stalls the running batch
     #: for its duration (the model runner activates adapters inside the step).
-    load_admission: Literal["drain", "vllm"] = "drain"
+    load_admission: LoadAdmission = "drain"
 
     def __post_init__(self) -> None:
-        if self.load_admission not in ("drain", "vllm"):
+        if self.load_admission not in LOAD_ADMISSIONS:
             raise ValueError(
-                f"SimSettings.load_admission must be 'drain' or 'vllm', got {self.load_admission!r}"
+                f"SimSettings.load_admission must be {' or '.join(map(repr, LOAD_ADMISSIONS))},"
+                f" got {self.load_admission!r}"
             )
         horizon_s = self.oracle_victim_horizon_s
         if not (math.isfinite(horizon_s) and horizon_s > 0):

@@ -6,7 +6,7 @@ import json
 import math
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated
 
 import pandas as pd
 import typer
@@ -21,8 +21,7 @@ from placement.inputs import load_catalog, load_fleet
 from placement.inputs.events import check_events, known_names, load_events
 from placement.inputs.pipelines import load_pipelines
 from placement.inputs.request_log import load_request_log
-from placement.settings import Settings
-from placement.sim.admission import LOAD_ADMISSIONS
+from placement.settings import LOAD_ADMISSIONS, Settings
 from placement.sim.events import EventController, SimEvent, sim_events
 from placement.sim.faults import FaultSchedule, parse_inline, parse_yaml, schedule
 from placement.sim.replay import check_policies, run_replay
@@ -175,7 +174,7 @@ def with_load_admission(settings: Settings, load_admission: str | None) -> Setti
                 )
             ]
         )
-    admission: Literal["drain", "vllm"] = "vllm" if load_admission == "vllm" else "drain"
+    admission = next(choice for choice in LOAD_ADMISSIONS if choice == load_admission)
     return replace(settings, sim=replace(settings.sim, load_admission=admission))
 
 

@@ -30,9 +30,6 @@ from placement.sim.deliveries import EngineDeliveries
 from placement.sim.pods import SimPod
 from placement.sim.sim_log import DONE
 
-#: ``SimSettings.load_admission``'s choices, as ``lorafleet replay --load-admission``
-#: names them.
-LOAD_ADMISSIONS = ("drain", "vllm")
 #: A stall shorter than this is rounding, not a stall.
 _EPSILON_S = 1e-12
 

@@ -9,14 +9,13 @@ batch and the pod admits nothing until it lands.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Literal
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from placement.domain import Fleet
-from placement.settings import LoadCostSettings, Settings, SimSettings
+from placement.settings import LoadAdmission, LoadCostSettings, Settings, SimSettings
 from placement.sim.engine import COLD_LOAD, GPU_HIT, FleetReplay
 from placement.sim.pods import SimPod
 from placement.sim.replay import ReplayResult, run_policy
@@ -25,18 +24,22 @@ from placement.sim.wiring import replay_planning
 from placement.sim.workload import SimWorkload
 from tests.sim.test_engine import MB, TRACES, catalog_of, fleet_of, workload
 
-Admission = Literal["drain", "vllm"]
 #: A request's prefill: 100 prompt tokens at the default 0.05 ms each.
 PREFILL_MS = 100 * SimSettings().prefill_ms_per_token
 
 
-def admitted(admission: Admission) -> Settings:
+def admitted(admission: LoadAdmission) -> Settings:
     base = Settings()
     return replace(base, sim=replace(base.sim, load_admission=admission))
 
 
 def replay(
-    admission: Admission, load: SimWorkload, fleet: Fleet, *, name: str = "epp", **options: object
+    admission: LoadAdmission,
+    load: SimWorkload,
+    fleet: Fleet,
+    *,
+    name: str = "epp",
+    **options: object,
 ) -> ReplayResult:
     tree = admitted(admission)
     planning = replay_planning(catalog_of(load), fleet, settings=tree, planner="greedy")
