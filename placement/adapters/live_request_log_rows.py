@@ -14,7 +14,6 @@ not write: the router owns the files.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +24,7 @@ import pyarrow as pa
 
 from placement.adapters.live_request_log_file import FileRead, new_bytes
 from placement.errors import InputError, Problem
-from placement.inputs.json_lines import lines_entry
+from placement.inputs.json_lines import lines_entry, not_objects, parse_json_lines
 from placement.inputs.request_log import RequestLog, request_log_from_frame
 
 #: Problems kept per file (the counts stay whole).
@@ -120,13 +119,12 @@ def read_new_lines(
         piece.passing.skip([Problem(source=str(path), entry=f"line {number}", message=message)], 1)
     if end == 0:
         return piece
-    records, numbers, bad = _parse_lines(data[:end].split(b"\n")[:-1], first=entry.lines + 1)
+    parsed = parse_json_lines(data[:end].split(b"\n")[:-1], first=entry.lines + 1)
     entry.advance(data[:end])
-    if bad:
-        message = f"{len(bad)} lines that are not JSON objects"
-        piece.skip([Problem(source=str(path), entry=lines_entry(bad), message=message)], len(bad))
-    if records:
-        _add_records(piece, records, source=str(path), lines=numbers)
+    if parsed.bad_lines:
+        piece.skip([not_objects(path, parsed.bad_lines)], len(parsed.bad_lines))
+    if parsed.records:
+        _add_records(piece, parsed.records, source=str(path), lines=parsed.lines)
     return piece
 
 
@@ -142,29 +140,6 @@ def _add_records(
         rows.skip([problem], len(records))
         return
     _add_frame(rows, frame, source=source, lines=lines)
-
-
-def _parse_lines(
-    lines: list[bytes], *, first: int
-) -> tuple[list[dict[str, object]], list[int], list[int]]:
-    """The lines' JSON objects and their line numbers, and the numbers of the lines
-    that are not one."""
-    records: list[dict[str, object]] = []
-    numbers: list[int] = []
-    bad: list[int] = []
-    for number, line in enumerate(lines, start=first):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except (ValueError, RecursionError):
-            record = None
-        if isinstance(record, dict):
-            records.append(record)
-            numbers.append(number)
-        else:
-            bad.append(number)
-    return records, numbers, bad
 
 
 def _add_frame(

@@ -5,7 +5,8 @@ A request log and an event log may be JSON lines (``.jsonl``, ``.ndjson``, ``.js
 the number of its line, counted as the file counts them (from 1, blank lines
 included), and the numbers of the lines that are not a JSON object (a half-written
 last line among them); ``read_json_lines_strictly`` refuses those and an empty file.
-``lines_entry`` is a Problem's entry for such lines ("line 3", "lines 3, 7").
+``parse_json_lines`` does the same for lines already read (the live request log's
+tail). ``lines_entry`` is a Problem's entry for such lines ("line 3", "lines 3, 7").
 Reads files; writes nothing.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -54,27 +56,33 @@ def not_objects(path: Path, bad_lines: list[int]) -> Problem:
 
 def read_json_lines(path: Path) -> JsonLines:
     """Every line's JSON object; InputError (one line) when missing or unreadable."""
-    records: list[dict[str, object]] = []
-    numbers: list[int] = []
-    bad: list[int] = []
     try:
         with _open(path) as handle:
-            for number, line in enumerate(handle, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except (ValueError, RecursionError):
-                    record = None
-                if isinstance(record, dict):
-                    records.append(record)
-                    numbers.append(number)
-                else:
-                    bad.append(number)
+            return parse_json_lines(handle)
     except FileNotFoundError:
         raise InputError([Problem(source=str(path), message="no such file")]) from None
     except (OSError, EOFError) as exc:  # EOFError: a .gz cut short
         raise InputError([Problem(source=str(path), message=f"cannot read: {exc}")]) from None
+
+
+def parse_json_lines(lines: Iterable[bytes], *, first: int = 1) -> JsonLines:
+    """The lines' JSON objects with their numbers (``first`` for the first line, blank
+    lines counted and skipped), and the numbers of the lines that are not one."""
+    records: list[dict[str, object]] = []
+    numbers: list[int] = []
+    bad: list[int] = []
+    for number, line in enumerate(lines, start=first):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except (ValueError, RecursionError):
+            record = None
+        if isinstance(record, dict):
+            records.append(record)
+            numbers.append(number)
+        else:
+            bad.append(number)
     return JsonLines(records=records, lines=numbers, bad_lines=bad)
 
 

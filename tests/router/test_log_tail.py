@@ -5,17 +5,17 @@ live_request_log.RequestLogTail``)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from placement.adapters import live_request_log_rows
 from placement.adapters.live_request_log import LiveRequestLog, RequestLogTail
 from placement.adapters.request_log_files import JsonLinesRequestLog, LogRow, ParquetRequestLog
+from placement.inputs.json_lines import JsonLines
 
 T0 = 1_773_288_000.0  # 2026-03-12T04:00:00Z
 HOUR_S = 3600.0
-parse_lines = live_request_log_rows._parse_lines
+parse_lines = live_request_log_rows.parse_json_lines
 
 
 def _row(ts_s: float, tenant: str) -> LogRow:
@@ -89,11 +89,11 @@ def test_the_whole_log_reader_reads_only_what_is_new_and_returns_all(
 ) -> None:
     parsed: list[int] = []
 
-    def counted(lines: list[bytes], *, first: int) -> tuple[Any, Any, Any]:
+    def counted(lines: list[bytes], *, first: int) -> JsonLines:
         parsed.append(len(lines))
         return parse_lines(lines, first=first)
 
-    monkeypatch.setattr(live_request_log_rows, "_parse_lines", counted)
+    monkeypatch.setattr(live_request_log_rows, "parse_json_lines", counted)
     path = tmp_path / "router.jsonl"
     sink = JsonLinesRequestLog(path, rotate_bytes=400)
     whole = LiveRequestLog(path)
