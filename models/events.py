@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import pandas as pd
@@ -79,11 +80,14 @@ def _times_by_tenant(frame: pd.DataFrame) -> dict[str, dict[str, FloatArray]]:
     return out
 
 
-def _next_delays(sources: FloatArray, targets: FloatArray) -> FloatArray:
-    """For each source time, the delay to the first target strictly after it (inf if none)."""
+def _next_delays(
+    sources: FloatArray, targets: FloatArray, *, side: Literal["left", "right"] = "right"
+) -> FloatArray:
+    """For each source time, the delay to the first target strictly after it (``side``
+    "left": at or after it); inf if none."""
     if not len(targets):
         return np.full(len(sources), np.inf)
-    index = np.searchsorted(targets, sources, side="right")
+    index = np.searchsorted(targets, sources, side=side)
     found = index < len(targets)
     delays = np.full(len(sources), np.inf)
     delays[found] = targets[index[found]] - sources[found]
@@ -191,10 +195,7 @@ def learn_logins(
             continue
         for adapter, times in by_adapter.items():
             # The first request of a session counts as reached at lead 0 (side="left").
-            index = np.searchsorted(times, starts, side="left")
-            ok = index < len(times)
-            leads = np.full(len(starts), np.inf)
-            leads[ok] = times[index[ok]] - starts[ok]
+            leads = _next_delays(starts, times, side="left")
             hits = leads[leads <= window_s]
             probability = len(hits) / len(starts)
             if probability >= min_probability:
@@ -245,7 +246,7 @@ def preloads_after_request(
         and t.probability >= min_probability
         and t.probability >= min_lift * t.baseline_probability
     ]
-    return tuple(sorted(out, key=lambda p: (p.due_s, -p.probability)))
+    return _soonest_first(out)
 
 
 def preloads_after_login(
@@ -265,4 +266,9 @@ def preloads_after_login(
         for login in logins
         if login.tenant == tenant and login.probability >= min_probability
     ]
-    return tuple(sorted(out, key=lambda p: (p.due_s, -p.probability)))
+    return _soonest_first(out)
+
+
+def _soonest_first(preloads: list[EventPreload]) -> tuple[EventPreload, ...]:
+    """Preloads by due time; of those due at once, the likelier first."""
+    return tuple(sorted(preloads, key=lambda p: (p.due_s, -p.probability)))
