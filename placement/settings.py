@@ -158,6 +158,18 @@ class RouterSettings:
     #: off the LRU victim's place while a lower one idles there (router and replay).
     #: Off by default: it trades the lower classes' hits for production's.
     class_priority: bool = False
+    #: The live router prices the wait for a GPU slot: a load on a pod where every GPU
+    #: slot's adapter has requests running or queued (``policies.route_context.
+    #: waits_for_slot``: the last scrape's ``lora_requests_info`` with the router's own
+    #: requests in flight) costs ``LoadCostSettings.expected_drain_ms`` more, and a
+    #: victim's reload is weighed with it. On, because the engines drain nothing for a
+    #: load: vLLM (v1 ``Scheduler.schedule``'s ``max_loras`` check) and current SGLang
+    #: (``get_new_batch_prefill``) skip a request whose adapter can get no slot until a
+    #: slot's adapter has none, as the emulated pods do. The replay prices it by
+    #: ``SimSettings.load_admission`` "vllm" instead (fewer loads there: war story -942,
+    #: m-mid -410, deepseek-r1 -1,374; docs/benchmarks.md). Off: a load costs the same
+    #: on every pod (as the router did before).
+    price_slot_wait: bool = True
     #: Under soft pressure with no pod holding the adapter, wait this long for room
     #: before answering 503: under pressure, queue rather than force a load.
     pressure_wait_s: float = 0.5

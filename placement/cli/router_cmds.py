@@ -162,6 +162,15 @@ def router(
             " its catalog class and send the warm-ups that keep a higher class resident",
         ),
     ] = None,
+    price_slot_wait: Annotated[
+        bool | None,
+        typer.Option(
+            "--price-slot-wait/--no-price-slot-wait",
+            help="price the wait for a GPU slot (on by default: the engines never drain for"
+            " a load): a load on a pod whose every slot's adapter has requests costs"
+            " load_cost.expected_drain_ms more",
+        ),
+    ] = None,
     host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
     port: Annotated[
         int, typer.Option(min=0, max=65535, help="port to listen on; 0: a free one")
@@ -224,6 +233,7 @@ def router(
         log_rotate_bytes=log_rotate_bytes,
         max_body_bytes=max_body_bytes,
         class_priority=class_priority,
+        price_slot_wait=price_slot_wait,
         adapter_source_template=adapter_source_template,
     )
     if (fleet is None) == (selector is None):

@@ -147,6 +147,7 @@ def router_settings(
     log_rotate_bytes: int | None,
     max_body_bytes: int | None,
     class_priority: bool | None,
+    price_slot_wait: bool | None,
     adapter_source_template: str | None,
 ) -> Settings:
     """The settings tree with the flags given over it; ``--policy`` checked."""
@@ -159,6 +160,7 @@ def router_settings(
             ("log_rotate_bytes", log_rotate_bytes),
             ("max_body_bytes", max_body_bytes),
             ("class_priority", class_priority),
+            ("price_slot_wait", price_slot_wait),
         )
         if value is not None
     }

@@ -27,6 +27,16 @@ the same at 8 pods and at 256; ``prefilter=False`` hands it the whole pool (the
 benchmark's "before"). The reactive baselines always see the whole pool, as the
 systems they stand for do.
 
+With ``RouterSettings.price_slot_wait`` a load on a pod where it can take no GPU slot
+(``policies.route_context.waits_for_slot``) costs ``LoadCostSettings.expected_drain_ms``
+more (``RoutingContext.slot_wait_s``), as in the replay under vLLM's admission: the
+engines drain nothing for a load. "Running" is the last scrape's (vLLM's
+``lora_requests_info``, up to a scrape interval old) together with the router's own
+requests in flight (``LivePod.busy``), and a slot held by an unloaded name's idle entry
+(the ledger's vLLM ghost) takes a load now. A full pod where that judgment differs from
+what ``waits_for_slot`` reads of the ``LivePod`` is handed to the policy as a
+``PodSnapshot`` that agrees with it (``_slot_views``); every other pod goes as it is.
+
 No IO, no clock, no await.
 """
 
@@ -34,13 +44,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 from placement.domain import AdapterId, Outcome, PodId, PoolId
+from placement.residency import Entry
 from placement.router.state import LivePod, PoolView, Topology
 from placement.settings import LoadCostSettings, RouterSettings
+from policies.route_context import waits_for_slot
 from policies.routing import (
     HashFallback,
     PodLike,
+    PodSnapshot,
     RouteDecision,
     RouteReason,
     RoutingContext,
@@ -88,12 +102,83 @@ class Choice:
     refresh: tuple[AdapterId, ...] = ()
 
 
-def _ledger_victim(pod: PodLike) -> str | None:
+def _ledger_victim(topology: Topology, pod: PodLike) -> str | None:
     """What a load on ``pod`` would evict, by its ledger's engine model with the
-    router's requests in flight there as busy (as the ledger applies every call)."""
-    if not isinstance(pod, LivePod):
+    router's requests in flight there as busy (as the ledger applies every call); a
+    ``PodSnapshot`` of ``_slot_views`` stands for the live pod of its id."""
+    state = pod if isinstance(pod, LivePod) else topology.pods.get(PodId(pod.pod_id))
+    if state is None:
         return lru_victim(pod)
-    return pod.ledger.next_victim(pod.busy.keys())
+    return state.ledger.next_victim(state.busy.keys())
+
+
+def _taken_by_requests(pod: LivePod) -> tuple[bool, frozenset[str], int]:
+    """Whether a load on full ``pod`` waits for a GPU slot as the engine admits it, the
+    adapters of the router's own requests in flight there, and its idle ghost slots.
+
+    It waits when every slot's holder has requests: each GPU adapter is running or
+    waiting by the last scrape (``lora_requests_info``, up to a scrape interval old) or
+    has the router's requests in flight (``LivePod.busy``, current); and each slot of
+    an unloaded name's entry (the ledger's vLLM ghost, outside ``gpu_adapters`` and
+    ``free_slots``) holds one of those requests' entries. An idle ghost slot takes a
+    load now: the ledger evicts it first, losing nothing."""
+    busy = frozenset(key.name if isinstance(key, Entry) else key for key in pod.busy)
+    ghosts = pod.max_loras - pod.free_slots - len(pod.gpu_adapters)
+    if ghosts > 0:
+        ledger = pod.ledger
+        held = sum(
+            1
+            for key in pod.busy
+            if isinstance(key, Entry) and ledger.entry(AdapterId(key.name)) is not key
+        )
+        if held < ghosts:
+            return False, busy, ghosts - held
+    running, waiting = pod.running_adapters, pod.waiting_adapters
+    taken = all(name in running or name in waiting or name in busy for name in pod.gpu_adapters)
+    return taken, busy, 0
+
+
+def _slot_view(pod: LivePod) -> PodLike:
+    """``pod`` as the plan policy reads it for ``waits_for_slot``: itself where that
+    agrees with ``_taken_by_requests``, else a ``PodSnapshot`` that makes it agree:
+    the router's busy adapters among the running ones, or the idle ghost slots free."""
+    if pod.free_slots > 0:
+        return pod
+    taken, busy, idle_ghosts = _taken_by_requests(pod)
+    if taken == waits_for_slot(pod):
+        return pod
+    running = busy.union(pod.running_adapters) if taken else frozenset(pod.running_adapters)
+    return PodSnapshot(
+        pod_id=pod.pod_id,
+        queue_depth=pod.queue_depth,
+        running=pod.running,
+        kv_usage=pod.kv_usage,
+        gpu_util=pod.gpu_util,
+        gpu_adapters=tuple(pod.gpu_adapters),
+        registered=frozenset(pod.registered),
+        running_adapters=running,
+        waiting_adapters=frozenset(pod.waiting_adapters),
+        loading=frozenset(pod.loading),
+        free_slots=idle_ghosts,
+        max_loras=pod.max_loras,
+        victim_last_used_s=pod.victim_last_used_s,
+        healthy=pod.healthy,
+    )
+
+
+def _slot_views(pods: Sequence[LivePod]) -> Sequence[PodLike]:
+    """``pods`` as ``_slot_view`` gives each; ``pods`` itself when none changes."""
+    views: list[PodLike] | None = None
+    for i, pod in enumerate(pods):
+        if pod.free_slots > 0:
+            continue
+        view = _slot_view(pod)
+        if view is pod:
+            continue
+        if views is None:
+            views = list(pods)
+        views[i] = view
+    return pods if views is None else views
 
 
 class Picker:
@@ -116,6 +201,9 @@ class Picker:
         self.class_weight: Mapping[str, float] = {}
         self.prefilter = prefilter
         self.load_cost = load_cost
+        #: RoutingContext.slot_wait_s: the engines drain nothing for a load
+        #: (RouterSettings.price_slot_wait). None: a load costs the same on every pod.
+        self.slot_wait_s = load_cost.expected_drain_ms / 1e3 if settings.price_slot_wait else None
         self.adapter_bytes: dict[AdapterId, int] = {}
         self._costs: dict[AdapterId | None, tuple[float, float]] = {}
         self._fallbacks: dict[tuple[int, PoolId], HashFallback] = {}
@@ -158,9 +246,12 @@ class Picker:
         if exclude:
             pods = tuple(state for state in pods if state.pod_id not in exclude)
         warm_s, cold_s = self._load_costs(adapter)
+        slot_wait_s = self.slot_wait_s
         context = RoutingContext(
             adapter=adapter,
-            pods=pods,
+            # Only the plan policy prices a load by its pod's slots (the baselines and
+            # the base model's least-loaded do not): the others need no views.
+            pods=_slot_views(pods) if planned and slot_wait_s is not None else pods,
             warm_load_s=warm_s,
             cold_load_s=cold_s,
             no_load_kv_usage=self.settings.no_load_kv_usage,
@@ -168,6 +259,7 @@ class Picker:
             per_request_s=self.settings.per_request_s,
             victims=self._victims_for(topology) if planned else None,
             now_s=self.clock() if planned and self.clock is not None else 0.0,
+            slot_wait_s=slot_wait_s,
         )
         if model == pool.served_model:
             return self._decided(topology, route_least_loaded(context), adapter, base=True)
@@ -206,7 +298,7 @@ class Picker:
                 forecast_rps={str(name): rate for name, rate in forecast.items()},
                 recent_rps=topology.recent,
                 victim_horizon_s=self.settings.victim_horizon_s,
-                victim_of=_ledger_victim,
+                victim_of=partial(_ledger_victim, topology),
                 class_weight=self.class_weight,
                 stall_weight=self.settings.load_stall_weight,
             )
