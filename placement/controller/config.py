@@ -65,7 +65,7 @@ from pydantic import (
 from models.registry import forecaster_named
 from placement.errors import InputError, Problem
 from placement.inputs.catalog import as_adapter_class
-from placement.inputs.fields import parse_yaml
+from placement.inputs.fields import parse_yaml, validation_problems
 from placement.inputs.files import read_text
 from placement.inputs.sources import check_source_template
 from placement.settings import ControllerSettings, InputSettings, Settings
@@ -281,15 +281,7 @@ def load_controller_config(path: str | Path) -> ControllerConfig:
     try:
         config = ControllerConfig.model_validate(raw)
     except ValidationError as exc:
-        problems = [
-            Problem(
-                source=str(source),
-                field=".".join(str(part) for part in error["loc"]) or None,
-                message=error["msg"],
-            )
-            for error in exc.errors(include_url=False)
-        ]
-        raise InputError(problems) from None
+        raise InputError(validation_problems(exc, source=str(source))) from None
     if config.forecast_model != SAME_HOUR_MODEL:
         try:
             forecaster_named(config.forecast_model)

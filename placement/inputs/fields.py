@@ -10,6 +10,9 @@ PyYAML would silently keep the last). Aliases (``*name``) are refused: an "alias
 bomb" of nested aliases expands to billions of nodes from a few lines, and nothing
 lorafleet reads needs them. Nesting deeper than the parser's stack, a file that is
 not UTF-8, and any other YAML error are one line each, never a traceback.
+
+``validation_problems`` gives the problems of a file read into a pydantic model
+(controller.yaml, a scenario): one per error, named by its field.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from types import MappingProxyType
 from typing import Any, TypeVar
 
 import yaml
+from pydantic import ValidationError
 
 from placement.errors import InputError, Problem
 from placement.inputs.files import read_text
@@ -180,6 +184,19 @@ def reader_for(path: Path, document: Any, top_key: str) -> tuple[Reader, list[An
             [Problem(source=str(path), message=f"expected a mapping with a list under {top_key!r}")]
         )
     return Reader(str(path)), document[top_key]
+
+
+def validation_problems(exc: ValidationError, *, source: str) -> list[Problem]:
+    """One problem of ``source`` per error of a pydantic model's validation, its field
+    the error's location joined by dots."""
+    return [
+        Problem(
+            source=source,
+            field=".".join(str(part) for part in error["loc"]) or None,
+            message=error["msg"],
+        )
+        for error in exc.errors(include_url=False)
+    ]
 
 
 def as_integer(minimum: int) -> Callable[[Any], int]:

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from placement.domain import AdapterId, TenantId
 from placement.errors import InputError, Problem
+from placement.inputs.fields import validation_problems
 from placement.synth.model import Experiment, Login, Scenario
 
 
@@ -208,13 +209,7 @@ def load_scenario(path: str | os.PathLike[str]) -> ScenarioFiles:
     try:
         spec = ScenarioFile.model_validate(raw)
     except ValidationError as exc:
-        problems = [
-            Problem(
-                source=str(source), field=".".join(map(str, e["loc"])) or None, message=e["msg"]
-            )
-            for e in exc.errors(include_url=False)
-        ]
-        raise InputError(problems) from None
+        raise InputError(validation_problems(exc, source=str(source))) from None
     folder = source.parent
     files = {"catalog": folder / spec.catalog, "fleet": folder / spec.fleet}
     missing = [
