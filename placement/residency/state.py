@@ -74,7 +74,12 @@ class PodResidency:
 
     def ghosts_on_gpu(self) -> int:
         """GPU slots held by entries no listed name points to (vLLM after an unload)."""
-        return sum(1 for e in self._gpu if self._current.get(e.name) != e)
+        current = self._current
+        ghosts = 0
+        for e in self._gpu:  # a loop, not sum() over a generator: every request asks
+            if current.get(e.name) is not e:
+                ghosts += 1
+        return ghosts
 
     def gpu_entries(self) -> tuple[tuple[str, bool], ...]:
         """Every GPU slot's entry, least recently used first: its name, and whether a
@@ -112,9 +117,20 @@ class PodResidency:
         ghost (an unloaded name's entry) is one slot among the others: ``busy`` covers
         the entries it holds, so of two ghosts of one name only the one a request runs
         on is kept."""
-        if len(self._gpu) < self.max_loras:
+        gpu = self._gpu
+        if len(gpu) < self.max_loras:
             return None
-        return self._victim((e for e in self._gpu if e.name not in self.pinned), busy)
+        # ``_victim`` over the unpinned slots, inlined: the router asks on every request.
+        pinned = self.pinned
+        fallback = None
+        for entry in gpu:
+            if entry.name in pinned:
+                continue
+            if entry not in busy and entry.name not in busy:
+                return entry
+            if fallback is None:
+                fallback = entry
+        return fallback
 
     def is_current(self, entry: Entry) -> bool:
         """Whether a listed name points to ``entry`` (False: a vLLM ghost)."""
@@ -130,6 +146,23 @@ class PodResidency:
         return name in self.listed or name in self.parked
 
     # calls -------------------------------------------------------------------------
+    def touch(self, name: str) -> bool:
+        """``request`` of a name whose entry holds a GPU slot, where it does nothing but
+        refresh the entry in both orders (its ``Effects`` are empty): True. False, with
+        nothing changed, for any other name (``request`` then does the rest)."""
+        entry = self._current.get(name)
+        if (
+            entry is None
+            or entry not in self._gpu
+            or entry not in self._host
+            or name not in self.listed
+            or name in self.parked
+        ):
+            return False
+        self._gpu.move_to_end(entry)
+        self._host.move_to_end(entry)
+        return True
+
     def load(
         self,
         name: str,

@@ -186,11 +186,14 @@ class RouterApp:
             await self._refuse(exchange, Choice(None, reject=Reject.UNKNOWN_MODEL), client)
             self._record(exchange)
             return
-        handler = asyncio.current_task()
         timer: asyncio.TimerHandle | None = None
         if cycle is not None:
+            # The cycle's loop runs this task: current_task() without it asks for the
+            # running loop, which costs a getpid() system call on Python 3.11.
+            handler = asyncio.current_task(cycle.loop)
             cycle.on_lost = ClientGone(handler, exchange)
         else:
+            handler = asyncio.current_task()
             # Most answers are over before a client could go away: the watcher starts
             # only once a request has taken WATCH_AFTER_S (a timer costs less than a task).
             watcher = DisconnectWatcher(receive, handler, exchange)

@@ -141,6 +141,11 @@ class RequestCycle:
         #: Called once if the client goes away before the answer is complete.
         self.on_lost: Callable[[], None] | None = None
 
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop the connection, and so the request's task, runs on."""
+        return self._link.loop
+
     # -- from the connection -----------------------------------------------------------
 
     def add_body(self, body: bytes) -> int:

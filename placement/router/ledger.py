@@ -183,6 +183,10 @@ class PodLedger:
         """A request (or a warm-up) for ``adapter`` was sent to the pod."""
         residency = self.residency
         was_active = adapter in self._active
+        if was_active and residency.touch(adapter):  # a GPU hit: both LRUs refreshed
+            self._active.move_to_end(adapter)
+            self._registered.move_to_end(adapter)
+            return _NOTHING
         loaded = False
         try:
             effects = residency.request(adapter, busy=busy)

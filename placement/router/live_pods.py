@@ -210,8 +210,11 @@ class LivePod:
             self._requeue()
             return None
         key: Entry | AdapterId = self.ledger.entry(adapter) or adapter
-        self.busy[key] = self.busy.get(key, 0) + 1
-        self._note_victim()
+        busy = self.busy
+        held = busy.get(key, 0)
+        busy[key] = held + 1
+        if not held:  # a key newly busy: the victim may change (else nothing it reads did)
+            self._note_victim()
         self._requeue()
         return key
 
@@ -236,14 +239,16 @@ class LivePod:
         self.inflight -= 1
         if adapter is not None:
             key = held if held is not None else self._held_by(adapter)
-            left = self.busy.get(key, 1) - 1
+            busy = self.busy
+            left = busy.get(key, 1) - 1
             if left > 0:
-                self.busy[key] = left  # in place: the order says who is in flight longest
+                busy[key] = left  # in place: the order says who is in flight longest
             else:
-                self.busy.pop(key, None)
+                busy.pop(key, None)
             if ran:
                 self.ledger.last_step(key if isinstance(key, Entry) else self.ledger.entry(key))
-            self._note_victim()
+            if ran or left <= 0:  # the LRU order or the busy keys moved: the victim may
+                self._note_victim()
         self._requeue()
 
     def _held_by(self, adapter: AdapterId) -> Entry | AdapterId:
