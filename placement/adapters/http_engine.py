@@ -5,14 +5,23 @@ connection, reset, timeout) becomes ``RetryableEngineError``; a 5xx (or 429) ans
 too, unless the caller asks to read it (SGLang's dp_size 500 is permanent); the
 engine-specific modules decide what each 4xx means. Error bodies come nested
 (``{"error": {"message", ...}}``, current vLLM), flat (``{"message", ...}``, older
-vLLM and SGLang's OpenAI routes), as SGLang's ``{"error_message"}`` or as plain text:
-``error_text`` reads them all. ``/v1/models`` and ``/health`` look alike on both
+vLLM and SGLang's OpenAI routes), as SGLang's ``{"error_message"}``, as plain text or
+as a proxy's HTML page: ``error_text`` reads them all (a page by its ``<title>``, any
+message cut to ``MAX_MESSAGE_CHARS``). ``/v1/models`` and ``/health`` look alike on both
 engines, so they live here.
+
+``timeout_s`` bounds a whole call, its body included: httpx's own timeout bounds each
+read, so a pod that trickles its answer a byte at a time would otherwise hold a call
+(and the tick waiting on it) for ever. A body past ``MAX_BODY_BYTES`` (decoded) is
+refused, not read into memory; one that cannot be decoded (a ``Content-Encoding`` it
+does not have) is a ``RetryableEngineError`` like any other bad transfer.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import re
 from types import MappingProxyType
 from typing import Any
 
@@ -23,24 +32,48 @@ from placement.errors import PermanentEngineError, RetryableEngineError
 from placement.ports import Registered
 
 DEFAULT_TIMEOUT_S = 30.0
+#: The most of a pod's answer read (decoded): a ``/v1/models`` of thousands of adapters
+#: or a ``/metrics`` page is a few MiB.
+MAX_BODY_BYTES = 32 * 1024 * 1024
+#: Error messages are cut there: a message that is a whole page or a traceback says no
+#: more for being longer.
+MAX_MESSAGE_CHARS = 1000
+_TITLE = re.compile(r"<title[^>]*>(.*?)</title>", re.IGNORECASE | re.DOTALL)
+
+
+def _short(text: str, *, limit: int = MAX_MESSAGE_CHARS) -> str:
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text)} characters in all)"
+
+
+def _plain(response: httpx.Response, *, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """A body that is not JSON: a proxy's HTML page by its title, else its text."""
+    text = response.text.strip()
+    if text.startswith("<"):
+        title = _TITLE.search(text[:65536])
+        if title is not None and title.group(1).strip():
+            words = _short(" ".join(title.group(1).split()), limit=limit)
+            return f"{words} (an HTML page: a proxy in front of the pod?)"
+    return _short(text, limit=limit)
 
 
 def error_text(response: httpx.Response) -> str:
     """The human message of an error body, whichever shape the engine used."""
     try:
         body = response.json()
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return response.text.strip()
+    except (ValueError, RecursionError):  # JSONDecodeError, UnicodeDecodeError; too deep
+        return _plain(response)
     if isinstance(body, dict):
         nested = body.get("error")
         if isinstance(nested, dict) and isinstance(nested.get("message"), str):
-            return str(nested["message"])
+            return _short(str(nested["message"]))
         for key in ("error_message", "message", "detail"):
             if isinstance(body.get(key), str):
-                return str(body[key])
+                return _short(str(body[key]))
     if isinstance(body, str):
-        return body
-    return response.text.strip()
+        return _short(body)
+    return _short(response.text.strip())
 
 
 def is_route_missing(response: httpx.Response) -> bool:
@@ -49,7 +82,7 @@ def is_route_missing(response: httpx.Response) -> bool:
         return False
     try:
         return bool(response.json() == {"detail": "Not Found"})
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except (ValueError, RecursionError):
         return False
 
 
@@ -74,6 +107,7 @@ class HttpEngine:
         self._served_model_name = served_model_name
         self._owns_http = http is None
         self._http = http if http is not None else httpx.AsyncClient()
+        self._timeout_s = timeout_s
         self._timeout = httpx.Timeout(timeout_s)
 
     @property
@@ -98,24 +132,71 @@ class HttpEngine:
         body: dict[str, Any] | None = None,
         answer_5xx: bool = False,
     ) -> httpx.Response:
-        """Send one request; transport failures, and 5xx/429 unless ``answer_5xx`` (the
-        caller reads them itself), raise RetryableEngineError."""
+        """Send one request and read its whole answer within ``timeout_s``; transport
+        failures, and 5xx/429 unless ``answer_5xx`` (the caller reads them itself), raise
+        RetryableEngineError."""
         try:
-            response = await self._http.request(
-                method, self._url + path, json=body, timeout=self._timeout
-            )
-        except (httpx.InvalidURL, httpx.UnsupportedProtocol) as exc:
-            raise self.permanent(f"bad pod url {self._url!r}: {exc}") from None
-        except httpx.TimeoutException:
-            raise self.retryable(f"{method} {path} timed out") from None
-        except httpx.TransportError as exc:
-            raise self.retryable(f"{method} {path} failed: {type(exc).__name__}: {exc}") from None
+            async with asyncio.timeout(self._timeout_s):
+                response = await self._send(method, path, body)
+        except TimeoutError:
+            raise self.retryable(f"{method} {path} timed out after {self._timeout_s:g} s") from None
         if not answer_5xx and (response.status_code >= 500 or response.status_code == 429):
             raise self.retryable(
-                f"{method} {path} answered {response.status_code}: {error_text(response)}",
+                f"{method} {path} answered {response.status_code}: {error_text(response)}"
+                + _retry_after(response),
                 status=response.status_code,
             )
         return response
+
+    async def _send(self, method: str, path: str, body: dict[str, Any] | None) -> httpx.Response:
+        try:
+            request = self._http.build_request(
+                method, self._url + path, json=body, timeout=self._timeout
+            )
+            streamed = await self._http.send(request, stream=True)
+            try:
+                content = await self._read_capped(method, path, streamed)
+            finally:
+                await streamed.aclose()
+        except (httpx.InvalidURL, httpx.UnsupportedProtocol) as exc:
+            raise self.permanent(f"bad pod url {self._url!r}: {exc}") from None
+        except httpx.TimeoutException:
+            raise self.retryable(f"{method} {path} timed out after {self._timeout_s:g} s") from None
+        except httpx.HTTPError as exc:
+            detail = str(exc) or "the connection broke"  # a reset mid-answer says nothing
+            raise self.retryable(
+                f"{method} {path} failed: {type(exc).__name__}: {detail}"
+            ) from None
+        # The body is decoded now: the answer keeps its headers but its encoding and length.
+        headers = [
+            (k, v)
+            for k, v in streamed.headers.multi_items()
+            if k.lower() not in ("content-encoding", "content-length")
+        ]
+        return httpx.Response(
+            streamed.status_code, headers=headers, content=content, request=request
+        )
+
+    async def _read_capped(self, method: str, path: str, streamed: httpx.Response) -> bytes:
+        chunks: list[bytes] = []
+        size = 0
+        try:
+            async for chunk in streamed.aiter_bytes():
+                size += len(chunk)
+                if size > MAX_BODY_BYTES:
+                    raise self.permanent(
+                        f"{method} {path} answered {streamed.status_code} with a body over "
+                        f"{MAX_BODY_BYTES} bytes: not read",
+                        status=streamed.status_code,
+                    )
+                chunks.append(chunk)
+        except httpx.DecodingError as exc:
+            encoding = streamed.headers.get("content-encoding", "")
+            raise self.retryable(
+                f"{method} {path} answered a body that cannot be decoded "
+                f"(Content-Encoding {encoding!r}): {exc}"
+            ) from None
+        return b"".join(chunks)
 
     def unexpected(self, path: str, response: httpx.Response) -> PermanentEngineError:
         return self.permanent(
@@ -127,11 +208,7 @@ class HttpEngine:
         response = await self.call("GET", "/v1/models")
         if response.status_code != 200:
             raise self.unexpected("/v1/models", response)
-        try:
-            cards = response.json()["data"]
-        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError):
-            raise self.permanent("/v1/models answered a body that is not a model list") from None
-        return registered_from_cards(cards)
+        return listing_from_body(response.content, pod=self._pod)
 
     async def health(self) -> bool:
         try:
@@ -154,6 +231,29 @@ class HttpEngine:
         if response.status_code != 200:
             raise self.unexpected("/metrics", response)
         return response.text
+
+
+def _retry_after(response: httpx.Response) -> str:
+    after = response.headers.get("retry-after")
+    return f" (Retry-After: {_short(after)})" if after else ""
+
+
+def listing_from_body(body: bytes, *, pod: str | None = None) -> Registered:
+    """The adapters and base model of a ``/v1/models`` answer's body (its status was
+    200): a PermanentEngineError when it is not a model list."""
+    try:
+        listing = json.loads(body)
+    except RecursionError:
+        raise PermanentEngineError(
+            "/v1/models answered a body that is not a model list: JSON nested too deep", pod=pod
+        ) from None
+    except ValueError:  # JSONDecodeError, UnicodeDecodeError
+        raise PermanentEngineError(
+            "/v1/models answered a body that is not a model list", pod=pod
+        ) from None
+    if not isinstance(listing, dict) or "data" not in listing:
+        raise PermanentEngineError("/v1/models answered a body that is not a model list", pod=pod)
+    return registered_from_cards(listing["data"])
 
 
 def registered_from_cards(cards: object) -> Registered:

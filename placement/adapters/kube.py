@@ -72,6 +72,8 @@ def to_discovered(pod: client.V1Pod, target: KubeTarget) -> DiscoveredPod | None
     """The pod as the ports see it, or None when it names no pool."""
     meta = pod.metadata
     if meta is None or not meta.name:
+        ip = pod.status.pod_ip if pod.status is not None else None
+        logger.warning("a pod the API listed has no metadata.name (pod IP %s); left out", ip)
         return None
     labels = dict(meta.labels or {})
     pool = labels.get(target.pool_label, target.default_pool)
@@ -113,11 +115,21 @@ class KubePods:
             label_selector=self._target.selector,
             timeout_seconds=timeout_s,
         )
+        what = f"watch pods {self._target.selector!r}"
+        end = object()
         while True:
-            with translated(f"watch pods {self._target.selector!r}"):
-                event = next(stream, None)
-            if event is None:
+            with translated(what):
+                try:
+                    event = next(stream, end)
+                except (KeyError, TypeError) as exc:  # the client reads events unchecked
+                    raise KubeError(
+                        f"{what}: malformed event: {type(exc).__name__}: {exc}"
+                    ) from None
+            if event is end:
                 return
+            if not isinstance(event, dict):  # a line that is not JSON: the client yields None
+                logger.warning("%s: an event that is not JSON was left out", what)
+                continue
             kind = str(event.get("type", ""))
             if kind not in PodEventKind.__members__:
                 continue

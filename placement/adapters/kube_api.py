@@ -62,13 +62,18 @@ def connect(*, host: str | None = None) -> client.ApiClient:
 
 
 def _api_message(exc: ApiException) -> str:
+    """The Status object's message; else the reason, with the start of a body that is
+    not a Status (a proxy's plain-text or HTML answer says what failed)."""
     try:
         body = json.loads(exc.body or "")
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, RecursionError):
         body = None
     if isinstance(body, dict) and isinstance(body.get("message"), str):
         return str(body["message"])
-    return str(exc.reason or "no reason given")
+    reason = str(exc.reason or "no reason given")
+    raw = exc.body.decode(errors="replace") if isinstance(exc.body, bytes) else exc.body
+    text = " ".join(str(raw or "").split())
+    return f"{reason}: {text[:300]}" if text and body is None else reason
 
 
 @contextmanager

@@ -12,7 +12,8 @@ never residency (residency comes from the router's ledger, ``placement.residency
 
 A sample valued ``NaN`` or infinite says nothing: it is left out, as if the pod had not
 exposed it (a pod once answered ``vllm:num_requests_running NaN``, and ``round(NaN)``
-raised). Counts below zero read as zero and the KV share is kept within 0..1.
+raised). Counts below zero read as zero and the KV share is kept within 0..1. Text the
+parser refuses is a ``PermanentEngineError`` naming the first line it refuses.
 """
 
 from __future__ import annotations
@@ -38,8 +39,25 @@ def _samples(text: str, *, pod: str | None) -> _Samples:
                 if math.isfinite(value):  # NaN and infinities say nothing: left out
                     by_name[sample.name].append((dict(sample.labels), value))
     except ValueError as exc:
-        raise PermanentEngineError(f"unreadable /metrics text: {exc}", pod=pod) from None
+        raise PermanentEngineError(
+            f"unreadable /metrics text{_first_bad_line(text)}: {str(exc)[:300]}", pod=pod
+        ) from None
     return by_name
+
+
+def _first_bad_line(text: str) -> str:
+    """Where the text stops parsing: `` at line N (...)`` for the first sample line the
+    parser refuses alone, else nothing (the fault is in how lines go together)."""
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip() or line.startswith("#"):
+            continue
+        try:
+            for family in text_string_to_metric_families(line + "\n"):
+                for sample in family.samples:
+                    float(sample.value)
+        except ValueError:
+            return f" at line {number} ({line[:120]!r})"
+    return ""
 
 
 def _total(samples: _Samples, name: str) -> float:
