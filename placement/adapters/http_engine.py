@@ -58,6 +58,13 @@ def _plain(response: httpx.Response, *, limit: int = MAX_MESSAGE_CHARS) -> str:
     return _short(text, limit=limit)
 
 
+_JSON_KINDS = {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}
+
+
+def _json_kind(value: object) -> str:
+    return _JSON_KINDS.get(type(value), "number")
+
+
 def error_text(response: httpx.Response) -> str:
     """The human message of an error body, whichever shape the engine used."""
     try:
@@ -240,7 +247,7 @@ def _retry_after(response: httpx.Response) -> str:
 
 def listing_from_body(body: bytes, *, pod: str | None = None) -> Registered:
     """The adapters and base model of a ``/v1/models`` answer's body (its status was
-    200): a PermanentEngineError when it is not a model list."""
+    200): a PermanentEngineError naming what is wrong when it is not a model list."""
     try:
         listing = json.loads(body)
     except RecursionError:
@@ -248,23 +255,36 @@ def listing_from_body(body: bytes, *, pod: str | None = None) -> Registered:
             "/v1/models answered a body that is not a model list: JSON nested too deep", pod=pod
         ) from None
     except ValueError:  # JSONDecodeError, UnicodeDecodeError
+        text = _plain(httpx.Response(200, content=body), limit=200)
         raise PermanentEngineError(
-            "/v1/models answered a body that is not a model list", pod=pod
+            f"/v1/models answered a body that is not a model list: not JSON: {text!r}", pod=pod
         ) from None
     if not isinstance(listing, dict) or "data" not in listing:
         raise PermanentEngineError("/v1/models answered a body that is not a model list", pod=pod)
-    return registered_from_cards(listing["data"])
+    return registered_from_cards(listing["data"], pod=pod)
 
 
-def registered_from_cards(cards: object) -> Registered:
+def registered_from_cards(cards: object, *, pod: str | None = None) -> Registered:
     """The adapters (with their roots) and the base model of a ``/v1/models`` answer's
     ``data``: a card with a ``parent`` is an adapter of that base; the first card
-    without one is the base. Cards that are not objects with a string ``id`` are skipped."""
+    without one is the base. ``data`` that is not a list, or a card that is not an
+    object with a string ``id``, is a PermanentEngineError naming it: read as "no
+    adapters", it would empty the pod's ledger."""
+    if not isinstance(cards, list):
+        raise PermanentEngineError(
+            "/v1/models answered a body that is not a model list: "
+            f'"data" is a JSON {_json_kind(cards)}, not an array',
+            pod=pod,
+        )
     adapters: dict[AdapterId, str] = {}
     base: str | None = None
-    for card in cards if isinstance(cards, list) else []:
-        if not isinstance(card, dict) or not isinstance(card.get("id"), str):
-            continue
+    for index, card in enumerate(cards):
+        if not isinstance(card, dict) or not isinstance(card.get("id"), str) or not card["id"]:
+            raise PermanentEngineError(
+                f'/v1/models answered a model list whose card {index} has no string "id": '
+                f"{_short(repr(card))}",
+                pod=pod,
+            )
         if card.get("parent"):
             adapters[AdapterId(card["id"])] = str(card.get("root") or "")
             base = base or str(card["parent"])

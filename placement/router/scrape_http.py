@@ -12,21 +12,20 @@ Both answer one GET as a ``Fetched`` (status and body) and fail in two ways only
 read past its timeout raises ``ScrapeTimeoutError``; any other transport failure (refused,
 reset, a bad URL) raises ``RetryableEngineError`` naming the pod and the path.
 ``listing_of`` reads a ``/v1/models`` answer as the engine clients do
-(``placement.adapters.http_engine.HttpEngine.registered``).
+(``placement.adapters.http_engine.listing_from_body``).
 
 Must not judge health or touch the ledger: that is ``router.scraping``.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Protocol
 
 import aiohttp
 import httpx
 
-from placement.adapters.http_engine import error_text, registered_from_cards
+from placement.adapters.http_engine import error_text, listing_from_body
 from placement.errors import PermanentEngineError, RetryableEngineError
 from placement.ports import Registered
 
@@ -135,10 +134,4 @@ def listing_of(fetched: Fetched, *, pod: str) -> Registered:
             pod=pod,
             status=fetched.status,
         )
-    try:
-        cards = json.loads(fetched.body)["data"]
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError):
-        raise PermanentEngineError(
-            "/v1/models answered a body that is not a model list", pod=pod
-        ) from None
-    return registered_from_cards(cards)
+    return listing_from_body(fetched.body, pod=pod)

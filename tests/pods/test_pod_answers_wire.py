@@ -16,9 +16,10 @@ import httpx
 import pytest
 
 from placement.actuation.apply import make_clients, observe
+from placement.actuation.executor import Ledger
 from placement.adapters.engines import engine_client
 from placement.adapters.http_engine import MAX_BODY_BYTES
-from placement.domain import AdapterId, Engine, PodId
+from placement.domain import AdapterId, Engine, Load, PodId
 from placement.errors import EngineError, PermanentEngineError, RetryableEngineError
 from placement.ports import EngineClient
 from tests.factories import fleet, pod, pool
@@ -96,15 +97,39 @@ LISTINGS = [
     pytest.param(
         text(200, "hello"),
         PermanentEngineError,
-        "/v1/models answered a body that is not a model list",
+        "/v1/models answered a body that is not a model list: not JSON: 'hello'",
         id="200-not-json",
     ),
     pytest.param(text(200, ""), PermanentEngineError, "not a model list", id="200-empty"),
     pytest.param(
         text(200, NGINX_502, content_type="text/html"),
         PermanentEngineError,
-        "/v1/models answered a body that is not a model list",
+        "not JSON: '502 Bad Gateway (an HTML page: a proxy in front of the pod?)'",
         id="200-html-page",
+    ),
+    pytest.param(
+        answer_json(200, {"object": "list", "data": {"a": {"id": "a"}}}),
+        PermanentEngineError,
+        'not a model list: "data" is a JSON object, not an array',
+        id="data-an-object",
+    ),
+    pytest.param(
+        answer_json(200, {"object": "list", "data": None}),
+        PermanentEngineError,
+        'not a model list: "data" is a JSON null, not an array',
+        id="data-null",
+    ),
+    pytest.param(
+        answer_json(200, {"data": [{"id": "base"}, {"root": "/a", "parent": "base"}]}),
+        PermanentEngineError,
+        "/v1/models answered a model list whose card 1 has no string \"id\": {'root': '/a'",
+        id="card-without-id",
+    ),
+    pytest.param(
+        answer_json(200, {"data": ["a"]}),
+        PermanentEngineError,
+        "whose card 0 has no string \"id\": 'a'",
+        id="card-not-an-object",
     ),
     pytest.param(
         Answer(body=b"[" * 100_000 + b"]" * 100_000),
@@ -204,6 +229,20 @@ async def test_a_bad_listing_leaves_that_pod_unreachable_and_the_others_observed
         good.stop()
     assert "cannot be decoded" in seen.unreachable[PodId("p-0")]
     assert seen.states[PodId("p-1")].registered == {"a"}
+
+
+async def test_a_listing_of_the_wrong_shape_keeps_the_pods_ledger(server: WireServer) -> None:
+    # Read as "no adapters", it made Ledger.observe take the pod for restarted.
+    one = fleet(pool("p", 1, urls=[server.url]))
+    ledger = Ledger()
+    ledger.track_pods(one.pods)
+    load = Load(pod=PodId("p-0"), adapter=AdapterId("a"), reason="planned")
+    ledger.record(load, lora_path="s3://x/a")
+    server.answers[MODELS] = answer_json(200, {"object": "list", "data": None})
+    async with httpx.AsyncClient() as http:
+        seen = await observe(one, make_clients(one, http=http, timeout_s=TIMEOUT_S), ledger=ledger)
+    assert '"data" is a JSON null' in seen.unreachable[PodId("p-0")]
+    assert AdapterId("a") in ledger.pods[PodId("p-0")].listed
 
 
 # --- loads and unloads: POD-API.md's answers, at the wire --------------------------------
