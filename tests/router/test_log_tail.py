@@ -11,11 +11,11 @@ import pytest
 from placement.adapters import live_request_log_rows
 from placement.adapters.live_request_log import LiveRequestLog, RequestLogTail
 from placement.adapters.request_log_files import JsonLinesRequestLog, LogRow, ParquetRequestLog
-from placement.inputs.json_lines import JsonLines
+from placement.inputs.json_lines import JsonLines, parse_json_lines
 
 T0 = 1_773_288_000.0  # 2026-03-12T04:00:00Z
 HOUR_S = 3600.0
-parse_lines = live_request_log_rows.parse_json_lines
+parse_lines = parse_json_lines
 
 
 def _row(ts_s: float, tenant: str) -> LogRow:
