@@ -195,6 +195,19 @@ class PodResidency:
         self._gpu.pop(entry, None)
         return Effects(gpu_evicted=(name,) if was_on_gpu else ())
 
+    def withdraw(self, name: str) -> None:
+        """Take back a ``load`` the engine never made: ``name`` and its entry leave the
+        listing, the host cache and the GPU as if never loaded, on either engine (no
+        vLLM ghost: the pod never gave it a slot). Not an engine call: for a caller that
+        applied a load it expected (a plan's) which the pod's listing then lacks."""
+        self.listed.pop(name, None)
+        self.parked.pop(name, None)  # SGLang: the soft cap may have parked the guess
+        self.pinned.discard(name)
+        entry = self._current.pop(name, None)
+        if entry is not None:
+            self._host.pop(entry, None)
+            self._gpu.pop(entry, None)
+
     def request(self, name: str, *, busy: Busy = ()) -> Effects:
         """A completion (or a warm-up) naming ``name``; raises ``NotLoadedError`` if refused."""
         if not self.serves(name):

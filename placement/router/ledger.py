@@ -272,7 +272,9 @@ class PodLedger:
 
     def reconcile_listing(self, listed: Mapping[AdapterId, str]) -> None:
         """Correct the ledger from the pod's ``/v1/models``: the names it lists now, with
-        their paths."""
+        their paths. A listed name missing now was unloaded (on vLLM its slot stays, a
+        ghost); a guess the pod never listed (a plan's load it has not made) is taken back
+        and leaves no ghost: a fresh pod the plan's loads have not reached reads empty."""
         residency = self.residency
         confirmed = [a for a in residency.listed if a not in self._unconfirmed]
         missing = [a for a in residency.listed if a not in listed]
@@ -281,7 +283,11 @@ class PodLedger:
             self._unconfirmed.clear()
         else:
             for adapter in missing:
-                self.forget(AdapterId(adapter))
+                if adapter in self._unconfirmed:  # the plan's guess: the pod never had it
+                    self._unconfirmed.discard(AdapterId(adapter))
+                    residency.withdraw(adapter)
+                else:
+                    self.forget(AdapterId(adapter))
         for adapter in sorted(listed):
             self._unconfirmed.discard(adapter)
             if adapter in residency.listed:

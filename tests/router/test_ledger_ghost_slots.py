@@ -17,7 +17,7 @@ from collections.abc import Collection
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from placement.domain import AdapterId, Engine, PodId, PoolId
+from placement.domain import AdapterId, Engine, Outcome, PodId, PoolId
 from placement.residency import EngineModel, Entry
 from placement.router.ledger import PodLedger
 from placement.router.live_pods import LivePod, Upstream
@@ -118,3 +118,38 @@ def test_the_named_victim_is_the_slot_a_load_frees(max_loras: int, steps: list[S
     gone = next(i for i, slot in enumerate(before) if i >= len(after) - 1 or after[i] != slot)
     name, listed = before[gone]
     assert predicted == (AdapterId(name) if listed else None), (before, after)
+
+
+# --- a plan's guesses the pod never listed leave no ghost ------------------------------
+
+PLANNED = [AdapterId(n) for n in ("p0", "p1", "p2", "p3")]
+
+
+@given(st.sampled_from([EngineModel.VLLM, EngineModel.SGLANG]), st.integers(0, 4))
+def test_a_guess_the_listing_lacks_leaves_no_slot_taken(engine: EngineModel, listed: int) -> None:
+    """A router started with a plan seeds the controller's loads as guesses. When the
+    pod's first listing lacks some (the controller has not reached it, or the load
+    failed), the pod never gave them a slot: they are taken back, not unloaded, so on
+    vLLM no ghost is left and the slots read free. Before, a fresh empty vLLM pod read
+    full (``free_slots`` 0) from the plan alone."""
+    ledger = PodLedger(engine, max_loras=4, max_cpu_loras=8)
+    ledger.seed(hot=PLANNED, warm=(), plan_id="plan-1")
+    ledger.reconcile_listing({a: f"s3://{a}" for a in PLANNED[:listed]})
+    assert ledger.residency.ghosts_on_gpu() == 0
+    assert sorted(ledger.registered()) == sorted(PLANNED[:listed])
+    assert ledger.free_slots() == 4 - len(ledger.active())
+    for adapter in PLANNED[listed:]:
+        assert not ledger.residency.serves(adapter)
+        assert ledger.classify(adapter) is Outcome.COLD_LOAD
+
+
+def test_an_unload_of_a_confirmed_name_still_leaves_its_ghost() -> None:
+    """The other side: a name the pod listed, then no longer lists, was unloaded; on
+    vLLM its slot stays (vllm/entrypoints/openai/models/serving.py
+    ``unload_lora_adapter`` frees nothing)."""
+    ledger = PodLedger(EngineModel.VLLM, max_loras=4, max_cpu_loras=8)
+    ledger.seed(hot=PLANNED[:2], warm=(), plan_id="plan-1")
+    ledger.reconcile_listing({a: f"s3://{a}" for a in PLANNED[:2]})
+    ledger.reconcile_listing({PLANNED[0]: "s3://p0"})
+    assert ledger.residency.ghosts_on_gpu() == 1
+    assert ledger.free_slots() == 2
