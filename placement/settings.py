@@ -165,10 +165,10 @@ class RouterSettings:
     #: victim's reload is weighed with it. On, because the engines drain nothing for a
     #: load: vLLM (v1 ``Scheduler.schedule``'s ``max_loras`` check) and current SGLang
     #: (``get_new_batch_prefill``) skip a request whose adapter can get no slot until a
-    #: slot's adapter has none, as the emulated pods do. The replay prices it by
-    #: ``SimSettings.load_admission`` "vllm" instead (fewer loads there: war story -942,
-    #: m-mid -410, deepseek-r1 -1,374; docs/benchmarks.md). Off: a load costs the same
-    #: on every pod (as the router did before).
+    #: slot's adapter has none, as the emulated pods do. The replay prices it under
+    #: ``SimSettings.load_admission`` "vllm" only (fewer loads there: war story -942,
+    #: m-mid -410, deepseek-r1 -1,374; docs/benchmarks.md): its default admission drains
+    #: instead. Off: a load costs the same on every pod, live and in the replay.
     price_slot_wait: bool = True
     #: Under soft pressure with no pod holding the adapter, wait this long for room
     #: before answering 503: under pressure, queue rather than force a load.

@@ -92,7 +92,8 @@ def costs_for(replay: FleetReplay, settings: Settings) -> Costs:
     drains nothing, that figure stands in for the churn of cheaper loads: without it the
     routers thrash, docs/benchmarks.md); under vLLM's admission a load on a pod where it
     can take no GPU slot waits that figure more (``Costs.slot_wait_s``,
-    ``policies.route_context.waits_for_slot``)."""
+    ``policies.route_context.waits_for_slot``), unless ``RouterSettings.price_slot_wait``
+    is off, as the live router reads it."""
     workload, sim, cost = replay.workload, settings.sim, settings.load_cost
     count = max(1, len(workload))
     mean_prompt = sum(workload.prompt_tokens) / count
@@ -112,7 +113,11 @@ def costs_for(replay: FleetReplay, settings: Settings) -> Costs:
         cold_load_s=cold_s,
         no_load_kv_usage=settings.router.no_load_kv_usage,
         reject_kv_usage=settings.router.reject_kv_usage,
-        slot_wait_s=cost.expected_drain_ms / 1e3 if sim.load_admission == "vllm" else None,
+        slot_wait_s=(
+            cost.expected_drain_ms / 1e3
+            if sim.load_admission == "vllm" and settings.router.price_slot_wait
+            else None
+        ),
     )
 
 

@@ -35,3 +35,16 @@ def test_under_vllm_a_load_also_waits_the_drain_figure_for_a_slot() -> None:
     assert costs.slot_wait_s == settings.load_cost.expected_drain_ms / 1e3
     router = ReactiveRouter("bounded", replay_of(settings), settings, EvictionPolicy.LRU)
     assert router.context("a", 0.0).slot_wait_s == costs.slot_wait_s
+
+
+def test_with_the_router_setting_off_the_replay_prices_no_slot_wait() -> None:
+    """``RouterSettings.price_slot_wait`` off turns the slot wait off in the replay's
+    routers as in the live router's picker (``--set router.price_slot_wait=false``)."""
+    base = Settings()
+    vllm = replace(base, sim=replace(base.sim, load_admission="vllm"))
+    off = replace(vllm, router=replace(vllm.router, price_slot_wait=False))
+    costs = costs_for(replay_of(off), off)
+    assert costs.slot_wait_s is None
+    assert costs == replace(costs_for(replay_of(vllm), vllm), slot_wait_s=None)
+    router = ReactiveRouter("bounded", replay_of(off), off, EvictionPolicy.LRU)
+    assert router.context("a", 0.0).slot_wait_s is None
