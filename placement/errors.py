@@ -88,7 +88,23 @@ class EngineError(LorafleetError):
 
 
 class RetryableEngineError(EngineError):
-    """Worth retrying later: a 5xx, a refused connection, a timeout."""
+    """Worth retrying later: a 5xx, a refused connection, a timeout.
+
+    ``retry_after_s``: the wait the pod asked for in a ``Retry-After`` header, as read
+    by the engine client (seconds from now, never negative), or None when it asked
+    for none we could read. Whoever retries decides how much of it to honour.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        pod: str | None = None,
+        status: int | None = None,
+        retry_after_s: float | None = None,
+    ) -> None:
+        self.retry_after_s = retry_after_s
+        super().__init__(message, pod=pod, status=status)
 
 
 class PermanentEngineError(EngineError):

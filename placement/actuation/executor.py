@@ -3,7 +3,8 @@
 One action at a time per pod; an unload also waits for the earlier loads of its
 adapter on other pods (make before break, ``reconcile.depends_on``); at most
 ``max_concurrency`` calls in flight over the fleet. A retryable failure is retried
-with exponential backoff and full jitter (``rng`` and ``sleep`` are parameters) until
+with exponential backoff and full jitter (``rng`` and ``sleep`` are parameters), never
+sooner than the pod's ``Retry-After`` asked (capped at ``backoff_max_s``), until
 ``max_attempts`` or the action's deadline; a permanent one is not. An action whose
 prerequisite failed is skipped, so a failed load never leaves its adapter without a
 replica. Actions of one pod run in the order given (each waits for the one before it,
@@ -97,10 +98,23 @@ class ApplyReport:
         return tuple(r for r in self.results if r.action.pod == pod and r.status in statuses)
 
 
-def backoff_s(attempt: int, *, settings: ExecutorSettings, rng: random.Random) -> float:
-    """Full jitter: uniform in [0, min(max, base * 2**(attempt-1))]."""
+def backoff_s(
+    attempt: int,
+    *,
+    settings: ExecutorSettings,
+    rng: random.Random,
+    retry_after_s: float | None = None,
+) -> float:
+    """Full jitter: uniform in [0, min(max, base * 2**(attempt-1))]; at least the
+    pod's ``retry_after_s`` (its Retry-After) when it gave one, but never more than
+    ``backoff_max_s``: a pod cannot hold an action (and its concurrency slot) longer
+    between attempts than our own schedule could. The draw is made either way, so the
+    jitter of later retries does not depend on what a pod said. Pure."""
     cap = min(settings.backoff_max_s, settings.backoff_base_s * 2 ** (attempt - 1))
-    return rng.uniform(0.0, cap)
+    jittered_s = rng.uniform(0.0, cap)
+    if retry_after_s is None or not retry_after_s > 0.0:  # NaN is not a wait either
+        return jittered_s
+    return max(jittered_s, min(retry_after_s, settings.backoff_max_s))
 
 
 class Executor:
@@ -169,12 +183,16 @@ class Executor:
                     attempts += 1
                     try:
                         changed = await self._call(action)
-                    except RetryableEngineError:
+                    except RetryableEngineError as exc:
                         if attempts >= self._settings.max_attempts:
                             raise
-                        await self._sleep(
-                            backoff_s(attempts, settings=self._settings, rng=self._rng)
+                        delay_s = backoff_s(
+                            attempts,
+                            settings=self._settings,
+                            rng=self._rng,
+                            retry_after_s=exc.retry_after_s,
                         )
+                        await self._sleep(delay_s)
                         continue
                     break
         except TimeoutError:

@@ -15,6 +15,12 @@ read, so a pod that trickles its answer a byte at a time would otherwise hold a 
 (and the tick waiting on it) for ever. A body past ``MAX_BODY_BYTES`` (decoded) is
 refused, not read into memory; one that cannot be decoded (a ``Content-Encoding`` it
 does not have) is a ``RetryableEngineError`` like any other bad transfer.
+
+A 5xx or 429 with a ``Retry-After`` names it in the message and carries the wait it
+asks for as ``RetryableEngineError.retry_after_s`` (``retry_after_s`` reads it, RFC 9110:
+delta-seconds or an HTTP-date, against ``wall_clock``); a value it cannot read is named
+and not honoured. How much of the wait a retry honours is the retrier's to cap (the
+executor: ``ExecutorSettings.backoff_max_s``), not the client's.
 """
 
 from __future__ import annotations
@@ -22,6 +28,10 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import time
+from collections.abc import Callable
+from datetime import UTC
+from email.utils import parsedate_to_datetime
 from types import MappingProxyType
 from typing import Any
 
@@ -38,6 +48,12 @@ MAX_BODY_BYTES = 32 * 1024 * 1024
 #: Error messages are cut there: a message that is a whole page or a traceback says no
 #: more for being longer.
 MAX_MESSAGE_CHARS = 1000
+#: A ``Retry-After`` asking for more than a day is a mistake (milliseconds given for
+#: seconds, a date in the wrong year), not a wait: it is named but not honoured.
+MAX_RETRY_AFTER_S = 86_400.0
+#: RFC 9110 delta-seconds: ASCII digits only (no sign, no fraction); past 12 of them it
+#: is over MAX_RETRY_AFTER_S anyway, and int() is not asked to read a thousand.
+_DELTA_SECONDS = re.compile(r"[0-9]{1,12}")
 _TITLE = re.compile(r"<title[^>]*>(.*?)</title>", re.IGNORECASE | re.DOTALL)
 
 
@@ -108,7 +124,10 @@ class HttpEngine:
         served_model_name: str | None = None,
         http: httpx.AsyncClient | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
+        """``wall_clock``: epoch seconds to read a ``Retry-After`` date against; the real
+        wall clock, never a warped one, since the pod's date is wall time."""
         self._pod = pod
         self._url = url.rstrip("/")
         self._served_model_name = served_model_name
@@ -116,6 +135,7 @@ class HttpEngine:
         self._http = http if http is not None else httpx.AsyncClient()
         self._timeout_s = timeout_s
         self._timeout = httpx.Timeout(timeout_s)
+        self._wall_clock = wall_clock
 
     @property
     def pod(self) -> PodId:
@@ -127,6 +147,19 @@ class HttpEngine:
 
     def retryable(self, message: str, *, status: int | None = None) -> RetryableEngineError:
         return RetryableEngineError(message, pod=self._pod, status=status)
+
+    def retryable_answer(self, message: str, response: httpx.Response) -> RetryableEngineError:
+        """A 5xx or 429 worth retrying: ``message`` plus the ``Retry-After`` it named,
+        whose wait (when it can be read) the error carries as ``retry_after_s``."""
+        after = response.headers.get("retry-after")
+        if not after:
+            return self.retryable(message, status=response.status_code)
+        return RetryableEngineError(
+            f"{message} (Retry-After: {_short(after)})",
+            pod=self._pod,
+            status=response.status_code,
+            retry_after_s=retry_after_s(after, now_s=self._wall_clock()),
+        )
 
     def permanent(self, message: str, *, status: int | None = None) -> PermanentEngineError:
         return PermanentEngineError(message, pod=self._pod, status=status)
@@ -148,10 +181,9 @@ class HttpEngine:
         except TimeoutError:
             raise self.retryable(f"{method} {path} timed out after {self._timeout_s:g} s") from None
         if not answer_5xx and (response.status_code >= 500 or response.status_code == 429):
-            raise self.retryable(
-                f"{method} {path} answered {response.status_code}: {error_text(response)}"
-                + _retry_after(response),
-                status=response.status_code,
+            raise self.retryable_answer(
+                f"{method} {path} answered {response.status_code}: {error_text(response)}",
+                response,
             )
         return response
 
@@ -240,9 +272,26 @@ class HttpEngine:
         return response.text
 
 
-def _retry_after(response: httpx.Response) -> str:
-    after = response.headers.get("retry-after")
-    return f" (Retry-After: {_short(after)})" if after else ""
+def retry_after_s(value: str, *, now_s: float) -> float | None:
+    """The seconds a ``Retry-After`` value asks to wait (RFC 9110 section 10.2.3), pure.
+
+    delta-seconds (ASCII digits) as they are; an HTTP-date (any of RFC 9110's three
+    forms; one without a zone is GMT) counted from ``now_s`` (epoch seconds), 0 when it
+    is already past. None for anything else (negative, a fraction, words, a bad date)
+    and for a wait over ``MAX_RETRY_AFTER_S``: no wait is honoured for those.
+    """
+    text = value.strip()
+    if _DELTA_SECONDS.fullmatch(text):
+        delay_s = float(int(text))
+    else:
+        try:
+            when = parsedate_to_datetime(text)
+            if when.tzinfo is None:
+                when = when.replace(tzinfo=UTC)
+            delay_s = max(0.0, when.timestamp() - now_s)
+        except (TypeError, ValueError, OverflowError):
+            return None
+    return delay_s if delay_s <= MAX_RETRY_AFTER_S else None
 
 
 def listing_from_body(body: bytes, *, pod: str | None = None) -> Registered:

@@ -93,9 +93,8 @@ class SglangClient(HttpEngine):
                 "what failed)",
                 status=500,
             )
-        return self.retryable(
-            f"POST {path} answered {response.status_code}: {message}",
-            status=response.status_code,
+        return self.retryable_answer(
+            f"POST {path} answered {response.status_code}: {message}", response
         )
 
     async def unload(self, adapter: AdapterId) -> bool:
