@@ -99,6 +99,26 @@ def error_text(response: httpx.Response) -> str:
     return _short(response.text.strip())
 
 
+#: The most of a body ``body_excerpt`` keeps: a log line's worth.
+EXCERPT_CHARS = 200
+#: C0 and C1 control characters and DEL: a pod's body must not end or colour a log line.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def body_excerpt(status: int, body: bytes, *, limit: int = EXCERPT_CHARS) -> str:
+    """A short, one-line excerpt of an answer's body, for an error or a log line: its
+    message as ``error_text`` reads it (a proxy's HTML page by its title), control
+    characters and runs of white space as one space, cut to ``limit`` characters;
+    ``(empty body)`` when nothing is left."""
+    message = error_text(httpx.Response(status, content=body))
+    words = " ".join(_CONTROL.sub(" ", message).split())
+    if not words:
+        return "(empty body)"
+    if len(words) <= limit:
+        return words
+    return f"{words[:limit]}... ({len(body)} bytes in all)"
+
+
 def is_route_missing(response: httpx.Response) -> bool:
     """FastAPI's own 404 for a route that is not mounted: ``{"detail":"Not Found"}``."""
     if response.status_code != 404:

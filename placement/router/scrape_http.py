@@ -8,10 +8,15 @@ requests for a pooled connection, and a stalled pod's connection is dropped by i
 own timeout. ``HttpxScrapes`` makes the same reads through an ``httpx.AsyncClient`` a
 caller gave the router (tests reach in-process emulated pods through one).
 
-Both answer one GET as a ``Fetched`` (status and body) and fail in two ways only: a
-read past its timeout raises ``ScrapeTimeoutError``; any other transport failure (refused,
-reset, a bad URL) raises ``RetryableEngineError`` naming the pod and the path.
-``listing_of`` reads a ``/v1/models`` answer as the engine clients do
+Both answer one GET as a ``Fetched`` (status and body) and fail in three ways only: a
+read past its timeout raises ``ScrapeTimeoutError``; a body past ``max_bytes``
+(``MAX_METRICS_BYTES`` unless the caller says, the engine clients' ``MAX_BODY_BYTES``
+for a listing) is left unread and raises ``PermanentEngineError`` naming the pod, the
+path, the status and the cap; any other transport failure (refused, reset, a bad URL)
+raises ``RetryableEngineError`` naming the pod and the path. An error answer is named by
+``Fetched.message``: a short one-line excerpt of its body (``http_engine.body_excerpt``:
+the engine's message, a proxy's HTML page by its title). ``listing_of`` reads a
+``/v1/models`` answer as the engine clients do
 (``placement.adapters.http_engine.listing_from_body``).
 
 Must not judge health or touch the ledger: that is ``router.scraping``.
@@ -25,9 +30,17 @@ from typing import Protocol
 import aiohttp
 import httpx
 
-from placement.adapters.http_engine import error_text, listing_from_body
+from placement.adapters.http_engine import MAX_BODY_BYTES, body_excerpt, listing_from_body
 from placement.errors import PermanentEngineError, RetryableEngineError
 from placement.ports import Registered
+
+#: The most of a ``/metrics`` or ``/health`` answer read (decoded). A vLLM page is tens
+#: of KiB, and grows with ``vllm:lora_requests_info``, which keeps a series (about 150
+#: bytes) for every mix of adapters the pod ever ran: 8 MiB is some 50,000 of them.
+MAX_METRICS_BYTES = 8 * 1024 * 1024
+#: A ``/v1/models`` listing is read with the engine clients' cap: a listing the
+#: controller reads must not take the pod out of the router's rotation.
+MAX_LISTING_BYTES = MAX_BODY_BYTES
 
 
 class ScrapeTimeoutError(Exception):
@@ -46,16 +59,20 @@ class Fetched:
         return self.body.decode("utf-8", errors="replace")
 
     def message(self) -> str:
-        """The human message of an error answer, whichever shape the engine used."""
-        return error_text(httpx.Response(self.status, content=self.body))
+        """The human message of an error answer, whichever shape the engine used, as a
+        short excerpt on one line (``http_engine.body_excerpt``)."""
+        return body_excerpt(self.status, self.body)
 
 
 class ScrapeHttp(Protocol):
     """What ``PodScraper`` reads pods with."""
 
-    async def get(self, url: str, path: str, *, pod: str, timeout_s: float) -> Fetched:
-        """``GET url+path``, whole; ``ScrapeTimeoutError`` past ``timeout_s``, any other
-        transport failure ``RetryableEngineError`` naming ``pod`` and ``path``."""
+    async def get(
+        self, url: str, path: str, *, pod: str, timeout_s: float, max_bytes: int = MAX_METRICS_BYTES
+    ) -> Fetched:
+        """``GET url+path``, whole; ``ScrapeTimeoutError`` past ``timeout_s``, a body past
+        ``max_bytes`` (``MAX_METRICS_BYTES`` unless given) ``PermanentEngineError``, any
+        other transport failure ``RetryableEngineError``, naming ``pod`` and ``path``."""
         ...
 
     async def close(self) -> None: ...
@@ -63,6 +80,14 @@ class ScrapeHttp(Protocol):
 
 def _failed(path: str, pod: str, exc: BaseException) -> RetryableEngineError:
     return RetryableEngineError(f"GET {path} failed: {type(exc).__name__}: {exc}", pod=pod)
+
+
+def _too_large(path: str, pod: str, status: int, max_bytes: int) -> PermanentEngineError:
+    return PermanentEngineError(
+        f"GET {path} answered {status} with a body over {max_bytes} bytes: not read",
+        pod=pod,
+        status=status,
+    )
 
 
 class AiohttpScrapes:
@@ -84,10 +109,29 @@ class AiohttpScrapes:
             timeout = self._timeouts[seconds] = aiohttp.ClientTimeout(total=seconds)
         return timeout
 
-    async def get(self, url: str, path: str, *, pod: str, timeout_s: float) -> Fetched:
+    async def get(
+        self,
+        url: str,
+        path: str,
+        *,
+        pod: str,
+        timeout_s: float,
+        max_bytes: int = MAX_METRICS_BYTES,
+    ) -> Fetched:
         try:
             async with self._session.get(url + path, timeout=self._timeout(timeout_s)) as answer:
-                return Fetched(answer.status, await answer.read())
+                # A Content-Length past the cap is refused unread; a body without one (or
+                # one that lies, or is compressed) is counted as it comes.
+                if (answer.content_length or 0) > max_bytes:
+                    raise _too_large(path, pod, answer.status, max_bytes)
+                chunks: list[bytes] = []
+                size = 0
+                async for chunk in answer.content.iter_any():
+                    size += len(chunk)
+                    if size > max_bytes:
+                        raise _too_large(path, pod, answer.status, max_bytes)
+                    chunks.append(chunk)
+                return Fetched(answer.status, b"".join(chunks))
         except TimeoutError:  # aiohttp's own timeouts are TimeoutErrors too
             raise ScrapeTimeoutError(f"{pod}: GET {path} took over {timeout_s} s") from None
         except (aiohttp.ClientError, ValueError) as exc:  # ValueError: a URL yarl refuses
@@ -107,14 +151,29 @@ class HttpxScrapes:
     def __init__(self, http: httpx.AsyncClient) -> None:
         self._http = http
 
-    async def get(self, url: str, path: str, *, pod: str, timeout_s: float) -> Fetched:
+    async def get(
+        self,
+        url: str,
+        path: str,
+        *,
+        pod: str,
+        timeout_s: float,
+        max_bytes: int = MAX_METRICS_BYTES,
+    ) -> Fetched:
         try:
-            answer = await self._http.get(url + path, timeout=timeout_s)
+            async with self._http.stream("GET", url + path, timeout=timeout_s) as answer:
+                chunks: list[bytes] = []
+                size = 0
+                async for chunk in answer.aiter_bytes():
+                    size += len(chunk)
+                    if size > max_bytes:
+                        raise _too_large(path, pod, answer.status_code, max_bytes)
+                    chunks.append(chunk)
         except httpx.TimeoutException:
             raise ScrapeTimeoutError(f"{pod}: GET {path} took over {timeout_s} s") from None
         except (httpx.HTTPError, httpx.InvalidURL) as exc:
             raise _failed(path, pod, exc) from None
-        return Fetched(answer.status_code, answer.content)
+        return Fetched(answer.status_code, b"".join(chunks))
 
     async def close(self) -> None:
         """Nothing: the client is its giver's."""

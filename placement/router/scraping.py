@@ -38,7 +38,12 @@ from placement.metrics import FleetMetrics
 from placement.ports import PodMetrics
 from placement.router.live_pods import LivePod
 from placement.router.metrics import RouterMetrics
-from placement.router.scrape_http import ScrapeHttp, ScrapeTimeoutError, listing_of
+from placement.router.scrape_http import (
+    MAX_LISTING_BYTES,
+    ScrapeHttp,
+    ScrapeTimeoutError,
+    listing_of,
+)
 from placement.settings import RouterSettings
 
 log = logging.getLogger("lorafleet.router")
@@ -202,7 +207,9 @@ class PodScraper:
         if missing:
             return None
         if answer.status != 200:
-            raise EngineError(f"/metrics answered {answer.status}", pod=upstream.pod)
+            raise EngineError(
+                f"/metrics answered {answer.status}: {answer.message()}", pod=upstream.pod
+            )
         return answer.text
 
     async def _probe_health(self, state: LivePod, *, due: bool) -> None:
@@ -222,7 +229,9 @@ class PodScraper:
         )
         state.health_probed = True
         if answer.status != 200:
-            raise EngineError(f"/health answered {answer.status}", pod=upstream.pod)
+            raise EngineError(
+                f"/health answered {answer.status}: {answer.message()}", pod=upstream.pod
+            )
 
     async def _read_listing(self, state: LivePod) -> None:
         """The pod's ``/v1/models``, read into the ledger. Its timeout is a load's, as
@@ -234,6 +243,7 @@ class PodScraper:
                 "/v1/models",
                 pod=upstream.pod,
                 timeout_s=self.settings.load_timeout_s,
+                max_bytes=MAX_LISTING_BYTES,
             )
         except ScrapeTimeoutError:
             raise RetryableEngineError("GET /v1/models timed out", pod=upstream.pod) from None

@@ -1,0 +1,215 @@
+"""The router's scrapes against bad answers at the wire: emulated pods on real sockets
+whose ``/metrics``, ``/health`` or ``/v1/models`` a test replaces (``Scripted``), scraped
+by a running router over aiohttp, and ``AiohttpScrapes`` against raw HTTP
+(``tests.pods.wire_server``).
+
+An error answer is named by its status and a short one-line excerpt of its body; a body
+past the scrape's cap is refused unread, named.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from placement.domain import Engine, Fleet
+from placement.emulator import (
+    EmulatedFleet,
+    PodConfig,
+    listening_sockets,
+    ports_of,
+    serving_in_thread,
+)
+from placement.errors import PermanentEngineError
+from placement.router.scrape_http import MAX_METRICS_BYTES, AiohttpScrapes
+from tests.pods.wire_server import Answer, WireServer
+
+from .conftest import MANUAL, Running, router_for
+
+QUICK = replace(MANUAL, router=replace(MANUAL.router, scrape_timeout_s=2.0, health_timeout_s=2.0))
+
+
+class Scripted:
+    """What the pods answer instead of their own: ``answers[pod, path]`` is ``(status,
+    body)``; a body in ``chunked`` is sent in 64 KiB pieces without a Content-Length."""
+
+    def __init__(self) -> None:
+        self.answers: dict[tuple[str, str], tuple[int, bytes]] = {}
+        self.chunked: set[tuple[str, str]] = set()
+
+
+class _Scripting:
+    """ASGI middleware on an emulated pod: answers what ``Scripted`` names."""
+
+    def __init__(self, app: Any, *, pod: str, scripted: Scripted) -> None:
+        self.app, self.pod, self.scripted = app, pod, scripted
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        key = (self.pod, scope.get("path", ""))
+        answer = self.scripted.answers.get(key) if scope["type"] == "http" else None
+        if answer is None:
+            await self.app(scope, receive, send)
+            return
+        status, body = answer
+        if key not in self.scripted.chunked:
+            headers = [(b"content-length", str(len(body)).encode())]
+            await send({"type": "http.response.start", "status": status, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
+            return
+        await send({"type": "http.response.start", "status": status, "headers": []})
+        for start in range(0, len(body), 65536):
+            piece = body[start : start + 65536]
+            await send({"type": "http.response.body", "body": piece, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+
+
+@contextlib.contextmanager
+def scripted_pods(
+    n: int, *, engine: Engine = Engine.VLLM, **config: Any
+) -> Iterator[tuple[Fleet, Scripted]]:
+    sockets = listening_sockets(n)
+    pod_config = replace(PodConfig(), engine=engine, **config)
+    fleet = EmulatedFleet.start(n, engine=engine, ports=ports_of(sockets), config=pod_config)
+    scripted = Scripted()
+    for handle in fleet.handles:
+        handle.app.add_middleware(_Scripting, pod=handle.name, scripted=scripted)
+    with serving_in_thread(fleet.handles, sockets=sockets):
+        yield fleet.domain(), scripted
+
+
+def _healthy(router: Running) -> list[str]:
+    return [str(pod) for pod in router.get("/healthz")["healthy_pods"]]
+
+
+def _said(caplog: pytest.LogCaptureFixture, start: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.getMessage().startswith(start)]
+
+
+@pytest.fixture(autouse=True)
+def _router_log(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="lorafleet.router")
+
+
+# --- error answers, named by their bodies --------------------------------------------
+
+NGINX = b"<html><head><title>502 Bad Gateway</title></head><body>nginx</body></html>\n"
+TRACEBACK = b'Traceback (most recent call last):\n  File "engine.py"\nRuntimeError: dead\n'
+
+
+@pytest.mark.parametrize(
+    ("path", "status", "body", "said"),
+    [
+        (
+            "/metrics",
+            502,
+            NGINX,
+            "/metrics answered 502: 502 Bad Gateway (an HTML page: a proxy in front of the pod?)",
+        ),
+        (
+            "/metrics",
+            500,
+            TRACEBACK,
+            '/metrics answered 500: Traceback (most recent call last): File "engine.py" '
+            "RuntimeError: dead",
+        ),
+        ("/metrics", 500, b"", "/metrics answered 500: (empty body)"),
+        (
+            "/metrics",
+            500,
+            b"x" * 5000,
+            f"/metrics answered 500: {'x' * 200}... (5000 bytes in all)",
+        ),
+        (
+            "/v1/models",
+            500,
+            b'{"message": "\\u001b[31mengine\\r\\nfailed"}',
+            "GET /v1/models answered 500: [31mengine failed",
+        ),
+    ],
+    ids=["metrics-html-page", "metrics-traceback", "metrics-empty", "metrics-long", "listing-ansi"],
+)
+def test_an_error_answer_is_named_by_its_status_and_a_one_line_excerpt_of_its_body(
+    caplog: pytest.LogCaptureFixture, path: str, status: int, body: bytes, said: str
+) -> None:
+    with scripted_pods(2) as (fleet, scripted), router_for(fleet, settings=QUICK) as router:
+        scripted.answers["pod-1", path] = (status, body)
+        router.scrape()  # start made the first scrape: not a listing round
+        router.scrape()
+        router.scrape()
+        router.scrape()  # the listing round (every 4th)
+        assert _healthy(router) == ["pod-0"]
+        assert _said(caplog, "pod pod-1 leaves") == [
+            f"pod pod-1 leaves the rotation: pod-1: {said}"
+        ]
+
+
+def test_an_sglang_pod_without_metrics_whose_health_fails_is_named_by_its_body(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with (
+        scripted_pods(1, engine=Engine.SGLANG, sglang_metrics=False) as (fleet, scripted),
+        router_for(fleet, settings=QUICK) as router,
+    ):
+        scripted.answers["pod-0", "/health"] = (503, b"<title>Service\n Unavailable</title>")
+        for _ in range(4):  # /health is asked on the listing round
+            router.scrape()
+        assert _healthy(router) == []
+        assert _said(caplog, "pod pod-0 leaves") == [
+            "pod pod-0 leaves the rotation: pod-0: /health answered 503: Service Unavailable "
+            "(an HTML page: a proxy in front of the pod?)"
+        ]
+
+
+# --- bodies past the cap -------------------------------------------------------------
+
+PAGE = (
+    '# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{engine="0"} 1\n'
+    '# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{engine="0"} 0.25\n'
+)
+SGLANG_PAGE = (
+    '# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs{model_name="m"} 1\n'
+    '# TYPE sglang:token_usage gauge\nsglang:token_usage{model_name="m"} 0.25\n'
+)
+
+
+def test_a_metrics_page_past_the_cap_without_a_length_is_refused_named(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    padded = (PAGE + "# padding\n" * (MAX_METRICS_BYTES // 10 + 1)).encode()
+    with scripted_pods(2) as (fleet, scripted), router_for(fleet, settings=QUICK) as router:
+        scripted.answers["pod-1", "/metrics"] = (200, padded)
+        scripted.chunked.add(("pod-1", "/metrics"))
+        router.scrape()
+        assert _healthy(router) == ["pod-0"]
+        assert _said(caplog, "pod pod-1 leaves") == [
+            "pod pod-1 leaves the rotation: pod-1: GET /metrics answered 200 with a body over "
+            f"{MAX_METRICS_BYTES} bytes: not read"
+        ]
+
+
+def test_a_content_length_past_the_cap_is_refused_before_the_body_is_read() -> None:
+    # Read as before, the server's close after the short body was a payload error.
+    server = WireServer().start()
+    try:
+        server.answers["GET /metrics"] = Answer(body=b"x", content_length=MAX_METRICS_BYTES + 1)
+
+        async def scrape() -> None:
+            scrapes = AiohttpScrapes()
+            try:
+                await scrapes.get(server.url, "/metrics", pod="pod-9", timeout_s=5.0)
+            finally:
+                await scrapes.close()
+
+        with pytest.raises(PermanentEngineError) as raised:
+            asyncio.run(scrape())
+        assert str(raised.value) == (
+            f"pod-9: GET /metrics answered 200 with a body over {MAX_METRICS_BYTES} bytes: not read"
+        )
+    finally:
+        server.stop()
