@@ -12,14 +12,28 @@ never residency (residency comes from the router's ledger, ``placement.residency
 
 A sample valued ``NaN`` or infinite says nothing: it is left out, as if the pod had not
 exposed it (a pod once answered ``vllm:num_requests_running NaN``, and ``round(NaN)``
-raised). Counts below zero read as zero and the KV share is kept within 0..1. Text the
-parser refuses is a ``PermanentEngineError`` naming the first line it refuses.
+raised). Counts below zero read as zero and the KV share is kept within 0..1.
+
+Two readings of a page. ``parse_vllm_metrics`` and ``parse_sglang_metrics`` are strict,
+as Prometheus' own parser is: text it refuses is a ``PermanentEngineError`` naming the
+first line it refuses (the engine clients, the controller's, read so). The router reads
+with ``read_vllm_metrics`` and ``read_sglang_metrics``: one line it cannot read costs it
+that line, not the pod's whole page (and the pod's place in the rotation). Such a line
+is left out and said in ``ReadMetrics.skipped``, the rest of the page read, unless it is
+a line of a metric the reading needs (``VLLM_READS``, ``SGLANG_READS``: those it keeps,
+by the name the line starts with), or nothing the reading needs is left: then the page
+is refused as the strict reading refuses it. A page that reads whole costs one parse,
+as before; one with bad lines three (the failed one, each line alone, the rest).
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Literal
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -29,20 +43,150 @@ from placement.ports import PodMetrics
 
 _Samples = dict[str, list[tuple[dict[str, str], float]]]
 
+#: The metrics ``read_vllm_metrics`` takes a pod's load from: a line of one it cannot
+#: read fails the page.
+VLLM_READS = (
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+    "vllm:kv_cache_usage_perc",
+    "vllm:gpu_cache_usage_perc",
+    "vllm:lora_requests_info",
+)
+#: The same for ``read_sglang_metrics``.
+SGLANG_READS = (
+    "sglang:num_running_reqs",
+    "sglang:num_queue_reqs",
+    "sglang:token_usage",
+    "sglang:lora_pool_slots_used",
+    "sglang:lora_pool_slots_total",
+)
+#: A skipped line is quoted up to this many characters.
+_QUOTED_CHARS = 120
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SkippedLine:
+    """A line of a ``/metrics`` page the lenient reading left out, and why."""
+
+    #: 1 for the page's first line.
+    number: int
+    #: The line, cut to 120 characters.
+    text: str
+    #: ``sample`` for a sample line, ``metadata`` for a ``# HELP`` or ``# TYPE`` line.
+    kind: Literal["sample", "metadata"]
+    #: The metric the line names (its first word), "" when it names none.
+    metric: str
+    #: What the parser said of it, cut to 200 characters.
+    reason: str
+
+    def __str__(self) -> str:
+        return f"line {self.number} ({self.text!r}): {self.reason}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReadMetrics:
+    """A lenient reading of a page: its figures, and the lines left out of them."""
+
+    metrics: PodMetrics
+    skipped: tuple[SkippedLine, ...] = ()
+
+
+def _read(lines: Iterable[str]) -> _Samples:
+    """The page's finite samples by name; ValueError where the parser refuses it."""
+    by_name: _Samples = defaultdict(list)
+    for family in text_string_to_metric_families("\n".join(lines)):
+        for sample in family.samples:
+            value = float(sample.value)
+            if math.isfinite(value):  # NaN and infinities say nothing: left out
+                by_name[sample.name].append((dict(sample.labels), value))
+    return by_name
+
 
 def _samples(text: str, *, pod: str | None) -> _Samples:
-    by_name: _Samples = defaultdict(list)
     try:
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                value = float(sample.value)
-                if math.isfinite(value):  # NaN and infinities say nothing: left out
-                    by_name[sample.name].append((dict(sample.labels), value))
+        return _read((text,))
     except ValueError as exc:
+        raise _unreadable(text, exc, pod=pod) from None
+
+
+def _unreadable(text: str, exc: ValueError, *, pod: str | None) -> PermanentEngineError:
+    return PermanentEngineError(
+        f"unreadable /metrics text{_first_bad_line(text)}: {str(exc)[:300]}", pod=pod
+    )
+
+
+def _refusal(line: str) -> str | None:
+    """What the parser says of ``line`` alone, or None when it reads it."""
+    try:
+        for family in text_string_to_metric_families(line + "\n"):
+            for sample in family.samples:
+                float(sample.value)
+    except ValueError as exc:
+        said = " ".join(_CONTROL.sub(" ", str(exc)).split())  # one line, for a log
+        return said[:200] or "the parser refuses it"
+    return None
+
+
+def _lines(count: int) -> str:
+    return "1 line" if count == 1 else f"{count} lines"
+
+
+def _metric_named(line: str) -> str:
+    """The metric a line names: a ``# HELP``/``# TYPE`` line's third word, a sample's
+    name (up to its labels or value)."""
+    words = line.split(None, 3)
+    if line.lstrip().startswith("#"):
+        return words[2] if len(words) > 2 else ""
+    return words[0].split("{", 1)[0] if words else ""
+
+
+def _lenient_samples(
+    text: str, *, pod: str | None, reads: tuple[str, ...]
+) -> tuple[_Samples, tuple[SkippedLine, ...]]:
+    """The page's samples with the lines the parser refuses left out (the parser reads
+    lines as newlines split them), or a PermanentEngineError naming the first line it
+    refuses that is one of ``reads``' (or none of ``reads`` left, or a page whose lines
+    each read but not together)."""
+    try:
+        return _read((text,)), ()
+    except ValueError as whole:
+        first_error = whole
+    lines = text.split("\n")
+    skipped = []
+    for index, line in enumerate(lines):
+        reason = _refusal(line) if line.strip() else None
+        if reason is None:
+            continue
+        metric = _metric_named(line)
+        quoted = f"line {index + 1} ({line[:_QUOTED_CHARS]!r})"
+        if metric.startswith(reads):
+            raise PermanentEngineError(
+                f"unreadable /metrics text at {quoted}, a line of {metric} the router "
+                f"reads: {reason}",
+                pod=pod,
+            )
+        kind: Literal["sample", "metadata"] = (
+            "metadata" if line.lstrip().startswith("#") else "sample"
+        )
+        text_cut = line[:_QUOTED_CHARS]
+        skipped.append(
+            SkippedLine(number=index + 1, text=text_cut, kind=kind, metric=metric, reason=reason)
+        )
+        lines[index] = ""
+    if not skipped:  # every line reads alone: the fault is in how they go together
+        raise _unreadable(text, first_error, pod=pod)
+    try:
+        samples = _read(lines)
+    except ValueError as exc:
+        raise _unreadable(text, exc, pod=pod) from None
+    if not any(name in samples for name in reads):
         raise PermanentEngineError(
-            f"unreadable /metrics text{_first_bad_line(text)}: {str(exc)[:300]}", pod=pod
-        ) from None
-    return by_name
+            f"unreadable /metrics text: {_lines(len(skipped))} refused (the first at "
+            f"{skipped[0]}) and none of {', '.join(reads)} read: not a metrics page?",
+            pod=pod,
+        )
+    return samples, tuple(skipped)
 
 
 def _first_bad_line(text: str) -> str:
@@ -100,8 +244,19 @@ def _names(joined: str) -> frozenset[AdapterId]:
 
 
 def parse_vllm_metrics(text: str, *, pod: str | None = None) -> PodMetrics:
-    """Running and waiting requests summed over engines, KV use averaged over them."""
-    samples = _samples(text, pod=pod)
+    """Running and waiting requests summed over engines, KV use averaged over them;
+    strict: a line the parser refuses fails the page."""
+    return _vllm(_samples(text, pod=pod))
+
+
+def read_vllm_metrics(text: str, *, pod: str | None = None) -> ReadMetrics:
+    """As ``parse_vllm_metrics``, the lines it cannot read left out where they are not
+    of ``VLLM_READS``."""
+    samples, skipped = _lenient_samples(text, pod=pod, reads=VLLM_READS)
+    return ReadMetrics(metrics=_vllm(samples), skipped=skipped)
+
+
+def _vllm(samples: _Samples) -> PodMetrics:
     info = samples.get("vllm:lora_requests_info", [])
     latest = max(info, key=lambda series: series[1])[0] if info else {}
     return PodMetrics(
@@ -117,8 +272,19 @@ def parse_vllm_metrics(text: str, *, pod: str | None = None) -> PodMetrics:
 
 
 def parse_sglang_metrics(text: str, *, pod: str | None = None) -> PodMetrics:
-    """SGLang's gauges; the LoRA pool slots say how many adapters the running batch uses."""
-    samples = _samples(text, pod=pod)
+    """SGLang's gauges; the LoRA pool slots say how many adapters the running batch uses.
+    Strict: a line the parser refuses fails the page."""
+    return _sglang(_samples(text, pod=pod))
+
+
+def read_sglang_metrics(text: str, *, pod: str | None = None) -> ReadMetrics:
+    """As ``parse_sglang_metrics``, the lines it cannot read left out where they are not
+    of ``SGLANG_READS``."""
+    samples, skipped = _lenient_samples(text, pod=pod, reads=SGLANG_READS)
+    return ReadMetrics(metrics=_sglang(samples), skipped=skipped)
+
+
+def _sglang(samples: _Samples) -> PodMetrics:
     slots = "sglang:lora_pool_slots_total" in samples
     used = _count(samples, "sglang:lora_pool_slots_used")
     total = _count(samples, "sglang:lora_pool_slots_total")

@@ -190,6 +190,14 @@ class RouterMetrics:
             "1 while the router routes by a plan, 0 while it falls back to hashing.",
             registry=registry,
         )
+        self.scrape_problems = Counter(
+            "lorafleet_router_scrape_problems",
+            "Lines of a pod's /metrics the router could not read and left out, the rest of "
+            "the page read, by kind: sample (a sample line), metadata (a # HELP or # TYPE "
+            "line). A broken line of a metric the router reads fails the scrape instead.",
+            ["pod", "kind"],
+            registry=registry,
+        )
         self.refused = Counter(
             "lorafleet_router_refused_requests",
             "Requests refused at the front door, before routing: body_too_large (413), "

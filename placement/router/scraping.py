@@ -6,6 +6,13 @@ leaves the rotation (``mark_unhealthy``) until a good scrape. One pod's failure 
 kind is that pod's alone: it is logged with the pod's name and counted, and the caller
 (``Router.scrape_all``, the scrape round) goes on with the other pods.
 
+A line of a pod's ``/metrics`` that cannot be read costs that line, not the pod: it is
+left out, the rest of the page read (``metrics_text.read_vllm_metrics``), counted in
+``lorafleet_router_scrape_problems_total{pod,kind}`` at every scrape, and said in a
+warning once an hour per pod and problem (the kind of line and the metric it names). A
+broken line of a metric the router reads (queue, KV use, the LoRA series) fails the
+scrape as any unreadable page does.
+
 An SGLang pod started without ``--enable-metrics`` answers 404 on ``/metrics``: it stays
 in the rotation, judged by ``/health``, with ``lorafleet_router_pod_metrics_missing``
 set and one warning naming the pod and the flag.
@@ -29,7 +36,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
-from placement.adapters.metrics_text import parse_sglang_metrics, parse_vllm_metrics
+from placement.adapters.metrics_text import SkippedLine, read_sglang_metrics, read_vllm_metrics
 from placement.adapters.sglang import metrics_missing_message
 from placement.clock import Clock
 from placement.domain import AdapterId, Engine, PodId
@@ -47,6 +54,13 @@ from placement.router.scrape_http import (
 from placement.settings import RouterSettings
 
 log = logging.getLogger("lorafleet.router")
+
+#: A problem of a pod's ``/metrics`` (a kind of line, the metric it names) is said again
+#: after this long (clock seconds), if it lasts: once per scrape would flood the log.
+RETELL_PROBLEM_S = 3600.0
+#: At most this many problems of one pod said within ``RETELL_PROBLEM_S``: a page of
+#: changing garbage names a new metric every line. Every line is counted all the same.
+MAX_TOLD_PROBLEMS = 8
 
 
 class PodReportLike(Protocol):
@@ -104,6 +118,8 @@ class PodScraper:
         self.listings_read: dict[PodId, Mapping[AdapterId, str]] = {}
         #: Why each pod last left the rotation.
         self.why: dict[PodId, str] = {}
+        #: The problems of each pod's ``/metrics`` said, and when (clock seconds).
+        self._told: dict[PodId, dict[tuple[str, str], float]] = {}
 
     async def scrape(self, state: LivePod, *, listing: bool) -> bool:
         """Scrape ``state``'s pod once (with its ``/v1/models`` too when ``listing``, when
@@ -117,8 +133,11 @@ class PodScraper:
                 state.observe(PodMetrics())
             else:
                 sglang = upstream.engine is Engine.SGLANG
-                parse = parse_sglang_metrics if sglang else parse_vllm_metrics
-                state.observe(parse(text, pod=upstream.pod))
+                read = (read_sglang_metrics if sglang else read_vllm_metrics)(
+                    text, pod=upstream.pod
+                )
+                self._note_skipped(upstream.pod, read.skipped)
+                state.observe(read.metrics)
             if listing or not state.healthy or state.listing_due:
                 await self._read_listing(state)
         except ScrapeTimeoutError:
@@ -162,6 +181,33 @@ class PodScraper:
         state.listing_due = False
         state.ledger.reconcile_listing(adapters)
         state.sync()
+
+    def _note_skipped(self, pod: PodId, skipped: tuple[SkippedLine, ...]) -> None:
+        """Count the lines of ``pod``'s page left out; say each problem of it (its kind
+        and the metric it names) once per ``RETELL_PROBLEM_S``, and no more than
+        ``MAX_TOLD_PROBLEMS`` of them at a time."""
+        if not skipped:
+            return
+        now_s = self.clock()
+        told = {
+            problem: said_s
+            for problem, said_s in self._told.get(pod, {}).items()
+            if now_s - said_s < RETELL_PROBLEM_S
+        }
+        self._told[pod] = told
+        for line in skipped:
+            self.metrics.scrape_problems.labels(pod=pod, kind=line.kind).inc()
+            problem = (line.kind, line.metric)
+            if problem in told or len(told) >= MAX_TOLD_PROBLEMS:
+                continue
+            told[problem] = now_s
+            log.warning(
+                "pod %s: /metrics %s; left out, the rest of the page read "
+                "(lorafleet_router_scrape_problems_total{kind=%r})",
+                pod,
+                line,
+                line.kind,
+            )
 
     def _scraped(self, state: LivePod) -> None:
         """A good scrape of ``state``'s pod: it is in the rotation."""

@@ -4,7 +4,9 @@ by a running router over aiohttp, and ``AiohttpScrapes`` against raw HTTP
 (``tests.pods.wire_server``).
 
 An error answer is named by its status and a short one-line excerpt of its body; a body
-past the scrape's cap is refused unread, named.
+past the scrape's cap is refused unread, named; a ``/metrics`` line that cannot be read
+costs that line (left out, counted, said once), not the pod, unless it is a line of a
+metric the router reads, or nothing the router reads is left.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from placement.domain import Engine, Fleet
+from placement.domain import Engine, Fleet, PodId
 from placement.emulator import (
     EmulatedFleet,
     PodConfig,
@@ -213,3 +215,90 @@ def test_a_content_length_past_the_cap_is_refused_before_the_body_is_read() -> N
         )
     finally:
         server.stop()
+
+
+# --- a page with lines the router cannot read ----------------------------------------
+
+WAITING = 'vllm:num_requests_waiting{engine="0"} 3\n'
+BROKEN = 'vllm:e2e_request_latency_seconds_bucket{le="0.1" 7'
+
+
+def test_a_line_the_router_does_not_read_is_left_out_counted_said_once_and_the_pod_kept(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    page = PAGE + "<!-- proxy banner -->\n" + BROKEN + "\n" + WAITING
+    with scripted_pods(2) as (fleet, scripted), router_for(fleet, settings=QUICK) as router:
+        scripted.answers["pod-1", "/metrics"] = (200, page.encode())
+        router.scrape()
+        router.scrape()
+        assert _healthy(router) == ["pod-0", "pod-1"]
+        metrics = router.router.topology.pods[PodId("pod-1")].metrics
+        assert (metrics.running, metrics.waiting, metrics.kv_usage) == (1, 3, 0.25)
+        problems = {"pod": "pod-1", "kind": "sample"}
+        total = "lorafleet_router_scrape_problems_total"
+        assert router.registry.get_sample_value(total, problems) == 4.0  # 2 lines, 2 scrapes
+        assert _said(caplog, "pod pod-1: /metrics") == [
+            "pod pod-1: /metrics line 5 ('<!-- proxy banner -->'): invalid metric name:"
+            "<!-- proxy banner -->; left out, the rest of the page read "
+            "(lorafleet_router_scrape_problems_total{kind='sample'})",
+            f"pod pod-1: /metrics line 6 ({BROKEN!r}): could not convert string to float: "
+            "'{le=\"0.1\"'; left out, the rest of the page read "
+            "(lorafleet_router_scrape_problems_total{kind='sample'})",
+        ]
+        assert "lorafleet_router_scrape_problems_total" in router.get("/metrics")
+
+
+@pytest.mark.parametrize(
+    ("engine", "line", "said"),
+    [
+        (
+            Engine.VLLM,
+            'vllm:kv_cache_usage_perc{engine="1" 0.9',
+            "line 5 ('vllm:kv_cache_usage_perc{engine=\"1\" 0.9'), a line of "
+            "vllm:kv_cache_usage_perc the router reads: could not convert string to float",
+        ),
+        (
+            Engine.VLLM,
+            'vllm:lora_requests_info{running_lora_adapters="a} 1',
+            "line 5 ('vllm:lora_requests_info{running_lora_adapters=\"a} 1'), a line of "
+            "vllm:lora_requests_info the router reads: ",
+        ),
+        (
+            Engine.SGLANG,
+            "sglang:num_queue_reqs two",
+            "line 5 ('sglang:num_queue_reqs two'), a line of sglang:num_queue_reqs the router "
+            "reads: could not convert string to float",
+        ),
+    ],
+    ids=["vllm-kv-usage", "vllm-lora-info", "sglang-queue"],
+)
+def test_a_broken_line_of_a_metric_the_router_reads_takes_the_pod_out_named(
+    caplog: pytest.LogCaptureFixture, engine: Engine, line: str, said: str
+) -> None:
+    page = (SGLANG_PAGE if engine is Engine.SGLANG else PAGE) + line + "\n"
+    with (
+        scripted_pods(2, engine=engine) as (fleet, scripted),
+        router_for(fleet, settings=QUICK) as router,
+    ):
+        scripted.answers["pod-1", "/metrics"] = (200, page.encode())
+        router.scrape()
+        assert _healthy(router) == ["pod-0"]
+        (left,) = _said(caplog, "pod pod-1 leaves")
+        assert left.startswith(
+            f"pod pod-1 leaves the rotation: pod-1: unreadable /metrics text at {said}"
+        )
+
+
+def test_a_page_with_nothing_the_router_reads_left_takes_the_pod_out_named(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with scripted_pods(2) as (fleet, scripted), router_for(fleet, settings=QUICK) as router:
+        scripted.answers["pod-1", "/metrics"] = (200, NGINX)  # a proxy's page, as a 200
+        router.scrape()
+        assert _healthy(router) == ["pod-0"]
+        (left,) = _said(caplog, "pod pod-1 leaves")
+        assert left.startswith(
+            "pod pod-1 leaves the rotation: pod-1: unreadable /metrics text: 1 line refused "
+            "(the first at line 1 ('<html><head><title>502 Bad Gateway</title>"
+        )
+        assert left.endswith("not a metrics page?")
