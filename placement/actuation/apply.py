@@ -9,6 +9,13 @@ catalog's sources, so a changed ``source`` is loaded in place) and runs them wit
 ``Executor``, which applies each action that succeeds to the ledger. A pod
 that does not answer is reported as unreachable and left alone (reconcile then keeps
 its adapters' other replicas).
+
+A listing that fails retryably (a 5xx, 429, refused connection, timeout) is tried up to
+``LIST_ATTEMPTS`` times, waiting between tries as the executor's retries do:
+``backoff_s`` under the ``ExecutorSettings`` in force, at least the pod's
+``Retry-After`` (capped at ``backoff_max_s``), with the same ``sleep`` and ``rng`` the
+executor is given. Each pod waits on its own; the others are listed meanwhile. An
+unreachable pod's report is its last error's text and how many tries were made.
 """
 
 from __future__ import annotations
@@ -21,7 +28,14 @@ from types import MappingProxyType
 
 import httpx
 
-from placement.actuation.executor import ActionResult, ApplyReport, Executor, Ledger, Sleep
+from placement.actuation.executor import (
+    ActionResult,
+    ApplyReport,
+    Executor,
+    Ledger,
+    Sleep,
+    backoff_s,
+)
 from placement.actuation.reconcile import ActionSchedule, schedule
 from placement.actuation.reconcile_pods import PodState
 from placement.adapters.engines import engine_client
@@ -32,7 +46,8 @@ from placement.ports import EngineClient, Registered
 from placement.residency import engine_model
 from placement.settings import ExecutorSettings
 
-#: Tries at listing a pod before calling it unreachable (a lone 5xx is not a dead pod).
+#: Tries at listing a pod before calling it unreachable (a lone 5xx is not a dead pod);
+#: the waits between them are the executor's backoff (``backoff_s``).
 LIST_ATTEMPTS = 3
 
 
@@ -74,29 +89,57 @@ def _catalog_pins(catalog: Catalog | None, pod: PodId) -> frozenset[AdapterId]:
     return frozenset(a.name for a in catalog.adapters if a.pinned or pod in a.pinned_pods)
 
 
+def _attempts(count: int) -> str:
+    return f"after {count} attempt{'' if count == 1 else 's'}"
+
+
+async def _listing(
+    client: EngineClient, *, settings: ExecutorSettings, rng: random.Random, sleep: Sleep
+) -> Registered | str:
+    """One pod's listing, or why it could not be had (the last error, and the tries).
+
+    A retryable failure waits ``backoff_s`` (at least the pod's Retry-After, capped)
+    before the next of ``LIST_ATTEMPTS`` tries; a permanent one is not retried."""
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            return await client.registered()
+        except RetryableEngineError as exc:
+            if attempt >= LIST_ATTEMPTS:
+                return f"{exc} ({_attempts(attempt)})"
+            delay_s = backoff_s(
+                attempt, settings=settings, rng=rng, retry_after_s=exc.retry_after_s
+            )
+        except EngineError as exc:
+            return f"{exc} ({_attempts(attempt)}; not retryable)"
+        await sleep(delay_s)
+
+
 async def observe(
     fleet: Fleet,
     clients: Mapping[PodId, EngineClient],
     *,
     catalog: Catalog | None = None,
     ledger: Ledger | None = None,
+    settings: ExecutorSettings | None = None,
+    rng: random.Random | None = None,
+    sleep: Sleep = asyncio.sleep,
 ) -> Observation:
-    """List every pod's registrations at once; a pod that fails is unreachable."""
+    """List every pod's registrations at once; a pod that fails is unreachable.
+
+    ``settings``, ``rng`` and ``sleep`` time the retries of a failed listing, as they
+    do the executor's (pass the executor's own); by default ``ExecutorSettings()``,
+    a fresh ``random.Random()`` and the real ``asyncio.sleep``."""
     pods = fleet.pods
+    retry_settings = settings if settings is not None else ExecutorSettings()
+    jitter = rng if rng is not None else random.Random()
 
     async def listed(pod_id: PodId) -> Registered | str:
         client = clients.get(pod_id)
         if client is None:
             return "no client for this pod"
-        for attempt in range(1, LIST_ATTEMPTS + 1):
-            try:
-                return await client.registered()
-            except RetryableEngineError as exc:
-                if attempt == LIST_ATTEMPTS:
-                    return str(exc)
-            except EngineError as exc:
-                return str(exc)
-        return "not listed"
+        return await _listing(client, settings=retry_settings, rng=jitter, sleep=sleep)
 
     answers = await asyncio.gather(*(listed(pod.name) for pod in pods))
     states: dict[PodId, PodState] = {}
@@ -138,10 +181,16 @@ async def plan_actions(
     catalog: Catalog | None = None,
     ledger: Ledger | None = None,
     demand_rps: Mapping[AdapterId, float] | None = None,
+    settings: ExecutorSettings | None = None,
+    rng: random.Random | None = None,
+    sleep: Sleep = asyncio.sleep,
 ) -> tuple[Observation, ActionSchedule]:
     """What applying ``plan`` would do now (``--dry-run``), in the order it needs.
-    ``demand_rps`` (the forecast) orders each hot set, the most valuable activated last."""
-    observation = await observe(fleet, clients, catalog=catalog, ledger=ledger)
+    ``demand_rps`` (the forecast) orders each hot set, the most valuable activated last;
+    ``settings``, ``rng`` and ``sleep`` time the listing's retries (``observe``)."""
+    observation = await observe(
+        fleet, clients, catalog=catalog, ledger=ledger, settings=settings, rng=rng, sleep=sleep
+    )
     sources = lora_paths(catalog) if catalog is not None else None
     steps = schedule(plan, observation.states, sources=sources, demand_rps=demand_rps)
     return observation, steps
@@ -161,7 +210,8 @@ async def apply_plan(
     on_actions: Callable[[tuple[Action, ...]], None] | None = None,
     on_result: Callable[[ActionResult], None] | None = None,
 ) -> ApplyOutcome:
-    """Observe, reconcile and execute once. Applying the same plan again loads nothing."""
+    """Observe, reconcile and execute once. Applying the same plan again loads nothing.
+    The listing's retries and the actions' share ``settings``, ``rng`` and ``sleep``."""
     observation, steps = await plan_actions(
         plan,
         fleet=fleet,
@@ -169,6 +219,9 @@ async def apply_plan(
         catalog=catalog,
         ledger=ledger,
         demand_rps=demand_rps,
+        settings=settings,
+        rng=rng,
+        sleep=sleep,
     )
     if on_actions is not None:
         on_actions(steps.actions)

@@ -122,8 +122,15 @@ async def _run(
     limits = httpx.Limits(max_connections=max(8, settings.max_concurrency * 2))
     async with httpx.AsyncClient(limits=limits) as http:
         clients = make_clients(fleet, http=http, timeout_s=timeout_s)
+        rng = random.Random(seed)  # the listing's retries and the actions' share it
         observation, steps = await plan_actions(
-            plan, fleet=fleet, clients=clients, catalog=catalog, ledger=ledger
+            plan,
+            fleet=fleet,
+            clients=clients,
+            catalog=catalog,
+            ledger=ledger,
+            settings=settings,
+            rng=rng,
         )
         _print_diff(out(), steps, observation)
         if dry_run or not steps.actions:
@@ -140,7 +147,7 @@ async def _run(
                 clients,
                 lora_paths=lora_paths(catalog),
                 settings=settings,
-                rng=random.Random(seed),
+                rng=rng,
                 ledger=ledger,
                 on_result=advance,
             )
