@@ -284,15 +284,19 @@ class InputSettings:
 
 @dataclass(frozen=True, kw_only=True)
 class ExecutorSettings:
-    #: One pod action (a load, an unload, a warm-up) gives up after this long, retries included.
+    #: One pod action (a load, an unload, a warm-up) gives up after this long, retries
+    #: included.
     per_action_deadline_s: float = 30.0
     #: Pod actions in flight over the whole fleet at once.
     max_concurrency: int = 32
-    #: Tries per action; only a retryable failure (a 5xx, 429, refused connection) is retried.
+    #: Tries per action (a listing has 3); only a retryable failure (a 5xx, 429, refused
+    #: connection) is retried.
     max_attempts: int = 4
-    #: A retry waits a full-jitter backoff from this, doubling per attempt.
+    #: A retry (of an action, or of a pod's listing) waits a full-jitter backoff from
+    #: this, doubling per attempt.
     backoff_base_s: float = 0.2
-    #: The backoff's cap, and of how much of a pod's Retry-After a retry honours.
+    #: The backoff's cap, and of how much of a pod's Retry-After a retry (action or
+    #: listing) honours.
     backoff_max_s: float = 5.0
 
 
