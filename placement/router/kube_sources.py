@@ -7,8 +7,9 @@ Both ports are blocking, so each call runs in a worker thread.
 
 A discovered pod's pool comes from its ``lorafleet.io/pool`` label. The pool's engine,
 served model name and slot counts come from a fleet file when one is given (its pool
-of the same name), else from the pod's labels below, else from defaults (vLLM, the
-pool's name, 1 GPU slot, a host cache of max-loras).
+of the same name: the slot counts of its pod of the same name, else of its first pod),
+else from the pod's labels below, else from defaults (vLLM, the pool's name, 1 GPU
+slot, a host cache of max-loras).
 
 A label that is there but cannot be read is never taken for a default: the pod is left
 out, with a warning (once per pod and what was wrong) naming the pod, each bad label,
@@ -184,7 +185,10 @@ class DiscoveryPodSource:
     def _upstream(self, pod: DiscoveredPod) -> Upstream:
         pool = self._pools.get(PoolId(pod.pool))
         if pool is not None:
-            template = next(iter(pool.pods), None)
+            # The fleet file's pod of the same name when it lists one (a StatefulSet's
+            # pods keep their names): a pod may set its own max_loras over the pool's.
+            named = {fleet_pod.name: fleet_pod for fleet_pod in pool.pods}
+            template = named.get(pod.name) or next(iter(pool.pods), None)
             return Upstream(
                 pod=pod.name,
                 pool=pod.pool,

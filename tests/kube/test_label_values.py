@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 from kubernetes import client
@@ -17,6 +18,7 @@ from placement.adapters.kube import KubePods, KubeTarget, connect
 from placement.router.kube_sources import DiscoveryPodSource
 from placement.router.state import Upstream
 from tests.controller.controller_kubefake import FakeApiServer, make_pod
+from tests.factories import fleet, pod, pool
 
 TARGET = KubeTarget(namespace="lf", request_timeout_s=2.0)
 SLOTS = "lorafleet.io/max-loras"
@@ -146,3 +148,22 @@ def test_a_fixed_label_brings_the_pod_back_and_a_new_bad_value_is_said_again(
     server.put("pods", make_pod("pod-a", labels={SLOTS: "0"}))
     assert _upstreams(source) == []
     assert _said(caplog) == [f"selector: {_not_a_count(SLOTS, '0')}; left out"]
+
+
+def test_a_pod_the_fleet_file_names_takes_its_own_slot_counts_not_the_first_pods(
+    fake: tuple[FakeApiServer, client.ApiClient],
+) -> None:
+    server, api = fake
+    first, own = pod("vllm-0", pool="llama"), pod("vllm-1", pool="llama", max_loras=8)
+    llama = replace(
+        pool("llama", 0, served_model="meta-llama"), pods=(first, replace(own, max_cpu_loras=24))
+    )
+    for i, name in enumerate(("vllm-0", "vllm-1", "vllm-7")):
+        # Labels a fleet file overrides: read neither as counts nor as problems.
+        server.put("pods", make_pod(name, ip=f"10.0.0.{i}", labels={SLOTS: "four"}))
+    source = DiscoveryPodSource(KubePods(api, target=TARGET), fleet=fleet(llama))
+    assert _upstreams(source) == [
+        ("vllm-0", "meta-llama", 4, 8),
+        ("vllm-1", "meta-llama", 8, 24),
+        ("vllm-7", "meta-llama", 4, 8),  # not in the file: its first pod's
+    ]
