@@ -134,6 +134,15 @@ class VictimWorth:
         return min(forecast, recent.get(adapter, 0.0))
 
 
+def waits_for_slot(pod: PodLike) -> bool:
+    """Whether a load on ``pod`` would wait for a GPU slot under vLLM's admission: no
+    slot is free and every GPU adapter has requests running or queued there."""
+    if pod.free_slots > 0:
+        return False
+    running, waiting = pod.running_adapters, pod.waiting_adapters
+    return all(name in running or name in waiting for name in pod.gpu_adapters)
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RoutingContext:
     """One request to place, the pods to choose from, and the costs to weigh."""
@@ -159,10 +168,15 @@ class RoutingContext:
     #: lorafleet only (None: not weighed): what a load's LRU victim is worth.
     victims: VictimWorth | None = None
     #: Under an admission that drains nothing (vLLM's; the replay's ``load_admission``
-    #: "vllm"): a load on a pod where it can take no GPU slot (``waits_for_slot``)
+    #: "vllm"): a load on a pod where it can take no GPU slot (``slot_taken``)
     #: waits this much for one besides ``warm_load_s`` or ``cold_load_s``, and a
     #: victim's reload is weighed with it. None: a load costs the same on every pod.
     slot_wait_s: float | None = None
+    #: Whether a load on a pod waits for a GPU slot, as the caller reads its pods:
+    #: ``waits_for_slot`` (the scrape's running and waiting adapters) by default; the
+    #: live router passes its own, which counts its requests in flight and the slots of
+    #: unloaded names' idle entries too.
+    slot_taken: Callable[[PodLike], bool] = waits_for_slot
 
 
 class RouteReason(enum.StrEnum):
@@ -271,20 +285,11 @@ def predicted_delay_s(pod: PodLike, ctx: RoutingContext) -> float:
     return delay
 
 
-def waits_for_slot(pod: PodLike) -> bool:
-    """Whether a load on ``pod`` would wait for a GPU slot under vLLM's admission: no
-    slot is free and every GPU adapter has requests running or queued there."""
-    if pod.free_slots > 0:
-        return False
-    running, waiting = pod.running_adapters, pod.waiting_adapters
-    return all(name in running or name in waiting for name in pod.gpu_adapters)
-
-
 def slot_wait_s(pod: PodLike, ctx: RoutingContext) -> float:
     """The wait for a slot a load on ``pod`` adds (``RoutingContext.slot_wait_s``): 0
     without one, or where the load can take a slot now."""
     wait = ctx.slot_wait_s
-    return 0.0 if wait is None or not waits_for_slot(pod) else wait
+    return 0.0 if wait is None or not ctx.slot_taken(pod) else wait
 
 
 def load_penalty_s(pod: PodLike, ctx: RoutingContext) -> float:

@@ -48,7 +48,6 @@ from policies.route_context import (
     load_penalty_s,
     predicted_delay_s,
     prelude,
-    waits_for_slot,
 )
 from policies.victims import class_refresh, lru_victim, victim_worth_s
 
@@ -103,7 +102,7 @@ def _bounded_best(ctx: RoutingContext, candidates: Sequence[PodLike]) -> tuple[P
     stalls: the pod admits nothing while it drains and loads, so each request queued
     there waits the load's time too (the convoy). Under vLLM's admission
     (``RoutingContext.slot_wait_s``) a load on a pod where it can take no GPU slot also
-    pays the wait for one (``waits_for_slot``). The loop inlines
+    pays the wait for one (``RoutingContext.slot_taken``). The loop inlines
     ``predicted_delay_s`` and ``load_penalty_s`` for speed.
 
     A read from storage is weighed by its victim only where storage is fast
@@ -120,7 +119,7 @@ def _bounded_best(ctx: RoutingContext, candidates: Sequence[PodLike]) -> tuple[P
     victims = ctx.victims
     stall_weight = 0.0 if victims is None else victims.stall_weight
     weigh_cold = weighs_cold_victims(ctx)
-    slot_wait = ctx.slot_wait_s
+    slot_wait, slot_taken = ctx.slot_wait_s, ctx.slot_taken
     best: PodLike = candidates[0]
     best_key: _Key = (math.inf, 2, 0.0, 0)
     for pod in candidates:
@@ -136,7 +135,7 @@ def _bounded_best(ctx: RoutingContext, candidates: Sequence[PodLike]) -> tuple[P
                 delay += busy_s
             warm = adapter in pod.registered
             delay += warm_load_s if warm else cold_load_s
-            wait_s = 0.0 if slot_wait is None or not waits_for_slot(pod) else slot_wait
+            wait_s = 0.0 if slot_wait is None or not slot_taken(pod) else slot_wait
             delay += wait_s * ctx.load_penalty_factor
             queued = pod.queue_depth
             if queued and stall_weight > 0.0:  # the queue behind it waits for the load

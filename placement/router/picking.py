@@ -33,9 +33,8 @@ more (``RoutingContext.slot_wait_s``), as in the replay under vLLM's admission: 
 engines drain nothing for a load. "Running" is the last scrape's (vLLM's
 ``lora_requests_info``, up to a scrape interval old) together with the router's own
 requests in flight (``LivePod.busy``), and a slot held by an unloaded name's idle entry
-(the ledger's vLLM ghost) takes a load now. A full pod where that judgment differs from
-what ``waits_for_slot`` reads of the ``LivePod`` is handed to the policy as a
-``PodSnapshot`` that agrees with it (``_slot_views``); every other pod goes as it is.
+(the ledger's vLLM ghost) takes a load now: the policy asks ``slot_taken``
+(``RoutingContext.slot_taken``), not the scrape alone.
 
 No IO, no clock, no await.
 """
@@ -54,7 +53,6 @@ from policies.route_context import waits_for_slot
 from policies.routing import (
     HashFallback,
     PodLike,
-    PodSnapshot,
     RouteDecision,
     RouteReason,
     RoutingContext,
@@ -104,81 +102,48 @@ class Choice:
 
 def _ledger_victim(topology: Topology, pod: PodLike) -> str | None:
     """What a load on ``pod`` would evict, by its ledger's engine model with the
-    router's requests in flight there as busy (as the ledger applies every call); a
-    ``PodSnapshot`` of ``_slot_views`` stands for the live pod of its id."""
+    router's requests in flight there as busy (as the ledger applies every call)."""
     state = pod if isinstance(pod, LivePod) else topology.pods.get(PodId(pod.pod_id))
     if state is None:
         return lru_victim(pod)
     return state.ledger.next_victim(state.busy.keys())
 
 
-def _taken_by_requests(pod: LivePod) -> tuple[bool, frozenset[str], int]:
-    """Whether a load on full ``pod`` waits for a GPU slot as the engine admits it, the
-    adapters of the router's own requests in flight there, and its idle ghost slots.
+def slot_taken(pod: PodLike) -> bool:
+    """Whether a load on ``pod`` waits for a GPU slot as the engine admits it
+    (``RoutingContext.slot_taken`` for the live router; a pod that is not a ``LivePod``
+    goes by ``waits_for_slot``).
 
-    It waits when every slot's holder has requests: each GPU adapter is running or
-    waiting by the last scrape (``lora_requests_info``, up to a scrape interval old) or
-    has the router's requests in flight (``LivePod.busy``, current); and each slot of
-    an unloaded name's entry (the ledger's vLLM ghost, outside ``gpu_adapters`` and
-    ``free_slots``) holds one of those requests' entries. An idle ghost slot takes a
-    load now: the ledger evicts it first, losing nothing."""
-    busy = frozenset(key.name if isinstance(key, Entry) else key for key in pod.busy)
+    It waits when no slot is free and every slot's holder has requests: each GPU adapter
+    is running or waiting by the last scrape (``lora_requests_info``, up to a scrape
+    interval old) or has the router's requests in flight (``LivePod.busy``, current);
+    and each slot of an unloaded name's entry (the ledger's vLLM ghost, outside
+    ``gpu_adapters`` and ``free_slots``) holds one of those requests' entries. An idle
+    ghost slot takes a load now: nothing runs on it."""
+    if not isinstance(pod, LivePod):
+        return waits_for_slot(pod)
+    if pod.free_slots > 0:
+        return False
+    busy = pod.busy
     ghosts = pod.max_loras - pod.free_slots - len(pod.gpu_adapters)
     if ghosts > 0:
         ledger = pod.ledger
-        held = sum(
-            1
-            for key in pod.busy
-            if isinstance(key, Entry) and ledger.entry(AdapterId(key.name)) is not key
-        )
+        held = 0
+        for key in busy:
+            if isinstance(key, Entry) and ledger.entry(AdapterId(key.name)) is not key:
+                held += 1
         if held < ghosts:
-            return False, busy, ghosts - held
+            return False
     running, waiting = pod.running_adapters, pod.waiting_adapters
-    taken = all(name in running or name in waiting or name in busy for name in pod.gpu_adapters)
-    return taken, busy, 0
-
-
-def _slot_view(pod: LivePod) -> PodLike:
-    """``pod`` as the plan policy reads it for ``waits_for_slot``: itself where that
-    agrees with ``_taken_by_requests``, else a ``PodSnapshot`` that makes it agree:
-    the router's busy adapters among the running ones, or the idle ghost slots free."""
-    if pod.free_slots > 0:
-        return pod
-    taken, busy, idle_ghosts = _taken_by_requests(pod)
-    if taken == waits_for_slot(pod):
-        return pod
-    running = busy.union(pod.running_adapters) if taken else frozenset(pod.running_adapters)
-    return PodSnapshot(
-        pod_id=pod.pod_id,
-        queue_depth=pod.queue_depth,
-        running=pod.running,
-        kv_usage=pod.kv_usage,
-        gpu_util=pod.gpu_util,
-        gpu_adapters=tuple(pod.gpu_adapters),
-        registered=frozenset(pod.registered),
-        running_adapters=running,
-        waiting_adapters=frozenset(pod.waiting_adapters),
-        loading=frozenset(pod.loading),
-        free_slots=idle_ghosts,
-        max_loras=pod.max_loras,
-        victim_last_used_s=pod.victim_last_used_s,
-        healthy=pod.healthy,
-    )
-
-
-def _slot_views(pods: Sequence[LivePod]) -> Sequence[PodLike]:
-    """``pods`` as ``_slot_view`` gives each; ``pods`` itself when none changes."""
-    views: list[PodLike] | None = None
-    for i, pod in enumerate(pods):
-        if pod.free_slots > 0:
+    names: set[str] | None = None
+    for name in pod.gpu_adapters:
+        if name in running or name in waiting:
             continue
-        view = _slot_view(pod)
-        if view is pod:
-            continue
-        if views is None:
-            views = list(pods)
-        views[i] = view
-    return pods if views is None else views
+        if names is None:  # the names of the router's requests in flight, once
+            names = {key.name if isinstance(key, Entry) else key for key in busy}
+        if name not in names:
+            return False
+    return True
 
 
 class Picker:
@@ -249,9 +214,7 @@ class Picker:
         slot_wait_s = self.slot_wait_s
         context = RoutingContext(
             adapter=adapter,
-            # Only the plan policy prices a load by its pod's slots (the baselines and
-            # the base model's least-loaded do not): the others need no views.
-            pods=_slot_views(pods) if planned and slot_wait_s is not None else pods,
+            pods=pods,
             warm_load_s=warm_s,
             cold_load_s=cold_s,
             no_load_kv_usage=self.settings.no_load_kv_usage,
@@ -260,6 +223,9 @@ class Picker:
             victims=self._victims_for(topology) if planned else None,
             now_s=self.clock() if planned and self.clock is not None else 0.0,
             slot_wait_s=slot_wait_s,
+            # Only the plan policy counts the router's own requests for a slot (the
+            # baselines read the scrape alone, as before).
+            slot_taken=slot_taken if planned else waits_for_slot,
         )
         if model == pool.served_model:
             return self._decided(topology, route_least_loaded(context), adapter, base=True)

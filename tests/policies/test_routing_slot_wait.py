@@ -68,3 +68,14 @@ def test_a_victims_reload_is_weighed_with_the_wait() -> None:
     waited = context((OPEN,), victims=victims, slot_wait_s=WAIT_S)
     ratio = victim_worth_s(OPEN, waited) / victim_worth_s(OPEN, plain)
     assert abs(ratio - (plain.warm_load_s + WAIT_S) / plain.warm_load_s) < 1e-9
+
+
+def test_the_callers_reading_of_a_slot_decides() -> None:
+    # RoutingContext.slot_taken: the live router counts its own requests in flight (and
+    # idle ghost slots), which the scrape behind waits_for_slot does not show. Read
+    # with it, the open pod's idle adapter is taken and the taken pod's slot free, so
+    # the load goes back to the shorter queue.
+    flipped = context((TAKEN, OPEN), slot_wait_s=WAIT_S, slot_taken=lambda pod: pod is OPEN)
+    assert slot_wait_s(OPEN, flipped) == WAIT_S
+    assert slot_wait_s(TAKEN, flipped) == 0.0
+    assert route_bounded(flipped).pod_id == "taken"
