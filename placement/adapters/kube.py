@@ -69,15 +69,22 @@ def _port_of(pod: client.V1Pod, target: KubeTarget) -> int:
 
 
 def to_discovered(pod: client.V1Pod, target: KubeTarget) -> DiscoveredPod | None:
-    """The pod as the ports see it, or None when it names no pool."""
+    """The pod as the ports see it, or None when it names no pool: no pool label (and
+    no ``default_pool``), or an empty one, which is not read as the default pool."""
     meta = pod.metadata
     if meta is None or not meta.name:
         ip = pod.status.pod_ip if pod.status is not None else None
         logger.warning("a pod the API listed has no metadata.name (pod IP %s); left out", ip)
         return None
     labels = dict(meta.labels or {})
-    pool = labels.get(target.pool_label, target.default_pool)
-    if pool is None:
+    named = labels.get(target.pool_label)
+    if named == "":  # set, to nothing: not taken for the default pool
+        logger.warning(
+            "pod %s: label %s is empty: it names no pool; left out", meta.name, target.pool_label
+        )
+        return None
+    pool = named if named is not None else target.default_pool
+    if not pool:
         logger.warning("pod %s has no %s label; left out", meta.name, target.pool_label)
         return None
     return DiscoveredPod(

@@ -10,7 +10,9 @@ instead of overwriting it. Given a ``term`` (the leader's fencing token, see
 ``placement.controller.leader``), a write also stamps it on the object
 (``lorafleet.io/leader-term``) and refuses, with ``LeadershipLostError``, an object a
 later term wrote: a deposed leader that wakes up from a pause cannot overwrite its
-successor. A write whose data would not fit a ConfigMap is refused before it is sent.
+successor; an annotation that holds no term (``abc``, ``nan``) is a ``KubeError`` naming
+it, and the object is not written: it may be a later leader's. A write whose data would
+not fit a ConfigMap is refused before it is sent.
 
 Must not decide what to publish or when: that is the caller's
 (``placement.controller.ticks``). Import these from ``placement.adapters.kube``.
@@ -18,6 +20,7 @@ Must not decide what to publish or when: that is the caller's
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 
 from kubernetes import client
@@ -62,16 +65,29 @@ class _ConfigMaps:
             raise LeadershipLostError(f"configmap {self.name}: this replica does not lead")
         meta = existing.metadata if existing is not None else None
         written = ((meta.annotations if meta is not None else None) or {}).get(TERM_ANNOTATION)
-        try:
-            theirs = float(written) if written is not None else None
-        except ValueError:
-            theirs = None
+        theirs = None if written is None else self._term_of(written)
         if theirs is not None and theirs > ours:
             raise LeadershipLostError(
                 f"configmap {self.name} was written by a later leader (term {theirs:.6f} > "
                 f"ours {ours:.6f}): not overwriting it"
             )
         return {TERM_ANNOTATION: f"{ours:.6f}"}
+
+    def _term_of(self, written: str) -> float:
+        """The term an annotation holds; a KubeError naming it when it holds none: a
+        term we cannot read may be a later leader's, so nothing overwrites it."""
+        try:
+            term = float(written)
+        except ValueError:
+            term = math.nan
+        if not math.isfinite(term):
+            raise KubeError(
+                f"configmap {self.name}: annotation {TERM_ANNOTATION}: {written!r} is not a "
+                "leader term (accepted: the Unix seconds a leader took the lease at, as it "
+                "writes them, e.g. '1764763200.250000'); not overwriting it: correct the "
+                "annotation or remove it"
+            )
+        return term
 
     def read(self) -> client.V1ConfigMap | None:
         try:
@@ -162,8 +178,10 @@ class KubeConfigMapKey:
         text = _data(configmap).get(self.key)
         if text is None:
             raise KubeError(f"{self.description}: the configmap has no such key")
-        meta = configmap.metadata
-        return str(meta.resource_version if meta is not None else ""), text
+        version = configmap.metadata.resource_version if configmap.metadata is not None else None
+        if not version:  # a reader tells a change by it: without one it would see none
+            raise KubeError(f"{self.description}: the configmap has no metadata.resourceVersion")
+        return str(version), text
 
 
 class KubePlanStore:

@@ -1,12 +1,18 @@
-"""The router's pods from a label selector, through the official client against the fake
-API server of ``tests.controller``: a slot-count or served-model label that is there but
-cannot be read leaves the pod out, said once (the pod, each bad label, its value and
-what is accepted), never read as the default; the rest of the discovery goes on.
+"""Labels and annotations that are there but cannot be read get a named answer, never a
+default: through the official client against the fake API server of ``tests.controller``
+(or, for an answer it would not give, ``tests.pods.wire_server``).
+
+The router's pods from a label selector: a slot-count or served-model label that cannot
+be read leaves the pod out, said once (the pod, each bad label, its value and what is
+accepted); the rest of the discovery goes on. An empty pool label leaves the pod out of
+the discovery. A leader-term annotation that holds no term refuses the write, naming
+it; a ConfigMap read without a resourceVersion is named.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Iterator
 from dataclasses import replace
@@ -14,11 +20,14 @@ from dataclasses import replace
 import pytest
 from kubernetes import client
 
-from placement.adapters.kube import KubePods, KubeTarget, connect
+from placement.adapters.kube import KubeConfigMapKey, KubePlanStore, KubePods, KubeTarget, connect
+from placement.errors import KubeError
+from placement.plan import plan_to_json
 from placement.router.kube_sources import DiscoveryPodSource
 from placement.router.state import Upstream
 from tests.controller.controller_kubefake import FakeApiServer, make_pod
-from tests.factories import fleet, pod, pool
+from tests.factories import fleet, make_plan, pod, pool
+from tests.pods.wire_server import Answer, WireServer
 
 TARGET = KubeTarget(namespace="lf", request_timeout_s=2.0)
 SLOTS = "lorafleet.io/max-loras"
@@ -167,3 +176,75 @@ def test_a_pod_the_fleet_file_names_takes_its_own_slot_counts_not_the_first_pods
         ("vllm-1", "meta-llama", 8, 24),
         ("vllm-7", "meta-llama", 4, 8),  # not in the file: its first pod's
     ]
+
+
+# --- the pool label (placement.adapters.kube) ---------------------------------------------
+
+
+def test_a_pod_with_an_empty_pool_label_is_left_out_not_put_in_the_default_pool(
+    fake: tuple[FakeApiServer, client.ApiClient], caplog: pytest.LogCaptureFixture
+) -> None:
+    server, api = fake
+    server.put("pods", make_pod("pod-a", ip="10.0.0.1", pool=""))
+    server.put("pods", make_pod("pod-b", ip="10.0.0.2", pool=None))
+    server.put("pods", make_pod("pod-c", ip="10.0.0.3", pool="mistral"))
+    target = replace(TARGET, default_pool="llama")
+    found = [(str(p.name), str(p.pool)) for p in KubePods(api, target=target).list_pods()]
+    assert found == [("pod-b", "llama"), ("pod-c", "mistral")]
+    said = [r.getMessage() for r in caplog.records if r.name == "placement.adapters.kube"]
+    assert said == ["pod pod-a: label lorafleet.io/pool is empty: it names no pool; left out"]
+
+
+# --- the leader-term annotation and a ConfigMap's resourceVersion (kube_configmaps) ------
+
+TERM = "lorafleet.io/leader-term"
+
+
+def _plan_configmap(term: str) -> dict[str, object]:
+    published = plan_to_json(make_plan(plan_id="published"))
+    meta = {"name": "lorafleet-plan", "annotations": {TERM: term}}
+    return {"metadata": meta, "data": {"plan.json": published}}
+
+
+@pytest.mark.parametrize(
+    "term", ["abc", "", "nan", "inf", "-inf"], ids=["a-word", "empty", "nan", "inf", "minus-inf"]
+)
+def test_a_leader_term_that_cannot_be_read_is_named_and_nothing_is_overwritten(
+    fake: tuple[FakeApiServer, client.ApiClient], term: str
+) -> None:
+    server, api = fake
+    server.put("configmaps", _plan_configmap(term))
+    store = KubePlanStore(api, target=TARGET, term=lambda: 1000.0)
+    with pytest.raises(KubeError) as raised:
+        store.publish(make_plan(plan_id="ours"))
+    assert str(raised.value) == (
+        f"configmap lorafleet-plan: annotation {TERM}: {term!r} is not a leader term "
+        "(accepted: the Unix seconds a leader took the lease at, as it writes them, e.g. "
+        "'1764763200.250000'); not overwriting it: correct the annotation or remove it"
+    )
+    current = store.current()
+    assert current is not None and current.id == "published"
+    server.put("configmaps", _plan_configmap("999.500000"))  # corrected: an earlier term
+    store.publish(make_plan(plan_id="ours"))
+    current = store.current()
+    assert current is not None and current.id == "ours"
+
+
+def test_a_configmap_key_read_without_a_resource_version_is_a_named_kube_error() -> None:
+    # A reader tells a change by the version: read as "" each time, it would see none.
+    server = WireServer().start()
+    api = connect(host=server.url)
+    try:
+        body = {"kind": "ConfigMap", "metadata": {"name": "inputs"}, "data": {"k": "text"}}
+        server.answers["GET /api/v1/namespaces/lf/configmaps/inputs"] = Answer(
+            body=json.dumps(body).encode()
+        )
+        key = KubeConfigMapKey(api, target=TARGET, name="inputs", key="k")
+        with pytest.raises(KubeError) as raised:
+            key.read()
+        assert str(raised.value) == (
+            "configmap lf/inputs key k: the configmap has no metadata.resourceVersion"
+        )
+    finally:
+        api.close()  # type: ignore[no-untyped-call]  # kubernetes: close is unannotated
+        server.stop()
