@@ -45,6 +45,7 @@ class PodLedger:
 
     __slots__ = (
         "_active",
+        "_displaced",
         "_registered",
         "_seeded_plan",
         "_unconfirmed",
@@ -65,6 +66,9 @@ class PodLedger:
         self._active: OrderedDict[AdapterId, None] = OrderedDict()
         self._registered: OrderedDict[AdapterId, None] = OrderedDict()
         self._unconfirmed: set[AdapterId] = set()
+        #: Confirmed names the plan's guesses pushed off the GPU in the model, in the
+        #: order they went: a guess taken back gives its slot back to them.
+        self._displaced: list[AdapterId] = []
         self._seeded_plan: str | None = None
         #: Counts the rebuilds of the mirrors (the names they hold may have changed): a
         #: reader that indexes those names (the pool's holders) re-reads them only when
@@ -227,8 +231,11 @@ class PodLedger:
         self._registered.move_to_end(adapter)
 
     def forget(self, adapter: AdapterId) -> None:
-        """The pod does not have the name (it answered "not found" or "not loaded")."""
-        self._unconfirmed.discard(adapter)
+        """The pod does not have the name (it answered "not found" or "not loaded"). A
+        guess (a plan's load the pod never listed) is taken back (``_take_back``)."""
+        if adapter in self._unconfirmed:
+            self._take_back((adapter,))
+            return
         residency = self.residency
         if adapter in residency.listed:
             residency.unload(adapter)
@@ -242,6 +249,27 @@ class PodLedger:
         """The pod restarted empty."""
         self.residency.restart()
         self._unconfirmed.clear()
+        self._displaced.clear()
+        self._sync()
+
+    def _take_back(self, guesses: Iterable[AdapterId]) -> None:
+        """Guesses the pod never had leave the model without a ghost
+        (``PodResidency.withdraw``), and the confirmed names they pushed off the GPU take
+        the slots back, the first pushed first, as far as slots are free: on the pod
+        they never left. (Host-cache entries the guesses pushed out are not restored.)"""
+        residency = self.residency
+        for adapter in guesses:
+            self._unconfirmed.discard(adapter)
+            residency.withdraw(adapter)
+        for adapter in self._displaced:
+            if residency.ghosts_on_gpu() + len(residency.on_gpu()) >= self.max_loras:
+                break
+            if adapter in self._unconfirmed or not residency.serves(adapter):
+                continue
+            if not residency.is_on_gpu(adapter):
+                residency.request(adapter)
+        if not self._unconfirmed:
+            self._displaced.clear()
         self._sync()
 
     def seed(
@@ -261,13 +289,15 @@ class PodLedger:
         self._seeded_plan = plan_id
         hot = tuple(hot)
         pins = frozenset(pinned)
+        pushed: list[str] = []
         for adapter in (a for a in warm if a not in hot):
-            self._expect_load(adapter, pinned=False)
+            pushed += self._expect_load(adapter, pinned=False).gpu_evicted
         for adapter in hot:
-            self._expect_load(adapter, pinned=adapter in pins)
+            pushed += self._expect_load(adapter, pinned=adapter in pins).gpu_evicted
         for adapter in hot:
             if self.residency.serves(adapter):
-                self.residency.request(adapter)
+                pushed += self.residency.request(adapter).gpu_evicted
+        self._displaced = self._displaced_after(pushed)
         self._sync()
 
     def reconcile_listing(self, listed: Mapping[AdapterId, str]) -> None:
@@ -281,13 +311,17 @@ class PodLedger:
         if confirmed and all(a not in listed for a in confirmed):
             residency.restart()  # none of the names the pod had confirmed is left
             self._unconfirmed.clear()
+            self._displaced.clear()
         else:
+            guesses = [a for a in missing if a in self._unconfirmed]
             for adapter in missing:
-                if adapter in self._unconfirmed:  # the plan's guess: the pod never had it
-                    self._unconfirmed.discard(AdapterId(adapter))
-                    residency.withdraw(adapter)
-                else:
+                if adapter not in self._unconfirmed:
                     self.forget(AdapterId(adapter))
+            # The plan's guesses the pod does not list, parked ones (SGLang's soft cap
+            # in the model) too: the pod never had them.
+            guesses += [a for a in residency.parked if a in self._unconfirmed and a not in listed]
+            if guesses:
+                self._take_back(AdapterId(a) for a in guesses)
         for adapter in sorted(listed):
             self._unconfirmed.discard(adapter)
             if adapter in residency.listed:
@@ -314,17 +348,23 @@ class PodLedger:
             self.residency.unload(adapter)
         return self._load(adapter, lora_path, busy=busy)  # SGLang: a parked name loads anew
 
-    def _expect_load(self, adapter: AdapterId, *, pinned: bool) -> None:
+    def _expect_load(self, adapter: AdapterId, *, pinned: bool) -> Effects:
         if self.residency.serves(adapter):
-            return
+            return _NOTHING
         pin = pinned and self.engine is not EngineModel.VLLM
         try:
-            self.residency.load(adapter, "", pinned=pin)
+            effects = self.residency.load(adapter, "", pinned=pin)
         except PinLimitError:
-            self.residency.load(adapter, "")
+            effects = self.residency.load(adapter, "")
         except ResidencyError:
-            return
+            return _NOTHING
         self._unconfirmed.add(adapter)
+        return effects
+
+    def _displaced_after(self, pushed: Iterable[str]) -> list[AdapterId]:
+        """``_displaced`` with the names a seed pushed off the GPU added, guesses left out."""
+        names = dict.fromkeys([*self._displaced, *(AdapterId(a) for a in pushed)])
+        return [a for a in names if a not in self._unconfirmed]
 
     def _sync(self) -> None:
         """Rebuild the mirrors in place from the engine model."""

@@ -153,3 +153,45 @@ def test_an_unload_of_a_confirmed_name_still_leaves_its_ghost() -> None:
     ledger.reconcile_listing({PLANNED[0]: "s3://p0"})
     assert ledger.residency.ghosts_on_gpu() == 1
     assert ledger.free_slots() == 2
+
+
+def test_a_guess_taken_back_gives_the_slot_back_to_what_it_pushed_off() -> None:
+    """A pod serving a and b gets the next plan's guesses: in the model their loads and
+    warm-ups push a and b off the GPU. The listing then lacks the guesses (the
+    controller has not reached the pod): on the pod a and b never left the GPU, so the
+    model gives their slots back, and no slot reads free."""
+    a, b = AdapterId("a"), AdapterId("b")
+    ledger = PodLedger(EngineModel.VLLM, max_loras=2, max_cpu_loras=8)
+    ledger.reconcile_listing({a: "s3://a", b: "s3://b"})
+    ledger.activate(a)
+    ledger.activate(b)
+    ledger.seed(hot=PLANNED[:2], warm=(), plan_id="plan-2")
+    assert set(ledger.active()) == set(PLANNED[:2])
+    ledger.reconcile_listing({a: "s3://a", b: "s3://b"})
+    assert ledger.active() == (a, b)
+    assert ledger.free_slots() == 0
+    assert ledger.classify(a) is Outcome.GPU_HIT
+    assert ledger.residency.ghosts_on_gpu() == 0
+
+
+@given(st.sampled_from([EngineModel.VLLM, EngineModel.SGLANG]))
+def test_a_guess_the_pod_says_it_lacks_is_taken_back_too(engine: EngineModel) -> None:
+    """The proxy's "not found" for a guess (``forget``) takes it back as the listing
+    does: no vLLM ghost is left behind, now or after the next listing."""
+    ledger = PodLedger(engine, max_loras=2, max_cpu_loras=8)
+    ledger.seed(hot=PLANNED[:2], warm=(), plan_id="plan-1")
+    ledger.forget(PLANNED[0])
+    assert ledger.residency.ghosts_on_gpu() == 0
+    assert ledger.free_slots() == 1
+    ledger.reconcile_listing({})
+    assert ledger.free_slots() == 2
+
+
+def test_sglang_guesses_the_soft_cap_parked_are_taken_back() -> None:
+    """SGLang's soft cap (``--max-loaded-loras`` 2) parks two of four guesses in the
+    model; an empty listing takes all four back: none is served."""
+    ledger = PodLedger(EngineModel.SGLANG, max_loras=2, max_cpu_loras=2)
+    ledger.seed(hot=PLANNED, warm=(), plan_id="plan-1")
+    ledger.reconcile_listing({})
+    assert not any(ledger.residency.serves(a) for a in PLANNED)
+    assert ledger.free_slots() == 2
