@@ -19,9 +19,10 @@ import pytest
 from placement.cli.router_setup import router_settings
 from placement.domain import AdapterId, Engine, PodId, PoolId
 from placement.ports import PodMetrics
-from placement.router.picking import Picker
+from placement.router.picking import Picker, slot_taken
 from placement.router.state import LivePod, Topology, Upstream, build_topology
 from placement.settings import LoadCostSettings, RouterSettings, Settings
+from policies.route_context import waits_for_slot
 
 from .conftest import MANUAL, MetricsOverride, Pods, Running, catalog_of, emulated, router_for
 
@@ -192,3 +193,49 @@ def test_through_the_router_the_load_goes_where_a_slot_is_idle_only_when_priced(
         router.client().completions.create(model=WANTED, prompt="p", max_tokens=1)
         gpu = {name: pods.stats(name)["gpu"] for name in ("pod-0", "pod-1")}
     assert [name for name, held in gpu.items() if WANTED in held] == [pod]
+
+
+# --- picking.slot_taken on a pod with a vLLM ghost slot ---------------------------------
+
+
+def _ghost_pod() -> LivePod:
+    """One full vLLM pod (2 slots): c's old entry (unloaded: a ghost) and a, both on
+    the GPU; the scrape shows a running."""
+    topology = build_topology(
+        (
+            Upstream(
+                pod=PodId("ghost"),
+                pool=PoolId("pool"),
+                url="http://127.0.0.1:1",
+                engine=Engine.VLLM,
+                served_model="base-model",
+                max_loras=2,
+                max_cpu_loras=8,
+            ),
+        ),
+        None,
+    )
+    state = topology.pods[PodId("ghost")]
+    state.ledger.loaded(AdapterId("c"), "/adapters/c", changed=True)
+    state.note_use(AdapterId("c"), 0.0)
+    return state
+
+
+def test_an_idle_ghost_slot_takes_a_load_now() -> None:
+    state = _ghost_pod()
+    state.ledger.forget(AdapterId("c"))  # confirmed, then unloaded: its slot stays
+    state.ledger.loaded(AdapterId("a"), "/adapters/a", changed=True)
+    scraped(state, waiting=0, running="a")
+    assert state.free_slots == 0 and state.ledger.residency.ghosts_on_gpu() == 1
+    assert waits_for_slot(state), "the scrape alone reads every listed slot running"
+    assert not slot_taken(state), "nothing runs on the ghost: a load takes its slot"
+
+
+def test_a_ghost_slot_a_request_still_runs_on_is_taken() -> None:
+    state = _ghost_pod()
+    state.begin(AdapterId("c"))  # runs on c's entry, which the unload leaves a ghost
+    state.ledger.forget(AdapterId("c"))
+    state.ledger.loaded(AdapterId("a"), "/adapters/a", changed=True, busy=state.busy.keys())
+    scraped(state, waiting=0, running="a")
+    assert state.ledger.residency.ghosts_on_gpu() == 1
+    assert slot_taken(state)
