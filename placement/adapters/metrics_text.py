@@ -23,7 +23,20 @@ is left out and said in ``ReadMetrics.skipped``, the rest of the page read, unle
 a line of a metric the reading needs (``VLLM_READS``, ``SGLANG_READS``: those it keeps,
 by the name the line starts with), or nothing the reading needs is left: then the page
 is refused as the strict reading refuses it. A page that reads whole costs one parse,
-as before; one with bad lines three (the failed one, each line alone, the rest).
+as before; one with bad lines three (the failed one, each line alone, the rest). A
+line, or the metric name it starts with, is quoted cut to 120 characters with a marker
+saying how long it was: a megabyte of garbage on one line must not become a megabyte
+of log line (or of rate-limit key in ``router.scraping``).
+
+A page past the router's cap is read from its head (``read_vllm_head``,
+``read_sglang_head``): the text exposition keeps each metric family's lines together,
+so every family in the head but the last is whole, and the last (it may go on past the
+cut) is left out with the cut line. The head is read only if it holds each metric the
+reading needs (``VLLM_NEEDS``, ``SGLANG_NEEDS``) whole; else the answer is None, and
+the caller reads the pod as one without ``/metrics``. vLLM writes its request gauges
+and KV use before ``vllm:lora_requests_info`` (the family that grows: a series per
+adapter mix), but in multiprocess mode the order is not promised: nothing here counts
+on it.
 """
 
 from __future__ import annotations
@@ -60,7 +73,17 @@ SGLANG_READS = (
     "sglang:lora_pool_slots_used",
     "sglang:lora_pool_slots_total",
 )
-#: A skipped line is quoted up to this many characters.
+#: Of each group, one metric must lie whole in a cut page's head for
+#: ``read_vllm_head`` to read it (a pod's load and its LoRA series).
+VLLM_NEEDS = (
+    ("vllm:num_requests_running",),
+    ("vllm:num_requests_waiting",),
+    ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+    ("vllm:lora_requests_info",),
+)
+#: The same for ``read_sglang_head``: every metric it reads.
+SGLANG_NEEDS = tuple((name,) for name in SGLANG_READS)
+#: A line, or the metric name it starts with, is quoted up to this many characters.
 _QUOTED_CHARS = 120
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
@@ -71,11 +94,11 @@ class SkippedLine:
 
     #: 1 for the page's first line.
     number: int
-    #: The line, cut to 120 characters.
+    #: The line, cut to 120 characters (``_cut``'s marker saying how long it was).
     text: str
     #: ``sample`` for a sample line, ``metadata`` for a ``# HELP`` or ``# TYPE`` line.
     kind: Literal["sample", "metadata"]
-    #: The metric the line names (its first word), "" when it names none.
+    #: The metric the line names (its first word, cut as ``text``), "" when it names none.
     metric: str
     #: What the parser said of it, cut to 200 characters.
     reason: str
@@ -128,6 +151,14 @@ def _refusal(line: str) -> str | None:
     return None
 
 
+def _cut(text: str) -> str:
+    """``text`` as quoted in a message: up to ``_QUOTED_CHARS`` characters, then a marker
+    saying how long it was."""
+    if len(text) <= _QUOTED_CHARS:
+        return text
+    return f"{text[:_QUOTED_CHARS]}... ({len(text)} characters in all)"
+
+
 def _lines(count: int) -> str:
     return "1 line" if count == 1 else f"{count} lines"
 
@@ -158,9 +189,10 @@ def _lenient_samples(
         reason = _refusal(line) if line.strip() else None
         if reason is None:
             continue
-        metric = _metric_named(line)
-        quoted = f"line {index + 1} ({line[:_QUOTED_CHARS]!r})"
-        if metric.startswith(reads):
+        named = _metric_named(line)
+        metric = _cut(named)
+        quoted = f"line {index + 1} ({_cut(line)!r})"
+        if named.startswith(reads):
             raise PermanentEngineError(
                 f"unreadable /metrics text at {quoted}, a line of {metric} the router "
                 f"reads: {reason}",
@@ -169,9 +201,8 @@ def _lenient_samples(
         kind: Literal["sample", "metadata"] = (
             "metadata" if line.lstrip().startswith("#") else "sample"
         )
-        text_cut = line[:_QUOTED_CHARS]
         skipped.append(
-            SkippedLine(number=index + 1, text=text_cut, kind=kind, metric=metric, reason=reason)
+            SkippedLine(number=index + 1, text=_cut(line), kind=kind, metric=metric, reason=reason)
         )
         lines[index] = ""
     if not skipped:  # every line reads alone: the fault is in how they go together
@@ -200,8 +231,34 @@ def _first_bad_line(text: str) -> str:
                 for sample in family.samples:
                     float(sample.value)
         except ValueError:
-            return f" at line {number} ({line[:120]!r})"
+            return f" at line {number} ({_cut(line)!r})"
     return ""
+
+
+def _whole_families(head: str) -> tuple[list[str], set[str]]:
+    """A cut page's head without what the cut may have left incomplete: its last line
+    (cut mid-way, or the nothing after the last newline) and every line of the last
+    family in it (its lines are together; more of them may come after the cut). With the
+    metrics the kept lines name (``# HELP``/``# TYPE`` lines count: a family may have no
+    series yet)."""
+    lines = head.split("\n")[:-1]
+    last = next((_metric_named(line) for line in reversed(lines) if line.strip()), "")
+    while lines and (not lines[-1].strip() or _metric_named(lines[-1]) == last):
+        lines.pop()
+    return lines, {_metric_named(line) for line in lines}
+
+
+def _read_head(
+    head: str,
+    *,
+    pod: str | None,
+    reads: tuple[str, ...],
+    needs: tuple[tuple[str, ...], ...],
+) -> tuple[_Samples, tuple[SkippedLine, ...]] | None:
+    lines, named = _whole_families(head)
+    if not all(named.intersection(group) for group in needs):
+        return None  # not parsed: the page's figures are not all in its head
+    return _lenient_samples("\n".join(lines) + "\n", pod=pod, reads=reads)
 
 
 def _total(samples: _Samples, name: str) -> float:
@@ -256,6 +313,14 @@ def read_vllm_metrics(text: str, *, pod: str | None = None) -> ReadMetrics:
     return ReadMetrics(metrics=_vllm(samples), skipped=skipped)
 
 
+def read_vllm_head(head: str, *, pod: str | None = None) -> ReadMetrics | None:
+    """The first bytes of a page past the cap (the rest unread), read as
+    ``read_vllm_metrics`` reads a page from its whole families; None when the head does
+    not hold one of each of ``VLLM_NEEDS`` whole."""
+    read = _read_head(head, pod=pod, reads=VLLM_READS, needs=VLLM_NEEDS)
+    return None if read is None else ReadMetrics(metrics=_vllm(read[0]), skipped=read[1])
+
+
 def _vllm(samples: _Samples) -> PodMetrics:
     info = samples.get("vllm:lora_requests_info", [])
     latest = max(info, key=lambda series: series[1])[0] if info else {}
@@ -282,6 +347,12 @@ def read_sglang_metrics(text: str, *, pod: str | None = None) -> ReadMetrics:
     of ``SGLANG_READS``."""
     samples, skipped = _lenient_samples(text, pod=pod, reads=SGLANG_READS)
     return ReadMetrics(metrics=_sglang(samples), skipped=skipped)
+
+
+def read_sglang_head(head: str, *, pod: str | None = None) -> ReadMetrics | None:
+    """As ``read_vllm_head``, for SGLang: None unless each of ``SGLANG_NEEDS`` is whole."""
+    read = _read_head(head, pod=pod, reads=SGLANG_READS, needs=SGLANG_NEEDS)
+    return None if read is None else ReadMetrics(metrics=_sglang(read[0]), skipped=read[1])
 
 
 def _sglang(samples: _Samples) -> PodMetrics:

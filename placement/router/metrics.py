@@ -194,7 +194,9 @@ class RouterMetrics:
             "lorafleet_router_scrape_problems",
             "Lines of a pod's /metrics the router could not read and left out, the rest of "
             "the page read, by kind: sample (a sample line), metadata (a # HELP or # TYPE "
-            "line). A broken line of a metric the router reads fails the scrape instead.",
+            "line). A broken line of a metric the router reads fails the scrape instead. "
+            "too_large: a page over the 8 MiB cap, read from its head when the metrics the "
+            "router reads are whole there, else the pod judged by /health (one a scrape).",
             ["pod", "kind"],
             registry=registry,
         )

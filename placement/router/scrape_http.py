@@ -8,12 +8,16 @@ requests for a pooled connection, and a stalled pod's connection is dropped by i
 own timeout. ``HttpxScrapes`` makes the same reads through an ``httpx.AsyncClient`` a
 caller gave the router (tests reach in-process emulated pods through one).
 
-Both answer one GET as a ``Fetched`` (status and body) and fail in three ways only: a
-read past its timeout raises ``ScrapeTimeoutError``; a body past ``max_bytes``
-(``MAX_METRICS_BYTES`` unless the caller says, the engine clients' ``MAX_BODY_BYTES``
-for a listing) is left unread and raises ``PermanentEngineError`` naming the pod, the
-path, the status and the cap; any other transport failure (refused, reset, a bad URL)
-raises ``RetryableEngineError`` naming the pod and the path. An error answer is named by
+Both answer one GET as a ``Fetched`` (status and body) and fail in two ways only: a
+read past its timeout raises ``ScrapeTimeoutError``; any other transport failure
+(refused, reset, a bad URL) raises ``RetryableEngineError`` naming the pod and the path.
+A body is read up to ``max_bytes`` (``MAX_METRICS_BYTES`` unless the caller says, the
+engine clients' ``MAX_BODY_BYTES`` for a listing), whatever its Content-Length says (a
+Content-Length may lie, a chunked body has none): past it the answer is its first
+``max_bytes`` bytes with ``Fetched.cut`` set, the rest left unread (the connection is
+closed, not reused). What a cut body means is the caller's: a ``/metrics`` page is read
+from its head (``metrics_text.read_vllm_head``), a ``/health`` answer by its status, and
+``listing_of`` refuses a cut listing, naming the cap. An error answer is named by
 ``Fetched.message``: a short one-line excerpt of its body (``http_engine.body_excerpt``:
 the engine's message, a proxy's HTML page by its title). ``listing_of`` reads a
 ``/v1/models`` answer as the engine clients do
@@ -24,6 +28,7 @@ Must not judge health or touch the ledger: that is ``router.scraping``.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -36,7 +41,8 @@ from placement.ports import Registered
 
 #: The most of a ``/metrics`` or ``/health`` answer read (decoded). A vLLM page is tens
 #: of KiB, and grows with ``vllm:lora_requests_info``, which keeps a series (about 150
-#: bytes) for every mix of adapters the pod ever ran: 8 MiB is some 50,000 of them.
+#: bytes) for every mix of adapters the pod ever ran: 8 MiB is some 50,000 of them. A
+#: page past it is read from its head, never refused (``router.scraping``).
 MAX_METRICS_BYTES = 8 * 1024 * 1024
 #: A ``/v1/models`` listing is read with the engine clients' cap: a listing the
 #: controller reads must not take the pod out of the router's rotation.
@@ -49,10 +55,13 @@ class ScrapeTimeoutError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Fetched:
-    """One pod's answer to a GET: its status and its whole body."""
+    """One pod's answer to a GET: its status and its body, whole unless ``cut``."""
 
     status: int
     body: bytes
+    #: The body went on past the read's ``max_bytes``: ``body`` is its first
+    #: ``max_bytes`` bytes, the rest was not read.
+    cut: bool = False
 
     @property
     def text(self) -> str:
@@ -70,8 +79,8 @@ class ScrapeHttp(Protocol):
     async def get(
         self, url: str, path: str, *, pod: str, timeout_s: float, max_bytes: int = MAX_METRICS_BYTES
     ) -> Fetched:
-        """``GET url+path``, whole; ``ScrapeTimeoutError`` past ``timeout_s``, a body past
-        ``max_bytes`` (``MAX_METRICS_BYTES`` unless given) ``PermanentEngineError``, any
+        """``GET url+path``, its body up to ``max_bytes`` (``MAX_METRICS_BYTES`` unless
+        given; past it ``Fetched.cut``); ``ScrapeTimeoutError`` past ``timeout_s``, any
         other transport failure ``RetryableEngineError``, naming ``pod`` and ``path``."""
         ...
 
@@ -82,12 +91,16 @@ def _failed(path: str, pod: str, exc: BaseException) -> RetryableEngineError:
     return RetryableEngineError(f"GET {path} failed: {type(exc).__name__}: {exc}", pod=pod)
 
 
-def _too_large(path: str, pod: str, status: int, max_bytes: int) -> PermanentEngineError:
-    return PermanentEngineError(
-        f"GET {path} answered {status} with a body over {max_bytes} bytes: not read",
-        pod=pod,
-        status=status,
-    )
+async def _head(chunks: AsyncIterator[bytes], *, status: int, max_bytes: int) -> Fetched:
+    """A body read up to ``max_bytes``: past them, the answer stops being read."""
+    kept: list[bytes] = []
+    size = 0
+    async for chunk in chunks:
+        kept.append(chunk)
+        size += len(chunk)
+        if size > max_bytes:
+            return Fetched(status, b"".join(kept)[:max_bytes], cut=True)
+    return Fetched(status, b"".join(kept))
 
 
 class AiohttpScrapes:
@@ -120,18 +133,10 @@ class AiohttpScrapes:
     ) -> Fetched:
         try:
             async with self._session.get(url + path, timeout=self._timeout(timeout_s)) as answer:
-                # A Content-Length past the cap is refused unread; a body without one (or
-                # one that lies, or is compressed) is counted as it comes.
-                if (answer.content_length or 0) > max_bytes:
-                    raise _too_large(path, pod, answer.status, max_bytes)
-                chunks: list[bytes] = []
-                size = 0
-                async for chunk in answer.content.iter_any():
-                    size += len(chunk)
-                    if size > max_bytes:
-                        raise _too_large(path, pod, answer.status, max_bytes)
-                    chunks.append(chunk)
-                return Fetched(answer.status, b"".join(chunks))
+                # Left with the body unread, aiohttp closes the connection.
+                return await _head(
+                    answer.content.iter_any(), status=answer.status, max_bytes=max_bytes
+                )
         except TimeoutError:  # aiohttp's own timeouts are TimeoutErrors too
             raise ScrapeTimeoutError(f"{pod}: GET {path} took over {timeout_s} s") from None
         except (aiohttp.ClientError, ValueError) as exc:  # ValueError: a URL yarl refuses
@@ -162,25 +167,29 @@ class HttpxScrapes:
     ) -> Fetched:
         try:
             async with self._http.stream("GET", url + path, timeout=timeout_s) as answer:
-                chunks: list[bytes] = []
-                size = 0
-                async for chunk in answer.aiter_bytes():
-                    size += len(chunk)
-                    if size > max_bytes:
-                        raise _too_large(path, pod, answer.status_code, max_bytes)
-                    chunks.append(chunk)
+                # Closed with the body unread, httpx drops the connection.
+                return await _head(
+                    answer.aiter_bytes(), status=answer.status_code, max_bytes=max_bytes
+                )
         except httpx.TimeoutException:
             raise ScrapeTimeoutError(f"{pod}: GET {path} took over {timeout_s} s") from None
         except (httpx.HTTPError, httpx.InvalidURL) as exc:
             raise _failed(path, pod, exc) from None
-        return Fetched(answer.status_code, b"".join(chunks))
 
     async def close(self) -> None:
         """Nothing: the client is its giver's."""
 
 
 def listing_of(fetched: Fetched, *, pod: str) -> Registered:
-    """A pod's ``/v1/models`` answer: its adapters (with their roots) and base model."""
+    """A pod's ``/v1/models`` answer: its adapters (with their roots) and base model. A
+    cut listing is refused: a listing read in part would unload what it leaves out."""
+    if fetched.cut:
+        raise PermanentEngineError(
+            f"GET /v1/models answered {fetched.status} with a body over "
+            f"{len(fetched.body)} bytes: not read past them",
+            pod=pod,
+            status=fetched.status,
+        )
     if fetched.status >= 500 or fetched.status == 429:
         raise RetryableEngineError(
             f"GET /v1/models answered {fetched.status}: {fetched.message()}",

@@ -11,7 +11,18 @@ left out, the rest of the page read (``metrics_text.read_vllm_metrics``), counte
 ``lorafleet_router_scrape_problems_total{pod,kind}`` at every scrape, and said in a
 warning once an hour per pod and problem (the kind of line and the metric it names). A
 broken line of a metric the router reads (queue, KV use, the LoRA series) fails the
-scrape as any unreadable page does.
+scrape as any unreadable page does. A pod's problems said are forgotten at its first
+scrape with none (said again if they come back) and, for pods no longer scraped (gone
+from the topology), once they are older than ``RETELL_PROBLEM_S``.
+
+A ``/metrics`` page past ``MAX_METRICS_BYTES`` never takes a pod out (vLLM's
+``vllm:lora_requests_info`` keeps a series per adapter mix the pod ever ran, so a busy
+pod's page grows until it restarts): it is read up to the cap, and its head read if the
+metrics the router reads lie whole in it (``metrics_text.read_vllm_head``); else the
+pod is read as one without ``/metrics`` (below: judged by ``/health``, its load
+unknown). Either way each scrape counts it in
+``lorafleet_router_scrape_problems_total{pod,kind="too_large"}``, and a warning says
+which, once per pod an hour (and at once when it turns from one to the other).
 
 An SGLang pod started without ``--enable-metrics`` answers 404 on ``/metrics``: it stays
 in the rotation, judged by ``/health``, with ``lorafleet_router_pod_metrics_missing``
@@ -36,7 +47,14 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
-from placement.adapters.metrics_text import SkippedLine, read_sglang_metrics, read_vllm_metrics
+from placement.adapters.metrics_text import (
+    ReadMetrics,
+    SkippedLine,
+    read_sglang_head,
+    read_sglang_metrics,
+    read_vllm_head,
+    read_vllm_metrics,
+)
 from placement.adapters.sglang import metrics_missing_message
 from placement.clock import Clock
 from placement.domain import AdapterId, Engine, PodId
@@ -47,6 +65,8 @@ from placement.router.live_pods import LivePod
 from placement.router.metrics import RouterMetrics
 from placement.router.scrape_http import (
     MAX_LISTING_BYTES,
+    MAX_METRICS_BYTES,
+    Fetched,
     ScrapeHttp,
     ScrapeTimeoutError,
     listing_of,
@@ -120,23 +140,21 @@ class PodScraper:
         self.why: dict[PodId, str] = {}
         #: The problems of each pod's ``/metrics`` said, and when (clock seconds).
         self._told: dict[PodId, dict[tuple[str, str], float]] = {}
+        #: When ``_told`` was last swept of what is past telling (clock seconds).
+        self._swept_s = clock()
 
     async def scrape(self, state: LivePod, *, listing: bool) -> bool:
         """Scrape ``state``'s pod once (with its ``/v1/models`` too when ``listing``, when
         it is out of the rotation, or when its listing is due), and judge its health.
         True: the scrape succeeded (the pod's metrics are this round's)."""
         upstream = state.upstream
+        self._sweep_told()
         try:
-            text = await self._metrics_text(state)
-            if text is None:  # SGLang without --enable-metrics: /health decides
+            read = await self._read_metrics(state)
+            if read is None:  # no /metrics, or its figures past the cap: /health decides
                 await self._probe_health(state, due=listing or not state.healthy)
                 state.observe(PodMetrics())
             else:
-                sglang = upstream.engine is Engine.SGLANG
-                read = (read_sglang_metrics if sglang else read_vllm_metrics)(
-                    text, pod=upstream.pod
-                )
-                self._note_skipped(upstream.pod, read.skipped)
                 state.observe(read.metrics)
             if listing or not state.healthy or state.listing_due:
                 await self._read_listing(state)
@@ -182,25 +200,26 @@ class PodScraper:
         state.ledger.reconcile_listing(adapters)
         state.sync()
 
-    def _note_skipped(self, pod: PodId, skipped: tuple[SkippedLine, ...]) -> None:
+    def _note_skipped(
+        self, pod: PodId, skipped: tuple[SkippedLine, ...], *, cut: bool = False
+    ) -> None:
         """Count the lines of ``pod``'s page left out; say each problem of it (its kind
         and the metric it names) once per ``RETELL_PROBLEM_S``, and no more than
-        ``MAX_TOLD_PROBLEMS`` of them at a time."""
+        ``MAX_TOLD_PROBLEMS`` of them at a time. A page without any forgets those said
+        (but for its being past the cap, when ``cut``)."""
         if not skipped:
+            told = self._told.pop(pod, None)
+            kept = {k: said_s for k, said_s in (told or {}).items() if cut and k[0] == "too_large"}
+            if kept:
+                self._told[pod] = kept
             return
-        now_s = self.clock()
-        told = {
-            problem: said_s
-            for problem, said_s in self._told.get(pod, {}).items()
-            if now_s - said_s < RETELL_PROBLEM_S
-        }
-        self._told[pod] = told
+        told = self._told_now(pod)
         for line in skipped:
             self.metrics.scrape_problems.labels(pod=pod, kind=line.kind).inc()
             problem = (line.kind, line.metric)
             if problem in told or len(told) >= MAX_TOLD_PROBLEMS:
                 continue
-            told[problem] = now_s
+            told[problem] = self.clock()
             log.warning(
                 "pod %s: /metrics %s; left out, the rest of the page read "
                 "(lorafleet_router_scrape_problems_total{kind=%r})",
@@ -208,6 +227,60 @@ class PodScraper:
                 line,
                 line.kind,
             )
+
+    def _told_now(self, pod: PodId) -> dict[tuple[str, str], float]:
+        """``pod``'s problems said within ``RETELL_PROBLEM_S``, to add to."""
+        now_s = self.clock()
+        told = {
+            problem: said_s
+            for problem, said_s in self._told.get(pod, {}).items()
+            if now_s - said_s < RETELL_PROBLEM_S
+        }
+        self._told[pod] = told
+        return told
+
+    def _sweep_told(self) -> None:
+        """Once per ``RETELL_PROBLEM_S``: forget the problems past telling, of every pod
+        (a pod gone from the topology is scraped no more, and forgotten so)."""
+        now_s = self.clock()
+        if now_s - self._swept_s < RETELL_PROBLEM_S:
+            return
+        self._swept_s = now_s
+        for pod, told in list(self._told.items()):
+            kept = {k: said_s for k, said_s in told.items() if now_s - said_s < RETELL_PROBLEM_S}
+            if kept:
+                self._told[pod] = kept
+            else:
+                del self._told[pod]
+
+    def _note_too_large(self, pod: PodId, *, head_read: bool) -> None:
+        """Count a page past the cap; say it once per pod an hour, and at once when its
+        head stops (or starts) holding what the router reads."""
+        self.metrics.scrape_problems.labels(pod=pod, kind="too_large").inc()
+        told = self._told_now(pod)
+        how, other = ("head", "health") if head_read else ("health", "head")
+        if ("too_large", how) in told:
+            return
+        told.pop(("too_large", other), None)
+        told[("too_large", how)] = self.clock()
+        if head_read:
+            outcome = (
+                "read its first bytes, which hold whole the metrics the router reads; "
+                "the rest left unread"
+            )
+        else:
+            outcome = (
+                "the metrics the router reads are not all whole within them: the pod stays "
+                "in the rotation judged by /health, its load unknown "
+                "(lorafleet_router_pod_metrics_missing 1)"
+            )
+        log.warning(
+            "pod %s: /metrics is over %d bytes: %s "
+            "(lorafleet_router_scrape_problems_total{kind='too_large'})",
+            pod,
+            MAX_METRICS_BYTES,
+            outcome,
+        )
 
     def _scraped(self, state: LivePod) -> None:
         """A good scrape of ``state``'s pod: it is in the rotation."""
@@ -236,27 +309,50 @@ class PodScraper:
             self.fleet_metrics.pod_emptied(state.upstream.pod, now_s=self.clock())
         self.metrics.pod_healthy.labels(pod=state.upstream.pod).set(0)
 
-    async def _metrics_text(self, state: LivePod) -> str | None:
-        """The pod's ``/metrics`` text; None for an SGLang pod without the route."""
+    async def _read_metrics(self, state: LivePod) -> ReadMetrics | None:
+        """The pod's ``/metrics``, read; None for an SGLang pod without the route, or a
+        page past the cap whose head does not hold what the router reads."""
         upstream = state.upstream
         timeout_s = self.settings.scrape_timeout_s
         answer = await self._http().get(
             upstream.url, "/metrics", pod=upstream.pod, timeout_s=timeout_s
         )
-        missing = answer.status == 404 and upstream.engine is Engine.SGLANG
-        if missing != state.metrics_missing:
-            state.metrics_missing = missing
-            state.health_probed = False
-            self.metrics.metrics_missing.labels(pod=upstream.pod).set(1 if missing else 0)
-            if missing:  # once per pod, until its /metrics comes back
-                log.warning(metrics_missing_message(upstream.pod))
-        if missing:
+        if answer.status == 404 and upstream.engine is Engine.SGLANG:
+            self._metrics_missing(state, metrics_missing_message(upstream.pod))
             return None
         if answer.status != 200:
+            self._metrics_missing(state, None)
             raise EngineError(
                 f"/metrics answered {answer.status}: {answer.message()}", pod=upstream.pod
             )
-        return answer.text
+        read = self._read_page(answer, pod=upstream.pod, sglang=upstream.engine is Engine.SGLANG)
+        # A page past the cap without its figures: _note_too_large said so, once is enough.
+        self._metrics_missing(state, "" if read is None else None)
+        return read
+
+    def _read_page(self, answer: Fetched, *, pod: PodId, sglang: bool) -> ReadMetrics | None:
+        """A page read whole, or from its head when cut (None: not all there)."""
+        read: ReadMetrics | None
+        if not answer.cut:
+            read = (read_sglang_metrics if sglang else read_vllm_metrics)(answer.text, pod=pod)
+        else:
+            read = (read_sglang_head if sglang else read_vllm_head)(answer.text, pod=pod)
+            self._note_too_large(pod, head_read=read is not None)
+        if read is not None:
+            self._note_skipped(pod, read.skipped, cut=answer.cut)
+        return read
+
+    def _metrics_missing(self, state: LivePod, said: str | None) -> None:
+        """Whether the pod's load is unknown (``said``, a warning to say as it starts,
+        not None): then ``/health`` judges it, asked at the next scrape."""
+        missing = said is not None
+        if missing == state.metrics_missing:
+            return
+        state.metrics_missing = missing
+        state.health_probed = False
+        self.metrics.metrics_missing.labels(pod=state.upstream.pod).set(1 if missing else 0)
+        if said:  # once per pod, until its /metrics comes back
+            log.warning(said)
 
     async def _probe_health(self, state: LivePod, *, due: bool) -> None:
         """Judge a pod without ``/metrics`` by ``/health``: on listing rounds and while

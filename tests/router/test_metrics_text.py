@@ -1,7 +1,9 @@
 """A pod's /metrics text read as the router reads it: values that say nothing (NaN,
 infinities) are missing, counts are whole and never negative, shares within 0..1; a line
 the parser refuses is left out by the router's reading (unless it is one of a metric the
-router reads), where the strict reading refuses the page."""
+router reads), where the strict reading refuses the page; a long line is quoted cut; a
+page past the cap is read from the metric families whole in its head, if they hold what
+the router reads."""
 
 from __future__ import annotations
 
@@ -11,7 +13,9 @@ from placement.adapters.metrics_text import (
     ReadMetrics,
     parse_sglang_metrics,
     parse_vllm_metrics,
+    read_sglang_head,
     read_sglang_metrics,
+    read_vllm_head,
     read_vllm_metrics,
 )
 from placement.errors import PermanentEngineError
@@ -77,3 +81,77 @@ def test_the_router_refuses_a_page_whose_broken_line_is_one_it_reads(text: str, 
     read = read_sglang_metrics if text.startswith("sglang") else read_vllm_metrics
     with pytest.raises(PermanentEngineError, match=f"^pod-0: unreadable /metrics text at {said}"):
         read(text, pod="pod-0")
+
+
+# --- long lines, quoted cut ------------------------------------------------------------
+
+LONG_NAME = "vllm:e2e_" + "x" * 1_000_000
+
+
+@pytest.mark.parametrize(
+    "reading", [parse_vllm_metrics, read_vllm_metrics], ids=["strict", "router"]
+)
+def test_a_megabyte_line_of_a_metric_the_router_reads_is_named_in_a_short_message(
+    reading: object,
+) -> None:
+    line = "vllm:num_requests_running" + "x" * 1_000_000 + '{e="0" 2'
+    with pytest.raises(PermanentEngineError) as raised:
+        reading(GOOD + line + "\n", pod="pod-0")  # type: ignore[operator]
+    said = str(raised.value)
+    assert len(said) < 1000
+    assert "... (1000033 characters in all)" in said
+
+
+def test_a_megabyte_line_left_out_is_quoted_and_named_cut_with_a_marker() -> None:
+    read = read_vllm_metrics(GOOD + LONG_NAME + '{le="0.1" 7\n', pod="pod-0")
+    (skipped,) = read.skipped
+    assert skipped.metric == LONG_NAME[:120] + "... (1000009 characters in all)"
+    assert skipped.text == (LONG_NAME + '{le="0.1" 7')[:120] + "... (1000020 characters in all)"
+    assert len(str(skipped)) < 500
+
+
+# --- a page past the cap, read from its head -----------------------------------------
+
+LORA_INFO = (
+    "# TYPE vllm:lora_requests_info gauge\n"
+    'vllm:lora_requests_info{max_lora="4",running_lora_adapters="old"} 1.0\n'
+    'vllm:lora_requests_info{max_lora="4",running_lora_adapters="a"} 2.0\n'
+)
+HEAD = GOOD + "vllm:num_requests_waiting 4\n" + LORA_INFO
+
+
+@pytest.mark.parametrize(
+    ("head", "whole"),
+    [
+        (HEAD + "# TYPE vllm:e2e histogram\nvllm:e2e_bucket{le=", True),
+        (HEAD + "# TYPE vllm:e2e histogram\n", True),
+        (HEAD, False),  # the cut may fall between two lora series: more may follow
+        (HEAD + 'vllm:lora_requests_info{max_lora="4",running_lora_adap', False),
+        (LORA_INFO + GOOD, False),  # the KV gauge's family is the last in the head
+        (GOOD + LORA_INFO + "# TYPE vllm:e2e histogram\n", False),  # no waiting gauge
+    ],
+    ids=["cut-mid-line", "cut-after-a-line", "cut-in-lora", "cut-mid-lora", "kv-last", "no-wait"],
+)
+def test_a_cut_page_is_read_from_its_whole_families_when_they_hold_what_the_router_reads(
+    head: str, whole: bool
+) -> None:
+    read = read_vllm_head(head, pod="pod-0")
+    if not whole:
+        assert read is None
+        return
+    assert read is not None
+    metrics = read.metrics
+    assert (metrics.running, metrics.waiting, metrics.kv_usage) == (2, 4, 0.5)
+    assert (metrics.running_adapters, metrics.max_loras) == (frozenset({"a"}), 4)
+
+
+def test_a_cut_sglang_page_is_read_from_its_head_when_every_gauge_it_reads_is_whole() -> None:
+    page = (
+        "sglang:num_running_reqs 1\nsglang:num_queue_reqs 2\nsglang:token_usage 0.5\n"
+        "sglang:lora_pool_slots_used 1\nsglang:lora_pool_slots_total 4\n"
+    )
+    read = read_sglang_head(page + 'sglang:e2e_bucket{le="1"} 1\nsglang:e2e_bu', pod="pod-0")
+    assert read is not None
+    assert (read.metrics.running, read.metrics.lora_slots_total) == (1, 4)
+    # The last whole line's family may go on past the cut (the cut line's name may be cut).
+    assert read_sglang_head(page + "sglang:e2e_bu", pod="pod-0") is None

@@ -4,9 +4,11 @@ by a running router over aiohttp, and ``AiohttpScrapes`` against raw HTTP
 (``tests.pods.wire_server``).
 
 An error answer is named by its status and a short one-line excerpt of its body; a body
-past the scrape's cap is refused unread, named; a ``/metrics`` line that cannot be read
-costs that line (left out, counted, said once), not the pod, unless it is a line of a
-metric the router reads, or nothing the router reads is left.
+is read up to the scrape's cap: a ``/metrics`` page past it is read from its head when
+what the router reads is whole there, else the pod is judged by ``/health`` (counted,
+said once, never taken out for it), and a listing past it is refused; a ``/metrics``
+line that cannot be read costs that line (left out, counted, said once), not the pod,
+unless it is a line of a metric the router reads, or nothing the router reads is left.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
+import httpx
 import pytest
 
 from placement.domain import Engine, Fleet, PodId
@@ -29,7 +32,13 @@ from placement.emulator import (
     serving_in_thread,
 )
 from placement.errors import PermanentEngineError
-from placement.router.scrape_http import MAX_METRICS_BYTES, AiohttpScrapes
+from placement.router.scrape_http import (
+    MAX_METRICS_BYTES,
+    AiohttpScrapes,
+    Fetched,
+    HttpxScrapes,
+    listing_of,
+)
 from tests.pods.wire_server import Answer, WireServer
 
 from .conftest import MANUAL, Running, router_for
@@ -180,38 +189,132 @@ SGLANG_PAGE = (
 )
 
 
-def test_a_metrics_page_past_the_cap_without_a_length_is_refused_named(
-    caplog: pytest.LogCaptureFixture,
+LORA = "# TYPE vllm:lora_requests_info gauge\n"
+WHOLE = (
+    PAGE
+    + 'vllm:num_requests_waiting{engine="0"} 3\n'
+    + LORA
+    + "".join(
+        f'vllm:lora_requests_info{{max_lora="4",running_lora_adapters="{name}",'
+        f'waiting_lora_adapters=""}} {stamp}\n'
+        for name, stamp in (("old", 1.0), ("a", 2.0))
+    )
+)
+
+
+def _over_the_cap(prefix: str, series: str) -> bytes:
+    """``prefix``, then ``series`` lines (one family) until the page is past the cap."""
+    lines = [series.format(i) for i in range(MAX_METRICS_BYTES // len(series) + 1)]
+    return (prefix + "\n".join(lines) + "\n").encode()
+
+
+def _too_large(router: Running, pod: str) -> float | None:
+    return router.registry.get_sample_value(
+        "lorafleet_router_scrape_problems_total", {"pod": pod, "kind": "too_large"}
+    )
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
+def test_a_page_past_the_cap_is_read_from_its_head_when_what_the_router_reads_is_whole_there(
+    caplog: pytest.LogCaptureFixture, chunked: bool
 ) -> None:
-    padded = (PAGE + "# padding\n" * (MAX_METRICS_BYTES // 10 + 1)).encode()
+    # A page past the cap used to take the pod out at every scrape, until it restarted.
+    histogram = 'vllm:e2e_request_latency_seconds_bucket{{le="{0}"}} 1'
+    page = _over_the_cap(WHOLE + "# TYPE vllm:e2e_request_latency_seconds histogram\n", histogram)
     with scripted_pods(2) as (fleet, scripted), router_for(fleet, settings=QUICK) as router:
-        scripted.answers["pod-1", "/metrics"] = (200, padded)
-        scripted.chunked.add(("pod-1", "/metrics"))
+        scripted.answers["pod-1", "/metrics"] = (200, page)
+        if chunked:
+            scripted.chunked.add(("pod-1", "/metrics"))
         router.scrape()
-        assert _healthy(router) == ["pod-0"]
-        assert _said(caplog, "pod pod-1 leaves") == [
-            "pod pod-1 leaves the rotation: pod-1: GET /metrics answered 200 with a body over "
-            f"{MAX_METRICS_BYTES} bytes: not read"
+        router.scrape()
+        assert _healthy(router) == ["pod-0", "pod-1"]
+        metrics = router.router.topology.pods[PodId("pod-1")].metrics
+        assert (metrics.running, metrics.waiting, metrics.kv_usage) == (1, 3, 0.25)
+        assert (metrics.running_adapters, metrics.max_loras) == (frozenset({"a"}), 4)
+        assert _too_large(router, "pod-1") == 2.0  # one a scrape
+        missing = {"pod": "pod-1"}
+        assert router.registry.get_sample_value(
+            "lorafleet_router_pod_metrics_missing", missing
+        ) in (None, 0.0)
+        assert _said(caplog, "pod pod-1: /metrics is over") == [
+            f"pod pod-1: /metrics is over {MAX_METRICS_BYTES} bytes: read its first bytes, "
+            "which hold whole the metrics the router reads; the rest left unread "
+            "(lorafleet_router_scrape_problems_total{kind='too_large'})"
         ]
 
 
-def test_a_content_length_past_the_cap_is_refused_before_the_body_is_read() -> None:
-    # Read as before, the server's close after the short body was a payload error.
+@pytest.mark.parametrize("health", [200, 503], ids=["health-ok", "health-503"])
+def test_a_page_whose_lora_series_go_past_the_cap_leaves_the_pod_judged_by_health(
+    caplog: pytest.LogCaptureFixture, health: int
+) -> None:
+    # vllm:lora_requests_info, a series per adapter mix ever run, is what grows.
+    series = (
+        'vllm:lora_requests_info{{max_lora="4",running_lora_adapters="a{0}",'
+        'waiting_lora_adapters=""}} 1.0'
+    )
+    page = _over_the_cap(PAGE + 'vllm:num_requests_waiting{engine="0"} 3\n' + LORA, series)
+    with scripted_pods(2) as (fleet, scripted), router_for(fleet, settings=QUICK) as router:
+        scripted.answers["pod-1", "/metrics"] = (200, page)
+        if health != 200:
+            scripted.answers["pod-1", "/health"] = (health, b"engine dead")
+        router.scrape()
+        router.scrape()
+        if health == 200:
+            assert _healthy(router) == ["pod-0", "pod-1"]
+            assert router.router.topology.pods[PodId("pod-1")].metrics.running == 0
+        else:
+            assert _healthy(router) == ["pod-0"]
+            assert _said(caplog, "pod pod-1 leaves") == [
+                "pod pod-1 leaves the rotation: pod-1: /health answered 503: engine dead"
+            ]
+        missing = {"pod": "pod-1"}
+        gauge = "lorafleet_router_pod_metrics_missing"
+        assert router.registry.get_sample_value(gauge, missing) == 1.0
+        assert _too_large(router, "pod-1") == 2.0
+        assert _said(caplog, "pod pod-1: /metrics is over") == [
+            f"pod pod-1: /metrics is over {MAX_METRICS_BYTES} bytes: the metrics the router "
+            "reads are not all whole within them: the pod stays in the rotation judged by "
+            "/health, its load unknown (lorafleet_router_pod_metrics_missing 1) "
+            "(lorafleet_router_scrape_problems_total{kind='too_large'})"
+        ]
+        scripted.answers["pod-1", "/metrics"] = (200, WHOLE.encode())  # the pod restarted
+        scripted.answers.pop(("pod-1", "/health"), None)
+        router.scrape()
+        router.scrape()
+        assert _healthy(router) == ["pod-0", "pod-1"]
+        assert router.registry.get_sample_value(gauge, missing) == 0.0
+        assert router.router.topology.pods[PodId("pod-1")].metrics.running == 1
+
+
+@pytest.mark.parametrize("client", ["aiohttp", "httpx"])
+def test_a_body_past_the_cap_is_read_up_to_it_whatever_its_length_says(client: str) -> None:
+    # A Content-Length past the cap was refused unread by aiohttp alone; httpx read on.
     server = WireServer().start()
     try:
-        server.answers["GET /metrics"] = Answer(body=b"x", content_length=MAX_METRICS_BYTES + 1)
+        server.answers["GET /metrics"] = Answer(body=b"x" * 5000)
+        server.answers["GET /v1/models"] = Answer(body=b"y" * 5000)
 
-        async def scrape() -> None:
-            scrapes = AiohttpScrapes()
+        async def scrape() -> tuple[Fetched, Fetched]:
+            http = httpx.AsyncClient()
+            scrapes = AiohttpScrapes() if client == "aiohttp" else HttpxScrapes(http)
             try:
-                await scrapes.get(server.url, "/metrics", pod="pod-9", timeout_s=5.0)
+                page = await scrapes.get(
+                    server.url, "/metrics", pod="pod-9", timeout_s=5.0, max_bytes=1000
+                )
+                listing = await scrapes.get(
+                    server.url, "/v1/models", pod="pod-9", timeout_s=5.0, max_bytes=1000
+                )
             finally:
                 await scrapes.close()
+                await http.aclose()
+            return page, listing
 
+        page, listing = asyncio.run(scrape())
+        assert page == Fetched(200, b"x" * 1000, cut=True)
         with pytest.raises(PermanentEngineError) as raised:
-            asyncio.run(scrape())
+            listing_of(listing, pod="pod-9")
         assert str(raised.value) == (
-            f"pod-9: GET /metrics answered 200 with a body over {MAX_METRICS_BYTES} bytes: not read"
+            "pod-9: GET /v1/models answered 200 with a body over 1000 bytes: not read past them"
         )
     finally:
         server.stop()
@@ -302,3 +405,39 @@ def test_a_page_with_nothing_the_router_reads_left_takes_the_pod_out_named(
             "(the first at line 1 ('<html><head><title>502 Bad Gateway</title>"
         )
         assert left.endswith("not a metrics page?")
+
+
+def test_a_problem_gone_for_a_scrape_is_forgotten_and_said_again_when_it_comes_back(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Before, a pod's problems said were kept until it had new bad lines (or for good).
+    broken = (PAGE + BROKEN + "\n" + WAITING).encode()
+    with scripted_pods(2) as (fleet, scripted), router_for(fleet, settings=QUICK) as router:
+        scripted.answers["pod-1", "/metrics"] = (200, broken)
+        router.scrape()
+        scripted.answers["pod-1", "/metrics"] = (200, (PAGE + WAITING).encode())
+        router.scrape()
+        scripted.answers["pod-1", "/metrics"] = (200, broken)
+        router.scrape()
+        router.scrape()
+        assert _healthy(router) == ["pod-0", "pod-1"]
+        said = _said(caplog, "pod pod-1: /metrics line 5")
+        assert len(said) == 2, said  # once, then again after the clean page: not at each
+
+
+def test_a_megabyte_line_is_said_and_kept_as_why_cut_with_a_marker(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    left_out = "vllm:e2e_" + "x" * 1_000_000 + ' {le="0.1" 7'
+    read = "vllm:num_requests_running_" + "x" * 1_000_000 + '{e="0" 1'
+    with scripted_pods(3) as (fleet, scripted), router_for(fleet, settings=QUICK) as router:
+        scripted.answers["pod-1", "/metrics"] = (200, (PAGE + left_out + "\n").encode())
+        scripted.answers["pod-2", "/metrics"] = (200, (PAGE + read + "\n").encode())
+        router.scrape()
+        assert _healthy(router) == ["pod-0", "pod-1"]
+        (told,) = _said(caplog, "pod pod-1: /metrics line 5")
+        (left,) = _said(caplog, "pod pod-2 leaves")
+        assert len(told) < 600 and len(left) < 1000
+        assert "x" * 94 + "... (1000026 characters in all) the router reads: " in left
+        assert "x" * 111 + "... (1000021 characters in all)')" in told
+        assert len(router.router.scraper.why[PodId("pod-2")]) < 1000
