@@ -297,6 +297,7 @@ class Router:
         )
         for state in self.topology.pods.values():
             self.fleet_metrics.pod_slots(state.upstream.pod, slots=state.max_loras)
+        self.scraper.keep_only(self.topology.pods.keys())
 
     # -- scraping --------------------------------------------------------------------
 

@@ -44,7 +44,7 @@ Must not schedule rounds or swap the topology: that is ``router.core``.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Protocol
 
 from placement.adapters.metrics_text import (
@@ -142,6 +142,13 @@ class PodScraper:
         self._told: dict[PodId, dict[tuple[str, str], float]] = {}
         #: When ``_told`` was last swept of what is past telling (clock seconds).
         self._swept_s = clock()
+
+    def keep_only(self, pods: Collection[PodId]) -> None:
+        """Forget what is kept per pod (why it left the rotation, the problems said)
+        for pods no longer in the topology: a fleet that churns pods keeps no trace."""
+        for table in (self.why, self._told, self.listings_read):
+            for pod in [pod for pod in table if pod not in pods]:
+                del table[pod]
 
     async def scrape(self, state: LivePod, *, listing: bool) -> bool:
         """Scrape ``state``'s pod once (with its ``/v1/models`` too when ``listing``, when

@@ -441,3 +441,20 @@ def test_a_megabyte_line_is_said_and_kept_as_why_cut_with_a_marker(
         assert "x" * 94 + "... (1000026 characters in all) the router reads: " in left
         assert "x" * 111 + "... (1000021 characters in all)')" in told
         assert len(router.router.scraper.why[PodId("pod-2")]) < 1000
+
+
+def test_a_pod_that_leaves_the_topology_leaves_nothing_kept_for_it() -> None:
+    # Before, why a pod left the rotation and the problems said of its page were kept
+    # for every pod ever seen: a fleet that churns pods grew them without end.
+    left_out = (PAGE + BROKEN + "\n" + WAITING).encode()
+    read = (PAGE + 'vllm:kv_cache_usage_perc{engine="1" 0.9\n').encode()
+    with scripted_pods(3) as (fleet, scripted), router_for(fleet, settings=QUICK) as router:
+        scripted.answers["pod-1", "/metrics"] = (200, left_out)
+        scripted.answers["pod-2", "/metrics"] = (200, read)
+        router.scrape()
+        core = router.router
+        scraper = core.scraper
+        assert PodId("pod-2") in scraper.why and scraper._told.get(PodId("pod-1"))
+        kept = tuple(s.upstream for s in core.topology.pods.values() if s.pod_id == "pod-0")
+        core._swap(kept, core.topology.plan)
+        assert set(scraper.why) | set(scraper._told) <= {PodId("pod-0")}
