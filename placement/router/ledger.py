@@ -66,9 +66,9 @@ class PodLedger:
         self._active: OrderedDict[AdapterId, None] = OrderedDict()
         self._registered: OrderedDict[AdapterId, None] = OrderedDict()
         self._unconfirmed: set[AdapterId] = set()
-        #: Confirmed names the plan's guesses pushed off the GPU in the model, in the
-        #: order they went: a guess taken back gives its slot back to them.
-        self._displaced: list[AdapterId] = []
+        #: Per guess, the confirmed names its load and warm-up pushed off the GPU in the
+        #: model, in the order they went: a guess taken back gives its slot back to them.
+        self._displaced: dict[AdapterId, list[AdapterId]] = {}
         self._seeded_plan: str | None = None
         #: Counts the rebuilds of the mirrors (the names they hold may have changed): a
         #: reader that indexes those names (the pool's holders) re-reads them only when
@@ -174,6 +174,7 @@ class PodLedger:
         """The router loaded ``adapter``: ``changed`` when the pod loaded it now, False
         when it answered that it had it already."""
         self._unconfirmed.discard(adapter)
+        self._displaced.pop(adapter, None)
         if not changed and self.residency.serves(adapter):
             return _NOTHING  # nothing happened on the engine
         if changed and self.residency.serves(adapter):
@@ -258,18 +259,18 @@ class PodLedger:
         the slots back, the first pushed first, as far as slots are free: on the pod
         they never left. (Host-cache entries the guesses pushed out are not restored.)"""
         residency = self.residency
+        pushed: list[AdapterId] = []
         for adapter in guesses:
             self._unconfirmed.discard(adapter)
             residency.withdraw(adapter)
-        for adapter in self._displaced:
+            pushed += self._displaced.pop(adapter, ())
+        for adapter in pushed:
             if residency.ghosts_on_gpu() + len(residency.on_gpu()) >= self.max_loras:
                 break
             if adapter in self._unconfirmed or not residency.serves(adapter):
                 continue
             if not residency.is_on_gpu(adapter):
                 residency.request(adapter)
-        if not self._unconfirmed:
-            self._displaced.clear()
         self._sync()
 
     def seed(
@@ -289,15 +290,13 @@ class PodLedger:
         self._seeded_plan = plan_id
         hot = tuple(hot)
         pins = frozenset(pinned)
-        pushed: list[str] = []
         for adapter in (a for a in warm if a not in hot):
-            pushed += self._expect_load(adapter, pinned=False).gpu_evicted
+            self._pushed_by(adapter, self._expect_load(adapter, pinned=False))
         for adapter in hot:
-            pushed += self._expect_load(adapter, pinned=adapter in pins).gpu_evicted
+            self._pushed_by(adapter, self._expect_load(adapter, pinned=adapter in pins))
         for adapter in hot:
             if self.residency.serves(adapter):
-                pushed += self.residency.request(adapter).gpu_evicted
-        self._displaced = self._displaced_after(pushed)
+                self._pushed_by(adapter, self.residency.request(adapter))
         self._sync()
 
     def reconcile_listing(self, listed: Mapping[AdapterId, str]) -> None:
@@ -324,6 +323,7 @@ class PodLedger:
                 self._take_back(AdapterId(a) for a in guesses)
         for adapter in sorted(listed):
             self._unconfirmed.discard(adapter)
+            self._displaced.pop(adapter, None)  # confirmed: what it pushed off is gone
             if adapter in residency.listed:
                 continue
             if adapter in residency.parked:  # SGLang: a request brought it back
@@ -361,10 +361,13 @@ class PodLedger:
         self._unconfirmed.add(adapter)
         return effects
 
-    def _displaced_after(self, pushed: Iterable[str]) -> list[AdapterId]:
-        """``_displaced`` with the names a seed pushed off the GPU added, guesses left out."""
-        names = dict.fromkeys([*self._displaced, *(AdapterId(a) for a in pushed)])
-        return [a for a in names if a not in self._unconfirmed]
+    def _pushed_by(self, adapter: AdapterId, effects: Effects) -> None:
+        """Note the confirmed names a guess's load or warm-up pushed off the GPU."""
+        if adapter in self._unconfirmed and effects.gpu_evicted:
+            names = self._displaced.setdefault(adapter, [])
+            names += (
+                AdapterId(n) for n in effects.gpu_evicted if AdapterId(n) not in self._unconfirmed
+            )
 
     def _sync(self) -> None:
         """Rebuild the mirrors in place from the engine model."""

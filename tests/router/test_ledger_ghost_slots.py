@@ -195,3 +195,17 @@ def test_sglang_guesses_the_soft_cap_parked_are_taken_back() -> None:
     ledger.reconcile_listing({})
     assert not any(ledger.residency.serves(a) for a in PLANNED)
     assert ledger.free_slots() == 2
+
+
+def test_a_slot_goes_back_to_what_the_guess_taken_back_pushed_off() -> None:
+    """Two guesses: g0 listed (the controller loaded it, pushing a off for real), g1
+    not (it pushed b off in the model only). b gets g1's slot back; a stays off."""
+    a, b = AdapterId("a"), AdapterId("b")
+    ledger = PodLedger(EngineModel.VLLM, max_loras=2, max_cpu_loras=8)
+    ledger.reconcile_listing({a: "s3://a", b: "s3://b"})
+    ledger.activate(a)
+    ledger.activate(b)
+    ledger.seed(hot=PLANNED[:2], warm=(), plan_id="plan-2")
+    ledger.reconcile_listing({a: "s3://a", b: "s3://b", PLANNED[0]: "s3://p0"})
+    assert set(ledger.active()) == {PLANNED[0], b}
+    assert ledger.free_slots() == 0
