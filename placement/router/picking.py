@@ -43,7 +43,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from functools import partial
 
 from placement.domain import AdapterId, Outcome, PodId, PoolId
 from placement.residency import Entry
@@ -100,13 +99,13 @@ class Choice:
     refresh: tuple[AdapterId, ...] = ()
 
 
-def _ledger_victim(topology: Topology, pod: PodLike) -> str | None:
+def _ledger_victim(pod: PodLike) -> str | None:
     """What a load on ``pod`` would evict, by its ledger's engine model with the
-    router's requests in flight there as busy (as the ledger applies every call)."""
-    state = pod if isinstance(pod, LivePod) else topology.pods.get(PodId(pod.pod_id))
-    if state is None:
-        return lru_victim(pod)
-    return state.ledger.next_victim(state.busy.keys())
+    router's requests in flight there as busy (as the ledger applies every call); the
+    LRU victim for a pod that is not a ``LivePod``."""
+    if isinstance(pod, LivePod):
+        return pod.ledger.next_victim(pod.busy.keys())
+    return lru_victim(pod)
 
 
 def slot_taken(pod: PodLike) -> bool:
@@ -264,7 +263,7 @@ class Picker:
                 forecast_rps={str(name): rate for name, rate in forecast.items()},
                 recent_rps=topology.recent,
                 victim_horizon_s=self.settings.victim_horizon_s,
-                victim_of=partial(_ledger_victim, topology),
+                victim_of=_ledger_victim,
                 class_weight=self.class_weight,
                 stall_weight=self.settings.load_stall_weight,
             )
