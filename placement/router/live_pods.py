@@ -54,6 +54,7 @@ class LivePod:
 
     __slots__ = (
         "busy",
+        "ended_since_scrape",
         "failures",
         "free_slots",
         "gpu_adapters",
@@ -134,6 +135,10 @@ class LivePod:
         self.kv_usage = 0.0
         self.running_adapters: Collection[str] = frozenset()
         self.waiting_adapters: Collection[str] = frozenset()
+        #: The adapters whose last request of the router's here ended since the last
+        #: scrape: where the scrape shows one running or waiting, that was (likely) the
+        #: router's own request, gone now (``picking.slot_taken``).
+        self.ended_since_scrape: set[str] = set()
         self.free_slots = self.max_loras
         self.victim_last_used_s = 0.0
         #: The pool's index this pod reports its adapters to, its position there, and
@@ -245,6 +250,7 @@ class LivePod:
                 busy[key] = left  # in place: the order says who is in flight longest
             else:
                 busy.pop(key, None)
+                self.ended_since_scrape.add(adapter)
             if ran:
                 self.ledger.last_step(key if isinstance(key, Entry) else self.ledger.entry(key))
             if ran or left <= 0:  # the LRU order or the busy keys moved: the victim may
@@ -273,6 +279,7 @@ class LivePod:
         self.kv_usage = metrics.kv_usage
         self.running_adapters = metrics.running_adapters
         self.waiting_adapters = metrics.waiting_adapters
+        self.ended_since_scrape.clear()
         self._requeue()
         self.sync()
 

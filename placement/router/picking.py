@@ -114,8 +114,12 @@ def slot_taken(pod: PodLike) -> bool:
     goes by ``waits_for_slot``).
 
     It waits when no slot is free and every slot's holder has requests: each GPU adapter
-    is running or waiting by the last scrape (``lora_requests_info``, up to a scrape
-    interval old) or has the router's requests in flight (``LivePod.busy``, current);
+    has the router's requests in flight (``LivePod.busy``, current) or is running or
+    waiting by the last scrape (``lora_requests_info``, up to a scrape interval old)
+    and no request of the router's for it there has ended since
+    (``LivePod.ended_since_scrape``: what the scrape saw running was the router's own,
+    gone now; requests are often shorter than a scrape interval, and counting them
+    made a full pod look taken that was not);
     and each slot of an unloaded name's entry (the ledger's vLLM ghost, outside
     ``gpu_adapters`` and ``free_slots``) holds one of those requests' entries. An idle
     ghost slot takes a load now: nothing runs on it."""
@@ -134,9 +138,10 @@ def slot_taken(pod: PodLike) -> bool:
         if held < ghosts:
             return False
     running, waiting = pod.running_adapters, pod.waiting_adapters
+    ended = pod.ended_since_scrape
     names: set[str] | None = None
     for name in pod.gpu_adapters:
-        if name in running or name in waiting:
+        if (name in running or name in waiting) and name not in ended:
             continue
         if names is None:  # the names of the router's requests in flight, once
             names = {key.name if isinstance(key, Entry) else key for key in busy}

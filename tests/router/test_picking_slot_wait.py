@@ -102,6 +102,24 @@ def test_the_routers_own_requests_in_flight_take_slots_the_scrape_shows_idle(
     assert chosen(topology, priced=priced) == pod
 
 
+def test_what_the_scrape_saw_running_of_the_routers_own_and_ended_since_frees_its_slot() -> None:
+    # The router sent a and b to "taken"; the scrape saw both there; a's request has
+    # ended since (requests are often shorter than a scrape interval), so a's slot takes
+    # a load at once. "open" runs c and d, with the shorter queue.
+    topology = two_full_pods()
+    taken, other = topology.pods[PodId("taken")], topology.pods[PodId("open")]
+    held = {name: taken.begin(AdapterId(name)) for name in ("a", "b")}
+    scraped(taken, waiting=2, running="a,b")
+    scraped(other, waiting=1, running="c,d")
+    assert slot_taken(taken), "both of taken's adapters run, by the scrape and the router"
+    taken.end(AdapterId("a"), held=held["a"], ran=True)
+    assert not slot_taken(taken), "a ended after the scrape: its slot is free to take"
+    assert waits_for_slot(taken), "the scrape alone still says a runs"
+    assert chosen(topology, priced=True) == "taken"
+    scraped(taken, waiting=2, running="a,b")  # a new scrape that shows a again: someone's
+    assert slot_taken(taken)
+
+
 def test_a_slot_held_by_an_unloaded_names_idle_entry_takes_the_load_at_once() -> None:
     # b unloaded on "taken": its entry keeps the slot (a vLLM ghost), with no request.
     topology = two_full_pods()
