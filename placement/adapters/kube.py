@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 from kubernetes import client, watch
 
@@ -41,6 +42,7 @@ __all__ = [
     "KubePods",
     "KubeStateStore",
     "KubeTarget",
+    "LeftOut",
     "connect",
     "to_discovered",
 ]
@@ -68,29 +70,38 @@ def _port_of(pod: client.V1Pod, target: KubeTarget) -> int:
     return target.default_port
 
 
-def to_discovered(pod: client.V1Pod, target: KubeTarget) -> DiscoveredPod | None:
-    """The pod as the ports see it, or None when it names no pool: no pool label (and
-    no ``default_pool``), or an empty one, which is not read as the default pool."""
+@dataclass(frozen=True, kw_only=True)
+class LeftOut:
+    """A listed pod ``to_discovered`` leaves out: ``key`` names it (its name, or its IP
+    without one) and ``why`` is the warning that says so."""
+
+    key: str
+    why: str
+
+
+def to_discovered(pod: client.V1Pod, target: KubeTarget) -> DiscoveredPod | LeftOut:
+    """The pod as the ports see it, or why it is left out: no metadata.name, or it names
+    no pool: no pool label (and no ``default_pool``), or an empty one, which is not read
+    as the default pool. Says nothing: ``KubePods`` warns, once per pod and reason."""
     meta = pod.metadata
+    ip = (pod.status.pod_ip if pod.status is not None else None) or ""
     if meta is None or not meta.name:
-        ip = pod.status.pod_ip if pod.status is not None else None
-        logger.warning("a pod the API listed has no metadata.name (pod IP %s); left out", ip)
-        return None
+        why = f"a pod the API listed has no metadata.name (pod IP {ip or None}); left out"
+        return LeftOut(key=f"(no name, IP {ip})", why=why)
     labels = dict(meta.labels or {})
     named = labels.get(target.pool_label)
     if named == "":  # set, to nothing: not taken for the default pool
-        logger.warning(
-            "pod %s: label %s is empty: it names no pool; left out", meta.name, target.pool_label
-        )
-        return None
+        why = f"pod {meta.name}: label {target.pool_label} is empty: it names no pool; left out"
+        return LeftOut(key=meta.name, why=why)
     pool = named if named is not None else target.default_pool
     if not pool:
-        logger.warning("pod %s has no %s label; left out", meta.name, target.pool_label)
-        return None
+        return LeftOut(
+            key=meta.name, why=f"pod {meta.name} has no {target.pool_label} label; left out"
+        )
     return DiscoveredPod(
         name=PodId(meta.name),
         pool=PoolId(pool),
-        ip=(pod.status.pod_ip if pod.status is not None else None) or "",
+        ip=ip,
         port=_port_of(pod, target),
         ready=_is_ready(pod),
         labels=labels,
@@ -98,11 +109,33 @@ def to_discovered(pod: client.V1Pod, target: KubeTarget) -> DiscoveredPod | None
 
 
 class KubePods:
-    """Serving pods selected by label, ready ones only in ``list_pods``."""
+    """Serving pods selected by label, ready ones only in ``list_pods``.
+
+    A pod left out is warned of once while it stays left out for the same reason; each
+    poll or event that finds it so again says it at DEBUG. A new reason, or the pod
+    coming right and breaking again, warns again. Only pods of the last listing are
+    remembered (a watch forgets one deleted or come right), so the table stays as small
+    as the selection."""
 
     def __init__(self, api: client.ApiClient, *, target: KubeTarget) -> None:
         self._core = client.CoreV1Api(api)
         self._target = target
+        #: Each pod left out, by ``LeftOut.key``, with the warning said of it.
+        self._told: dict[str, str] = {}
+
+    def _tell(self, left_out: LeftOut) -> None:
+        if self._told.get(left_out.key) == left_out.why:
+            logger.debug("%s", left_out.why)
+            return
+        self._told[left_out.key] = left_out.why
+        logger.warning("%s", left_out.why)
+
+    def _kept(self, found: DiscoveredPod | LeftOut) -> DiscoveredPod | None:
+        if isinstance(found, LeftOut):
+            self._tell(found)
+            return None
+        self._told.pop(found.name, None)
+        return found
 
     def list_pods(self) -> tuple[DiscoveredPod, ...]:
         with translated(f"list pods {self._target.selector!r}"):
@@ -111,7 +144,10 @@ class KubePods:
                 label_selector=self._target.selector,
                 _request_timeout=self._target.request_timeout_s,
             )
-        pods = (to_discovered(pod, self._target) for pod in listed.items or ())
+        found = [to_discovered(pod, self._target) for pod in listed.items or ()]
+        left_out = {f.key for f in found if isinstance(f, LeftOut)}
+        self._told = {key: why for key, why in self._told.items() if key in left_out}
+        pods = (self._kept(f) for f in found)
         return tuple(sorted((p for p in pods if p is not None and p.ready), key=lambda p: p.name))
 
     def watch_pods(self, *, timeout_s: int) -> Iterator[PodEvent]:
@@ -141,8 +177,12 @@ class KubePods:
             if kind not in PodEventKind.__members__:
                 continue
             found = to_discovered(event["object"], self._target)
-            if found is not None:
-                yield PodEvent(kind=PodEventKind(kind), pod=found)
+            if isinstance(found, LeftOut) and kind == PodEventKind.DELETED.value:
+                self._told.pop(found.key, None)  # gone: nothing left to say of it
+                continue
+            pod = self._kept(found)
+            if pod is not None:
+                yield PodEvent(kind=PodEventKind(kind), pod=pod)
 
 
 # --- lease ----------------------------------------------------------------------

@@ -12,9 +12,10 @@ else from the pod's labels below, else from defaults (vLLM, the pool's name, 1 G
 slot, a host cache of max-loras).
 
 A label that is there but cannot be read is never taken for a default: the pod is left
-out, with a warning (once per pod and what was wrong) naming the pod, each bad label,
-its value and what is accepted, as ``placement.adapters.kube`` leaves out a pod without
-a name or a pool; the rest of the discovery goes on. That holds for an engine the
+out, with a warning (once per pod and what was wrong, then at DEBUG at each poll while
+it stays so) naming the pod, each bad label, its value and what is accepted, as
+``placement.adapters.kube`` leaves out a pod without a name or a pool; the rest of the
+discovery goes on. That holds for an engine the
 router does not speak (guessed as vLLM, the pod would be scraped and sent requests in a
 dialect it may not speak), an empty served model, and slot counts that are not a whole
 number in digits (``four``, ``-1``, ``1e3``), below 1, or a ``max-cpu-loras`` below
@@ -177,8 +178,9 @@ class DiscoveryPodSource:
                 upstreams.append(self._upstream(pod))
             except InputError as exc:
                 told[pod.name] = why = "; ".join(str(problem) for problem in exc.problems)
-                if self._told.get(pod.name) != why:
-                    log.warning("%s: %s; left out", self._description, why)
+                # Once at WARNING while the reason stays; each later poll at DEBUG.
+                level = logging.DEBUG if self._told.get(pod.name) == why else logging.WARNING
+                log.log(level, "%s: %s; left out", self._description, why)
         self._told = told
         return tuple(upstreams)
 
