@@ -29,7 +29,7 @@ import asyncio
 import json
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC
 from email.utils import parsedate_to_datetime
 from types import MappingProxyType
@@ -54,6 +54,10 @@ MAX_RETRY_AFTER_S = 86_400.0
 #: RFC 9110 delta-seconds: ASCII digits only (no sign, no fraction); past 12 of them it
 #: is over MAX_RETRY_AFTER_S anyway, and int() is not asked to read a thousand.
 _DELTA_SECONDS = re.compile(r"[0-9]{1,12}")
+#: The day names an HTTP-date opens with before its comma (IMF-fixdate, RFC 850), in
+#: English whatever the locale.
+_DAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
+_WEEKDAYS = frozenset((*_DAYS, *(day[:3] for day in _DAYS)))
 _TITLE = re.compile(r"<title[^>]*>(.*?)</title>", re.IGNORECASE | re.DOTALL)
 
 
@@ -171,14 +175,15 @@ class HttpEngine:
     def retryable_answer(self, message: str, response: httpx.Response) -> RetryableEngineError:
         """A 5xx or 429 worth retrying: ``message`` plus the ``Retry-After`` it named,
         whose wait (when it can be read) the error carries as ``retry_after_s``."""
-        after = response.headers.get("retry-after")
-        if not after:
+        # Every value the header came with (sent twice, httpx's get would join them).
+        afters = response.headers.get_list("retry-after")
+        if not any(afters):
             return self.retryable(message, status=response.status_code)
         return RetryableEngineError(
-            f"{message} (Retry-After: {_short(after)})",
+            f"{message} (Retry-After: {_short(', '.join(afters))})",
             pod=self._pod,
             status=response.status_code,
-            retry_after_s=retry_after_s(after, now_s=self._wall_clock()),
+            retry_after_s=retry_after_s(afters, now_s=self._wall_clock()),
         )
 
     def permanent(self, message: str, *, status: int | None = None) -> PermanentEngineError:
@@ -292,15 +297,40 @@ class HttpEngine:
         return response.text
 
 
-def retry_after_s(value: str, *, now_s: float) -> float | None:
-    """The seconds a ``Retry-After`` value asks to wait (RFC 9110 section 10.2.3), pure.
+def retry_after_s(value: str | Sequence[str], *, now_s: float) -> float | None:
+    """The seconds a ``Retry-After`` asks to wait (RFC 9110 section 10.2.3), pure.
 
     delta-seconds (ASCII digits) as they are; an HTTP-date (any of RFC 9110's three
     forms; one without a zone is GMT) counted from ``now_s`` (epoch seconds), 0 when it
     is already past. None for anything else (negative, a fraction, words, a bad date)
     and for a wait over ``MAX_RETRY_AFTER_S``: no wait is honoured for those.
+
+    The header sent twice comes as several values, or as one joined with commas
+    (``"5, 5"``): RFC 9110 makes Retry-After a singleton, but a proxy that repeats it
+    means one wait, so it is honoured when every value reads to the same wait; values
+    that differ, or one that cannot be read, give None. A date's own comma (``"Sun, 06
+    Nov 1994 ..."``) does not split it.
     """
-    text = value.strip()
+    values = (value,) if isinstance(value, str) else tuple(value)
+    waits = {_one_retry_after_s(one, now_s=now_s) for v in values for one in _retry_afters(v)}
+    return waits.pop() if len(waits) == 1 else None
+
+
+def _retry_afters(value: str) -> list[str]:
+    """The values a comma-joined ``Retry-After`` holds: a piece that is a weekday name
+    is a date's (IMF-fixdate, RFC 850) and goes with the piece after it; empty pieces
+    (``"5,"``) are no value."""
+    pieces = [piece.strip() for piece in value.split(",")]
+    values: list[str] = []
+    for piece in pieces:
+        if values and values[-1].lower() in _WEEKDAYS:
+            values[-1] = f"{values[-1]}, {piece}"
+        else:
+            values.append(piece)
+    return [one for one in values if one] or [""]
+
+
+def _one_retry_after_s(text: str, *, now_s: float) -> float | None:
     if _DELTA_SECONDS.fullmatch(text):
         delay_s = float(int(text))
     else:
