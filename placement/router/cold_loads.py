@@ -9,6 +9,13 @@ with a ``RetryableEngineError`` naming the pod and the adapter, so the proxy and
 endpoint picker treat it as any failed load (another pod, else 502). A load that ended
 leaves the pod's loads, so the next request loads afresh.
 
+A pod that refuses a load with a ``Retry-After`` (a 503 or 429 whose wait the engine
+client read into ``RetryableEngineError.retry_after_s``) is sent no other load until
+that wait is over, capped at ``MAX_LOAD_HOLD_S``, as the executor waits it (capped at
+``ExecutorSettings.backoff_max_s``) before its retry: a load asked of it meanwhile fails
+at once, naming the wait, without reaching the pod, and its requests take the same
+failure path (another pod, else 502). Requests for adapters it holds still go to it.
+
 Must not choose the pod (``router.picking`` does) nor answer a request.
 """
 
@@ -22,7 +29,7 @@ from typing import Protocol
 from placement.adapters.sglang import SglangClient
 from placement.adapters.vllm import VllmClient
 from placement.clock import Clock
-from placement.domain import AdapterId
+from placement.domain import AdapterId, PodId
 from placement.errors import EngineError, RetryableEngineError
 from placement.metrics import FleetMetrics
 from placement.router.adapter_info import AdapterInfo
@@ -30,6 +37,12 @@ from placement.router.metrics import RouterMetrics
 from placement.router.state import LivePod, Upstream
 
 log = logging.getLogger("lorafleet.router")
+
+#: The most of a pod's Retry-After a refused load holds its next loads back: a pod that
+#: asks for an hour still gets the planned adapter within this long, and other pods
+#: take its cold requests meanwhile. As long as a loop's longest backoff
+#: (``RouterSettings.loop_backoff_max_s``' default).
+MAX_LOAD_HOLD_S = 30.0
 
 
 class LoadHost(Protocol):
@@ -57,12 +70,17 @@ class ColdLoads:
     def __init__(self, host: LoadHost) -> None:
         self.host = host
         self._tasks: set[asyncio.Task[None]] = set()
+        #: Pods that refused a load with a Retry-After: the timer reading before which
+        #: no load is sent them. Only waits not yet over are kept.
+        self._held_until_s: dict[PodId, float] = {}
 
     async def load(self, state: LivePod, adapter: AdapterId) -> None:
         """Load ``adapter`` on the pod once, however many requests wait for it; raise
-        what the load ended with (an ``EngineError`` or ``OSError``)."""
+        what the load ended with (an ``EngineError`` or ``OSError``), or, while the pod's
+        Retry-After holds its loads back, a ``RetryableEngineError`` saying so."""
         pending = state.loading.get(adapter)
         if pending is None:
+            self._refuse_if_held(state, adapter)
             pending = asyncio.get_running_loop().create_future()
             state.start_loading(adapter, pending)
             self._queue_changed(state)
@@ -78,6 +96,32 @@ class ColdLoads:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _refuse_if_held(self, state: LivePod, adapter: AdapterId) -> None:
+        pod, now_s = state.upstream.pod, self.host.timer()
+        self._held_until_s = {p: t for p, t in self._held_until_s.items() if t > now_s}
+        until_s = self._held_until_s.get(pod)
+        if until_s is not None:
+            raise RetryableEngineError(
+                f"loading {adapter} not sent: the pod asked (Retry-After) for no load "
+                f"for {until_s - now_s:.1f} s more",
+                pod=pod,
+            )
+
+    def _hold(self, state: LivePod, exc: EngineError | OSError) -> None:
+        """After a refusal with a Retry-After: no load to the pod until it is over."""
+        wait_s = exc.retry_after_s if isinstance(exc, RetryableEngineError) else None
+        if wait_s is None or not wait_s > 0.0:  # NaN is not a wait either
+            return
+        until_s = self.host.timer() + min(wait_s, MAX_LOAD_HOLD_S)
+        pod = state.upstream.pod
+        self._held_until_s[pod] = max(until_s, self._held_until_s.get(pod, until_s))
+        log.warning(
+            "%s asked to wait %.1f s (Retry-After): no load sent it for %.1f s",
+            pod,
+            wait_s,
+            min(wait_s, MAX_LOAD_HOLD_S),
+        )
 
     def _queue_changed(self, state: LivePod) -> None:
         """``lorafleet_load_queue_depth``: the pod's loads waiting or in progress."""
@@ -134,6 +178,7 @@ class ColdLoads:
                 host.metrics.loads.labels(pod=state.upstream.pod, reason="cold").inc()
             done.set_result(None)
         except (EngineError, OSError) as exc:
+            self._hold(state, exc)
             done.set_exception(exc)
             done.exception()  # retrieved here: waiters that gave up must not warn
         finally:
