@@ -24,6 +24,15 @@ unknown). Either way each scrape counts it in
 ``lorafleet_router_scrape_problems_total{pod,kind="too_large"}``, and a warning says
 which, once per pod an hour (and at once when it turns from one to the other).
 
+A page of more than ``PARSE_IN_THREAD_BYTES`` is parsed in a thread of the scraper's
+own (``read_page``, one page at a time), so that a bloated or broken page never stalls
+the event loop, and with it every proxied request, for the seconds its parse takes; a
+smaller one (the normal case) is parsed on the loop. Either way the reading is applied
+to the pod's state on the loop, after the parse: a pod gone from the topology, or a
+topology swapped, while it ran is handled as a slow read of the page is (the reading
+lands on the ``LivePod`` the scrape began with), and a scrape cancelled meanwhile
+applies nothing (the thread finishes its page and the reading is dropped).
+
 An SGLang pod started without ``--enable-metrics`` answers 404 on ``/metrics``: it stays
 in the rotation, judged by ``/health``, with ``lorafleet_router_pod_metrics_missing``
 set and one warning naming the pod and the flag.
@@ -43,8 +52,11 @@ Must not schedule rounds or swap the topology: that is ``router.core``.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
 from collections.abc import Callable, Collection, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
 from placement.adapters.metrics_text import (
@@ -81,6 +93,15 @@ RETELL_PROBLEM_S = 3600.0
 #: At most this many problems of one pod said within ``RETELL_PROBLEM_S``: a page of
 #: changing garbage names a new metric every line. Every line is counted all the same.
 MAX_TOLD_PROBLEMS = 8
+#: A ``/metrics`` page of more bytes than this is parsed in the scraper's thread, not on
+#: the event loop. prometheus_client's parser (Python, a character at a time) takes some
+#: 0.3 µs a byte: 64 KiB stalls the loop, and every proxied request with it, ~20 ms, a
+#: page at the 8 MiB cap ~3 s, and three times that with one line it cannot read (the
+#: lenient reading's three passes). In the thread the loop still waits for the GIL, up
+#: to its switch interval (5 ms) a turn, so a page parsed in less (~16 KiB) gains
+#: nothing there, and up to 64 KiB (a vLLM page with its histograms is tens of KiB) too
+#: little for a thread hop (~80 µs of CPU, and GIL hand-offs) per pod 4 times a second.
+PARSE_IN_THREAD_BYTES = 64 * 1024
 
 
 class PodReportLike(Protocol):
@@ -142,6 +163,10 @@ class PodScraper:
         self._told: dict[PodId, dict[tuple[str, str], float]] = {}
         #: When ``_told`` was last swept of what is past telling (clock seconds).
         self._swept_s = clock()
+        #: Where pages past ``PARSE_IN_THREAD_BYTES`` are parsed: one thread (started at
+        #: the first such page), one page at a time; a second would only take the GIL
+        #: from the loop more often. Its thread ends with the scraper, or the process.
+        self._parsing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lorafleet-parse")
 
     def keep_only(self, pods: Collection[PodId]) -> None:
         """Forget what is kept per pod (why it left the rotation, the problems said)
@@ -332,18 +357,22 @@ class PodScraper:
             raise EngineError(
                 f"/metrics answered {answer.status}: {answer.message()}", pod=upstream.pod
             )
-        read = self._read_page(answer, pod=upstream.pod, sglang=upstream.engine is Engine.SGLANG)
+        read = await self._read_page(
+            answer, pod=upstream.pod, sglang=upstream.engine is Engine.SGLANG
+        )
         # A page past the cap without its figures: _note_too_large said so, once is enough.
         self._metrics_missing(state, "" if read is None else None)
         return read
 
-    def _read_page(self, answer: Fetched, *, pod: PodId, sglang: bool) -> ReadMetrics | None:
-        """A page read whole, or from its head when cut (None: not all there)."""
-        read: ReadMetrics | None
-        if not answer.cut:
-            read = (read_sglang_metrics if sglang else read_vllm_metrics)(answer.text, pod=pod)
+    async def _read_page(self, answer: Fetched, *, pod: PodId, sglang: bool) -> ReadMetrics | None:
+        """A page read whole, or from its head when cut (None: not all there); parsed in
+        the scraper's thread past ``PARSE_IN_THREAD_BYTES``, what it says noted here."""
+        if len(answer.body) <= PARSE_IN_THREAD_BYTES:
+            read = read_page(answer, pod=pod, sglang=sglang)
         else:
-            read = (read_sglang_head if sglang else read_vllm_head)(answer.text, pod=pod)
+            parse = functools.partial(read_page, answer, pod=pod, sglang=sglang)
+            read = await asyncio.get_running_loop().run_in_executor(self._parsing, parse)
+        if answer.cut:
             self._note_too_large(pod, head_read=read is not None)
         if read is not None:
             self._note_skipped(pod, read.skipped, cut=answer.cut)
@@ -402,3 +431,11 @@ class PodScraper:
         state.listing_due = False
         state.ledger.reconcile_listing(registered.adapters)
         state.sync()
+
+
+def read_page(answer: Fetched, *, pod: PodId, sglang: bool) -> ReadMetrics | None:
+    """A ``/metrics`` answer read as its engine writes it: whole, or from its head when cut
+    (None: what the router reads is not all there). Pure: it may run in any thread."""
+    if not answer.cut:
+        return (read_sglang_metrics if sglang else read_vllm_metrics)(answer.text, pod=pod)
+    return (read_sglang_head if sglang else read_vllm_head)(answer.text, pod=pod)
