@@ -1,6 +1,7 @@
 """The real implementations of the controller's ports, over the other modules of lorafleet.
 
-- ``EngineActuator``: pods through ``placement.actuation.apply`` and the ``Executor``.
+- ``EngineActuator``: pods through ``placement.actuation.apply`` and the ``Executor``;
+  its listings (``registered``) retried as ``apply``'s are.
 - the planner, ``placement.solver.planner.SolverPlanner``, lives with the solver: the
   replay simulator plans through it too.
 - ``ReusingForecaster``: ``placement.forecast.forecaster.ModelForecaster`` (``models/``), one
@@ -30,7 +31,7 @@ import numpy as np
 import pandas as pd
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from placement.actuation.apply import apply_plan, lora_paths, make_clients
+from placement.actuation.apply import apply_plan, lora_paths, make_clients, observe
 from placement.actuation.executor import ApplyReport, Executor, Ledger, Sleep
 from placement.actuation.reconcile import depends_on
 from placement.adapters.kube import KubeConfigMapKey
@@ -38,7 +39,7 @@ from placement.adapters.live_request_log import LiveRequestLog
 from placement.adapters.prom import PromHistorySource
 from placement.controller.ports import Backoff, ControllerObserver, Job, TickOutcome
 from placement.domain import Action, AdapterId, Catalog, Fleet, PodId
-from placement.errors import EngineError, InputError, KubeError, Problem
+from placement.errors import InputError, KubeError, Problem
 from placement.forecast.demand import demand_from_forecast
 from placement.forecast.forecaster import ModelForecaster
 from placement.forecast.scoring import ForecastScore
@@ -99,18 +100,22 @@ class EngineActuator:
         return await executor.run(actions, after=depends_on(actions))
 
     async def registered(self, fleet: Fleet) -> Mapping[PodId, frozenset[AdapterId] | None]:
+        """Each pod's registrations, None for one that could not be listed: listed as
+        ``apply`` lists them (``apply.observe``), a retryable failure retried up to
+        ``LIST_ATTEMPTS`` times with the executor's backoff, ``rng`` and ``sleep``."""
         timeout_s = self._settings.executor.per_action_deadline_s
-        clients = make_clients(fleet, http=self._http, timeout_s=timeout_s)
-
-        async def one(pod: PodId) -> frozenset[AdapterId] | None:
-            try:
-                return (await clients[pod].registered()).names()
-            except EngineError:
-                return None
-
-        pods = [pod.name for pod in fleet.pods]
-        answers = await asyncio.gather(*(one(pod) for pod in pods))
-        return dict(zip(pods, answers, strict=True))
+        observation = await observe(
+            fleet,
+            make_clients(fleet, http=self._http, timeout_s=timeout_s),
+            settings=self._settings.executor,
+            rng=self._rng,
+            sleep=self._sleep,
+        )
+        states = observation.states
+        return {
+            pod.name: states[pod.name].registered if pod.name in states else None
+            for pod in fleet.pods
+        }
 
 
 class SeasonalForecaster:
