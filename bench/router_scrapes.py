@@ -12,6 +12,17 @@ counted. A router worker runs one round every ``scrape_interval_s`` (0.25 s), so
 round's CPU times four is the share of a core each worker spends on scrapes at idle.
 
     .venv/bin/python -m bench.router_scrapes [--pods 4] [--rounds 200] [--blocks 5]
+
+With ``--stall``: the event loop's longest stall while the router scrapes one pod whose
+``/metrics`` is a vLLM page of ``--page-bytes`` (about 8 MB, under the 8 MiB cap: read
+whole; its ``lora_requests_info`` series grown), served by a plain HTTP server in a
+child process; once as it is, once with one line the parser refuses (the lenient
+reading's line-by-line path). A task on the loop sleeps 1 ms at a time; its lateness is
+the loop's stall (what a proxied request would have waited). The figures are the
+longest and the 99th percentile lateness over ``--rounds`` scrape rounds, and a round's
+wall and CPU seconds.
+
+    .venv/bin/python -m bench.router_scrapes --stall [--page-bytes 8000000] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -29,7 +40,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.router_overhead import PODS_SCRIPT, _ports_in, _wait_up
+from bench.router_overhead import PODS_SCRIPT, _pct, _ports_in, _wait_up
 from placement.emulator import EmulatedFleet, PodConfig
 from placement.router import FleetPodSource, Router
 from placement.router.scrape_http import AiohttpScrapes, HttpxScrapes, ScrapeHttp
@@ -90,12 +101,128 @@ async def _measure(ports: list[int], args: argparse.Namespace) -> dict[str, obje
     }
 
 
+# argv: the page's file, the port file. A plain server: its CPU is not the router's.
+PAGE_SCRIPT = """
+import sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from placement.inputs.files import write_atomically
+page = Path(sys.argv[1]).read_bytes()
+listing = b'{"object": "list", "data": [{"id": "base-model", "object": "model"}]}'
+class Pod(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def do_GET(self):
+        body = {"/metrics": page, "/v1/models": listing}.get(self.path, b"ok")
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+server = ThreadingHTTPServer(("127.0.0.1", 0), Pod)
+write_atomically(Path(sys.argv[2]), f"{server.server_address[1]}\\n")
+server.serve_forever()
+"""
+
+_HEAD = (
+    'vllm:num_requests_running{engine="0",model_name="base-model"} 1.0\n'
+    'vllm:num_requests_waiting{engine="0",model_name="base-model"} 0.0\n'
+    'vllm:kv_cache_usage_perc{engine="0",model_name="base-model"} 0.25\n'
+    "# HELP vllm:lora_requests_info Running stats on lora requests.\n"
+    "# TYPE vllm:lora_requests_info gauge\n"
+)
+
+
+def _big_page(size: int, *, broken: bool) -> bytes:
+    """A vLLM page of about ``size`` bytes, its LoRA series grown; one line in its middle
+    the parser refuses if ``broken``."""
+    lines: list[str] = []
+    total = len(_HEAD)
+    while total < size:
+        line = (
+            f'vllm:lora_requests_info{{max_lora="4",running_lora_adapters="a{len(lines)}",'
+            f'waiting_lora_adapters=""}} {1.7e9 + len(lines)}\n'
+        )
+        lines.append(line)
+        total += len(line)
+    if broken:
+        lines.insert(len(lines) // 2, "<!-- a proxy's banner -->\n")
+    return (_HEAD + "".join(lines)).encode()
+
+
+async def _stalls(port: int, rounds: int) -> dict[str, float]:
+    """The loop's lateness while ``rounds`` scrape rounds read the pod on ``port``."""
+    fleet = EmulatedFleet.start(1, ports=[port], config=PodConfig()).domain()
+    router = Router(
+        plan_source=StaticPlanSource(None),
+        pod_source=FleetPodSource(fleet),
+        settings=RouterSettings(),
+    )
+    await router.refresh_pods()
+    router.scrape_http = AiohttpScrapes()
+    late_s: list[float] = []
+    done = False
+
+    async def tick() -> None:
+        while not done:
+            asked_s = time.perf_counter()
+            await asyncio.sleep(0.001)
+            late_s.append(time.perf_counter() - asked_s - 0.001)
+
+    try:
+        await router.scrape_all()  # the connection opened, the first listing read
+        ticking = asyncio.create_task(tick())
+        await asyncio.sleep(0.05)
+        late_s.clear()
+        wall_s, cpu_s = time.perf_counter(), time.process_time()
+        for _ in range(rounds):
+            await router.scrape_all()
+        wall_s, cpu_s = time.perf_counter() - wall_s, time.process_time() - cpu_s
+        done = True
+        await ticking
+    finally:
+        await router.scrape_http.close()
+    (state,) = router.topology.pods.values()
+    return {
+        "longest_stall_ms": round(max(late_s) * 1e3, 1),
+        "p99_stall_ms": round(_pct(late_s, 0.99) * 1e3, 1),
+        "wall_s_per_round": round(wall_s / rounds, 3),
+        "cpu_s_per_round": round(cpu_s / rounds, 3),
+        "healthy": state.healthy,
+    }
+
+
+def _stall_figures(args: argparse.Namespace) -> dict[str, object]:
+    figures: dict[str, object] = {"page_bytes": args.page_bytes, "rounds": args.rounds}
+    for name, broken in (("whole", False), ("one_bad_line", True)):
+        with tempfile.TemporaryDirectory() as scratch:
+            page_file, port_file = Path(scratch) / "page", Path(scratch) / "port"
+            page_file.write_bytes(_big_page(args.page_bytes, broken=broken))
+            pod = subprocess.Popen(
+                [sys.executable, "-c", PAGE_SCRIPT, str(page_file), str(port_file)]
+            )
+            try:
+                (port,) = _ports_in(port_file, pod)
+                figures[name] = asyncio.run(_stalls(port, args.rounds))
+            finally:
+                pod.terminate()
+                pod.wait()
+    return figures
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pods", type=int, default=4)
-    parser.add_argument("--rounds", type=int, default=200)
+    parser.add_argument("--rounds", type=int, help="200 rounds a block; 3 with --stall")
     parser.add_argument("--blocks", type=int, default=5)
+    parser.add_argument("--stall", action="store_true", help="the loop's stall on a big page")
+    parser.add_argument("--page-bytes", type=int, default=8_000_000)
     args = parser.parse_args()
+    if args.stall:
+        args.rounds = args.rounds or 3
+        print(json.dumps(_stall_figures(args), indent=2))
+        return
+    args.rounds = args.rounds or 200
     with tempfile.TemporaryDirectory() as scratch:
         pods_file = Path(scratch) / "pods"
         pods = subprocess.Popen([sys.executable, "-c", PODS_SCRIPT, str(args.pods), str(pods_file)])
