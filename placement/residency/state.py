@@ -95,6 +95,11 @@ class PodResidency:
         entry = self._current.get(name)
         return entry is not None and entry in self._gpu
 
+    def is_in_host(self, name: str) -> bool:
+        """Whether ``name``'s current entry holds weights in the host cache."""
+        entry = self._current.get(name)
+        return entry is not None and entry in self._host
+
     def can_activate_now(self, name: str, *, busy: Busy = ()) -> bool:
         """Whether a request for ``name`` gets a GPU slot without pushing off an adapter
         that is pinned or ``busy`` (a scheduler would otherwise hold it back a step)."""
@@ -207,6 +212,30 @@ class PodResidency:
         if entry is not None:
             self._host.pop(entry, None)
             self._gpu.pop(entry, None)
+
+    def reinstate(self, name: str) -> bool:
+        """Put back, as the oldest host-cache entry (where the LRU victim was), a name a
+        load taken back (``withdraw``) pushed out: a listed vLLM name's weights, or a
+        name SGLang's soft cap parked (listed again). True if it did; False, with
+        nothing changed, for a name not served, still in the host cache, or when the
+        cache is full (``max_cpu_loras``; SGLang's soft cap counts the listed names).
+        Not an engine call: for a caller whose expected load the pod never made, so on
+        the pod the name never left."""
+        cap = self.max_cpu_loras
+        if self.engine is EngineModel.VLLM:
+            entry = self._current.get(name)
+            if name not in self.listed or entry is None or entry in self._host:
+                return False
+            if cap is not None and len(self._host) >= cap:
+                return False
+        else:
+            if name not in self.parked or (cap is not None and len(self.listed) >= cap):
+                return False
+            self.listed[name] = self.parked.pop(name)
+            entry = self._current[name] = Entry(next(self._ids), name)
+        self._host[entry] = None
+        self._host.move_to_end(entry, last=False)
+        return True
 
     def request(self, name: str, *, busy: Busy = ()) -> Effects:
         """A completion (or a warm-up) naming ``name``; raises ``NotLoadedError`` if refused."""

@@ -46,6 +46,7 @@ class PodLedger:
     __slots__ = (
         "_active",
         "_displaced",
+        "_host_displaced",
         "_registered",
         "_seeded_plan",
         "_unconfirmed",
@@ -69,6 +70,10 @@ class PodLedger:
         #: Per guess, the confirmed names its load and warm-up pushed off the GPU in the
         #: model, in the order they went: a guess taken back gives its slot back to them.
         self._displaced: dict[AdapterId, list[AdapterId]] = {}
+        #: The confirmed names a guess's load or warm-up pushed out of the host cache in
+        #: the model (vLLM's LRU; SGLang's soft cap parked them), the first pushed first,
+        #: each with the guess that did: a guess taken back puts them back.
+        self._host_displaced: dict[AdapterId, AdapterId] = {}
         self._seeded_plan: str | None = None
         #: Counts the rebuilds of the mirrors (the names they hold may have changed): a
         #: reader that indexes those names (the pool's holders) re-reads them only when
@@ -173,14 +178,14 @@ class PodLedger:
     ) -> Effects:
         """The router loaded ``adapter``: ``changed`` when the pod loaded it now, False
         when it answered that it had it already."""
-        self._unconfirmed.discard(adapter)
-        self._displaced.pop(adapter, None)
+        self._confirmed(adapter)
         if not changed and self.residency.serves(adapter):
             return _NOTHING  # nothing happened on the engine
         if changed and self.residency.serves(adapter):
             effects = self._reload(adapter, lora_path, busy=busy)
         else:
             effects = self._load(adapter, lora_path, busy=busy)
+        self._pushed_for_real(adapter, effects)
         self._sync()
         return effects
 
@@ -196,11 +201,12 @@ class PodLedger:
         try:
             effects = residency.request(adapter, busy=busy)
         except NotLoadedError:  # loaded by someone else since the last listing
-            self._load(adapter, "", busy=busy)
+            self._pushed_for_real(adapter, self._load(adapter, "", busy=busy))
             if not residency.serves(adapter):
                 return _NOTHING
             loaded = True
             effects = residency.request(adapter, busy=busy)
+        self._pushed_for_real(adapter, effects)
         if was_active and effects == _NOTHING:
             self._active.move_to_end(adapter)  # a GPU hit only refreshes both LRUs
             self._registered.move_to_end(adapter)
@@ -251,25 +257,36 @@ class PodLedger:
         self.residency.restart()
         self._unconfirmed.clear()
         self._displaced.clear()
+        self._host_displaced.clear()
         self._sync()
 
     def _take_back(self, guesses: Iterable[AdapterId]) -> None:
         """Guesses the pod never had leave the model without a ghost
-        (``PodResidency.withdraw``), and the confirmed names they pushed off the GPU take
-        the slots back, the first pushed first, as far as slots are free: on the pod
-        they never left. (Host-cache entries the guesses pushed out are not restored.)"""
+        (``PodResidency.withdraw``): on the pod the confirmed names they pushed out never
+        left. Those pushed out of the host cache go back first, as its oldest entries in
+        the order they were (``PodResidency.reinstate``), the last pushed first as far as
+        the cache has room (a guess whose own entry left it frees none); those pushed off
+        the GPU then take the slots back, the first pushed first, as far as slots are
+        free, if their weights are in the host cache (else they left it for real, and
+        the GPU with it; a request here would read them again)."""
         residency = self.residency
         pushed: list[AdapterId] = []
+        taken_back: set[AdapterId] = set()
         for adapter in guesses:
             self._unconfirmed.discard(adapter)
             residency.withdraw(adapter)
             pushed += self._displaced.pop(adapter, ())
+            taken_back.add(adapter)
+        host = self._host_displaced
+        for adapter in reversed([a for a, guess in host.items() if guess in taken_back]):
+            del host[adapter]
+            residency.reinstate(adapter)
         for adapter in pushed:
             if residency.ghosts_on_gpu() + len(residency.on_gpu()) >= self.max_loras:
                 break
             if adapter in self._unconfirmed or not residency.serves(adapter):
                 continue
-            if not residency.is_on_gpu(adapter):
+            if residency.is_in_host(adapter) and not residency.is_on_gpu(adapter):
                 residency.request(adapter)
         self._sync()
 
@@ -311,7 +328,11 @@ class PodLedger:
             residency.restart()  # none of the names the pod had confirmed is left
             self._unconfirmed.clear()
             self._displaced.clear()
+            self._host_displaced.clear()
         else:
+            host = self._host_displaced
+            for name in [a for a in host if a not in listed]:
+                del host[name]  # what a guess pushed out that the pod lacks is gone
             guesses = [a for a in missing if a in self._unconfirmed]
             for adapter in missing:
                 if adapter not in self._unconfirmed:
@@ -322,14 +343,14 @@ class PodLedger:
             if guesses:
                 self._take_back(AdapterId(a) for a in guesses)
         for adapter in sorted(listed):
-            self._unconfirmed.discard(adapter)
-            self._displaced.pop(adapter, None)  # confirmed: what it pushed off is gone
+            self._confirmed(adapter)
             if adapter in residency.listed:
                 continue
             if adapter in residency.parked:  # SGLang: a request brought it back
-                residency.request(adapter)
+                effects = residency.request(adapter)
             else:
-                self._load(adapter, listed[adapter])
+                effects = self._load(adapter, listed[adapter])
+            self._pushed_for_real(adapter, effects)
         self._sync()
 
     # the engine model --------------------------------------------------------------
@@ -362,12 +383,62 @@ class PodLedger:
         return effects
 
     def _pushed_by(self, adapter: AdapterId, effects: Effects) -> None:
-        """Note the confirmed names a guess's load or warm-up pushed off the GPU."""
-        if adapter in self._unconfirmed and effects.gpu_evicted:
+        """Note the confirmed names a guess's load or warm-up pushed off the GPU, and
+        out of the host cache (SGLang: those its soft cap parked)."""
+        if adapter not in self._unconfirmed:
+            return
+        if effects.gpu_evicted:
             names = self._displaced.setdefault(adapter, [])
             names += (
                 AdapterId(n) for n in effects.gpu_evicted if AdapterId(n) not in self._unconfirmed
             )
+        for name in effects.host_evicted + effects.unlisted:
+            if self._pushed_out(AdapterId(name)):
+                self._host_displaced[AdapterId(name)] = adapter
+
+    def _pushed_out(self, name: AdapterId) -> bool:
+        """Whether a name the model dropped from the host cache is a confirmed one, to be
+        put back: not a guess, and not a vLLM ghost (an unloaded name's old entry, which
+        may carry a name whose current entry is still in the host cache)."""
+        residency = self.residency
+        return (
+            name not in self._unconfirmed
+            and residency.serves(name)
+            and not residency.is_in_host(name)
+        )
+
+    def _confirmed(self, adapter: AdapterId) -> None:
+        """``adapter`` is on the pod (listed, or the router loaded it): a guess no more,
+        and what it pushed out is gone for real."""
+        self._unconfirmed.discard(adapter)
+        self._displaced.pop(adapter, None)
+        host = self._host_displaced
+        if host and adapter in host.values():
+            for name in [n for n, guess in host.items() if guess == adapter]:
+                del host[name]
+
+    def _pushed_for_real(self, adapter: AdapterId, effects: Effects) -> None:
+        """A call the pod made too (a load, a request) for ``adapter``, with ``effects``
+        in the model, while guesses' pushed-out names are noted: the pod's host cache
+        holds those names where the model holds the guesses, so each name the model
+        drops here is one the pod keeps, and the pod drops instead the oldest noted
+        name (a real load pushed it out), or nothing where the call brought a noted name
+        back (a cold read in the model, a hit on the pod). The kept name takes the
+        dropped one's guess, to be put back with it; a guess the model drops is no
+        name the pod keeps."""
+        host = self._host_displaced
+        if not host:
+            return
+        back = adapter in host and self.residency.is_in_host(adapter)
+        guesses = [host.pop(adapter)] if back else []
+        for name in effects.host_evicted + effects.unlisted:
+            if not guesses:
+                if not host:
+                    break
+                guesses.append(host.pop(next(iter(host))))
+            guess = guesses.pop()
+            if self._pushed_out(AdapterId(name)):
+                host[AdapterId(name)] = guess
 
     def _sync(self) -> None:
         """Rebuild the mirrors in place from the engine model."""
