@@ -194,8 +194,8 @@ class Router:
 
     async def stop(self) -> None:
         """End the loops and the loads in flight (their waiters told so), then close the
-        request log and the clients, whatever any of them raised: the log is closed in
-        every case."""
+        request log, the scraper's parse thread and the clients, whatever any of them
+        raised: the log is closed in every case."""
         try:
             try:
                 await self.supervisor.stop()
@@ -208,6 +208,7 @@ class Router:
                 await self._close_clients()
 
     async def _close_clients(self) -> None:
+        self.scraper.close()  # its parse thread: the scrape loop has ended by now
         try:
             if self.session is not None:
                 await self.session.close()

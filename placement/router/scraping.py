@@ -31,7 +31,8 @@ smaller one (the normal case) is parsed on the loop. Either way the reading is a
 to the pod's state on the loop, after the parse: a pod gone from the topology, or a
 topology swapped, while it ran is handled as a slow read of the page is (the reading
 lands on the ``LivePod`` the scrape began with), and a scrape cancelled meanwhile
-applies nothing (the thread finishes its page and the reading is dropped).
+applies nothing (the thread finishes its page and the reading is dropped). The thread
+ends with ``close`` (``Router.stop``).
 
 An SGLang pod started without ``--enable-metrics`` answers 404 on ``/metrics``: it stays
 in the rotation, judged by ``/health``, with ``lorafleet_router_pod_metrics_missing``
@@ -165,8 +166,15 @@ class PodScraper:
         self._swept_s = clock()
         #: Where pages past ``PARSE_IN_THREAD_BYTES`` are parsed: one thread (started at
         #: the first such page), one page at a time; a second would only take the GIL
-        #: from the loop more often. Its thread ends with the scraper, or the process.
-        self._parsing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lorafleet-parse")
+        #: from the loop more often. Its thread ends at ``close`` (the router's stop).
+        self._parsing = _parse_thread()
+
+    def close(self) -> None:
+        """End the parse thread (``Router.stop``): it is told to end, not waited for. A
+        page it is parsing is finished and its reading dropped (its scrape is cancelled
+        by then); one queued is never parsed. A later big page starts a new thread."""
+        parsing, self._parsing = self._parsing, _parse_thread()
+        parsing.shutdown(wait=False, cancel_futures=True)
 
     def keep_only(self, pods: Collection[PodId]) -> None:
         """Forget what is kept per pod (why it left the rotation, the problems said)
@@ -431,6 +439,11 @@ class PodScraper:
         state.listing_due = False
         state.ledger.reconcile_listing(registered.adapters)
         state.sync()
+
+
+def _parse_thread() -> ThreadPoolExecutor:
+    """The scraper's parse thread: started at its first page, not before."""
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="lorafleet-parse")
 
 
 def read_page(answer: Fetched, *, pod: PodId, sglang: bool) -> ReadMetrics | None:
