@@ -41,6 +41,7 @@ from placement.router.client_side import (
     Send,
     respond,
 )
+from placement.router.cold_loads import load_failure_level
 from placement.router.core import Router
 from placement.router.forward import Client, Exchange, forward
 from placement.router.front import Refusal, body_too_large, parse_request, read_body
@@ -248,7 +249,8 @@ class RouterApp:
                 await self._load_failed(exchange, exc, client)
                 return
             except (RetryableEngineError, OSError) as exc:
-                log.warning("loading %s on %s failed: %s", adapter, state.upstream.pod, exc)
+                level = load_failure_level(exc)  # a hold's repeats: DEBUG
+                log.log(level, "loading %s on %s failed: %s", adapter, state.upstream.pod, exc)
             else:
                 if cause is not None:  # the first forwarding: the request's queue time
                     router.metrics.request_queued(cause, router.timer() - exchange.started_s)

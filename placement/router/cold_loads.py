@@ -15,6 +15,9 @@ that wait is over, capped at ``MAX_LOAD_HOLD_S``, as the executor waits it (capp
 ``ExecutorSettings.backoff_max_s``) before its retry: a load asked of it meanwhile fails
 at once, naming the wait, without reaching the pod, and its requests take the same
 failure path (another pod, else 502). Requests for adapters it holds still go to it.
+That refusal is a ``LoadHeldError``: the first of each hold is said at WARNING by whoever
+logs the failed load, the rest at DEBUG (``load_failure_level``), one line per pod and
+hold instead of one per cold request.
 
 Must not choose the pod (``router.picking`` does) nor answer a request.
 """
@@ -45,6 +48,22 @@ log = logging.getLogger("lorafleet.router")
 MAX_LOAD_HOLD_S = 30.0
 
 
+class LoadHeldError(RetryableEngineError):
+    """A load not sent: the pod's Retry-After holds its loads back. ``first``: the first
+    load this hold refused (the one worth a warning; the hold itself was warned of as
+    it began). A ``RetryableEngineError`` to everyone else."""
+
+    def __init__(self, message: str, *, pod: str, first: bool) -> None:
+        self.first = first
+        super().__init__(message, pod=pod)
+
+
+def load_failure_level(exc: BaseException) -> int:
+    """The level to log a failed load at: DEBUG for a hold's refusals after its first,
+    WARNING for any other failure."""
+    return logging.DEBUG if isinstance(exc, LoadHeldError) and not exc.first else logging.WARNING
+
+
 class LoadHost(Protocol):
     """What a load needs of the router (``router.core.Router``): read when each load
     starts (the catalog may change between two)."""
@@ -73,6 +92,8 @@ class ColdLoads:
         #: Pods that refused a load with a Retry-After: the timer reading before which
         #: no load is sent them. Only waits not yet over are kept.
         self._held_until_s: dict[PodId, float] = {}
+        #: Held pods whose hold has refused a load already (later refusals: DEBUG).
+        self._refused: set[PodId] = set()
 
     async def load(self, state: LivePod, adapter: AdapterId) -> None:
         """Load ``adapter`` on the pod once, however many requests wait for it; raise
@@ -100,12 +121,16 @@ class ColdLoads:
     def _refuse_if_held(self, state: LivePod, adapter: AdapterId) -> None:
         pod, now_s = state.upstream.pod, self.host.timer()
         self._held_until_s = {p: t for p, t in self._held_until_s.items() if t > now_s}
+        self._refused &= self._held_until_s.keys()
         until_s = self._held_until_s.get(pod)
         if until_s is not None:
-            raise RetryableEngineError(
+            first = pod not in self._refused
+            self._refused.add(pod)
+            raise LoadHeldError(
                 f"loading {adapter} not sent: the pod asked (Retry-After) for no load "
                 f"for {until_s - now_s:.1f} s more",
                 pod=pod,
+                first=first,
             )
 
     def _hold(self, state: LivePod, exc: EngineError | OSError) -> None:
@@ -113,9 +138,13 @@ class ColdLoads:
         wait_s = exc.retry_after_s if isinstance(exc, RetryableEngineError) else None
         if wait_s is None or not wait_s > 0.0:  # NaN is not a wait either
             return
-        until_s = self.host.timer() + min(wait_s, MAX_LOAD_HOLD_S)
+        now_s = self.host.timer()
+        until_s = now_s + min(wait_s, MAX_LOAD_HOLD_S)
         pod = state.upstream.pod
-        self._held_until_s[pod] = max(until_s, self._held_until_s.get(pod, until_s))
+        held_s = self._held_until_s.get(pod)
+        if held_s is None or held_s <= now_s:
+            self._refused.discard(pod)  # a new hold: its first refusal is warned of
+        self._held_until_s[pod] = max(until_s, held_s or until_s)
         log.warning(
             "%s asked to wait %.1f s (Retry-After): no load sent it for %.1f s",
             pod,

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 from placement.domain import AdapterId, Outcome, PodId
 from placement.errors import PermanentEngineError, RetryableEngineError
+from placement.router.cold_loads import load_failure_level
 from placement.router.front import body_too_large, parse_request
 from placement.router.gateway_answer import GatewayAnswer, endpoint_of
 from placement.router.picking import Choice, Reject
@@ -152,7 +153,8 @@ class GatewayRequest(GatewayAnswer):
                 message = f"loading {exchange.model} failed: {exc}"
                 return self._fail(502, message, param="model")
             except (RetryableEngineError, OSError) as exc:
-                log.warning("loading %s on %s failed: %s", adapter, state.upstream.pod, exc)
+                level = load_failure_level(exc)  # a hold's repeats: DEBUG
+                log.log(level, "loading %s on %s failed: %s", adapter, state.upstream.pod, exc)
                 router.metrics.retries.inc()
                 exclude = exclude | {state.upstream.pod}
                 continue
