@@ -164,6 +164,9 @@ class PodScraper:
         self._told: dict[PodId, dict[tuple[str, str], float]] = {}
         #: When ``_told`` was last swept of what is past telling (clock seconds).
         self._swept_s = clock()
+        #: The pods of the topology (``keep_only``; None until first given: every pod).
+        #: A scrape that ends after its pod left writes nothing in the tables above.
+        self._kept: frozenset[PodId] | None = None
         #: Where pages past ``PARSE_IN_THREAD_BYTES`` are parsed: one thread (started at
         #: the first such page), one page at a time; a second would only take the GIL
         #: from the loop more often. Its thread ends at ``close`` (the router's stop).
@@ -178,10 +181,17 @@ class PodScraper:
 
     def keep_only(self, pods: Collection[PodId]) -> None:
         """Forget what is kept per pod (why it left the rotation, the problems said)
-        for pods no longer in the topology: a fleet that churns pods keeps no trace."""
+        for pods no longer in the topology: a fleet that churns pods keeps no trace. A
+        scrape of one of them still in flight (its read or parse awaited across the
+        topology's swap) adds nothing back when it ends."""
+        self._kept = frozenset(pods)
         for table in (self.why, self._told, self.listings_read):
             for pod in [pod for pod in table if pod not in pods]:
                 del table[pod]
+
+    def _keeps(self, pod: PodId) -> bool:
+        """Whether ``pod`` is in the topology, so what is kept per pod may name it."""
+        return self._kept is None or pod in self._kept
 
     async def scrape(self, state: LivePod, *, listing: bool) -> bool:
         """Scrape ``state``'s pod once (with its ``/v1/models`` too when ``listing``, when
@@ -339,7 +349,8 @@ class PodScraper:
     def mark_unhealthy(self, state: LivePod, why: str) -> None:
         if state.healthy:
             log.warning("pod %s leaves the rotation: %s", state.upstream.pod, why)
-        self.why[state.upstream.pod] = why
+        if self._keeps(state.upstream.pod):
+            self.why[state.upstream.pod] = why
         state.healthy = False
         state.failures += 1
         if state.index is not None:
@@ -380,6 +391,8 @@ class PodScraper:
         else:
             parse = functools.partial(read_page, answer, pod=pod, sglang=sglang)
             read = await asyncio.get_running_loop().run_in_executor(self._parsing, parse)
+        if not self._keeps(pod):  # gone while it was read: nothing to say of its page
+            return read
         if answer.cut:
             self._note_too_large(pod, head_read=read is not None)
         if read is not None:
@@ -434,7 +447,7 @@ class PodScraper:
         except ScrapeTimeoutError:
             raise RetryableEngineError("GET /v1/models timed out", pod=upstream.pod) from None
         registered = listing_of(answer, pod=upstream.pod)
-        if self.keeps_listings:
+        if self.keeps_listings and self._keeps(upstream.pod):
             self.listings_read[upstream.pod] = registered.adapters
         state.listing_due = False
         state.ledger.reconcile_listing(registered.adapters)
