@@ -135,9 +135,10 @@ class LivePod:
         self.kv_usage = 0.0
         self.running_adapters: Collection[str] = frozenset()
         self.waiting_adapters: Collection[str] = frozenset()
-        #: The adapters whose last request of the router's here ended since the last
-        #: scrape: where the scrape shows one running or waiting, that was (likely) the
-        #: router's own request, gone now (``picking.slot_taken``).
+        #: The adapters the last scrape showed running or waiting whose last request of
+        #: the router's here has ended since, when every request that scrape counted
+        #: was the router's: what it showed of them is gone (``picking.slot_taken``).
+        #: At most the scrape's own adapters; cleared at each scrape.
         self.ended_since_scrape: set[str] = set()
         self.free_slots = self.max_loras
         self.victim_last_used_s = 0.0
@@ -250,12 +251,22 @@ class LivePod:
                 busy[key] = left  # in place: the order says who is in flight longest
             else:
                 busy.pop(key, None)
-                self.ended_since_scrape.add(adapter)
+                self._ended(adapter)
             if ran:
                 self.ledger.last_step(key if isinstance(key, Entry) else self.ledger.entry(key))
             if ran or left <= 0:  # the LRU order or the busy keys moved: the victim may
                 self._note_victim()
         self._requeue()
+
+    def _ended(self, adapter: AdapterId) -> None:
+        """The router's last request for ``adapter`` here ended: what the last scrape
+        showed of it running or waiting was the router's own, when every request the
+        scrape counted was (no more than the router had in flight then; else another
+        worker's or client's may be what it showed, and the scrape stands)."""
+        if adapter in self.running_adapters or adapter in self.waiting_adapters:
+            metrics = self.metrics
+            if metrics.running + metrics.waiting <= self.inflight_at_scrape:
+                self.ended_since_scrape.add(adapter)
 
     def _held_by(self, adapter: AdapterId) -> Entry | AdapterId:
         """What a request for ``adapter`` that ends now held: the entry of the name in

@@ -31,8 +31,9 @@ With ``RouterSettings.price_slot_wait`` a load on a pod where it can take no GPU
 (``policies.route_context.waits_for_slot``) costs ``LoadCostSettings.expected_drain_ms``
 more (``RoutingContext.slot_wait_s``), as in the replay under vLLM's admission: the
 engines drain nothing for a load. "Running" is the last scrape's (vLLM's
-``lora_requests_info``, up to a scrape interval old) together with the router's own
-requests in flight (``LivePod.busy``), and a slot held by an unloaded name's idle entry
+``lora_requests_info``, up to a scrape interval old; less what the router's own
+requests there that ended since were, ``LivePod.ended_since_scrape``) together with the
+router's own requests in flight (``LivePod.busy``), and a slot held by an unloaded name's idle entry
 (the ledger's vLLM ghost) takes a load now: the policy asks ``slot_taken``
 (``RoutingContext.slot_taken``), not the scrape alone.
 
@@ -116,10 +117,11 @@ def slot_taken(pod: PodLike) -> bool:
     It waits when no slot is free and every slot's holder has requests: each GPU adapter
     has the router's requests in flight (``LivePod.busy``, current) or is running or
     waiting by the last scrape (``lora_requests_info``, up to a scrape interval old)
-    and no request of the router's for it there has ended since
-    (``LivePod.ended_since_scrape``: what the scrape saw running was the router's own,
-    gone now; requests are often shorter than a scrape interval, and counting them
-    made a full pod look taken that was not);
+    and no request of the router's for it there has ended since while the scrape
+    counted no request but the router's (``LivePod.ended_since_scrape``: what the
+    scrape saw running was the router's own, gone now; requests are often shorter than
+    a scrape interval, and counting them made a full pod look taken that was not;
+    with other workers' or clients' requests on the pod the scrape stands);
     and each slot of an unloaded name's entry (the ledger's vLLM ghost, outside
     ``gpu_adapters`` and ``free_slots``) holds one of those requests' entries. An idle
     ghost slot takes a load now: nothing runs on it."""
