@@ -5,17 +5,15 @@ executor's retries wait (``backoff_s`` under the settings in force: full jitter,
 the pod's ``Retry-After``, capped at ``backoff_max_s``), with the ``sleep`` and ``rng``
 the caller passes; each pod waits on its own. An unreachable pod says its last error and
 how many tries were made. The pods are ``tests.pods.wire_server`` over a real socket, a
-refusing one a port held bound and not listening (``refusing_port``); the sleep is
-injected (it flips a busy pod to ready), so nothing waits on the wall clock.
+refusing one a port held bound and not listening (``tests.ports.refusing_port``); the
+sleep is injected (it flips a busy pod to ready), so nothing waits on the wall clock.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import random
-import socket
 from collections.abc import Iterator
 
 import httpx
@@ -26,6 +24,7 @@ from placement.domain import Fleet, PodId
 from placement.settings import ExecutorSettings
 from tests.factories import adapter, catalog, fleet, make_plan, pool
 from tests.pods.wire_server import Answer, WireServer
+from tests.ports import is_held, refusing_port
 
 pytestmark = pytest.mark.anyio
 
@@ -145,23 +144,9 @@ async def test_a_pod_always_busy_is_unreachable_with_its_error_and_the_tries(
     assert server.seen == [MODELS] * LIST_ATTEMPTS
 
 
-@contextlib.contextmanager
-def refusing_port() -> Iterator[int]:
-    """A port on 127.0.0.1 that refuses connections for as long as the block runs: bound
-    (without SO_REUSEADDR) but never listening, Linux answers a connect with a reset, and
-    no other process can bind it meanwhile; a port bound, closed and then reused could be
-    taken by anyone (or picked as the client's own source port) in between."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as held:
-        held.bind(("127.0.0.1", 0))
-        yield int(held.getsockname()[1])
-
-
 async def test_a_pod_refusing_connections_waits_the_growing_jitter_between_tries() -> None:
     with refusing_port() as port:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as other, pytest.raises(OSError):
-            # Held: a server that would take it (SO_REUSEADDR, as most set) cannot.
-            other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            other.bind(("127.0.0.1", port))
+        assert is_held(port)  # a server that would take it (SO_REUSEADDR) cannot
         one = fleet(pool("p", 1, urls=[f"http://127.0.0.1:{port}"]))
         sleep = Recorder()
         async with httpx.AsyncClient() as http:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -25,6 +24,7 @@ from placement.router.upstream import (
     Upstreams,
     UpstreamTimeoutError,
 )
+from tests.ports import is_held, refusing_port
 
 from .conftest import emulated, read_request
 
@@ -248,12 +248,12 @@ async def test_a_pod_that_does_not_answer_in_time_is_a_timeout_naming_it() -> No
 
 
 async def test_a_refused_connection_names_the_pod_and_its_address() -> None:
-    with socket.socket() as closed:
-        closed.bind(("127.0.0.1", 0))
-        port = closed.getsockname()[1]
     client = upstreams()
-    with pytest.raises(UpstreamError, match=f"pod {POD}: connecting to 127.0.0.1:{port} failed"):
-        await client.post(POD, f"http://127.0.0.1:{port}/v1/completions", b"{}")
+    with refusing_port() as port:  # held for the whole test: no one else may take it
+        said = f"pod {POD}: connecting to 127.0.0.1:{port} failed"
+        with pytest.raises(UpstreamError, match=said):
+            await client.post(POD, f"http://127.0.0.1:{port}/v1/completions", b"{}")
+        assert is_held(port)
     assert isinstance(UpstreamError("x"), OSError)  # what the proxy's callers catch
     await client.close()
 
