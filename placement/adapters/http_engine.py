@@ -307,12 +307,14 @@ def retry_after_s(value: str | Sequence[str], *, now_s: float) -> float | None:
 
     The header sent twice comes as several values, or as one joined with commas
     (``"5, 5"``): RFC 9110 makes Retry-After a singleton, but a proxy that repeats it
-    means one wait, so it is honoured when every value reads to the same wait; values
-    that differ, or one that cannot be read, give None. A date's own comma (``"Sun, 06
-    Nov 1994 ..."``) does not split it.
+    means one wait, so it is honoured when every value reads to the same wait (two
+    dates already past both read 0); values that differ, or one that cannot be read,
+    give None; an empty value (``"5,"``, a second header line left empty) is no value.
+    A date's own comma (``"Sun, 06 Nov 1994 ..."``) does not split it.
     """
     values = (value,) if isinstance(value, str) else tuple(value)
-    waits = {_one_retry_after_s(one, now_s=now_s) for v in values for one in _retry_afters(v)}
+    texts = [one for v in values for one in _retry_afters(v)] or [""]
+    waits = {_one_retry_after_s(one, now_s=now_s) for one in texts}
     return waits.pop() if len(waits) == 1 else None
 
 
@@ -327,7 +329,7 @@ def _retry_afters(value: str) -> list[str]:
             values[-1] = f"{values[-1]}, {piece}"
         else:
             values.append(piece)
-    return [one for one in values if one] or [""]
+    return [one for one in values if one]
 
 
 def _one_retry_after_s(text: str, *, now_s: float) -> float | None:

@@ -53,6 +53,8 @@ READINGS = [
     pytest.param(["5, 5", "5"], 5.0, id="values-themselves-joined"),
     pytest.param(["5", "86401"], None, id="one-absurd"),
     pytest.param([], None, id="no-values"),
+    pytest.param(["5", ""], 5.0, id="an-empty-second-line-is-no-value"),
+    pytest.param(["", " "], None, id="only-empty-values"),
 ]
 
 
