@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 from placement.domain import AdapterId, Engine, PodId
@@ -41,7 +41,7 @@ from placement.router.client_side import (
     Send,
     respond,
 )
-from placement.router.cold_loads import load_failure_level
+from placement.router.cold_loads import LoadHeldError, hold_refusal, load_failure_level
 from placement.router.core import Router
 from placement.router.forward import Client, Exchange, forward
 from placement.router.front import Refusal, body_too_large, parse_request, read_body
@@ -221,13 +221,20 @@ class RouterApp:
     async def _route(self, exchange: Exchange, client: ClientSide) -> None:
         router = self.router
         exclude: frozenset[PodId] = frozenset()
+        adapter = AdapterId(exchange.model)
         attempt = 0
         cause: str | None = "none"  # what the request waited on; None once observed
         while attempt < 2:  # two pods at most, and one reload on a pod that lost the adapter
-            choice, pressed = await self._choose(exchange, exclude)
+            # Pods whose Retry-After holds back the load this request needs: left out of
+            # the pick, not tried (``ColdLoads.held_for``).
+            held = router.cold_loads.held_for(router.topology, adapter) if exchange.known else {}
+            choice, pressed = await self._choose(exchange, exclude.union(held) if held else exclude)
             cause = "pressure" if pressed and cause is not None else cause
             if choice.pod is None:
-                await self._refuse(exchange, choice, client)
+                if held and choice.reject == Reject.NO_POD:
+                    await self._held_back(exchange, held, client)
+                else:
+                    await self._refuse(exchange, choice, client)
                 return
             state = choice.pod
             # A name the router does not know stays out of the ledger: the pod will
@@ -238,7 +245,6 @@ class RouterApp:
                 label = self._label(exchange)
                 router.unplanned[AdapterId(label)] += 1
                 router.metrics.unplanned.labels(adapter=label).inc()
-            adapter = AdapterId(exchange.model)
             if outcome is not None and choice.refresh:  # class warm-ups first (class_priority)
                 await send_warmups(router, state, choice.refresh)
             try:
@@ -248,9 +254,13 @@ class RouterApp:
             except PermanentEngineError as exc:
                 await self._load_failed(exchange, exc, client)
                 return
-            except (RetryableEngineError, OSError) as exc:
+            except LoadHeldError as exc:  # a hold begun since the pick: not an attempt
                 level = load_failure_level(exc)  # a hold's repeats: DEBUG
                 log.log(level, "loading %s on %s failed: %s", adapter, state.upstream.pod, exc)
+                exclude = exclude | {state.upstream.pod}
+                continue
+            except (RetryableEngineError, OSError) as exc:
+                log.warning("loading %s on %s failed: %s", adapter, state.upstream.pod, exc)
             else:
                 if cause is not None:  # the first forwarding: the request's queue time
                     router.metrics.request_queued(cause, router.timer() - exchange.started_s)
@@ -284,6 +294,17 @@ class RouterApp:
         retry_after = str(self.router.settings.retry_after_s).encode()
         headers = [*_JSON, (b"retry-after", retry_after)]
         message = f"the router is at its upstream connection limit ({why}); retry later"
+        await client.answer(503, headers, _error(message, "ServiceUnavailableError", code=503))
+
+    async def _held_back(
+        self, exchange: Exchange, held: Mapping[PodId, float], client: Client
+    ) -> None:
+        """Only pods whose Retry-After holds back the load the request needs could serve
+        it: 503 naming them, Retry-After the soonest hold's end."""
+        exchange.status = 503
+        exchange.finished = True
+        message, retry_after_s = hold_refusal(exchange.model, held)
+        headers = [*_JSON, (b"retry-after", str(retry_after_s).encode())]
         await client.answer(503, headers, _error(message, "ServiceUnavailableError", code=503))
 
     async def _load_failed(

@@ -12,12 +12,17 @@ leaves the pod's loads, so the next request loads afresh.
 A pod that refuses a load with a ``Retry-After`` (a 503 or 429 whose wait the engine
 client read into ``RetryableEngineError.retry_after_s``) is sent no other load until
 that wait is over, capped at ``MAX_LOAD_HOLD_S``, as the executor waits it (capped at
-``ExecutorSettings.backoff_max_s``) before its retry: a load asked of it meanwhile fails
-at once, naming the wait, without reaching the pod, and its requests take the same
-failure path (another pod, else 502). Requests for adapters it holds still go to it.
-That refusal is a ``LoadHeldError``: the first of each hold is said at WARNING by whoever
-logs the failed load, the rest at DEBUG (``load_failure_level``), one line per pod and
-hold instead of one per cold request.
+``ExecutorSettings.backoff_max_s``) before its retry. Before each pick the proxy and
+the endpoint picker ask ``held_for`` which held pods a request would have to send a load
+(not those holding its adapter, nor those loading it: its requests wait on that load)
+and leave them out of the pick, so a held pod costs a cold request neither an attempt
+nor a retry, and requests for adapters it holds still go to it. When only held pods
+could serve it, the request is answered 503 naming them (``hold_refusal``), with a
+Retry-After of the soonest hold's end. A load asked of a held pod all the same (a hold
+begun between a pick and its load) fails at once, naming the wait, without reaching the
+pod: a ``LoadHeldError``, after which the request is picked again without that pod, not
+counted as an attempt. The first of each hold's refusals is said at WARNING by whoever
+logs the failed load, the rest at DEBUG (``load_failure_level``).
 
 Must not choose the pod (``router.picking`` does) nor answer a request.
 """
@@ -27,6 +32,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import math
+from collections.abc import Mapping
 from typing import Protocol
 
 from placement.adapters.sglang import SglangClient
@@ -37,7 +44,7 @@ from placement.errors import EngineError, RetryableEngineError
 from placement.metrics import FleetMetrics
 from placement.router.adapter_info import AdapterInfo
 from placement.router.metrics import RouterMetrics
-from placement.router.state import LivePod, Upstream
+from placement.router.state import LivePod, Topology, Upstream
 
 log = logging.getLogger("lorafleet.router")
 
@@ -64,6 +71,18 @@ def load_failure_level(exc: BaseException) -> int:
     return logging.DEBUG if isinstance(exc, LoadHeldError) and not exc.first else logging.WARNING
 
 
+def hold_refusal(model: str, held: Mapping[PodId, float]) -> tuple[str, int]:
+    """What a 503 says of a request only held pods could serve (``held``: each held
+    pod's seconds left), and its Retry-After: the soonest hold's end, whole seconds
+    rounded up, at least 1."""
+    pods = ", ".join(f"{pod} for {left_s:.1f} s more" for pod, left_s in sorted(held.items()))
+    message = (
+        f"no pod can load {model} now: the pods that could asked (Retry-After) for no "
+        f"load: {pods}; retry later"
+    )
+    return message, max(1, math.ceil(min(held.values())))
+
+
 class LoadHost(Protocol):
     """What a load needs of the router (``router.core.Router``): read when each load
     starts (the catalog may change between two)."""
@@ -81,6 +100,8 @@ class LoadHost(Protocol):
     def timer(self) -> Clock: ...
 
     def engine_client(self, upstream: Upstream) -> VllmClient | SglangClient: ...
+
+    def needs_load(self, state: LivePod, adapter: AdapterId) -> bool: ...
 
 
 class ColdLoads:
@@ -111,6 +132,35 @@ class ColdLoads:
             task.add_done_callback(functools.partial(self._ended, state, adapter, pending))
         await asyncio.shield(pending)
 
+    def holds(self) -> Mapping[PodId, float]:
+        """The pods whose Retry-After holds their loads back now, each with the seconds
+        its hold has left by the router's timer (holds that are over are dropped here)."""
+        if not self._held_until_s:
+            return {}
+        now_s = self.host.timer()
+        self._prune(now_s)
+        return {pod: until_s - now_s for pod, until_s in self._held_until_s.items()}
+
+    def held_for(self, topology: Topology, adapter: AdapterId) -> Mapping[PodId, float]:
+        """The held pods of ``adapter``'s pool that a request for it would have to send
+        a load, with the seconds each hold has left: healthy pods neither holding the
+        adapter (listed: on GPU or in host memory, no load is sent) nor loading it (its
+        requests wait on that load). A request for a base model sends no load."""
+        if not self._held_until_s:  # the usual case: nothing to look up
+            return {}
+        holds = self.holds()
+        pool = topology.pool_of(adapter)
+        if not holds or pool is None or adapter == pool.served_model:
+            return {}
+        held: dict[PodId, float] = {}
+        for pod, left_s in holds.items():
+            state = topology.pods.get(pod)
+            if state is None or state.upstream.pool != pool.pool or not state.healthy:
+                continue
+            if adapter not in state.loading and self.host.needs_load(state, adapter):
+                held[pod] = left_s
+        return held
+
     async def cancel(self) -> None:
         """End every load in flight; their waiters hear that it was cancelled."""
         tasks = tuple(self._tasks)
@@ -120,8 +170,7 @@ class ColdLoads:
 
     def _refuse_if_held(self, state: LivePod, adapter: AdapterId) -> None:
         pod, now_s = state.upstream.pod, self.host.timer()
-        self._held_until_s = {p: t for p, t in self._held_until_s.items() if t > now_s}
-        self._refused &= self._held_until_s.keys()
+        self._prune(now_s)
         until_s = self._held_until_s.get(pod)
         if until_s is not None:
             first = pod not in self._refused
@@ -132,6 +181,11 @@ class ColdLoads:
                 pod=pod,
                 first=first,
             )
+
+    def _prune(self, now_s: float) -> None:
+        """Drop the holds that are over by ``now_s``."""
+        self._held_until_s = {p: t for p, t in self._held_until_s.items() if t > now_s}
+        self._refused &= self._held_until_s.keys()
 
     def _hold(self, state: LivePod, exc: EngineError | OSError) -> None:
         """After a refusal with a Retry-After: no load to the pod until it is over."""

@@ -33,11 +33,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from placement.domain import AdapterId, Outcome, PodId
 from placement.errors import PermanentEngineError, RetryableEngineError
-from placement.router.cold_loads import load_failure_level
+from placement.router.cold_loads import LoadHeldError, hold_refusal, load_failure_level
 from placement.router.front import body_too_large, parse_request
 from placement.router.gateway_answer import GatewayAnswer, endpoint_of
 from placement.router.picking import Choice, Reject
@@ -132,10 +133,16 @@ class GatewayRequest(GatewayAnswer):
         router, exchange = self.router, self.exchange
         adapter = AdapterId(exchange.model)
         exclude = pods_outside(router.topology, self.subset)
-        for attempt in range(2):
-            choice = await self._choose(exclude)
+        attempt = 0
+        while attempt < 2:
+            # Pods whose Retry-After holds back the load the request needs: left out of
+            # the pick, not tried (``ColdLoads.held_for``), as in the proxy.
+            held = router.cold_loads.held_for(router.topology, adapter) if exchange.known else {}
+            choice = await self._choose(exclude.union(held) if held else exclude)
             state = choice.pod
             if state is None:
+                if held and choice.reject == Reject.NO_POD:
+                    return self._held_back(held)
                 return self._refuse(choice)
             # A name the router does not know stays out of the ledger (as in the proxy).
             outcome = choice.outcome if exchange.known else None
@@ -152,11 +159,16 @@ class GatewayRequest(GatewayAnswer):
             except PermanentEngineError as exc:
                 message = f"loading {exchange.model} failed: {exc}"
                 return self._fail(502, message, param="model")
-            except (RetryableEngineError, OSError) as exc:
+            except LoadHeldError as exc:  # a hold begun since the pick: not an attempt
                 level = load_failure_level(exc)  # a hold's repeats: DEBUG
                 log.log(level, "loading %s on %s failed: %s", adapter, state.upstream.pod, exc)
+                exclude = exclude | {state.upstream.pod}
+                continue
+            except (RetryableEngineError, OSError) as exc:
+                log.warning("loading %s on %s failed: %s", adapter, state.upstream.pod, exc)
                 router.metrics.retries.inc()
                 exclude = exclude | {state.upstream.pod}
+                attempt += 1
                 continue
             self._admit(state, outcome)
             body = exchange.body_for(state)
@@ -229,6 +241,13 @@ class GatewayRequest(GatewayAnswer):
         else:
             message = "every pod for this model is under memory pressure; retry later"
         retry_after_s = self.router.settings.retry_after_s
+        return Refused(503, message, "ServiceUnavailableError", retry_after_s=retry_after_s)
+
+    def _held_back(self, held: Mapping[PodId, float]) -> Refused:
+        """Only pods whose Retry-After holds back the load the request needs could serve
+        it: 503 naming them, Retry-After the soonest hold's end (as the proxy)."""
+        self.exchange.status = 503
+        message, retry_after_s = hold_refusal(self.exchange.model, held)
         return Refused(503, message, "ServiceUnavailableError", retry_after_s=retry_after_s)
 
     def _fail(self, status: int, message: str, *, param: str | None = None) -> Refused:
