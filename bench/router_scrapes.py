@@ -13,6 +13,10 @@ round's CPU times four is the share of a core each worker spends on scrapes at i
 
     .venv/bin/python -m bench.router_scrapes [--pods 4] [--rounds 200] [--blocks 5]
 
+With ``--gc-freeze`` (without ``--stall``): each block also runs the aiohttp way with the
+heap frozen (``gc.freeze()``, as a router frozen after its start), ``aiohttp_frozen``:
+after the others in even blocks, before them in odd ones.
+
 With ``--stall``: the event loop's longest stall while the router scrapes one pod whose
 ``/metrics`` is a vLLM page of ``--page-bytes`` (about 8 MB, under the 8 MiB cap: read
 whole; its ``lora_requests_info`` series grown), served by a plain HTTP server in a
@@ -23,12 +27,22 @@ longest and the 99th percentile lateness over ``--rounds`` scrape rounds, and a 
 wall and CPU seconds.
 
     .venv/bin/python -m bench.router_scrapes --stall [--page-bytes 8000000] [--rounds 3]
+
+With ``--stall --gc-freeze``: each page is measured ``--pairs`` times, alternating: as
+it is and with ``gc.freeze()`` after the router's first scrape round (its start), so
+that the collector's full passes (which hold the GIL, in the parse thread, over the
+whole heap) no longer walk what the process held at its start. ``--gc-threshold
+700,10,40`` adds a third way: those thresholds (``gc.set_threshold``) from the same
+point. Each way's figures also count the full collections a round and the longest.
+
+    .venv/bin/python -m bench.router_scrapes --stall --gc-freeze [--gc-threshold T] [--pairs 2]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import statistics
 import subprocess
@@ -37,6 +51,7 @@ import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -58,6 +73,18 @@ async def _block(router: Router, http: ScrapeHttp, rounds: int) -> float:
     return time.process_time() - started
 
 
+async def _frozen_block(
+    router: Router, ways: dict[str, ScrapeHttp], args: argparse.Namespace
+) -> float:
+    """The aiohttp block with the heap frozen (as a router frozen after its start)."""
+    gc.collect()
+    gc.freeze()
+    try:
+        return await _block(router, ways["aiohttp"], args.rounds)
+    finally:
+        gc.unfreeze()
+
+
 async def _measure(ports: list[int], args: argparse.Namespace) -> dict[str, object]:
     config = replace(PodConfig(), max_loras=4, max_cpu_loras=16)
     fleet = EmulatedFleet.start(len(ports), ports=ports, config=config).domain()
@@ -73,12 +100,19 @@ async def _measure(ports: list[int], args: argparse.Namespace) -> dict[str, obje
     most = settings.max_connections
     limits = httpx.Limits(max_connections=most, max_keepalive_connections=most)
     spent: dict[str, list[float]] = {"httpx": [], "aiohttp": []}
+    if args.gc_freeze:
+        spent["aiohttp_frozen"] = []
     async with httpx.AsyncClient(limits=limits) as client:
         ways: dict[str, ScrapeHttp] = {"httpx": HttpxScrapes(client), "aiohttp": AiohttpScrapes()}
         try:
-            for _ in range(args.blocks):
+            for block in range(args.blocks):
+                frozen_first = args.gc_freeze and block % 2 == 1  # no order favoured
+                if frozen_first:
+                    spent["aiohttp_frozen"].append(await _frozen_block(router, ways, args))
                 for name, http in ways.items():
                     spent[name].append(await _block(router, http, args.rounds))
+                if args.gc_freeze and not frozen_first:
+                    spent["aiohttp_frozen"].append(await _frozen_block(router, ways, args))
         finally:
             await ways["aiohttp"].close()
     unhealthy = [str(pod) for pod, state in router.topology.pods.items() if not state.healthy]
@@ -150,8 +184,29 @@ def _big_page(size: int, *, broken: bool) -> bytes:
     return (_HEAD + "".join(lines)).encode()
 
 
-async def _stalls(port: int, rounds: int) -> dict[str, float]:
-    """The loop's lateness while ``rounds`` scrape rounds read the pod on ``port``."""
+class _FullCollections:
+    """The collector's full (generation 2) passes while it is installed: their count and
+    the longest, in seconds (``gc.callbacks``, called in whichever thread collects)."""
+
+    def __init__(self) -> None:
+        self.took_s: list[float] = []
+        self._began_s = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if info["generation"] != 2:
+            return
+        if phase == "start":
+            self._began_s = time.perf_counter()
+        else:
+            self.took_s.append(time.perf_counter() - self._began_s)
+
+
+async def _stalls(
+    port: int, rounds: int, *, freeze: bool = False, threshold: tuple[int, ...] = ()
+) -> dict[str, float]:
+    """The loop's lateness while ``rounds`` scrape rounds read the pod on ``port``; with
+    ``freeze``, the heap frozen (``gc.freeze``) after the first round, until the end;
+    with ``threshold``, the collector's thresholds set to it meanwhile."""
     fleet = EmulatedFleet.start(1, ports=[port], config=PodConfig()).domain()
     router = Router(
         plan_source=StaticPlanSource(None),
@@ -161,7 +216,7 @@ async def _stalls(port: int, rounds: int) -> dict[str, float]:
     await router.refresh_pods()
     router.scrape_http = AiohttpScrapes()
     late_s: list[float] = []
-    done = False
+    done, frozen, thresholds = False, 0, gc.get_threshold()
 
     async def tick() -> None:
         while not done:
@@ -171,25 +226,50 @@ async def _stalls(port: int, rounds: int) -> dict[str, float]:
 
     try:
         await router.scrape_all()  # the connection opened, the first listing read
+        if freeze:
+            gc.collect()
+            gc.freeze()
+        frozen, thresholds = gc.get_freeze_count(), gc.get_threshold()
+        if threshold:
+            gc.set_threshold(*threshold)
         ticking = asyncio.create_task(tick())
         await asyncio.sleep(0.05)
         late_s.clear()
+        gc.callbacks.append(full := _FullCollections())
         wall_s, cpu_s = time.perf_counter(), time.process_time()
-        for _ in range(rounds):
-            await router.scrape_all()
+        try:
+            for _ in range(rounds):
+                await router.scrape_all()
+        finally:
+            gc.callbacks.remove(full)
         wall_s, cpu_s = time.perf_counter() - wall_s, time.process_time() - cpu_s
         done = True
         await ticking
     finally:
         await router.scrape_http.close()
+        gc.unfreeze()
+        gc.set_threshold(*thresholds)
     (state,) = router.topology.pods.values()
     return {
+        "frozen_objects": frozen,
+        "full_gc_per_round": round(len(full.took_s) / rounds, 1),
+        "longest_full_gc_ms": round(max(full.took_s, default=0.0) * 1e3, 1),
         "longest_stall_ms": round(max(late_s) * 1e3, 1),
         "p99_stall_ms": round(_pct(late_s, 0.99) * 1e3, 1),
         "wall_s_per_round": round(wall_s / rounds, 3),
         "cpu_s_per_round": round(cpu_s / rounds, 3),
         "healthy": state.healthy,
     }
+
+
+def _gc_ways(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """The ways of running the collector to compare with as it is (``_stalls``' keywords)."""
+    ways: dict[str, dict[str, Any]] = {}
+    if args.gc_freeze:
+        ways["frozen"] = {"freeze": True}
+    if args.gc_threshold:
+        ways["threshold"] = {"threshold": tuple(int(t) for t in args.gc_threshold.split(","))}
+    return ways
 
 
 def _stall_figures(args: argparse.Namespace) -> dict[str, object]:
@@ -203,7 +283,17 @@ def _stall_figures(args: argparse.Namespace) -> dict[str, object]:
             )
             try:
                 (port,) = _ports_in(port_file, pod)
-                figures[name] = asyncio.run(_stalls(port, args.rounds))
+                ways: dict[str, dict[str, Any]] = {"as_is": {}} | _gc_ways(args)
+                if len(ways) == 1:
+                    figures[name] = asyncio.run(_stalls(port, args.rounds))
+                    continue
+                figures[name] = [
+                    {
+                        way: asyncio.run(_stalls(port, args.rounds, **how))
+                        for way, how in ways.items()
+                    }
+                    for _ in range(args.pairs)
+                ]
             finally:
                 pod.terminate()
                 pod.wait()
@@ -217,6 +307,11 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=5)
     parser.add_argument("--stall", action="store_true", help="the loop's stall on a big page")
     parser.add_argument("--page-bytes", type=int, default=8_000_000)
+    parser.add_argument(
+        "--gc-freeze", action="store_true", help="also with gc.freeze(), alternating"
+    )
+    parser.add_argument("--gc-threshold", help="with --stall: also with these gc thresholds")
+    parser.add_argument("--pairs", type=int, default=2, help="with --gc-freeze or --gc-threshold")
     args = parser.parse_args()
     if args.stall:
         args.rounds = args.rounds or 3
