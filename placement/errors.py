@@ -10,6 +10,7 @@
     ├── ForecastError               no forecast can be made from this history
     ├── EngineError                 a pod answered badly or not at all
     │   ├── RetryableEngineError    5xx, connection refused, timeout: try again later
+    │   │   └── EngineTimeoutError  no answer within the client's timeout (a hung pod)
     │   └── PermanentEngineError    bad path, rank too large, runtime updating off: do not retry
     ├── LeadershipLostError         this controller no longer holds the lease: it must not write
     ├── KubeError                   the Kubernetes API refused or failed
@@ -105,6 +106,12 @@ class RetryableEngineError(EngineError):
     ) -> None:
         self.retry_after_s = retry_after_s
         super().__init__(message, pod=pod, status=status)
+
+
+class EngineTimeoutError(RetryableEngineError):
+    """The pod did not answer within the engine client's ``timeout_s``. Retryable as any
+    other, but a caller that must not wait on one hung pod (the controller's tick
+    listings, ``EngineActuator.registered``) tries it once."""
 
 
 class PermanentEngineError(EngineError):

@@ -14,7 +14,10 @@ A listing that fails retryably (a 5xx, 429, refused connection, timeout) is trie
 ``LIST_ATTEMPTS`` times, waiting between tries as the executor's retries do:
 ``backoff_s`` under the ``ExecutorSettings`` in force, at least the pod's
 ``Retry-After`` (capped at ``backoff_max_s``), with the same ``sleep`` and ``rng`` the
-executor is given. Each pod waits on its own; the others are listed meanwhile. An
+executor is given. Each pod waits on its own; the others are listed meanwhile. With
+``retry_timeouts=False`` (the controller's preload and watchdog ticks,
+``EngineActuator.registered``) a timeout is not retried: all pods are listed together,
+so a hung pod's three timeouts would hold every other pod's work that long. An
 unreachable pod's report is its last error's text and how many tries were made.
 """
 
@@ -40,7 +43,7 @@ from placement.actuation.reconcile import ActionSchedule, schedule
 from placement.actuation.reconcile_pods import PodState
 from placement.adapters.engines import engine_client
 from placement.domain import Action, AdapterId, Catalog, Fleet, PodId
-from placement.errors import EngineError, RetryableEngineError
+from placement.errors import EngineError, EngineTimeoutError, RetryableEngineError
 from placement.plan import Plan
 from placement.ports import EngineClient, Registered
 from placement.residency import engine_model
@@ -94,18 +97,26 @@ def _attempts(count: int) -> str:
 
 
 async def _listing(
-    client: EngineClient, *, settings: ExecutorSettings, rng: random.Random, sleep: Sleep
+    client: EngineClient,
+    *,
+    settings: ExecutorSettings,
+    rng: random.Random,
+    sleep: Sleep,
+    retry_timeouts: bool = True,
 ) -> Registered | str:
     """One pod's listing, or why it could not be had (the last error, and the tries).
 
     A retryable failure waits ``backoff_s`` (at least the pod's Retry-After, capped)
-    before the next of ``LIST_ATTEMPTS`` tries; a permanent one is not retried."""
+    before the next of ``LIST_ATTEMPTS`` tries; a permanent one is not retried, nor a
+    timeout without ``retry_timeouts``."""
     attempt = 0
     while True:
         attempt += 1
         try:
             return await client.registered()
         except RetryableEngineError as exc:
+            if not retry_timeouts and isinstance(exc, EngineTimeoutError):
+                return f"{exc} ({_attempts(attempt)}; a timeout is not retried here)"
             if attempt >= LIST_ATTEMPTS:
                 return f"{exc} ({_attempts(attempt)})"
             delay_s = backoff_s(
@@ -125,12 +136,15 @@ async def observe(
     settings: ExecutorSettings | None = None,
     rng: random.Random | None = None,
     sleep: Sleep = asyncio.sleep,
+    retry_timeouts: bool = True,
 ) -> Observation:
     """List every pod's registrations at once; a pod that fails is unreachable.
 
     ``settings``, ``rng`` and ``sleep`` time the retries of a failed listing, as they
     do the executor's (pass the executor's own); by default ``ExecutorSettings()``,
-    a fresh ``random.Random()`` and the real ``asyncio.sleep``."""
+    a fresh ``random.Random()`` and the real ``asyncio.sleep``. ``retry_timeouts=False``:
+    a pod that timed out is unreachable after that one try (the others are waited on
+    no longer than the client's timeout for it)."""
     pods = fleet.pods
     retry_settings = settings if settings is not None else ExecutorSettings()
     jitter = rng if rng is not None else random.Random()
@@ -139,7 +153,13 @@ async def observe(
         client = clients.get(pod_id)
         if client is None:
             return "no client for this pod"
-        return await _listing(client, settings=retry_settings, rng=jitter, sleep=sleep)
+        return await _listing(
+            client,
+            settings=retry_settings,
+            rng=jitter,
+            sleep=sleep,
+            retry_timeouts=retry_timeouts,
+        )
 
     answers = await asyncio.gather(*(listed(pod.name) for pod in pods))
     states: dict[PodId, PodState] = {}

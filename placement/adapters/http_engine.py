@@ -1,7 +1,8 @@
 """What the vLLM and SGLang clients share: one HTTP call with its failures mapped.
 
 The only network code of the engine clients. Every transport failure (refused
-connection, reset, timeout) becomes ``RetryableEngineError``; a 5xx (or 429) answer
+connection, reset, timeout) becomes ``RetryableEngineError`` (a timeout the subclass
+``EngineTimeoutError``, which a caller may choose not to retry); a 5xx (or 429) answer
 too, unless the caller asks to read it (SGLang's dp_size 500 is permanent); the
 engine-specific modules decide what each 4xx means. Error bodies come nested
 (``{"error": {"message", ...}}``, current vLLM), flat (``{"message", ...}``, older
@@ -38,7 +39,7 @@ from typing import Any
 import httpx
 
 from placement.domain import AdapterId, PodId
-from placement.errors import PermanentEngineError, RetryableEngineError
+from placement.errors import EngineTimeoutError, PermanentEngineError, RetryableEngineError
 from placement.ports import Registered
 
 DEFAULT_TIMEOUT_S = 30.0
@@ -172,6 +173,11 @@ class HttpEngine:
     def retryable(self, message: str, *, status: int | None = None) -> RetryableEngineError:
         return RetryableEngineError(message, pod=self._pod, status=status)
 
+    def timed_out(self, method: str, path: str) -> EngineTimeoutError:
+        return EngineTimeoutError(
+            f"{method} {path} timed out after {self._timeout_s:g} s", pod=self._pod
+        )
+
     def retryable_answer(self, message: str, response: httpx.Response) -> RetryableEngineError:
         """A 5xx or 429 worth retrying: ``message`` plus the ``Retry-After`` it named,
         whose wait (when it can be read) the error carries as ``retry_after_s``."""
@@ -204,7 +210,7 @@ class HttpEngine:
             async with asyncio.timeout(self._timeout_s):
                 response = await self._send(method, path, body)
         except TimeoutError:
-            raise self.retryable(f"{method} {path} timed out after {self._timeout_s:g} s") from None
+            raise self.timed_out(method, path) from None
         if not answer_5xx and (response.status_code >= 500 or response.status_code == 429):
             raise self.retryable_answer(
                 f"{method} {path} answered {response.status_code}: {error_text(response)}",
@@ -225,7 +231,7 @@ class HttpEngine:
         except (httpx.InvalidURL, httpx.UnsupportedProtocol) as exc:
             raise self.permanent(f"bad pod url {self._url!r}: {exc}") from None
         except httpx.TimeoutException:
-            raise self.retryable(f"{method} {path} timed out after {self._timeout_s:g} s") from None
+            raise self.timed_out(method, path) from None
         except httpx.HTTPError as exc:
             detail = str(exc) or "the connection broke"  # a reset mid-answer says nothing
             raise self.retryable(

@@ -1,7 +1,7 @@
 """The real implementations of the controller's ports, over the other modules of lorafleet.
 
 - ``EngineActuator``: pods through ``placement.actuation.apply`` and the ``Executor``;
-  its listings (``registered``) retried as ``apply``'s are.
+  its listings (``registered``) retried as ``apply``'s are, but for a timeout.
 - the planner, ``placement.solver.planner.SolverPlanner``, lives with the solver: the
   replay simulator plans through it too.
 - ``ReusingForecaster``: ``placement.forecast.forecaster.ModelForecaster`` (``models/``), one
@@ -101,8 +101,12 @@ class EngineActuator:
 
     async def registered(self, fleet: Fleet) -> Mapping[PodId, frozenset[AdapterId] | None]:
         """Each pod's registrations, None for one that could not be listed: listed as
-        ``apply`` lists them (``apply.observe``), a retryable failure retried up to
-        ``LIST_ATTEMPTS`` times with the executor's backoff, ``rng`` and ``sleep``."""
+        ``apply`` lists them (``apply.observe``), a 5xx, 429, refused or broken
+        connection retried up to ``LIST_ATTEMPTS`` times with the executor's backoff,
+        ``rng`` and ``sleep``; a timeout (no answer within ``per_action_deadline_s``)
+        is not retried. Every pod is listed together and the tick's work waits for all
+        of them, so one hung pod holds the others' restores and preloads one timeout,
+        not ``LIST_ATTEMPTS`` of them and the backoff between."""
         timeout_s = self._settings.executor.per_action_deadline_s
         observation = await observe(
             fleet,
@@ -110,6 +114,7 @@ class EngineActuator:
             settings=self._settings.executor,
             rng=self._rng,
             sleep=self._sleep,
+            retry_timeouts=False,
         )
         states = observation.states
         return {

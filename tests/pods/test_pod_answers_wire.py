@@ -20,7 +20,12 @@ from placement.actuation.executor import Ledger
 from placement.adapters.engines import engine_client
 from placement.adapters.http_engine import MAX_BODY_BYTES
 from placement.domain import AdapterId, Engine, Load, PodId
-from placement.errors import EngineError, PermanentEngineError, RetryableEngineError
+from placement.errors import (
+    EngineError,
+    EngineTimeoutError,
+    PermanentEngineError,
+    RetryableEngineError,
+)
 from placement.ports import EngineClient
 from tests.factories import fleet, pod, pool
 from tests.pods.wire_server import Answer, WireServer, text
@@ -175,14 +180,14 @@ LISTINGS = [
     ),
     pytest.param(
         Answer(body=json.dumps(LISTING).encode(), delay_s=2 * TIMEOUT_S),
-        RetryableEngineError,
+        EngineTimeoutError,
         f"GET /v1/models timed out after {TIMEOUT_S:g} s",
         id="slow-head",
     ),
     pytest.param(
         # Each byte comes well within the timeout; the whole answer does not.
         Answer(body=json.dumps(LISTING).encode(), trickle_s=TIMEOUT_S / 5),
-        RetryableEngineError,
+        EngineTimeoutError,
         f"GET /v1/models timed out after {TIMEOUT_S:g} s",
         id="trickled-body",
     ),

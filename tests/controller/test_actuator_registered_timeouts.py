@@ -1,0 +1,163 @@
+"""``EngineActuator.registered`` (the preload and watchdog ticks' listing) does not retry
+a timeout: every pod is listed together and the tick's work waits for all of them, so a
+hung pod retried ``LIST_ATTEMPTS`` times held every other pod's restore and preload
+three client timeouts and the backoff between. A 5xx (with its Retry-After) and a
+refused connection are still retried; ``apply``'s own listings still retry a timeout.
+
+The hung pod is a socket that reads the request and never answers (``HungPod``), the
+client's timeout (``per_action_deadline_s``) made small; the failing-once pod is
+``tests.pods.wire_server`` answering 503 until the injected ``sleep`` is called.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import socket
+import threading
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from placement.actuation.apply import LIST_ATTEMPTS, make_clients, observe
+from placement.controller.live_ports import EngineActuator
+from placement.domain import AdapterId, PodId
+from placement.settings import ExecutorSettings, Settings
+from tests.factories import catalog, fleet, pool
+from tests.pods.wire_server import Answer, WireServer
+from tests.ports import refusing_port
+
+pytestmark = pytest.mark.anyio
+
+MODELS = "GET /v1/models"
+TIMEOUT_S = 0.2
+SETTINGS = Settings(
+    executor=ExecutorSettings(
+        backoff_base_s=0.2, backoff_max_s=5.0, per_action_deadline_s=TIMEOUT_S
+    )
+)
+LISTING = {
+    "object": "list",
+    "data": [
+        {"id": "base", "object": "model", "root": "base", "parent": None},
+        {"id": "a0", "object": "model", "root": "/adapters/a0", "parent": "base"},
+    ],
+}
+
+
+class HungPod:
+    """Accepts each connection, reads the request line, and never answers; ``seen``
+    has the request lines. Its connections are closed at ``stop``."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+        self._sock = socket.create_server(("127.0.0.1", 0))
+        self._conns: list[socket.socket] = []
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        host, port = self._sock.getsockname()[:2]
+        return f"http://{host}:{port}"
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:  # closed by stop
+                return
+            self._conns.append(conn)
+            data = b""
+            while b"\r\n" not in data:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+            line = data.split(b"\r\n", 1)[0].decode("latin-1").split(" ")
+            if len(line) >= 2:
+                self.seen.append(f"{line[0]} {line[1]}")
+
+    def stop(self) -> None:
+        self._sock.shutdown(socket.SHUT_RDWR)
+        self._sock.close()
+        self._thread.join(timeout=5)
+        for conn in self._conns:
+            conn.close()
+
+
+@pytest.fixture
+def hung() -> Iterator[HungPod]:
+    pod = HungPod()
+    yield pod
+    pod.stop()
+
+
+@pytest.fixture
+def flaky() -> Iterator[WireServer]:
+    """503 with a Retry-After of 2 s until the actuator's ``sleep`` is called."""
+    wire = WireServer().start()
+    wire.answers[MODELS] = Answer(
+        status=503, body=b"busy", headers=(("Content-Type", "text/plain"), ("Retry-After", "2"))
+    )
+    yield wire
+    wire.stop()
+
+
+async def test_a_hung_pod_costs_one_timeout_and_a_failing_one_is_still_retried(
+    hung: HungPod, flaky: WireServer
+) -> None:
+    slept: list[float] = []
+
+    async def sleep(delay_s: float) -> None:
+        slept.append(delay_s)
+        flaky.answers[MODELS] = Answer(body=json.dumps(LISTING).encode())
+
+    pods = fleet(pool("llama", 2, served_model="base", urls=[hung.url, flaky.url]))
+    async with httpx.AsyncClient() as http:
+        actuator = EngineActuator(
+            catalog=catalog(), http=http, settings=SETTINGS, rng=random.Random(7), sleep=sleep
+        )
+        present = await actuator.registered(pods)
+    assert dict(present) == {
+        PodId("llama-0"): None,
+        PodId("llama-1"): frozenset({AdapterId("a0")}),
+    }
+    assert hung.seen == [MODELS]  # one try: before, LIST_ATTEMPTS of them
+    assert flaky.seen == [MODELS, MODELS]
+    assert slept == [2.0]  # the flaky pod's Retry-After; none for the hung one
+
+
+async def test_a_refused_connection_is_still_retried() -> None:
+    slept: list[float] = []
+
+    async def sleep(delay_s: float) -> None:
+        slept.append(delay_s)
+
+    with refusing_port() as port:
+        pods = fleet(pool("llama", 1, served_model="base", urls=[f"http://127.0.0.1:{port}"]))
+        async with httpx.AsyncClient() as http:
+            actuator = EngineActuator(
+                catalog=catalog(), http=http, settings=SETTINGS, rng=random.Random(7), sleep=sleep
+            )
+            present = await actuator.registered(pods)
+    assert dict(present) == {PodId("llama-0"): None}
+    assert len(slept) == LIST_ATTEMPTS - 1
+
+
+async def test_apply_s_own_listing_still_retries_a_timeout(hung: HungPod) -> None:
+    async def sleep(delay_s: float) -> None:
+        pass
+
+    pods = fleet(pool("llama", 1, served_model="base", urls=[hung.url]))
+    async with httpx.AsyncClient() as http:
+        observation = await observe(
+            pods,
+            make_clients(pods, http=http, timeout_s=TIMEOUT_S),
+            settings=SETTINGS.executor,
+            rng=random.Random(7),
+            sleep=sleep,
+        )
+    assert f"after {LIST_ATTEMPTS} attempts" in observation.unreachable[PodId("llama-0")]
+    assert hung.seen == [MODELS] * LIST_ATTEMPTS
