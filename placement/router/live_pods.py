@@ -136,9 +136,9 @@ class LivePod:
         self.running_adapters: Collection[str] = frozenset()
         self.waiting_adapters: Collection[str] = frozenset()
         #: The adapters the last scrape showed running or waiting whose last request of
-        #: the router's here has ended since, when every request that scrape counted
-        #: was the router's: what it showed of them is gone (``picking.slot_taken``).
-        #: At most the scrape's own adapters; cleared at each scrape.
+        #: the router's here has ended since: what it showed of them is gone
+        #: (``picking.slot_taken``). At most the scrape's own adapters; cleared at each
+        #: scrape.
         self.ended_since_scrape: set[str] = set()
         self.free_slots = self.max_loras
         self.victim_last_used_s = 0.0
@@ -260,13 +260,17 @@ class LivePod:
 
     def _ended(self, adapter: AdapterId) -> None:
         """The router's last request for ``adapter`` here ended: what the last scrape
-        showed of it running or waiting was the router's own, when every request the
-        scrape counted was (no more than the router had in flight then; else another
-        worker's or client's may be what it showed, and the scrape stands)."""
+        showed of it running or waiting is taken for the router's own, gone now.
+
+        With other senders (``--workers``, a client beside the router) it may have been
+        theirs: the reading then leans toward a free slot, as with the pricing off
+        (``RouterSettings.price_slot_wait``), for the adapters they send too. Asking
+        that every request the scrape counted be the router's (its running and waiting
+        at most the router's in flight) lost the gain on one router
+        (docs/benchmarks.md): the engines count a request admitted but not yet resumed
+        in both, and requests end between the pod's answer and its reading."""
         if adapter in self.running_adapters or adapter in self.waiting_adapters:
-            metrics = self.metrics
-            if metrics.running + metrics.waiting <= self.inflight_at_scrape:
-                self.ended_since_scrape.add(adapter)
+            self.ended_since_scrape.add(adapter)
 
     def _held_by(self, adapter: AdapterId) -> Entry | AdapterId:
         """What a request for ``adapter`` that ends now held: the entry of the name in

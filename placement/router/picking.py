@@ -117,11 +117,11 @@ def slot_taken(pod: PodLike) -> bool:
     It waits when no slot is free and every slot's holder has requests: each GPU adapter
     has the router's requests in flight (``LivePod.busy``, current) or is running or
     waiting by the last scrape (``lora_requests_info``, up to a scrape interval old)
-    and no request of the router's for it there has ended since while the scrape
-    counted no request but the router's (``LivePod.ended_since_scrape``: what the
-    scrape saw running was the router's own, gone now; requests are often shorter than
-    a scrape interval, and counting them made a full pod look taken that was not;
-    with other workers' or clients' requests on the pod the scrape stands);
+    and no request of the router's for it there has ended since
+    (``LivePod.ended_since_scrape``: what the scrape saw running is taken for the
+    router's own, gone now; requests are often shorter than a scrape interval, and
+    counting them made a full pod look taken that was not; with other workers'
+    requests on the pod this leans toward a free slot, as the pricing off does);
     and each slot of an unloaded name's entry (the ledger's vLLM ghost, outside
     ``gpu_adapters`` and ``free_slots``) holds one of those requests' entries. An idle
     ghost slot takes a load now: nothing runs on it."""

@@ -109,7 +109,6 @@ def test_what_the_scrape_saw_running_of_the_routers_own_and_ended_since_frees_it
     topology = two_full_pods()
     taken, other = topology.pods[PodId("taken")], topology.pods[PodId("open")]
     held = {name: taken.begin(AdapterId(name)) for name in ("a", "b")}
-    taken.begin(), taken.begin()  # two for the base model, queued: every request is ours
     scraped(taken, waiting=2, running="a,b")
     scraped(other, waiting=1, running="c,d")
     assert slot_taken(taken), "both of taken's adapters run, by the scrape and the router"
@@ -119,19 +118,6 @@ def test_what_the_scrape_saw_running_of_the_routers_own_and_ended_since_frees_it
     assert chosen(topology, priced=True) == "taken"
     scraped(taken, waiting=2, running="a,b")  # a new scrape that shows a again: someone's
     assert slot_taken(taken)
-
-
-def test_where_the_scrape_counted_others_requests_an_end_of_the_routers_frees_nothing() -> None:
-    # The scrape shows a and b running on "taken", two requests, and the router had
-    # none in flight then: another worker's or client's. The router's own request for a,
-    # sent and ended since, says nothing of theirs.
-    topology = two_full_pods()
-    taken = topology.pods[PodId("taken")]
-    scraped(taken, waiting=0, running="a,b")
-    held = taken.begin(AdapterId("a"))
-    taken.end(AdapterId("a"), held=held, ran=True)
-    assert slot_taken(taken)
-    assert not taken.ended_since_scrape
 
 
 def test_only_the_scrapes_own_adapters_are_remembered_as_ended() -> None:
