@@ -10,12 +10,15 @@ healthy pod" with ``Retry-After: 1`` while the hold ran on.
 
 Emulated pods on real sockets, each load gated by a ``LoadGate`` (passed through, or
 answered 503 with a Retry-After, or 500); through the proxy (``router_for``) and
-through the endpoint picker (``picker_for``). The router's timer is the test's
-(``Timer``), so the hold's end moves only when the test moves it.
+through the endpoint picker (``picker_for``); and at ``ColdLoads.held_for`` over
+``httpx.MockTransport`` (a load held open on an event), which pods a request is kept
+from. The router's timer is the test's (``Timer``), so the hold's end moves only when
+the test moves it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -23,14 +26,21 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client import CollectorRegistry
 
+from placement.domain import AdapterId, Engine, PodId, PoolId
+from placement.errors import RetryableEngineError
 from placement.router import Router
+from placement.router.adapter_info import AdapterInfo
+from placement.router.sources import StaticPlanSource
+from placement.router.state import LivePod, Upstream
 
 from .conftest import Pods, catalog_of, emulated, plan_of, router_for
-from .test_cold_load_retry_after import Timer
+from .test_cold_load_retry_after import ALPHA, BETA, OnePod, Timer
 from .test_endpoint_picker import completion, endpoint, picker_for
 
 MODELS = ("alpha", "beta", "gamma")
+GAMMA = AdapterId("gamma")
 RETRIES = "lorafleet_upstream_retries_total"
 
 
@@ -228,3 +238,67 @@ def test_the_endpoint_picker_answers_503_naming_the_hold(
         assert "pod-0 for 7.5 s more" in message
         assert picking.metric(RETRIES) == 1
     assert gate.asked["pod-0"] == 1
+
+
+# --- which held pods a request is kept from: only those it would send a load ---------
+
+
+async def _load_refused(router: Router, state: LivePod, adapter: AdapterId) -> None:
+    with pytest.raises(RetryableEngineError):
+        await router.load(state, adapter)
+
+
+@pytest.mark.anyio
+async def test_a_held_pod_loading_or_holding_the_adapter_is_not_held_for_it() -> None:
+    """At ``ColdLoads.held_for``, over ``httpx.MockTransport``: a pod held while it loads
+    alpha (its load waits on an event) and holds gamma stays a candidate for both, and
+    for the base model; it is held for beta until the wait is over."""
+    release = asyncio.Event()
+
+    async def pod(request: httpx.Request) -> httpx.Response:
+        name = json.loads(request.content)["lora_name"]
+        if name == ALPHA:
+            await release.wait()
+        if name in (ALPHA, GAMMA):
+            return httpx.Response(200, text="Success")
+        return httpx.Response(503, text="busy", headers={"Retry-After": "20"})
+
+    upstream = Upstream(
+        pod=PodId("pod-0"),
+        pool=PoolId("llama"),
+        url="http://pod-0.test",
+        engine=Engine.VLLM,
+        served_model="llama",
+        max_loras=4,
+        max_cpu_loras=8,
+    )
+    timer = Timer()
+    sources = {name: f"s3://a/{name}" for name in (ALPHA, BETA, GAMMA)}
+    async with httpx.AsyncClient(transport=httpx.MockTransport(pod)) as http:
+        router = Router(
+            plan_source=StaticPlanSource(None),
+            pod_source=OnePod(upstream),
+            engine_http=http,
+            timer=timer,
+            adapters=AdapterInfo(sources=sources),
+            registry=CollectorRegistry(),
+        )
+        await router.refresh_pods()
+        state = router.topology.pods[upstream.pod]
+        await router.load(state, GAMMA)
+        loading = asyncio.create_task(router.load(state, ALPHA))
+        await asyncio.sleep(0)  # one turn: the load has begun and is waited on
+        assert ALPHA in state.loading
+        await _load_refused(router, state, BETA)  # the pod's 503 begins the hold
+        held_for = router.cold_loads.held_for
+        topology = router.topology
+        assert held_for(topology, BETA) == {"pod-0": 20.0}
+        assert held_for(topology, ALPHA) == {}  # loading it: its requests wait on that
+        assert held_for(topology, GAMMA) == {}  # holds it: no load is sent
+        assert held_for(topology, AdapterId("llama")) == {}  # the base model: no load
+        timer.now_s += 20.0
+        assert held_for(topology, BETA) == {}
+        assert router.cold_loads.holds() == {}
+        release.set()
+        await loading
+        assert state.ledger.is_listed(ALPHA)
