@@ -64,6 +64,7 @@ from placement.router.http_protocol import RouterHttpProtocol
 from placement.router.load_claims import LoadClaims, WorkerPicker
 from placement.router.metrics import forget_worker, record_in
 from placement.router.shared_scrapes import ScrapeFollower, ScrapePublisher, stale_after_s
+from placement.router.wiring import freeze_started_heap
 
 
 def worker_log_path(path: Path, worker: int) -> Path:
@@ -99,9 +100,10 @@ TICK_S = 0.5
 
 
 class _Worker(uvicorn.Server):
-    """uvicorn on the inherited socket, telling the parent once it accepts connections;
-    its main loop wakes every ``TICK_S`` (or at a signal) and keeps the connections even
-    (``balance``) instead of waking ten times a second."""
+    """uvicorn on the inherited socket, telling the parent once it accepts connections
+    (its heap frozen by then: ``wiring.freeze_started_heap``); its main loop wakes every
+    ``TICK_S`` (or at a signal) and keeps the connections even (``balance``) instead of
+    waking ten times a second."""
 
     def __init__(
         self, config: uvicorn.Config, *, ready_fd: int, balance: BalancedApp | None
@@ -115,6 +117,7 @@ class _Worker(uvicorn.Server):
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets=sockets)
         if self.started:
+            freeze_started_heap()
             os.write(self._ready_fd, b"1")
             os.close(self._ready_fd)
 
