@@ -199,6 +199,7 @@ class PodScraper:
         True: the scrape succeeded (the pod's metrics are this round's)."""
         upstream = state.upstream
         self._sweep_told()
+        failures = state.failures
         try:
             read = await self._read_metrics(state)
             if read is None:  # no /metrics, or its figures past the cap: /health decides
@@ -227,6 +228,11 @@ class PodScraper:
             )
             self.metrics.loop_errors.labels(loop="scrape", error=type(exc).__name__).inc()
             self.mark_unhealthy(state, f"{type(exc).__name__}: {exc}")
+            return False
+        if not state.healthy and state.failures > failures:
+            # Taken out while this scrape was in flight (a proxied request failed there,
+            # the gateway fell back from it): that is newer than the page, which was
+            # asked for before it; the next scrape brings the pod back if it is well.
             return False
         self._scraped(state)
         return True

@@ -1,7 +1,8 @@
 """A scrape still in flight when its pod leaves the topology adds nothing back to what
 the scraper keeps per pod (why it left the rotation, the problems said of its page, the
 listing read for the other workers) once ``keep_only`` pruned it at the swap: a fleet
-that churns pods keeps no trace of them, however slow their last answer.
+that churns pods keeps no trace of them, however slow their last answer. Nor does a
+scrape put back in the rotation a pod taken out while it was in flight.
 
 The pod answers through ``httpx.MockTransport``, holding its answer on an
 ``asyncio.Event`` the test sets once the pod is gone: never the wall clock.
@@ -131,3 +132,36 @@ def test_a_scrape_of_a_pod_still_there_keeps_what_it_says(case: Case) -> None:
     # The same scrapes with the pod kept: each does write its table (the check above
     # is not vacuous).
     assert asyncio.run(_scrape_across_a_swap(case, leaves=False)) != {}
+
+
+async def _scrape_while_taken_out(*, taken_out: bool) -> tuple[bool, bool]:
+    """One scrape of a healthy pod, its /metrics answer held while (when ``taken_out``)
+    a proxied request's failure takes the pod out; what the scrape returned, and whether
+    the pod is in the rotation after it."""
+    asked, release = asyncio.Event(), asyncio.Event()
+
+    async def answer(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/metrics":
+            asked.set()
+            await release.wait()
+            return httpx.Response(200, text=_big(PAGE))
+        return httpx.Response(200, json=LISTING)
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as http:
+        scraper = _scraper(http)
+        state = LivePod(UPSTREAM)
+        state.listing_due = False
+        scrape = asyncio.create_task(scraper.scrape(state, listing=False))
+        await asyncio.wait_for(asked.wait(), 10.0)  # bounds a broken test, never waited out
+        if taken_out:
+            scraper.mark_unhealthy(state, "ConnectError: the proxied request failed")
+        release.set()
+        scraped = await scrape
+        return scraped, state.healthy
+
+
+def test_a_pod_taken_out_while_its_scrape_was_in_flight_stays_out() -> None:
+    # Before, the page asked for before the failure put the pod back at once (for a page
+    # parsed in the scraper's thread, seconds after the failure).
+    assert asyncio.run(_scrape_while_taken_out(taken_out=True)) == (False, False)
+    assert asyncio.run(_scrape_while_taken_out(taken_out=False)) == (True, True)
