@@ -215,7 +215,15 @@ class Picker:
             )
             pods = pool.index.candidates(adapter, named)
         if exclude:
-            pods = tuple(state for state in pods if state.pod_id not in exclude)
+            kept = tuple(state for state in pods if state.pod_id not in exclude)
+            if len(kept) < len(pods) and pods is not pool.states:
+                # The pre-filter's cut was made over the whole pool, and the pods left
+                # out (held by a cold-load hold, failed for this request) get few
+                # requests, so they tend to be its least-queued few: with them gone the
+                # cut may hold no pod while others could load the adapter. Choose among
+                # the whole pool less the excluded, as a full scan would.
+                kept = tuple(state for state in pool.states if state.pod_id not in exclude)
+            pods = kept
         warm_s, cold_s = self._load_costs(adapter)
         slot_wait_s = self.slot_wait_s
         context = RoutingContext(
