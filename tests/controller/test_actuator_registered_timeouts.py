@@ -4,9 +4,11 @@ hung pod retried ``LIST_ATTEMPTS`` times held every other pod's restore and prel
 three client timeouts and the backoff between. A 5xx (with its Retry-After) and a
 refused connection are still retried; ``apply``'s own listings still retry a timeout.
 
-The hung pod is a socket that reads the request and never answers (``HungPod``), the
-client's timeout (``per_action_deadline_s``) made small; the failing-once pod is
-``tests.pods.wire_server`` answering 503 until the injected ``sleep`` is called.
+The hung pod is a socket that reads the request and never answers (``HungPod``); the
+failing-once pod is ``tests.pods.wire_server`` answering 503 until the injected
+``sleep`` is called. The client's timeout (``per_action_deadline_s``) is 2 s where a
+served pod shares it: its thread may answer late on a loaded box, and the hung pod costs
+one timeout only; 0.2 s where the hung pod is alone and is timed out every attempt.
 """
 
 from __future__ import annotations
@@ -31,7 +33,9 @@ from tests.ports import refusing_port
 pytestmark = pytest.mark.anyio
 
 MODELS = "GET /v1/models"
-TIMEOUT_S = 0.2
+TIMEOUT_S = 2.0
+#: For the hung pod alone (nothing there can answer late), timed out LIST_ATTEMPTS times.
+HUNG_TIMEOUT_S = 0.2
 SETTINGS = Settings(
     executor=ExecutorSettings(
         backoff_base_s=0.2, backoff_max_s=5.0, per_action_deadline_s=TIMEOUT_S
@@ -154,7 +158,7 @@ async def test_apply_s_own_listing_still_retries_a_timeout(hung: HungPod) -> Non
     async with httpx.AsyncClient() as http:
         observation = await observe(
             pods,
-            make_clients(pods, http=http, timeout_s=TIMEOUT_S),
+            make_clients(pods, http=http, timeout_s=HUNG_TIMEOUT_S),
             settings=SETTINGS.executor,
             rng=random.Random(7),
             sleep=sleep,
