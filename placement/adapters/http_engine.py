@@ -13,9 +13,12 @@ engines, so they live here.
 
 ``timeout_s`` bounds a whole call, its body included: httpx's own timeout bounds each
 read, so a pod that trickles its answer a byte at a time would otherwise hold a call
-(and the tick waiting on it) for ever. A body past ``MAX_BODY_BYTES`` (decoded) is
-refused, not read into memory; one that cannot be decoded (a ``Content-Encoding`` it
-does not have) is a ``RetryableEngineError`` like any other bad transfer.
+(and the tick waiting on it) for ever. A wait for a free connection in the client's own
+pool (``httpx.PoolTimeout``, after half of ``timeout_s``) is no sign of a hung pod, which
+was never asked: a plain ``RetryableEngineError``, retried where a timeout is not. A
+body past ``MAX_BODY_BYTES`` (decoded) is refused, not read into memory; one that cannot
+be decoded (a ``Content-Encoding`` it does not have) is a ``RetryableEngineError`` like
+any other bad transfer.
 
 A 5xx or 429 with a ``Retry-After`` names it in the message and carries the wait it
 asks for as ``RetryableEngineError.retry_after_s`` (``retry_after_s`` reads it, RFC 9110:
@@ -159,7 +162,9 @@ class HttpEngine:
         self._owns_http = http is None
         self._http = http if http is not None else httpx.AsyncClient()
         self._timeout_s = timeout_s
-        self._timeout = httpx.Timeout(timeout_s)
+        # The pool wait gets half the call's budget: at the whole budget the call's own
+        # deadline (``call``) would fire first and read a full pool as a hung pod.
+        self._timeout = httpx.Timeout(timeout_s, pool=timeout_s / 2)
         self._wall_clock = wall_clock
 
     @property
@@ -230,6 +235,13 @@ class HttpEngine:
                 await streamed.aclose()
         except (httpx.InvalidURL, httpx.UnsupportedProtocol) as exc:
             raise self.permanent(f"bad pod url {self._url!r}: {exc}") from None
+        except httpx.PoolTimeout:
+            # No connection free in the client's own pool (a fleet over its limit): the
+            # pod was never asked, so this is no sign of a hung pod; worth a retry.
+            raise self.retryable(
+                f"{method} {path} waited {self._timeout.pool:g} s for a free connection "
+                "in the client's pool"
+            ) from None
         except httpx.TimeoutException:
             raise self.timed_out(method, path) from None
         except httpx.HTTPError as exc:
