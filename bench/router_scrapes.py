@@ -29,7 +29,8 @@ wall and CPU seconds.
     .venv/bin/python -m bench.router_scrapes --stall [--page-bytes 8000000] [--rounds 3]
 
 With ``--stall --gc-freeze``: each page is measured ``--pairs`` times, alternating: as
-it is and with ``gc.freeze()`` after the router's first scrape round (its start), so
+it is and with ``gc.freeze()`` after the router's first scrape round (its start; every
+way runs ``gc.collect()`` there first, so none starts from an emptier heap), so
 that the collector's full passes (which hold the GIL, in the parse thread, over the
 whole heap) no longer walk what the process held at its start. ``--gc-threshold
 700,10,40`` adds a third way: those thresholds (``gc.set_threshold``) from the same
@@ -67,6 +68,7 @@ async def _block(router: Router, http: ScrapeHttp, rounds: int) -> float:
     """CPU seconds of ``rounds`` scrape rounds through ``http``."""
     router.scrape_http = http
     await router.scrape_all()  # connections opened outside the measure
+    gc.collect()  # each block from a collected heap, as the frozen one (_frozen_block)
     started = time.process_time()
     for _ in range(rounds):
         await router.scrape_all()
@@ -226,8 +228,10 @@ async def _stalls(
 
     try:
         await router.scrape_all()  # the connection opened, the first listing read
+        # Every way starts from a collected heap, not only the frozen one (else it alone
+        # would start from an emptier heap).
+        gc.collect()
         if freeze:
-            gc.collect()
             gc.freeze()
         frozen, thresholds = gc.get_freeze_count(), gc.get_threshold()
         if threshold:
