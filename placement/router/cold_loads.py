@@ -14,9 +14,10 @@ client read into ``RetryableEngineError.retry_after_s``) is sent no other load u
 that wait is over, capped at ``MAX_LOAD_HOLD_S``, as the executor waits it (capped at
 ``ExecutorSettings.backoff_max_s``) before its retry. Before each pick the proxy and
 the endpoint picker ask ``held_for`` which held pods a request would have to send a load
-(not those holding its adapter, nor those loading it: its requests wait on that load)
-and leave them out of the pick, so a held pod costs a cold request neither an attempt
-nor a retry, and requests for adapters it holds still go to it. When only held pods
+(not those listing its adapter, wherever the pod keeps it, nor those loading it: its
+requests wait on that load) and leave them out of the pick, so a held pod costs a cold
+request neither an attempt nor a retry, and requests for adapters it lists still go to
+it. When only held pods
 could serve it, the request is answered 503 naming them (``hold_refusal``), with a
 Retry-After of the soonest hold's end. A load asked of a held pod all the same (a hold
 begun between a pick and its load) fails at once, naming the wait, without reaching the
@@ -143,9 +144,11 @@ class ColdLoads:
 
     def held_for(self, topology: Topology, adapter: AdapterId) -> Mapping[PodId, float]:
         """The held pods of ``adapter``'s pool that a request for it would have to send
-        a load, with the seconds each hold has left: healthy pods neither holding the
-        adapter (listed: on GPU or in host memory, no load is sent) nor loading it (its
-        requests wait on that load). A request for a base model sends no load."""
+        a load, with the seconds each hold has left: healthy pods where the adapter is
+        neither listed (``LoadHost.needs_load``: the pod knows its name, wherever it is;
+        a vLLM name dropped from the host cache but still listed needs no load either)
+        nor loading (its requests wait on that load). A request for a base model sends
+        no load."""
         if not self._held_until_s:  # the usual case: nothing to look up
             return {}
         holds = self.holds()
