@@ -213,14 +213,15 @@ class PodResidency:
             self._host.pop(entry, None)
             self._gpu.pop(entry, None)
 
-    def reinstate(self, name: str) -> bool:
+    def reinstate(self, name: str, *, behind: int = 0) -> bool:
         """Put back, as the oldest host-cache entry (where the LRU victim was), a name a
         load taken back (``withdraw``) pushed out: a listed vLLM name's weights, or a
-        name SGLang's soft cap parked (listed again). True if it did; False, with
-        nothing changed, for a name not served, still in the host cache, or when the
-        cache is full (``max_cpu_loras``; SGLang's soft cap counts the listed names).
-        Not an engine call: for a caller whose expected load the pod never made, so on
-        the pod the name never left."""
+        name SGLang's soft cap parked (listed again); ``behind`` the oldest that many
+        entries (names put back before it that were older on the pod). True if it did;
+        False, with nothing changed, for a name not served, still in the host cache, or
+        when the cache is full (``max_cpu_loras``; SGLang's soft cap counts the listed
+        names). Not an engine call: for a caller whose expected load the pod never
+        made, so on the pod the name never left."""
         cap = self.max_cpu_loras
         if self.engine is EngineModel.VLLM:
             entry = self._current.get(name)
@@ -233,8 +234,30 @@ class PodResidency:
                 return False
             self.listed[name] = self.parked.pop(name)
             entry = self._current[name] = Entry(next(self._ids), name)
+        older = list(itertools.islice(self._host, behind))
         self._host[entry] = None
         self._host.move_to_end(entry, last=False)
+        for before in reversed(older):
+            self._host.move_to_end(before, last=False)
+        return True
+
+    def reinstate_on_gpu(self, name: str) -> bool:
+        """Give back, as the least recently used GPU slot (where the LRU victim was), a
+        slot a load taken back (``withdraw``) pushed ``name`` off; the host order stays
+        as it is (on the pod the name never moved). True if it did; False, with nothing
+        changed, for a name not listed, whose weights are not in the host cache, already
+        on the GPU, or when every slot is held. Not an engine call, as ``reinstate``."""
+        entry = self._current.get(name)
+        if (
+            name not in self.listed
+            or entry is None
+            or entry not in self._host
+            or entry in self._gpu
+            or len(self._gpu) >= self.max_loras
+        ):
+            return False
+        self._gpu[entry] = None
+        self._gpu.move_to_end(entry, last=False)
         return True
 
     def request(self, name: str, *, busy: Busy = ()) -> Effects:

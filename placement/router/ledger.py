@@ -22,6 +22,7 @@ No IO, no clock: the caller owns the ledger and calls it from one event loop.
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
 from collections.abc import Collection, Iterable, Mapping
 
@@ -47,6 +48,8 @@ class PodLedger:
         "_active",
         "_displaced",
         "_host_displaced",
+        "_place",
+        "_places",
         "_registered",
         "_seeded_plan",
         "_unconfirmed",
@@ -74,6 +77,12 @@ class PodLedger:
         #: the model (vLLM's LRU; SGLang's soft cap parked them), the first pushed first,
         #: each with the guess that did: a guess taken back puts them back.
         self._host_displaced: dict[AdapterId, AdapterId] = {}
+        #: While names are noted: each noted name's place in the pod's host order (lower
+        #: is older), and that of each name put back since (``reinstate``: the model's
+        #: oldest entries), until a call moves it. On the pod a name put back may be
+        #: older than a noted one the model lacks, which a real call's drop must tell.
+        self._place: dict[AdapterId, int] = {}
+        self._places = itertools.count()
         self._seeded_plan: str | None = None
         #: Counts the rebuilds of the mirrors (the names they hold may have changed): a
         #: reader that indexes those names (the pool's holders) re-reads them only when
@@ -146,6 +155,8 @@ class PodLedger:
         follow; an entry off the GPU, or a ghost's, stays."""
         residency = self.residency
         residency.last_step(entry)
+        if entry is not None and entry.name not in self._host_displaced:
+            self._place.pop(AdapterId(entry.name), None)
         if (
             entry is not None
             and residency.entry(entry.name) is entry
@@ -177,8 +188,13 @@ class PodLedger:
         self, adapter: AdapterId, lora_path: str, *, changed: bool, busy: Busy = ()
     ) -> Effects:
         """The router loaded ``adapter``: ``changed`` when the pod loaded it now, False
-        when it answered that it had it already."""
+        when it answered that it had it already. A guess loaded now was not on the pod:
+        it is taken back first (what it pushed out in the model never left), then loaded."""
+        if changed and adapter in self._unconfirmed:
+            self._take_back((adapter,))
         self._confirmed(adapter)
+        if adapter not in self._host_displaced:  # the newest entry now, where it was put back
+            self._place.pop(adapter, None)
         if not changed and self.residency.serves(adapter):
             return _NOTHING  # nothing happened on the engine
         if changed and self.residency.serves(adapter):
@@ -192,6 +208,8 @@ class PodLedger:
     def activate(self, adapter: AdapterId, *, busy: Busy = ()) -> Effects:
         """A request (or a warm-up) for ``adapter`` was sent to the pod."""
         residency = self.residency
+        if adapter not in self._host_displaced:  # it is the newest entry now
+            self._place.pop(adapter, None)
         was_active = adapter in self._active
         if was_active and residency.touch(adapter):  # a GPU hit: both LRUs refreshed
             self._active.move_to_end(adapter)
@@ -206,7 +224,10 @@ class PodLedger:
                 return _NOTHING
             loaded = True
             effects = residency.request(adapter, busy=busy)
-        self._pushed_for_real(adapter, effects)
+        if adapter in self._unconfirmed:  # a guess's request: what it pushes out is a guess
+            self._pushed_by(adapter, effects)
+        else:
+            self._pushed_for_real(adapter, effects)
         if was_active and effects == _NOTHING:
             self._active.move_to_end(adapter)  # a GPU hit only refreshes both LRUs
             self._registered.move_to_end(adapter)
@@ -258,6 +279,7 @@ class PodLedger:
         self._unconfirmed.clear()
         self._displaced.clear()
         self._host_displaced.clear()
+        self._place.clear()
         self._sync()
 
     def _take_back(self, guesses: Iterable[AdapterId]) -> None:
@@ -278,16 +300,32 @@ class PodLedger:
             pushed += self._displaced.pop(adapter, ())
             taken_back.add(adapter)
         host = self._host_displaced
-        for adapter in reversed([a for a, guess in host.items() if guess in taken_back]):
+        place = self._place
+        back_in = sorted(
+            (a for a, guess in host.items() if guess in taken_back), key=place.__getitem__
+        )
+        for adapter in reversed(back_in):  # each the oldest, behind those older on the pod
             del host[adapter]
-            residency.reinstate(adapter)
+            here = place[adapter]
+            behind = 0
+            for name, current in residency.host_entries():
+                older = place.get(AdapterId(name))
+                if not current or older is None or older > here or name in host:
+                    break
+                behind += 1
+            if not residency.reinstate(adapter, behind=behind):
+                del place[adapter]
+        free = self.max_loras - residency.ghosts_on_gpu() - len(residency.on_gpu())
+        back: list[AdapterId] = []
         for adapter in pushed:
-            if residency.ghosts_on_gpu() + len(residency.on_gpu()) >= self.max_loras:
+            if len(back) >= free:
                 break
-            if adapter in self._unconfirmed or not residency.serves(adapter):
+            if adapter in self._unconfirmed or adapter in back or not residency.serves(adapter):
                 continue
             if residency.is_in_host(adapter) and not residency.is_on_gpu(adapter):
-                residency.request(adapter)
+                back.append(adapter)
+        for adapter in reversed(back):  # the oldest slots, the first pushed first
+            residency.reinstate_on_gpu(adapter)
         self._sync()
 
     def seed(
@@ -329,10 +367,12 @@ class PodLedger:
             self._unconfirmed.clear()
             self._displaced.clear()
             self._host_displaced.clear()
+            self._place.clear()
         else:
             host = self._host_displaced
             for name in [a for a in host if a not in listed]:
                 del host[name]  # what a guess pushed out that the pod lacks is gone
+                self._place.pop(name, None)
             guesses = [a for a in missing if a in self._unconfirmed]
             for adapter in missing:
                 if adapter not in self._unconfirmed:
@@ -392,9 +432,17 @@ class PodLedger:
             names += (
                 AdapterId(n) for n in effects.gpu_evicted if AdapterId(n) not in self._unconfirmed
             )
-        for name in effects.host_evicted + effects.unlisted:
-            if self._pushed_out(AdapterId(name)):
-                self._host_displaced[AdapterId(name)] = adapter
+        place = self._place
+        if not self._host_displaced:
+            place.clear()  # with nothing noted the pod's order is the model's
+        host = self._host_displaced
+        for name in map(AdapterId, effects.host_evicted + effects.unlisted):
+            if self._pushed_out(name):
+                host[name] = adapter
+                if name not in place:  # a name put back keeps its place
+                    place[name] = next(self._places)
+            elif name not in host:  # not a ghost of a noted name
+                place.pop(name, None)
 
     def _pushed_out(self, name: AdapterId) -> bool:
         """Whether a name the model dropped from the host cache is a confirmed one, to be
@@ -416,29 +464,42 @@ class PodLedger:
         if host and adapter in host.values():
             for name in [n for n, guess in host.items() if guess == adapter]:
                 del host[name]
+                self._place.pop(name, None)
 
     def _pushed_for_real(self, adapter: AdapterId, effects: Effects) -> None:
         """A call the pod made too (a load, a request) for ``adapter``, with ``effects``
         in the model, while guesses' pushed-out names are noted: the pod's host cache
-        holds those names where the model holds the guesses, so each name the model
-        drops here is one the pod keeps, and the pod drops instead the oldest noted
-        name (a real load pushed it out), or nothing where the call brought a noted name
-        back (a cold read in the model, a hit on the pod). The kept name takes the
-        dropped one's guess, to be put back with it; a guess the model drops is no
-        name the pod keeps."""
+        holds those names where the model holds the guesses, so a name the model drops
+        here is one the pod keeps, and the pod drops instead the oldest noted name (a
+        real load pushed it out), or nothing where the call brought a noted name back (a
+        cold read in the model, a hit on the pod). The kept name takes the dropped one's
+        guess, to be put back with it; a guess the model drops is no name the pod keeps.
+        Only a name put back older on the pod than every noted one (``_place``) is
+        dropped there too, with no note changed."""
         host = self._host_displaced
+        place = self._place
         if not host:
+            place.clear()  # with nothing noted the pod's order is the model's
             return
         back = adapter in host and self.residency.is_in_host(adapter)
         guesses = [host.pop(adapter)] if back else []
-        for name in effects.host_evicted + effects.unlisted:
+        if back:
+            place.pop(adapter, None)
+        for name in map(AdapterId, effects.host_evicted + effects.unlisted):
+            # A name put back: its place on the pod (a ghost of a noted name has none).
+            own = None if name in host else place.pop(name, None)
             if not guesses:
                 if not host:
                     break
-                guesses.append(host.pop(next(iter(host))))
+                oldest = min(host, key=place.__getitem__)
+                if own is not None and own < place[oldest]:
+                    continue  # older on the pod than every noted name: dropped there too
+                guesses.append(host.pop(oldest))
+                del place[oldest]
             guess = guesses.pop()
-            if self._pushed_out(AdapterId(name)):
-                host[AdapterId(name)] = guess
+            if self._pushed_out(name):
+                host[name] = guess
+                place[name] = own if own is not None else next(self._places)
 
     def _sync(self) -> None:
         """Rebuild the mirrors in place from the engine model."""

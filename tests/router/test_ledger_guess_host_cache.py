@@ -22,7 +22,7 @@ from placement.domain import AdapterId, Outcome
 from placement.residency import EngineModel
 from placement.router.ledger import PodLedger
 
-A, B, C, R = (AdapterId(name) for name in "abcr")
+A, B, C, F, R = (AdapterId(name) for name in "abcfr")
 G0, G1 = AdapterId("g0"), AdapterId("g1")
 
 
@@ -122,6 +122,22 @@ def test_a_request_since_for_what_the_guess_pushed_out_was_a_hit_on_the_pod() ->
     assert set(ledger.registered()) == {A, B, C}
 
 
+def test_a_name_put_back_older_than_another_guess_s_note_goes_first_on_the_pod() -> None:
+    """Host [a, f], one GPU slot. The plan's warm c pushes a out, its hot g pushes f out.
+    c is taken back: a goes back, as the oldest, while f stays noted under g. The router
+    loads b: on the pod a, older than f, goes, as in the model. g taken back puts back
+    f, not a. Before, the load was taken as dropping f, a was noted under g, and the
+    ledger ended with a in host memory where the pod had f."""
+    ledger = serving(A, F)
+    ledger.seed(hot=(G0,), warm=(G1,), plan_id="plan-1")
+    ledger.forget(G1)
+    assert ledger.registered() == (A, G0)
+    ledger.loaded(B, "s3://b", changed=True)
+    ledger.reconcile_listing(listing(A, F, B))
+    assert ledger.registered() == (F, B)
+    assert ledger.classify(A) is Outcome.COLD_LOAD
+
+
 def test_sglang_a_guess_taken_back_lists_again_what_its_soft_cap_parked() -> None:
     """SGLang's soft cap (2 loaded): g0's load parks a in the model. The pod answers
     "not found" for g0: a is listed again, and takes its GPU slot back."""
@@ -210,16 +226,99 @@ def test_guesses_all_taken_back_leave_the_host_cache_as_it_was(
 ) -> None:
     """vLLM: a pod lists some names and has run some; a plan's guesses, none of which the
     pod loaded, are seeded and then taken back by the same listing. The host cache holds
-    the names it held before, and the GPU too."""
+    the names it held before, in the same order (the LRU's next victims), and the GPU
+    too. Before, a GPU slot given back moved its name to the newest host entry."""
     ledger = PodLedger(EngineModel.VLLM, max_loras=max_loras, max_cpu_loras=max_loras + spare)
     names = listing(*(NAMES[i] for i in listed))
     ledger.reconcile_listing(names)
     for i in runs:
         if NAMES[i] in names:
             ledger.activate(NAMES[i])
-    host, gpu = set(ledger.registered()), set(ledger.active())
+    host, gpu = ledger.registered(), ledger.active()
     guesses = [NAMES[i] for i in planned]
     ledger.seed(hot=guesses[:1], warm=guesses[1:], plan_id="plan-1")
     ledger.reconcile_listing(names)
-    assert set(ledger.registered()) == host
-    assert set(ledger.active()) == gpu
+    assert ledger.registered() == host
+    assert ledger.active() == gpu
+
+
+# --- for any sequence: no name the pod's real LRUs dropped ------------------------------
+
+
+class _Pod:
+    """vLLM's two LRUs as the pod runs them, applied only what the pod does: the router's
+    loads and requests. A load
+    reads the weights into the host cache and activates them (plain LRU); a host-cache
+    drop deactivates too."""
+
+    def __init__(self, max_loras: int, max_cpu_loras: int) -> None:
+        self.max_loras, self.max_cpu_loras = max_loras, max_cpu_loras
+        self.listed: set[AdapterId] = set()
+        self.host: list[AdapterId] = []  # oldest first
+        self.gpu: list[AdapterId] = []
+
+    def load(self, name: AdapterId) -> None:
+        self.listed.add(name)
+        self.request(name)
+
+    def request(self, name: AdapterId) -> None:
+        if name in self.host:
+            self.host.remove(name)
+        elif len(self.host) >= self.max_cpu_loras:
+            dropped = self.host.pop(0)
+            if dropped in self.gpu:
+                self.gpu.remove(dropped)
+        self.host.append(name)
+        if name in self.gpu:
+            self.gpu.remove(name)
+        elif len(self.gpu) >= self.max_loras:
+            self.gpu.pop(0)
+        self.gpu.append(name)
+
+
+POD_NAMES = [AdapterId(n) for n in "abcdefg"]
+pod_steps = st.lists(
+    st.tuples(
+        st.sampled_from(["seed", "list", "load", "request"]),
+        st.lists(st.integers(0, len(POD_NAMES) - 1), min_size=1, max_size=2),
+    ),
+    max_size=16,
+)
+
+
+@settings(max_examples=600, deadline=None)
+@given(st.integers(1, 2), st.integers(0, 2), pod_steps)
+def test_the_ledger_holds_no_name_the_pod_dropped(
+    max_loras: int, spare: int, plan: list[tuple[str, list[int]]]
+) -> None:
+    """vLLM: plans seeded that the controller never makes; the router loads, requests
+    (a guess the pod lacks answers "not found") and reads listings. The ledger may miss
+    a name the pod holds, never hold one it dropped: every confirmed name in the
+    ledger's host cache is in the pod's. Before, a GPU slot given back moved its name to
+    the newest host entry, and notes of two guesses taken back one at a time put back a
+    name the pod had dropped. (Plans the controller makes, and the GPU set, are not
+    checked: the ledger still errs there.)"""
+    cap = max_loras + spare
+    ledger = PodLedger(EngineModel.VLLM, max_loras=max_loras, max_cpu_loras=cap)
+    pod = _Pod(max_loras, cap)
+    for number, (kind, picks) in enumerate(plan):
+        names = list(dict.fromkeys(POD_NAMES[i] for i in picks))
+        name = names[0]
+        if kind == "seed":
+            fresh = [n for n in names if n not in pod.listed and not ledger.residency.serves(n)]
+            ledger.seed(hot=fresh[:1], warm=fresh[1:], plan_id=f"plan-{number}")
+        elif kind == "list":
+            ledger.reconcile_listing(listing(*pod.listed))
+        elif kind == "load":
+            changed = name not in pod.listed
+            if changed:
+                pod.load(name)
+            ledger.loaded(name, f"s3://{name}", changed=changed)
+        elif name in pod.listed:
+            pod.request(name)
+            ledger.activate(name)
+        elif ledger.residency.serves(name):  # a guess the pod lacks: "not found"
+            ledger.activate(name)
+            ledger.forget(name)
+        guesses = {n for n in ledger._unconfirmed if n not in pod.listed}
+        assert set(ledger.registered()) - guesses <= set(pod.host), (kind, names, pod.host)
