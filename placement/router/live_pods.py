@@ -266,9 +266,10 @@ class LivePod:
         theirs: the reading then leans toward a free slot, as with the pricing off
         (``RouterSettings.price_slot_wait``), for the adapters they send too. Asking
         that every request the scrape counted be the router's (its running and waiting
-        at most the router's in flight) lost the gain on one router
-        (docs/benchmarks.md): the engines count a request admitted but not yet resumed
-        in both, and requests end between the pod's answer and its reading."""
+        at most the router's in flight) lost the gain in its one live run on one router
+        (docs/benchmarks.md); likely, not measured: the engines count a request
+        admitted but not yet resumed in both, and requests end between the pod's
+        answer and its reading."""
         if adapter in self.running_adapters or adapter in self.waiting_adapters:
             self.ended_since_scrape.add(adapter)
 

@@ -31,10 +31,10 @@ With ``RouterSettings.price_slot_wait`` a load on a pod where it can take no GPU
 (``policies.route_context.waits_for_slot``) costs ``LoadCostSettings.expected_drain_ms``
 more (``RoutingContext.slot_wait_s``), as in the replay under vLLM's admission: the
 engines drain nothing for a load. "Running" is the last scrape's (vLLM's
-``lora_requests_info``, up to a scrape interval old; less what the router's own
-requests there that ended since were, ``LivePod.ended_since_scrape``) together with the
-router's own requests in flight (``LivePod.busy``), and a slot held by an unloaded name's idle entry
-(the ledger's vLLM ghost) takes a load now: the policy asks ``slot_taken``
+``lora_requests_info``, up to a scrape interval old, less the adapters whose request
+of the router's there ended since, ``LivePod.ended_since_scrape``) together with the
+router's own requests in flight (``LivePod.busy``), and a slot held by an unloaded
+name's idle entry (the ledger's vLLM ghost) takes a load now: the policy asks ``slot_taken``
 (``RoutingContext.slot_taken``), not the scrape alone.
 
 No IO, no clock, no await.
