@@ -15,9 +15,11 @@ A listing that fails retryably (a 5xx, 429, refused connection, timeout) is trie
 ``backoff_s`` under the ``ExecutorSettings`` in force, at least the pod's
 ``Retry-After`` (capped at ``backoff_max_s``), with the same ``sleep`` and ``rng`` the
 executor is given. Each pod waits on its own; the others are listed meanwhile. With
-``retry_timeouts=False`` (the controller's preload and watchdog ticks,
-``EngineActuator.registered``) a timeout is not retried: all pods are listed together,
-so a hung pod's three timeouts would hold every other pod's work that long. An
+``retry_timeouts=False`` (every listing of the controller's: ``EngineActuator.apply``
+for the plan and watchdog ticks, ``EngineActuator.registered`` for the preload and
+watchdog ticks) a timeout is not retried: all pods are listed together, and the plan
+tick lists while it holds the controller's one actuation lock, so a hung pod's three
+timeouts would hold every other pod's work, the webhook's preloads too, that long. An
 unreachable pod's report is its last error's text and how many tries were made.
 """
 
@@ -204,12 +206,21 @@ async def plan_actions(
     settings: ExecutorSettings | None = None,
     rng: random.Random | None = None,
     sleep: Sleep = asyncio.sleep,
+    retry_timeouts: bool = True,
 ) -> tuple[Observation, ActionSchedule]:
     """What applying ``plan`` would do now (``--dry-run``), in the order it needs.
     ``demand_rps`` (the forecast) orders each hot set, the most valuable activated last;
-    ``settings``, ``rng`` and ``sleep`` time the listing's retries (``observe``)."""
+    ``settings``, ``rng``, ``sleep`` and ``retry_timeouts`` rule the listing's retries
+    (``observe``)."""
     observation = await observe(
-        fleet, clients, catalog=catalog, ledger=ledger, settings=settings, rng=rng, sleep=sleep
+        fleet,
+        clients,
+        catalog=catalog,
+        ledger=ledger,
+        settings=settings,
+        rng=rng,
+        sleep=sleep,
+        retry_timeouts=retry_timeouts,
     )
     sources = lora_paths(catalog) if catalog is not None else None
     steps = schedule(plan, observation.states, sources=sources, demand_rps=demand_rps)
@@ -229,9 +240,11 @@ async def apply_plan(
     demand_rps: Mapping[AdapterId, float] | None = None,
     on_actions: Callable[[tuple[Action, ...]], None] | None = None,
     on_result: Callable[[ActionResult], None] | None = None,
+    retry_timeouts: bool = True,
 ) -> ApplyOutcome:
     """Observe, reconcile and execute once. Applying the same plan again loads nothing.
-    The listing's retries and the actions' share ``settings``, ``rng`` and ``sleep``."""
+    The listing's retries and the actions' share ``settings``, ``rng`` and ``sleep``;
+    ``retry_timeouts=False`` lists a pod that timed out once (``observe``)."""
     observation, steps = await plan_actions(
         plan,
         fleet=fleet,
@@ -242,6 +255,7 @@ async def apply_plan(
         settings=settings,
         rng=rng,
         sleep=sleep,
+        retry_timeouts=retry_timeouts,
     )
     if on_actions is not None:
         on_actions(steps.actions)

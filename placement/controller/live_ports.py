@@ -72,6 +72,11 @@ class EngineActuator:
         self._sleep = sleep
 
     async def apply(self, plan: Plan, *, fleet: Fleet, ledger: Ledger) -> ApplyReport:
+        """Apply ``plan`` (``apply.apply_plan``) for the plan and watchdog ticks. Their
+        listing does not retry a timeout, as ``registered``'s does not: it runs under the
+        controller's actuation lock, so a hung pod retried ``LIST_ATTEMPTS`` times would
+        hold the webhook's preloads three ``per_action_deadline_s`` and the backoff; the
+        next plan tick lists that pod again."""
         timeout_s = self._settings.executor.per_action_deadline_s
         outcome = await apply_plan(
             plan,
@@ -82,6 +87,7 @@ class EngineActuator:
             rng=self._rng,
             ledger=ledger,
             sleep=self._sleep,
+            retry_timeouts=False,
         )
         return outcome.report
 

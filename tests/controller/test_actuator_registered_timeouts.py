@@ -1,5 +1,6 @@
-"""``EngineActuator.registered`` (the preload and watchdog ticks' listing) does not retry
-a timeout: every pod is listed together and the tick's work waits for all of them, so a
+"""``EngineActuator.registered`` (the preload and watchdog ticks' listing) and
+``EngineActuator.apply`` (the plan and watchdog ticks', under the actuation lock) do not
+retry a timeout: every pod is listed together and the tick's work waits for all of them, so a
 hung pod retried ``LIST_ATTEMPTS`` times held every other pod's restore and preload
 three client timeouts and the backoff between. A 5xx (with its Retry-After) and a
 refused connection are still retried; ``apply``'s own listings still retry a timeout.
@@ -23,10 +24,12 @@ import httpx
 import pytest
 
 from placement.actuation.apply import LIST_ATTEMPTS, make_clients, observe
+from placement.actuation.executor import Status
+from placement.actuation.ledger import Ledger
 from placement.controller.live_ports import EngineActuator
 from placement.domain import AdapterId, PodId
 from placement.settings import ExecutorSettings, Settings
-from tests.factories import catalog, fleet, pool
+from tests.factories import adapter, catalog, fleet, make_plan, pool
 from tests.pods.wire_server import Answer, WireServer
 from tests.ports import refusing_port
 
@@ -165,3 +168,39 @@ async def test_apply_s_own_listing_still_retries_a_timeout(hung: HungPod) -> Non
         )
     assert f"after {LIST_ATTEMPTS} attempts" in observation.unreachable[PodId("llama-0")]
     assert hung.seen == [MODELS] * LIST_ATTEMPTS
+
+
+async def test_the_plan_tick_s_apply_costs_one_timeout_for_a_hung_pod_and_loads_the_rest(
+    hung: HungPod, flaky: WireServer
+) -> None:
+    """The plan tick lists while it holds the actuation lock the webhook's preloads wait
+    on: before, a hung pod held it LIST_ATTEMPTS timeouts and the backoff between."""
+    slept: list[float] = []
+
+    async def sleep(delay_s: float) -> None:
+        slept.append(delay_s)
+        flaky.answers[MODELS] = Answer(body=json.dumps(LISTING).encode())
+
+    flaky.answers["POST /v1/load_lora_adapter"] = Answer(
+        body=b"Success", headers=(("Content-Type", "text/plain"),)
+    )
+    flaky.answers["POST /v1/completions"] = Answer(body=b"{}")  # a warm-up's answer
+    pods = fleet(pool("llama", 2, served_model="base", urls=[hung.url, flaky.url]))
+    plan = make_plan({"llama-0": ("a0",), "llama-1": ("a0", "a1")})
+    async with httpx.AsyncClient() as http:
+        actuator = EngineActuator(
+            catalog=catalog(adapter("a0"), adapter("a1")),
+            http=http,
+            settings=SETTINGS,
+            rng=random.Random(7),
+            sleep=sleep,
+        )
+        report = await actuator.apply(plan, fleet=pods, ledger=Ledger())
+    assert hung.seen == [MODELS]  # one try: before, LIST_ATTEMPTS of them
+    assert flaky.seen[:2] == [MODELS, MODELS]
+    assert "POST /v1/load_lora_adapter" in flaky.seen
+    assert report.ok, report.failed
+    done = {(r.action.pod, r.action.adapter) for r in report.results if r.status is Status.DONE}
+    assert (PodId("llama-1"), AdapterId("a1")) in done
+    assert {r.action.pod for r in report.results} == {PodId("llama-1")}
+    assert slept[0] == 2.0
