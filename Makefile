@@ -32,7 +32,7 @@ imports: $(STAMP)
 	$(BIN)/lint-imports
 
 pytest: $(STAMP)
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n "$${PYTEST_WORKERS:-2}" --dist loadfile
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
