@@ -23,12 +23,14 @@ Must not decide anything or read the clock: times come in as ``now_s`` arguments
 from __future__ import annotations
 
 import math
-from collections.abc import Collection
+import os
+from collections.abc import Collection, Iterable
 from datetime import datetime
 
 import pandas as pd
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import generate_latest
+from prometheus_client.metrics import MetricWrapperBase
 
 from placement.actuation.executor import ApplyReport, Status
 from placement.domain import Catalog, Fleet, PodId, PoolId
@@ -49,6 +51,29 @@ ACTION_RESULTS = {
     Status.SKIPPED: "skipped",
     Status.FAILED: "failed",
 }
+
+
+def in_files() -> bool:
+    """Whether this process writes its figures to prometheus_client's multiprocess files
+    (``router.metrics.record_in``): their series cannot be removed there (``remove``
+    warns and leaves the file's value), so whoever renders leaves them out instead."""
+    return "PROMETHEUS_MULTIPROC_DIR" in os.environ
+
+
+def drop_pod_series(families: Iterable[MetricWrapperBase], pods: Collection[str]) -> None:
+    """Remove every series of ``families`` whose ``pod`` label is one of ``pods`` (pods
+    that left the fleet: a fleet that churns pods keeps none of their series). A no-op in
+    a process that writes to multiprocess files (``in_files``)."""
+    if not pods or in_files():
+        return
+    for family in families:
+        names = family._labelnames
+        if "pod" not in names:
+            continue
+        for metric in family.collect():
+            for sample in metric.samples:
+                if sample.labels.get("pod") in pods:
+                    family.remove(*(sample.labels[name] for name in names))
 
 
 class FleetMetrics:
@@ -143,6 +168,16 @@ class FleetMetrics:
         """The pod restarted or left the fleet: every resident adapter's stay ends."""
         for key in [key for key in self._since_s if key[0] == pod]:
             self.evicted(pod, key[1], now_s=now_s)
+
+    def pods_left(self, pods: Collection[str]) -> None:
+        """``pods`` left the fleet: their stays end unobserved (their series go) and
+        their per-pod series leave ``/metrics``."""
+        for key in [key for key in self._since_s if key[0] in pods]:
+            del self._since_s[key]
+        drop_pod_series(
+            (self.residency, self.evictions, self.gpu_adapters, self.gpu_slots, self.load_queue),
+            pods,
+        )
 
     def load_queue_depth(self, pod: str, *, depth: int) -> None:
         self.load_queue.labels(pod=pod).set(depth)

@@ -16,12 +16,19 @@ are summed over the workers, those that have exited included, so they never go b
 each gauge is folded over the live workers as ``GAUGE_ACROSS_WORKERS`` says (the parent
 drops an exited worker's gauges, ``forget_worker``). One process (the default) keeps
 prometheus_client's in-memory values and renders its own registry, as before.
+
+A pod that leaves the topology (``RouterMetrics.keep_pods``) leaves ``/metrics``: every
+series with its ``pod`` label, the router's and the fleet's, is left out of what is
+rendered (else a scaled-down or replaced pod would read healthy, with its last queue,
+for ever), and in one process removed from the registry too, so a fleet that churns
+pods keeps none of theirs. Multiprocess files cannot drop a series; leaving it out of
+the render is all there is there.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Literal
 
@@ -31,6 +38,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.samples import Sample
 
+from placement.metrics import drop_pod_series
 from placement.settings import RouterSettings
 
 #: TTFT buckets in seconds: a GPU hit is tens of ms, a load 85-670 ms more.
@@ -117,6 +125,28 @@ def _folded(samples: Iterable[Sample], fold: Callable[[Iterable[float]], float])
         labels = tuple(sorted((k, v) for k, v in sample.labels.items() if k != "pid"))
         series.setdefault((sample.name, labels), []).append(sample.value)
     return [Sample(name, dict(labels), fold(got)) for (name, labels), got in series.items()]
+
+
+class KeptPodsCollector:
+    """``source``'s families less the samples of pods not in ``kept()`` (None: all)."""
+
+    def __init__(
+        self, source: CollectorRegistry, kept: Callable[[], frozenset[str] | None]
+    ) -> None:
+        self._source = source
+        self._kept = kept
+
+    def collect(self) -> Iterator[Metric]:
+        kept = self._kept()
+        for metric in self._source.collect():
+            if kept is not None:
+                metric.samples = [s for s in metric.samples if _kept(s, kept)]
+            yield metric
+
+
+def _kept(sample: Sample, pods: frozenset[str]) -> bool:
+    pod = sample.labels.get("pod")
+    return pod is None or pod in pods
 
 
 class RouterMetrics:
@@ -252,6 +282,9 @@ class RouterMetrics:
         self._queue: dict[str, Histogram] = {}
         #: Every worker's figures, once ``share`` names their directory.
         self._workers: CollectorRegistry | None = None
+        #: The topology's pods (``keep_pods``); None until given: every pod's series.
+        self._pods: frozenset[str] | None = None
+        self._rendered = self._render_kept(registry)
 
     def adapter_label(self, adapter: str, *, known: bool) -> str:
         """The label for ``adapter``: itself if known and there is room, else the shared one."""
@@ -302,12 +335,37 @@ class RouterMetrics:
             hist = self._queue[cause] = self.queue_seconds.labels(cause=cause)
         hist.observe(max(0.0, seconds))
 
+    def keep_pods(self, pods: Collection[str]) -> None:
+        """The topology's pods now (``PodScraper.keep_only``): the series of any other
+        pod, with a ``pod`` label in any family of the registry, are rendered no more;
+        this class's own are removed as well (``drop_pod_series``). The fleet's families
+        are ``FleetMetrics.pods_left``'s to remove."""
+        kept = frozenset(pods)
+        left = (self._pods or frozenset()) - kept
+        self._pods = kept
+        for pod in left:
+            self._activations.pop(pod, None)
+        families = (
+            self.loads,
+            self.queue_depth,
+            self.pod_healthy,
+            self.metrics_missing,
+            self.scrape_problems,
+        )
+        drop_pod_series(families, left)
+
     def share(self, directory: Path) -> None:
         """Render every worker's figures from ``directory`` (where ``record_in`` had
         this process write its own) instead of this registry's."""
         workers = CollectorRegistry(auto_describe=False)
         workers.register(WorkersCollector(directory))
         self._workers = workers
+        self._rendered = self._render_kept(workers)
+
+    def _render_kept(self, source: CollectorRegistry) -> CollectorRegistry:
+        rendered = CollectorRegistry(auto_describe=False)
+        rendered.register(KeptPodsCollector(source, lambda: self._pods))
+        return rendered
 
     def render(self) -> bytes:
-        return generate_latest(self._workers if self._workers is not None else self.registry)
+        return generate_latest(self._rendered)

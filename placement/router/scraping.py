@@ -180,14 +180,19 @@ class PodScraper:
         parsing.shutdown(wait=False, cancel_futures=True)
 
     def keep_only(self, pods: Collection[PodId]) -> None:
-        """Forget what is kept per pod (why it left the rotation, the problems said)
-        for pods no longer in the topology: a fleet that churns pods keeps no trace. A
-        scrape of one of them still in flight (its read or parse awaited across the
-        topology's swap) adds nothing back when it ends."""
-        self._kept = frozenset(pods)
+        """Forget what is kept per pod (why it left the rotation, the problems said,
+        its series on ``/metrics``: ``RouterMetrics.keep_pods``,
+        ``FleetMetrics.pods_left``) for pods no longer in the topology: a fleet that
+        churns pods keeps no trace. A scrape of one of them still in flight (its read or
+        parse awaited across the topology's swap) adds nothing back when it ends."""
+        kept = frozenset(pods)
+        left = (self._kept or frozenset()) - kept
+        self._kept = kept
         for table in (self.why, self._told, self.listings_read):
             for pod in [pod for pod in table if pod not in pods]:
                 del table[pod]
+        self.metrics.keep_pods(kept)
+        self.fleet_metrics.pods_left(left)
 
     def _keeps(self, pod: PodId) -> bool:
         """Whether ``pod`` is in the topology, so what is kept per pod may name it."""
@@ -345,6 +350,8 @@ class PodScraper:
             log.info("pod %s is back", upstream.pod)
         state.healthy = True
         state.failures = 0
+        if not self._keeps(upstream.pod):
+            return  # it left the topology during the scrape: no series of it come back
         if self.observes_residency:
             self.fleet_metrics.observe_gpu(
                 upstream.pod, state.ledger.active_view, now_s=self.clock()
@@ -355,12 +362,15 @@ class PodScraper:
     def mark_unhealthy(self, state: LivePod, why: str) -> None:
         if state.healthy:
             log.warning("pod %s leaves the rotation: %s", state.upstream.pod, why)
-        if self._keeps(state.upstream.pod):
+        kept = self._keeps(state.upstream.pod)
+        if kept:
             self.why[state.upstream.pod] = why
         state.healthy = False
         state.failures += 1
         if state.index is not None:
             state.index.refresh()  # the least-KV pod must be a healthy one
+        if not kept:
+            return  # it left the topology: no series of it come back
         # A pod out of the rotation may come back empty: its adapters' stays end here.
         if self.observes_residency:
             self.fleet_metrics.pod_emptied(state.upstream.pod, now_s=self.clock())

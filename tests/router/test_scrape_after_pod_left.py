@@ -1,6 +1,7 @@
 """A scrape still in flight when its pod leaves the topology adds nothing back to what
 the scraper keeps per pod (why it left the rotation, the problems said of its page, the
-listing read for the other workers) once ``keep_only`` pruned it at the swap: a fleet
+listing read for the other workers, its series on ``/metrics``) once ``keep_only``
+pruned it at the swap: a fleet
 that churns pods keeps no trace of them, however slow their last answer. Nor does a
 scrape put back in the rotation a pod taken out while it was in flight.
 
@@ -97,7 +98,8 @@ def _kept_of(scraper: PodScraper, pod: PodId) -> dict[str, object]:
 
 async def _scrape_across_a_swap(case: Case, *, leaves: bool) -> dict[str, object]:
     """One scrape of the pod, its answer held while the topology swaps (without the pod
-    when ``leaves``); what the scraper keeps of the pod after it ends."""
+    when ``leaves``); what the scraper keeps of the pod after it ends (with ``series``:
+    whether ``/metrics`` has a series of it)."""
     asked, release = asyncio.Event(), asyncio.Event()
 
     async def answer(request: httpx.Request) -> httpx.Response:
@@ -118,7 +120,10 @@ async def _scrape_across_a_swap(case: Case, *, leaves: bool) -> dict[str, object
         scraper.keep_only(() if leaves else (POD,))  # the topology's swap, mid-scrape
         release.set()
         await scrape
-        return _kept_of(scraper, POD)
+        kept = _kept_of(scraper, POD)
+        if f'pod="{POD}"' in scraper.metrics.render().decode():
+            kept["series"] = True
+        return kept
 
 
 @pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
