@@ -53,6 +53,7 @@ class LivePod:
     """
 
     __slots__ = (
+        "_ended_since_asked",
         "busy",
         "ended_since_scrape",
         "failures",
@@ -136,10 +137,13 @@ class LivePod:
         self.running_adapters: Collection[str] = frozenset()
         self.waiting_adapters: Collection[str] = frozenset()
         #: The adapters the last scrape showed running or waiting whose last request of
-        #: the router's here has ended since: what it showed of them is gone
-        #: (``picking.slot_taken``). At most the scrape's own adapters; cleared at each
-        #: scrape.
+        #: the router's here has ended since the page was asked for: what it showed of
+        #: them is gone (``picking.slot_taken``). At most the scrape's own adapters;
+        #: renewed at each scrape.
         self.ended_since_scrape: set[str] = set()
+        #: The adapters whose last request of the router's here ended since the page
+        #: being read was asked for (``page_asked``); None: no page asked.
+        self._ended_since_asked: set[str] | None = None
         self.free_slots = self.max_loras
         self.victim_last_used_s = 0.0
         #: The pool's index this pod reports its adapters to, its position there, and
@@ -272,6 +276,16 @@ class LivePod:
         answer and its reading."""
         if adapter in self.running_adapters or adapter in self.waiting_adapters:
             self.ended_since_scrape.add(adapter)
+        asked = self._ended_since_asked
+        if asked is not None:
+            asked.add(adapter)
+
+    def page_asked(self) -> None:
+        """The scraper asks the pod for its ``/metrics`` now: a request of the router's
+        that ends before the page is read still shows on it, running or waiting, and
+        ``observe`` takes it for ended (before, it was cleared there, and read as
+        running until the scrape after)."""
+        self._ended_since_asked = set()
 
     def _held_by(self, adapter: AdapterId) -> Entry | AdapterId:
         """What a request for ``adapter`` that ends now held: the entry of the name in
@@ -295,7 +309,11 @@ class LivePod:
         self.kv_usage = metrics.kv_usage
         self.running_adapters = metrics.running_adapters
         self.waiting_adapters = metrics.waiting_adapters
-        self.ended_since_scrape.clear()
+        asked, self._ended_since_asked = self._ended_since_asked, None
+        shown = metrics.running_adapters, metrics.waiting_adapters
+        self.ended_since_scrape = (
+            {a for a in asked if a in shown[0] or a in shown[1]} if asked else set()
+        )
         self._requeue()
         self.sync()
 

@@ -381,6 +381,7 @@ class PodScraper:
         page past the cap whose head does not hold what the router reads."""
         upstream = state.upstream
         timeout_s = self.settings.scrape_timeout_s
+        state.page_asked()
         answer = await self._http().get(
             upstream.url, "/metrics", pod=upstream.pod, timeout_s=timeout_s
         )

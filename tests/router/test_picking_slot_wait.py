@@ -10,16 +10,24 @@ unloaded name's entry holds idle (the ledger's vLLM ghost) takes a load at once.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 
+import httpx
 import pytest
+from prometheus_client import CollectorRegistry
 
 from placement.cli.router_setup import router_settings
 from placement.domain import AdapterId, Engine, PodId, PoolId
+from placement.metrics import FleetMetrics
 from placement.ports import PodMetrics
+from placement.router.metrics import RouterMetrics
 from placement.router.picking import Picker, slot_taken
+from placement.router.scrape_http import HttpxScrapes
+from placement.router.scraping import PodScraper
 from placement.router.state import LivePod, Topology, Upstream, build_topology
 from placement.settings import LoadCostSettings, RouterSettings, Settings
 from policies.route_context import waits_for_slot
@@ -118,6 +126,34 @@ def test_what_the_scrape_saw_running_of_the_routers_own_and_ended_since_frees_it
     assert chosen(topology, priced=True) == "taken"
     scraped(taken, waiting=2, running="a,b")  # a new scrape that shows a again: someone's
     assert slot_taken(taken)
+
+
+def test_a_request_that_ended_while_its_page_was_read_is_taken_for_ended() -> None:
+    # The scraper asked "taken" for its page; a's request ended before the page came
+    # back, which still shows a running. Before, observe forgot the end: a read as
+    # running, its slot taken, until the scrape after.
+    topology = two_full_pods()
+    taken, other = topology.pods[PodId("taken")], topology.pods[PodId("open")]
+    held = {name: taken.begin(AdapterId(name)) for name in ("a", "b")}
+    scraped(other, waiting=1, running="c,d")
+    taken.page_asked()
+    taken.end(AdapterId("a"), held=held["a"], ran=True)
+    scraped(taken, waiting=2, running="a,b")
+    assert taken.ended_since_scrape == {"a"}
+    assert not slot_taken(taken)
+    assert chosen(topology, priced=True) == "taken"
+    scraped(taken, waiting=2, running="a,b")  # the next page, asked after a ended: someone's
+    assert taken.ended_since_scrape == set() and slot_taken(taken)
+
+
+def test_an_end_before_the_page_was_asked_for_is_not_carried_to_it() -> None:
+    topology = two_full_pods()
+    taken = topology.pods[PodId("taken")]
+    held = {name: taken.begin(AdapterId(name)) for name in ("a", "b")}
+    taken.end(AdapterId("a"), held=held["a"], ran=True)
+    taken.page_asked()
+    scraped(taken, waiting=2, running="a,b")  # a runs there, and not the router's
+    assert taken.ended_since_scrape == set() and slot_taken(taken)
 
 
 def test_only_the_scrapes_own_adapters_are_remembered_as_ended() -> None:
@@ -267,3 +303,43 @@ def test_a_ghost_slot_a_request_still_runs_on_is_taken() -> None:
     scraped(state, waiting=0, running="a")
     assert state.ledger.residency.ghosts_on_gpu() == 1
     assert slot_taken(state)
+
+
+# --- the scraper: a request that ends while the pod's page is in flight ----------------
+
+
+async def _scrape_with_an_end_in_flight() -> LivePod:
+    """ "taken" runs the router's a and b; its page (a and b running) is held until a's
+    request has ended; what the pod's state reads after the scrape."""
+    taken = two_full_pods().pods[PodId("taken")]
+    held = {name: taken.begin(AdapterId(name)) for name in ("a", "b")}
+    asked, release = asyncio.Event(), asyncio.Event()
+
+    async def answer(request: httpx.Request) -> httpx.Response:
+        asked.set()
+        await release.wait()
+        return httpx.Response(200, text=_metrics(running="a,b", waiting="", queued=0))
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as http:
+        registry = CollectorRegistry()
+        scraper = PodScraper(
+            settings=RouterSettings(),
+            metrics=RouterMetrics(registry, max_adapter_labels=16),
+            fleet_metrics=FleetMetrics(registry),
+            clock=time.time,
+            http=lambda: HttpxScrapes(http),
+        )
+        taken.listing_due = False
+        scrape = asyncio.create_task(scraper.scrape(taken, listing=False))
+        await asyncio.wait_for(asked.wait(), 10.0)  # bounds a broken test, never waited out
+        taken.end(AdapterId("a"), held=held["a"], ran=True)
+        release.set()
+        assert await scrape
+    return taken
+
+
+def test_the_scraper_marks_the_page_asked_so_an_end_in_flight_counts() -> None:
+    taken = asyncio.run(_scrape_with_an_end_in_flight())
+    assert taken.running_adapters == frozenset({"a", "b"}), "the page was read"
+    assert taken.ended_since_scrape == {"a"}  # before: empty, a read as running
+    assert not slot_taken(taken)
