@@ -241,10 +241,12 @@ class PodResidency:
             self._host.move_to_end(before, last=False)
         return True
 
-    def reinstate_on_gpu(self, name: str) -> bool:
+    def reinstate_on_gpu(self, name: str, *, behind: int = 0) -> bool:
         """Give back, as the least recently used GPU slot (where the LRU victim was), a
-        slot a load taken back (``withdraw``) pushed ``name`` off; the host order stays
-        as it is (on the pod the name never moved). True if it did; False, with nothing
+        slot a load taken back (``withdraw``) pushed ``name`` off; ``behind`` the least
+        recently used that many slots (names given back before it that were older on the
+        pod), as ``reinstate``. The host order stays as it is (on the pod the name never
+        moved). True if it did; False, with nothing
         changed, for a name not listed, whose weights are not in the host cache, already
         on the GPU, or when every slot is held. Not an engine call, as ``reinstate``."""
         entry = self._current.get(name)
@@ -256,8 +258,11 @@ class PodResidency:
             or len(self._gpu) >= self.max_loras
         ):
             return False
+        older = list(itertools.islice(self._gpu, behind))
         self._gpu[entry] = None
         self._gpu.move_to_end(entry, last=False)
+        for before in reversed(older):
+            self._gpu.move_to_end(before, last=False)
         return True
 
     def request(self, name: str, *, busy: Busy = ()) -> Effects:

@@ -41,6 +41,20 @@ from placement.residency import (
 _NOTHING = Effects()
 
 
+def _holder(
+    notes: Mapping[AdapterId, AdapterId], guess: AdapterId, taken_back: Collection[AdapterId]
+) -> AdapterId | None:
+    """The guess left holding what ``guess`` (taken back) holds in the model, where a
+    guess that pushed ``guess`` out holds it (a chain of guesses, each pushing out the
+    one before); None when none is left, and what ``guess`` pushed out goes back."""
+    seen = {guess}
+    holder = notes.get(guess)
+    while holder is not None and holder in taken_back and holder not in seen:
+        seen.add(holder)
+        holder = notes.get(holder)
+    return None if holder in taken_back else holder
+
+
 class PodLedger:
     """One pod's engine state as the router knows it, with live views of its two LRUs."""
 
@@ -52,6 +66,7 @@ class PodLedger:
         "_places",
         "_registered",
         "_seeded_plan",
+        "_slot_place",
         "_unconfirmed",
         "max_cpu_loras",
         "max_loras",
@@ -70,12 +85,15 @@ class PodLedger:
         self._active: OrderedDict[AdapterId, None] = OrderedDict()
         self._registered: OrderedDict[AdapterId, None] = OrderedDict()
         self._unconfirmed: set[AdapterId] = set()
-        #: Per guess, the confirmed names its load and warm-up pushed off the GPU in the
-        #: model, in the order they went: a guess taken back gives its slot back to them.
-        self._displaced: dict[AdapterId, list[AdapterId]] = {}
-        #: The confirmed names a guess's load or warm-up pushed out of the host cache in
-        #: the model (vLLM's LRU; SGLang's soft cap parked them), the first pushed first,
-        #: each with the guess that did: a guess taken back puts them back.
+        #: The names guesses' loads and warm-ups pushed off the GPU in the model (confirmed
+        #: ones, and guesses a later guess pushed: a chain), each with the guess holding
+        #: the slot: the pod holds the confirmed ones where the model holds the guesses,
+        #: and a guess taken back gives its slots back to them.
+        self._displaced: dict[AdapterId, AdapterId] = {}
+        #: The names a guess's load or warm-up pushed out of the host cache in the model
+        #: (vLLM's LRU; SGLang's soft cap parked them; guesses too, as on the GPU), the
+        #: first pushed first, each with the guess that did: a guess taken back puts them
+        #: back.
         self._host_displaced: dict[AdapterId, AdapterId] = {}
         #: While names are noted: each noted name's place in the pod's host order (lower
         #: is older), and that of each name put back since (``reinstate``: the model's
@@ -83,6 +101,10 @@ class PodLedger:
         #: older than a noted one the model lacks, which a real call's drop must tell.
         self._place: dict[AdapterId, int] = {}
         self._places = itertools.count()
+        #: The same for the GPU: each noted name's place in the pod's GPU order (lower is
+        #: older), and that of each name given its slot back since (``reinstate_on_gpu``:
+        #: the model's oldest slot), until a call moves it.
+        self._slot_place: dict[AdapterId, int] = {}
         self._seeded_plan: str | None = None
         #: Counts the rebuilds of the mirrors (the names they hold may have changed): a
         #: reader that indexes those names (the pool's holders) re-reads them only when
@@ -157,6 +179,8 @@ class PodLedger:
         residency.last_step(entry)
         if entry is not None and entry.name not in self._host_displaced:
             self._place.pop(AdapterId(entry.name), None)
+        if self._slot_place and entry is not None and entry.name not in self._displaced:
+            self._slot_place.pop(AdapterId(entry.name), None)
         if (
             entry is not None
             and residency.entry(entry.name) is entry
@@ -195,6 +219,8 @@ class PodLedger:
         self._confirmed(adapter)
         if adapter not in self._host_displaced:  # the newest entry now, where it was put back
             self._place.pop(adapter, None)
+        if adapter not in self._displaced:
+            self._slot_place.pop(adapter, None)
         if not changed and self.residency.serves(adapter):
             return _NOTHING  # nothing happened on the engine
         if changed and self.residency.serves(adapter):
@@ -210,6 +236,8 @@ class PodLedger:
         residency = self.residency
         if adapter not in self._host_displaced:  # it is the newest entry now
             self._place.pop(adapter, None)
+        if self._slot_place and adapter not in self._displaced:
+            self._slot_place.pop(adapter, None)
         was_active = adapter in self._active
         if was_active and residency.touch(adapter):  # a GPU hit: both LRUs refreshed
             self._active.move_to_end(adapter)
@@ -280,6 +308,7 @@ class PodLedger:
         self._displaced.clear()
         self._host_displaced.clear()
         self._place.clear()
+        self._slot_place.clear()
         self._sync()
 
     def _take_back(self, guesses: Iterable[AdapterId]) -> None:
@@ -289,21 +318,50 @@ class PodLedger:
         the order they were (``PodResidency.reinstate``), the last pushed first as far as
         the cache has room (a guess whose own entry left it frees none); those pushed off
         the GPU then take the slots back, the first pushed first, as far as slots are
-        free, if their weights are in the host cache (else they left it for real, and
-        the GPU with it; a request here would read them again)."""
+        free, each behind those given back before it that were older on the pod
+        (``_slot_place``), if their weights are in the host cache (else they left it for
+        real, and the GPU with it; a request here would read them again), or wait for
+        the guess their weights wait on.
+
+        A guess pushed out by another is noted as a confirmed name is (a chain): taken
+        back, the later guess puts the earlier one back, and a guess taken back whose
+        own place another guess took leaves what it pushed out to that guess
+        (``_holder``): on the pod, without the guesses, those names are where the
+        remaining guess holds the place."""
         residency = self.residency
         pushed: list[AdapterId] = []
         taken_back: set[AdapterId] = set()
         for adapter in guesses:
             self._unconfirmed.discard(adapter)
             residency.withdraw(adapter)
-            pushed += self._displaced.pop(adapter, ())
             taken_back.add(adapter)
+        slots = self._displaced
+        slot_place = self._slot_place
+        for adapter, guess in list(slots.items()):
+            if adapter in taken_back:
+                del slots[adapter]
+                slot_place.pop(adapter, None)
+            elif guess in taken_back:
+                holder = _holder(slots, guess, taken_back)
+                if holder is None:
+                    del slots[adapter]
+                    pushed.append(adapter)
+                else:
+                    slots[adapter] = holder
         host = self._host_displaced
         place = self._place
-        back_in = sorted(
-            (a for a, guess in host.items() if guess in taken_back), key=place.__getitem__
-        )
+        back_in = []
+        for adapter, guess in list(host.items()):
+            if adapter in taken_back:
+                del host[adapter]
+                place.pop(adapter, None)
+            elif guess in taken_back:
+                holder = _holder(host, guess, taken_back)
+                if holder is None:
+                    back_in.append(adapter)
+                else:
+                    host[adapter] = holder
+        back_in.sort(key=place.__getitem__)
         for adapter in reversed(back_in):  # each the oldest, behind those older on the pod
             del host[adapter]
             here = place[adapter]
@@ -318,14 +376,26 @@ class PodLedger:
         free = self.max_loras - residency.ghosts_on_gpu() - len(residency.on_gpu())
         back: list[AdapterId] = []
         for adapter in pushed:
-            if len(back) >= free:
-                break
-            if adapter in self._unconfirmed or adapter in back or not residency.serves(adapter):
+            if adapter in back or not residency.serves(adapter) or residency.is_on_gpu(adapter):
                 continue
-            if residency.is_in_host(adapter) and not residency.is_on_gpu(adapter):
-                back.append(adapter)
-        for adapter in reversed(back):  # the oldest slots, the first pushed first
-            residency.reinstate_on_gpu(adapter)
+            if residency.is_in_host(adapter):
+                if len(back) < free:
+                    back.append(adapter)
+            elif adapter in host:  # its weights wait on another guess: its slot too
+                slots[adapter] = host[adapter]
+        back.sort(key=lambda name: slot_place.get(name, -1))
+        for adapter in reversed(back):  # each the oldest, behind those older on the pod
+            here = slot_place.get(adapter, -1)
+            behind = 0
+            for name, current in residency.gpu_entries():
+                older = slot_place.get(AdapterId(name))
+                if not current or older is None or older > here or name in slots:
+                    break
+                behind += 1
+            residency.reinstate_on_gpu(adapter, behind=behind)
+        for adapter in [a for a in slot_place if a not in slots and a not in back]:
+            if not residency.is_on_gpu(adapter):
+                del slot_place[adapter]
         self._sync()
 
     def seed(
@@ -368,6 +438,7 @@ class PodLedger:
             self._displaced.clear()
             self._host_displaced.clear()
             self._place.clear()
+            self._slot_place.clear()
         else:
             host = self._host_displaced
             for name in [a for a in host if a not in listed]:
@@ -423,34 +494,45 @@ class PodLedger:
         return effects
 
     def _pushed_by(self, adapter: AdapterId, effects: Effects) -> None:
-        """Note the confirmed names a guess's load or warm-up pushed off the GPU, and
-        out of the host cache (SGLang: those its soft cap parked)."""
+        """Note the names a guess's load or warm-up pushed off the GPU, and out of the
+        host cache (SGLang: those its soft cap parked), other guesses too (a chain, which
+        ``_take_back`` unwinds); a guess brought back itself is noted no more."""
         if adapter not in self._unconfirmed:
             return
-        if effects.gpu_evicted:
-            names = self._displaced.setdefault(adapter, [])
-            names += (
-                AdapterId(n) for n in effects.gpu_evicted if AdapterId(n) not in self._unconfirmed
-            )
+        slots = self._displaced
+        slot_place = self._slot_place
+        if not slots:
+            slot_place.clear()  # with nothing noted the pod's order is the model's
+        slots.pop(adapter, None)
+        slot_place.pop(adapter, None)
+        for name in map(AdapterId, effects.gpu_evicted):
+            if name != adapter and not self.residency.is_on_gpu(name):
+                slots.pop(name, None)
+                slots[name] = adapter
+                if name not in slot_place:  # a name given its slot back keeps its place
+                    slot_place[name] = next(self._places)
         place = self._place
         if not self._host_displaced:
             place.clear()  # with nothing noted the pod's order is the model's
         host = self._host_displaced
+        if adapter in host and self.residency.is_in_host(adapter):
+            del host[adapter]  # a guess pushed out by another, read again
+            place.pop(adapter, None)
         for name in map(AdapterId, effects.host_evicted + effects.unlisted):
-            if self._pushed_out(name):
+            if name != adapter and self._pushed_out(name, guesses_too=True):
                 host[name] = adapter
                 if name not in place:  # a name put back keeps its place
                     place[name] = next(self._places)
             elif name not in host:  # not a ghost of a noted name
                 place.pop(name, None)
 
-    def _pushed_out(self, name: AdapterId) -> bool:
+    def _pushed_out(self, name: AdapterId, *, guesses_too: bool = False) -> bool:
         """Whether a name the model dropped from the host cache is a confirmed one, to be
         put back: not a guess, and not a vLLM ghost (an unloaded name's old entry, which
         may carry a name whose current entry is still in the host cache)."""
         residency = self.residency
         return (
-            name not in self._unconfirmed
+            (guesses_too or name not in self._unconfirmed)
             and residency.serves(name)
             and not residency.is_in_host(name)
         )
@@ -459,7 +541,10 @@ class PodLedger:
         """``adapter`` is on the pod (listed, or the router loaded it): a guess no more,
         and what it pushed out is gone for real."""
         self._unconfirmed.discard(adapter)
-        self._displaced.pop(adapter, None)
+        slots = self._displaced
+        if slots and adapter in slots.values():
+            for name in [n for n, guess in slots.items() if guess == adapter]:
+                del slots[name]
         host = self._host_displaced
         if host and adapter in host.values():
             for name in [n for n, guess in host.items() if guess == adapter]:
@@ -476,11 +561,21 @@ class PodLedger:
         guess, to be put back with it; a guess the model drops is no name the pod keeps.
         Only a name put back older on the pod than every noted one (``_place``) is
         dropped there too, with no note changed."""
+        if self._host_displaced:
+            self._host_for_real(adapter, effects)
+        elif self._place:
+            self._place.clear()  # with nothing noted the pod's order is the model's
+        if self._displaced:
+            self._slots_for_real(adapter, effects)
+        elif self._slot_place:
+            self._slot_place.clear()
+
+    def _host_for_real(self, adapter: AdapterId, effects: Effects) -> None:
+        """The host side of ``_pushed_for_real``, while names are noted. A noted name
+        the pod drops leaves its GPU slot there too (vLLM deactivates what its host
+        cache drops); a noted guess is no name the pod holds, so none it drops."""
         host = self._host_displaced
         place = self._place
-        if not host:
-            place.clear()  # with nothing noted the pod's order is the model's
-            return
         back = adapter in host and self.residency.is_in_host(adapter)
         guesses = [host.pop(adapter)] if back else []
         if back:
@@ -489,17 +584,64 @@ class PodLedger:
             # A name put back: its place on the pod (a ghost of a noted name has none).
             own = None if name in host else place.pop(name, None)
             if not guesses:
-                if not host:
+                real = [n for n in host if n not in self._unconfirmed]
+                if not real:
                     break
-                oldest = min(host, key=place.__getitem__)
+                oldest = min(real, key=place.__getitem__)
                 if own is not None and own < place[oldest]:
                     continue  # older on the pod than every noted name: dropped there too
                 guesses.append(host.pop(oldest))
                 del place[oldest]
+                if self._displaced.pop(oldest, None) is not None:
+                    self._slot_place.pop(oldest, None)
             guess = guesses.pop()
             if self._pushed_out(name):
                 host[name] = guess
                 place[name] = own if own is not None else next(self._places)
+
+    def _slots_for_real(self, adapter: AdapterId, effects: Effects) -> None:
+        """The GPU side of ``_pushed_for_real``: the pod's slots hold the noted names
+        (``_displaced``) where the model's hold the guesses, and the noted names are the
+        pod's least recently used, so where the model pushes a listed name off the GPU
+        the pod pushes off the oldest noted one, and keeps the model's: that name takes
+        the dropped one's guess, as the newest noted. A call that brought a noted name
+        back on the GPU in the model (a hit on the pod) drops nothing there: the name the
+        model pushed off takes its guess. A guess the model pushes off is no name the pod
+        keeps; a vLLM ghost's slot (an entry no listed name points to) is left alone.
+        Where the pod's slots then hold more than it has (the model took a slot that a
+        guess taken back left free, which the pod's noted name holds), the pod pushed off
+        its oldest noted names."""
+        slots = self._displaced
+        place = self._slot_place
+        residency = self.residency
+        guesses = []
+        if adapter in slots and residency.is_on_gpu(adapter):
+            guesses.append(slots.pop(adapter))
+            place.pop(adapter, None)
+        for name in map(AdapterId, effects.gpu_evicted):
+            if not residency.serves(name) or residency.is_on_gpu(name):
+                continue
+            own = None if name in slots else place.pop(name, None)
+            if not guesses:
+                real = [n for n in slots if n not in self._unconfirmed]
+                if not real:
+                    break
+                oldest = min(real, key=place.__getitem__)
+                if own is not None and own < place[oldest]:
+                    continue  # older on the pod than every noted name: dropped there too
+                guesses.append(slots.pop(oldest))
+                del place[oldest]
+            guess = guesses.pop()
+            if name not in self._unconfirmed:
+                slots[name] = guess
+                place[name] = own if own is not None else next(self._places)
+        unconfirmed = self._unconfirmed
+        real = [n for n in slots if n not in unconfirmed]
+        held = sum(1 for n in residency.on_gpu() if n not in unconfirmed)
+        over = held + len(real) + residency.ghosts_on_gpu() - self.max_loras
+        for oldest in sorted(real, key=place.__getitem__)[: max(0, over)]:
+            del slots[oldest]  # pushed off on the pod, where the model had a free slot
+            del place[oldest]
 
     def _sync(self) -> None:
         """Rebuild the mirrors in place from the engine model."""
