@@ -217,12 +217,12 @@ class PodLedger:
         if changed and adapter in self._unconfirmed:
             self._take_back((adapter,))
         self._confirmed(adapter)
+        if not changed and self.residency.serves(adapter):
+            return _NOTHING  # nothing happened on the engine: its places stay
         if adapter not in self._host_displaced:  # the newest entry now, where it was put back
             self._place.pop(adapter, None)
         if adapter not in self._displaced:
             self._slot_place.pop(adapter, None)
-        if not changed and self.residency.serves(adapter):
-            return _NOTHING  # nothing happened on the engine
         if changed and self.residency.serves(adapter):
             effects = self._reload(adapter, lora_path, busy=busy)
         else:

@@ -135,3 +135,16 @@ def test_guesses_taken_back_one_at_a_time_leave_host_and_gpu_as_they_were(
             ledger.forget(plans[index][0])
     assert ledger.registered() == host
     assert ledger.active() == gpu
+
+
+def test_a_load_the_pod_answers_it_had_moves_no_place() -> None:
+    """Host [g, a]. The plan's d pushes g out, its e pushes d and a out. d taken back
+    puts g back; the router's load of g is answered "already loaded", which moves
+    nothing on the pod. e taken back puts a back behind g, as on the pod. Before, the
+    answer dropped g's place, and a went back as the oldest."""
+    ledger = vllm(max_loras=1, max_cpu_loras=2, loads=(G, A))
+    ledger.seed(hot=(D, E), warm=(), plan_id="plan-1")
+    ledger.forget(D)
+    ledger.loaded(G, "s3://g", changed=False)
+    ledger.forget(E)
+    assert ledger.registered() == (G, A)
