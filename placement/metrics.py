@@ -57,7 +57,7 @@ def in_files() -> bool:
     """Whether this process writes its figures to prometheus_client's multiprocess files
     (``router.metrics.record_in``): their series cannot be removed there (``remove``
     warns and leaves the file's value), so whoever renders leaves them out instead."""
-    return "PROMETHEUS_MULTIPROC_DIR" in os.environ
+    return "PROMETHEUS_MULTIPROC_DIR" in os.environ or "prometheus_multiproc_dir" in os.environ
 
 
 def drop_pod_series(families: Iterable[MetricWrapperBase], pods: Collection[str]) -> None:
@@ -171,7 +171,13 @@ class FleetMetrics:
 
     def pods_left(self, pods: Collection[str]) -> None:
         """``pods`` left the fleet: their stays end unobserved (their series go) and
-        their per-pod series leave ``/metrics``."""
+        their per-pod series leave ``/metrics``. In multiprocess files, which keep a
+        series, their GPU adapter count is set to 0 first: it moves by ``inc`` and
+        ``dec``, so a pod back under the same name would count its adapters again on top
+        of the old value."""
+        if in_files():
+            for pod in {owner for owner, _ in self._since_s if owner in pods}:
+                self.gpu_adapters.labels(pod=pod).set(0)
         for key in [key for key in self._since_s if key[0] in pods]:
             del self._since_s[key]
         drop_pod_series(

@@ -1,7 +1,8 @@
 """The real implementations of the controller's ports, over the other modules of lorafleet.
 
 - ``EngineActuator``: pods through ``placement.actuation.apply`` and the ``Executor``;
-  its listings (``registered``) retried as ``apply``'s are, but for a timeout.
+  its listings (``apply`` for the plan and watchdog ticks, ``registered`` for the
+  preload and watchdog ticks) retried as ``lorafleet apply``'s are, but for a timeout.
 - the planner, ``placement.solver.planner.SolverPlanner``, lives with the solver: the
   replay simulator plans through it too.
 - ``ReusingForecaster``: ``placement.forecast.forecaster.ModelForecaster`` (``models/``), one

@@ -210,8 +210,10 @@ class ColdLoads:
         )
 
     def _queue_changed(self, state: LivePod) -> None:
-        """``lorafleet_load_queue_depth``: the pod's loads waiting or in progress."""
-        self.host.fleet_metrics.load_queue_depth(state.upstream.pod, depth=len(state.loading))
+        """``lorafleet_load_queue_depth``: the pod's loads waiting or in progress (none
+        written for a pod that left the topology while they were)."""
+        if self.host.metrics.keeps(state.upstream.pod):
+            self.host.fleet_metrics.load_queue_depth(state.upstream.pod, depth=len(state.loading))
 
     def _ended(
         self,
@@ -260,7 +262,7 @@ class ColdLoads:
                 state.listing_due = True
             state.ledger.loaded(adapter, lora_path, changed=loaded, busy=state.busy.keys())
             state.sync()
-            if loaded:
+            if loaded and host.metrics.keeps(state.upstream.pod):
                 host.metrics.loads.labels(pod=state.upstream.pod, reason="cold").inc()
             done.set_result(None)
         except (EngineError, OSError) as exc:

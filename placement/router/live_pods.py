@@ -287,6 +287,12 @@ class LivePod:
         running until the scrape after)."""
         self._ended_since_asked = set()
 
+    def page_taken(self) -> None:
+        """The page ``observe`` gets next was asked for elsewhere (another worker's
+        scrape, ``PodScraper.take``): no end is carried to it, even from an own scrape
+        of this pod that failed after its asking."""
+        self._ended_since_asked = None
+
     def _held_by(self, adapter: AdapterId) -> Entry | AdapterId:
         """What a request for ``adapter`` that ends now held: the entry of the name in
         flight longest (the emulator's ``RunningEntries.longest``), else the name."""

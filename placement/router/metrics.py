@@ -311,11 +311,18 @@ class RouterMetrics:
                 hist = self._ttft[outcome] = self.ttft.labels(outcome=outcome)
             hist.observe(ttft_s)
 
+    def keeps(self, pod: str) -> bool:
+        """Whether ``pod`` is in the topology (``keep_pods``), so its series may be
+        written: a request or load that ends after its pod left writes none back."""
+        return self._pods is None or pod in self._pods
+
     def activation(self, pod: str) -> None:
         """A request sent to ``pod`` for an adapter in its host memory: the engine moves
         it to a GPU slot (``lorafleet_adapter_loads_total{reason="activation"}``)."""
         child = self._activations.get(pod)
         if child is None:
+            if not self.keeps(pod):
+                return
             child = self._activations[pod] = self.loads.labels(pod=pod, reason="activation")
         child.inc()
 

@@ -251,7 +251,9 @@ class PodScraper:
         if report.metrics_missing != state.metrics_missing:
             state.metrics_missing = report.metrics_missing
             label = 1 if report.metrics_missing else 0
-            self.metrics.metrics_missing.labels(pod=state.upstream.pod).set(label)
+            if self._keeps(state.upstream.pod):
+                self.metrics.metrics_missing.labels(pod=state.upstream.pod).set(label)
+        state.page_taken()  # asked for by another worker, when this one cannot tell
         state.observe(report.metrics)
         self._scraped(state)
 
@@ -424,7 +426,8 @@ class PodScraper:
             return
         state.metrics_missing = missing
         state.health_probed = False
-        self.metrics.metrics_missing.labels(pod=state.upstream.pod).set(1 if missing else 0)
+        if self._keeps(state.upstream.pod):
+            self.metrics.metrics_missing.labels(pod=state.upstream.pod).set(1 if missing else 0)
         if said:  # once per pod, until its /metrics comes back
             log.warning(said)
 

@@ -10,6 +10,10 @@ source is the test's own, changed between rounds as a Kubernetes watch would cha
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import httpx
 import pytest
 from prometheus_client import CollectorRegistry
@@ -19,7 +23,7 @@ from placement.emulator import EmulatedFleet
 from placement.router import MemoryRequestLog, Router
 from placement.router.kube_sources import StorePlanSource
 from placement.router.live_pods import Upstream
-from placement.router.metrics import RouterMetrics
+from placement.router.metrics import RouterMetrics, WorkersCollector
 from placement.router.state import upstreams_from_fleet
 from tests.factories import FakeClock
 
@@ -137,3 +141,49 @@ def test_before_the_first_topology_every_pods_series_is_rendered() -> None:
     metrics = RouterMetrics(CollectorRegistry(), max_adapter_labels=16)
     metrics.pod_healthy.labels(pod="pod-0").set(1)
     assert 'lorafleet_pod_healthy{pod="pod-0"} 1.0' in metrics.render().decode()
+
+
+def test_a_request_that_ends_after_its_pod_left_writes_no_series_back() -> None:
+    registry = CollectorRegistry()
+    metrics = RouterMetrics(registry, max_adapter_labels=16)
+    metrics.keep_pods(["pod-0", "pod-1"])
+    metrics.activation("pod-1")
+    metrics.keep_pods(["pod-0"])
+    metrics.activation("pod-1")  # a cpu hit's request, in flight across the swap
+    metrics.activation("pod-0")
+    loads = "lorafleet_adapter_loads_total"
+    assert registry.get_sample_value(loads, {"pod": "pod-1", "reason": "activation"}) is None
+    assert registry.get_sample_value(loads, {"pod": "pod-0", "reason": "activation"}) == 1.0
+
+
+#: One worker's figures in multiprocess files (``record_in`` replaces prometheus_client's
+#: value class for the whole process, so it runs in a process of its own): pod-1 holds
+#: three adapters, leaves, and comes back under its name holding one.
+A_POD_BACK_IN_FILES = """
+import sys
+from pathlib import Path
+from placement.router.metrics import record_in
+record_in(Path(sys.argv[1]))
+from prometheus_client import CollectorRegistry
+from placement.metrics import FleetMetrics
+fleet = FleetMetrics(CollectorRegistry())
+fleet.observe_gpu("pod-1", {"a", "b", "c"}, now_s=0.0)
+fleet.pods_left({"pod-1"})
+fleet.observe_gpu("pod-1", {"a"}, now_s=10.0)
+"""
+
+
+def test_in_files_a_pod_back_under_its_name_counts_its_adapters_from_zero(
+    tmp_path: Path,
+) -> None:
+    # Before, its old count stayed in the file (it cannot be removed there) and the
+    # adapters it came back with were counted on top of it: 4.
+    subprocess.run(
+        [sys.executable, "-c", A_POD_BACK_IN_FILES, str(tmp_path)],
+        check=True,
+        cwd=Path(__file__).resolve().parents[2],
+        timeout=120,
+    )
+    workers = CollectorRegistry(auto_describe=False)
+    workers.register(WorkersCollector(tmp_path))
+    assert workers.get_sample_value("lorafleet_pod_gpu_adapters", {"pod": "pod-1"}) == 1.0

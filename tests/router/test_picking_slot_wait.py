@@ -343,3 +343,49 @@ def test_the_scraper_marks_the_page_asked_so_an_end_in_flight_counts() -> None:
     assert taken.running_adapters == frozenset({"a", "b"}), "the page was read"
     assert taken.ended_since_scrape == {"a"}  # before: empty, a read as running
     assert not slot_taken(taken)
+
+
+async def _take_after_a_failed_scrape() -> LivePod:
+    """ "taken" runs the router's a and b; its own scrape fails after asking for the page;
+    a's request ends; then another worker's page (a and b running) is applied."""
+    taken = two_full_pods().pods[PodId("taken")]
+    held = {name: taken.begin(AdapterId(name)) for name in ("a", "b")}
+
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ReadTimeout("slow", request=request)
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(refuse)) as http:
+        registry = CollectorRegistry()
+        scraper = PodScraper(
+            settings=RouterSettings(),
+            metrics=RouterMetrics(registry, max_adapter_labels=16),
+            fleet_metrics=FleetMetrics(registry),
+            clock=time.time,
+            http=lambda: HttpxScrapes(http),
+        )
+        taken.listing_due = False
+        assert not await scraper.scrape(taken, listing=False)
+        taken.end(AdapterId("a"), held=held["a"], ran=True)
+        page = PodMetrics(running=2, waiting=0, running_adapters=names("a,b"))
+        scraper.take(taken, _Report(page))
+    return taken
+
+
+class _Report:
+    """Another worker's fresh scrape of a healthy pod (``scraping.PodReportLike``)."""
+
+    def __init__(self, metrics: PodMetrics) -> None:
+        self.metrics = metrics
+        self.fresh = True
+        self.healthy = True
+        self.why = ""
+        self.metrics_missing = False
+
+
+def test_another_workers_page_carries_no_end_even_after_a_failed_own_scrape() -> None:
+    # Before, the failed scrape's asking stayed set, and the taken page carried a's end:
+    # a read as gone though another worker's page, asked for after, shows it running.
+    taken = asyncio.run(_take_after_a_failed_scrape())
+    assert taken.running_adapters == frozenset({"a", "b"})
+    assert taken.ended_since_scrape == set()
+    assert slot_taken(taken)
