@@ -232,10 +232,12 @@ class _Shared:
         # In memory where the system has a tmpfs: worker 0 replaces its scrape snapshot
         # every round, and on ext4 a rename over a file flushes the new one to disk
         # (2.4 ms of the event loop's wall time each, against 22 us on tmpfs).
-        memory = _memory_dir()
-        claims = Path(tempfile.mkdtemp(prefix="lorafleet-claims-", dir=memory))
-        metrics = Path(tempfile.mkdtemp(prefix="lorafleet-metrics-", dir=memory))
-        scrapes = Path(tempfile.mkdtemp(prefix="lorafleet-scrapes-", dir=memory))
+        # Named by the parent's pid: a parent killed outright cannot remove them, and
+        # whoever cleans up after it (a test) can tell its directories from others'.
+        memory, pid = _memory_dir(), os.getpid()
+        claims = Path(tempfile.mkdtemp(prefix=f"lorafleet-claims-{pid}-", dir=memory))
+        metrics = Path(tempfile.mkdtemp(prefix=f"lorafleet-metrics-{pid}-", dir=memory))
+        scrapes = Path(tempfile.mkdtemp(prefix=f"lorafleet-scrapes-{pid}-", dir=memory))
         return cls(claims, metrics, scrapes, ConnectionCounts(workers))
 
     def remove(self) -> None:

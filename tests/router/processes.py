@@ -9,9 +9,11 @@ until a deadline.
 
 from __future__ import annotations
 
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -97,14 +99,26 @@ class RouterProcess:
         return self.process.wait(timeout=timeout_s)
 
     def kill(self) -> None:
+        """SIGKILL: nothing of the router's runs on, so the directories it made for its
+        workers are removed here (``remove_worker_dirs``)."""
         self.client.close()
         self.process.kill()
         self.process.wait(timeout=30)
+        remove_worker_dirs(self.pid)
 
     def stop(self) -> None:
         if self.process.poll() is None:
             self.kill()
         self.client.close()
+
+
+def remove_worker_dirs(pid: int) -> None:
+    """The directories a router parent killed outright left behind for its workers
+    (``router.workers._Shared``: on ``/dev/shm`` or in the temporary directory, named by
+    the parent's pid); before, each such test left three on ``/dev/shm``."""
+    for root in {"/dev/shm", tempfile.gettempdir()}:
+        for path in Path(root).glob(f"lorafleet-*-{pid}-*"):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def start_router(
@@ -133,5 +147,6 @@ def start_router(
     except BaseException:
         process.kill()
         process.wait(timeout=30)
+        remove_worker_dirs(process.pid)
         raise
     return RouterProcess(process=process, stderr_path=stderr_path, url=f"http://127.0.0.1:{bound}")

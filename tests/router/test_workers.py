@@ -101,8 +101,15 @@ def test_the_workers_end_when_their_parent_is_killed(
         try:
             workers = _children(router.pid)
             assert len(workers) == 2
+            # Named by the parent's pid, so what it cannot remove can be told apart.
+            left = [
+                path
+                for root in ("/dev/shm", tempfile.gettempdir())
+                for path in Path(root).glob(f"lorafleet-*-{router.pid}-*")
+            ]
+            assert len(left) == 3, left
             router.kill()
-            router.process.wait(timeout=30)
+            assert not any(path.exists() for path in left)
             wait_for(lambda: all(map(_ended, workers)), timeout_s=30, what="the workers' end")
         finally:
             router.stop()
