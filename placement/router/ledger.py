@@ -485,9 +485,10 @@ class PodLedger:
             return _NOTHING
         pin = pinned and self.engine is not EngineModel.VLLM
         try:
-            effects = self.residency.load(adapter, "", pinned=pin)
-        except PinLimitError:
-            effects = self.residency.load(adapter, "")
+            try:
+                effects = self.residency.load(adapter, "", pinned=pin)
+            except PinLimitError:  # pins full: the load unpinned, which a full cap refuses
+                effects = self.residency.load(adapter, "")
         except ResidencyError:
             return _NOTHING
         self._unconfirmed.add(adapter)

@@ -148,3 +148,15 @@ def test_a_load_the_pod_answers_it_had_moves_no_place() -> None:
     ledger.loaded(G, "s3://g", changed=False)
     ledger.forget(E)
     assert ledger.registered() == (G, A)
+
+
+def test_a_pinned_guess_a_full_hard_cap_refuses_is_no_guess_and_no_error() -> None:
+    # SGLang with the hard cap: a pinned, one real load fill both places; the next plan
+    # pins c. Its pinned load is refused for the pins, the unpinned one for the cap.
+    # Before, the second refusal escaped seed, and with it the router's topology swap.
+    ledger = PodLedger(EngineModel.SGLANG_HARD_CAP, max_loras=2, max_cpu_loras=2)
+    ledger.seed(hot=[AdapterId("a")], warm=[], pinned=[AdapterId("a")], plan_id="p1")
+    ledger.loaded(AdapterId("b"), "s3://b", changed=True)
+    ledger.seed(hot=[AdapterId("c")], warm=[], pinned=[AdapterId("c")], plan_id="p2")
+    assert "c" not in ledger.registered()
+    assert set(ledger.registered()) == {"a", "b"}
