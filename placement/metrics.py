@@ -174,10 +174,13 @@ class FleetMetrics:
         their per-pod series leave ``/metrics``. In multiprocess files, which keep a
         series, their GPU adapter count is set to 0 first: it moves by ``inc`` and
         ``dec``, so a pod back under the same name would count its adapters again on top
-        of the old value."""
+        of the old value; and their load queue depth, which a pod back would show until
+        its next load."""
         if in_files():
             for pod in {owner for owner, _ in self._since_s if owner in pods}:
                 self.gpu_adapters.labels(pod=pod).set(0)
+            for pod in pods:  # a load in flight as it left wrote its last depth there
+                self.load_queue.labels(pod=pod).set(0)
         for key in [key for key in self._since_s if key[0] in pods]:
             del self._since_s[key]
         drop_pod_series(

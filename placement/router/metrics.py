@@ -38,7 +38,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.samples import Sample
 
-from placement.metrics import drop_pod_series
+from placement.metrics import drop_pod_series, in_files
 from placement.settings import RouterSettings
 
 #: TTFT buckets in seconds: a GPU hit is tens of ms, a load 85-670 ms more.
@@ -352,6 +352,8 @@ class RouterMetrics:
         self._pods = kept
         for pod in left:
             self._activations.pop(pod, None)
+            if in_files():  # kept in the files: written only as it changes, so reset
+                self.metrics_missing.labels(pod=pod).set(0)
         families = (
             self.loads,
             self.queue_depth,

@@ -170,6 +170,14 @@ fleet = FleetMetrics(CollectorRegistry())
 fleet.observe_gpu("pod-1", {"a", "b", "c"}, now_s=0.0)
 fleet.pods_left({"pod-1"})
 fleet.observe_gpu("pod-1", {"a"}, now_s=10.0)
+fleet.load_queue_depth("pod-2", depth=1)
+fleet.pods_left({"pod-2"})
+from placement.router.metrics import RouterMetrics
+router = RouterMetrics(CollectorRegistry(), max_adapter_labels=16)
+router.metrics_missing.labels(pod="pod-1").set(1)
+router.keep_pods(["pod-1"])
+router.keep_pods([])
+router.keep_pods(["pod-1"])  # back, healthy: its fresh state writes the gauge no more
 """
 
 
@@ -177,7 +185,8 @@ def test_in_files_a_pod_back_under_its_name_counts_its_adapters_from_zero(
     tmp_path: Path,
 ) -> None:
     # Before, its old count stayed in the file (it cannot be removed there) and the
-    # adapters it came back with were counted on top of it: 4.
+    # adapters it came back with were counted on top of it: 4. Its metrics_missing and
+    # another pod's load queue depth kept their last values (1) the same way.
     subprocess.run(
         [sys.executable, "-c", A_POD_BACK_IN_FILES, str(tmp_path)],
         check=True,
@@ -187,3 +196,6 @@ def test_in_files_a_pod_back_under_its_name_counts_its_adapters_from_zero(
     workers = CollectorRegistry(auto_describe=False)
     workers.register(WorkersCollector(tmp_path))
     assert workers.get_sample_value("lorafleet_pod_gpu_adapters", {"pod": "pod-1"}) == 1.0
+    assert workers.get_sample_value("lorafleet_load_queue_depth", {"pod": "pod-2"}) == 0.0
+    missing = "lorafleet_router_pod_metrics_missing"
+    assert workers.get_sample_value(missing, {"pod": "pod-1"}) == 0.0
