@@ -308,6 +308,18 @@ def test_a_ghost_slot_a_request_still_runs_on_is_taken() -> None:
 # --- the scraper: a request that ends while the pod's page is in flight ----------------
 
 
+def _scraper(http: httpx.AsyncClient) -> PodScraper:
+    """A scraper reading the pods through ``http``, on a registry of its own."""
+    registry = CollectorRegistry()
+    return PodScraper(
+        settings=RouterSettings(),
+        metrics=RouterMetrics(registry, max_adapter_labels=16),
+        fleet_metrics=FleetMetrics(registry),
+        clock=time.time,
+        http=lambda: HttpxScrapes(http),
+    )
+
+
 async def _scrape_with_an_end_in_flight() -> LivePod:
     """ "taken" runs the router's a and b; its page (a and b running) is held until a's
     request has ended; what the pod's state reads after the scrape."""
@@ -321,14 +333,7 @@ async def _scrape_with_an_end_in_flight() -> LivePod:
         return httpx.Response(200, text=_metrics(running="a,b", waiting="", queued=0))
 
     async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as http:
-        registry = CollectorRegistry()
-        scraper = PodScraper(
-            settings=RouterSettings(),
-            metrics=RouterMetrics(registry, max_adapter_labels=16),
-            fleet_metrics=FleetMetrics(registry),
-            clock=time.time,
-            http=lambda: HttpxScrapes(http),
-        )
+        scraper = _scraper(http)
         taken.listing_due = False
         scrape = asyncio.create_task(scraper.scrape(taken, listing=False))
         await asyncio.wait_for(asked.wait(), 10.0)  # bounds a broken test, never waited out
@@ -355,14 +360,7 @@ async def _take_after_a_failed_scrape() -> LivePod:
         raise httpx.ReadTimeout("slow", request=request)
 
     async with httpx.AsyncClient(transport=httpx.MockTransport(refuse)) as http:
-        registry = CollectorRegistry()
-        scraper = PodScraper(
-            settings=RouterSettings(),
-            metrics=RouterMetrics(registry, max_adapter_labels=16),
-            fleet_metrics=FleetMetrics(registry),
-            clock=time.time,
-            http=lambda: HttpxScrapes(http),
-        )
+        scraper = _scraper(http)
         taken.listing_due = False
         assert not await scraper.scrape(taken, listing=False)
         taken.end(AdapterId("a"), held=held["a"], ran=True)
