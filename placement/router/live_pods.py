@@ -316,10 +316,8 @@ class LivePod:
         self.running_adapters = metrics.running_adapters
         self.waiting_adapters = metrics.waiting_adapters
         asked, self._ended_since_asked = self._ended_since_asked, None
-        shown = metrics.running_adapters, metrics.waiting_adapters
-        self.ended_since_scrape = (
-            {a for a in asked if a in shown[0] or a in shown[1]} if asked else set()
-        )
+        running, waiting = self.running_adapters, self.waiting_adapters
+        self.ended_since_scrape = {a for a in asked or () if a in running or a in waiting}
         self._requeue()
         self.sync()
 
