@@ -107,9 +107,12 @@ class RouterProcess:
         remove_worker_dirs(self.pid)
 
     def stop(self) -> None:
+        """Kill the router if it still runs; either way its workers' directories go (a
+        parent that crashed, or was killed by someone else, cannot remove them itself)."""
         if self.process.poll() is None:
             self.kill()
         self.client.close()
+        remove_worker_dirs(self.pid)
 
 
 def remove_worker_dirs(pid: int) -> None:
