@@ -265,6 +265,18 @@ class PodResidency:
             self._gpu.move_to_end(before, last=False)
         return True
 
+    def deactivate(self, name: str) -> bool:
+        """Take ``name``'s entry off its GPU slot, its weights left in the host cache:
+        for a caller that learns the pod pushed it off where the model kept it (the
+        model took a slot it had free, which on the pod another name held). True if it
+        did; False, with nothing changed, for a name whose entry holds no slot. Not an
+        engine call, as ``reinstate``."""
+        entry = self._current.get(name)
+        if entry is None or entry not in self._gpu:
+            return False
+        del self._gpu[entry]
+        return True
+
     def request(self, name: str, *, busy: Busy = ()) -> Effects:
         """A completion (or a warm-up) naming ``name``; raises ``NotLoadedError`` if refused."""
         if not self.serves(name):

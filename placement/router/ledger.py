@@ -375,14 +375,19 @@ class PodLedger:
                 del place[adapter]
         free = self.max_loras - residency.ghosts_on_gpu() - len(residency.on_gpu())
         back: list[AdapterId] = []
+        waiting: list[AdapterId] = []
         for adapter in pushed:
             if adapter in back or not residency.serves(adapter) or residency.is_on_gpu(adapter):
                 continue
             if residency.is_in_host(adapter):
-                if len(back) < free:
-                    back.append(adapter)
+                (back if len(back) < free else waiting).append(adapter)
             elif adapter in host:  # its weights wait on another guess: its slot too
                 slots[adapter] = host[adapter]
+        # No slot free for these: a later guess took the one the model had free, which
+        # on the pod the name holds.
+        free_guesses = self._free_guesses(residency.on_gpu(), slots)
+        for adapter, guess in zip(waiting, free_guesses, strict=False):
+            slots[adapter] = guess
         back.sort(key=lambda name: slot_place.get(name, -1))
         for adapter in reversed(back):  # each the oldest, behind those older on the pod
             here = slot_place.get(adapter, -1)
@@ -527,6 +532,16 @@ class PodLedger:
             elif name not in host:  # not a ghost of a noted name
                 place.pop(name, None)
 
+    def _free_guesses(
+        self, names: Iterable[str], notes: Mapping[AdapterId, AdapterId]
+    ) -> list[AdapterId]:
+        """The guesses among ``names`` (the model's GPU or host order) that hold no
+        confirmed name's place in ``notes``: each took a place the model had free, and
+        so one the pod has free or a noted name holds there."""
+        unconfirmed = self._unconfirmed
+        held = {guess for name, guess in notes.items() if name not in unconfirmed}
+        return [AdapterId(n) for n in names if n in unconfirmed and n not in held]
+
     def _pushed_out(self, name: AdapterId, *, guesses_too: bool = False) -> bool:
         """Whether a name the model dropped from the host cache is a confirmed one, to be
         put back: not a guess, and not a vLLM ghost (an unloaded name's old entry, which
@@ -638,11 +653,17 @@ class PodLedger:
                 place[name] = own if own is not None else next(self._places)
         unconfirmed = self._unconfirmed
         real = [n for n in slots if n not in unconfirmed]
-        held = sum(1 for n in residency.on_gpu() if n not in unconfirmed)
-        over = held + len(real) + residency.ghosts_on_gpu() - self.max_loras
-        for oldest in sorted(real, key=place.__getitem__)[: max(0, over)]:
-            del slots[oldest]  # pushed off on the pod, where the model had a free slot
+        on_gpu = [AdapterId(n) for n in residency.on_gpu() if n not in unconfirmed]
+        over = len(on_gpu) + len(real) + residency.ghosts_on_gpu() - self.max_loras
+        if over <= 0:
+            return
+        # Pushed off on the pod, where the model had a free slot: the oldest there, a
+        # noted name or one given its slot back (newer are those a call moved since).
+        real += [n for n in on_gpu if n in place]
+        for oldest in sorted(real, key=place.__getitem__)[:over]:
             del place[oldest]
+            if slots.pop(oldest, None) is None and residency.deactivate(oldest):
+                self._sync()
 
     def _sync(self) -> None:
         """Rebuild the mirrors in place from the engine model."""

@@ -75,6 +75,20 @@ def test_vllm_host_eviction_keeps_the_name_listed_and_reloads_cold() -> None:
     assert effects.cold and effects.activated and effects.host_evicted == ("b",)
 
 
+def test_deactivate_frees_the_slot_and_keeps_the_weights() -> None:
+    pod = _pod(VLLM)
+    pod.load("a", "/a")
+    pod.load("b", "/b")
+    assert pod.deactivate("a")
+    assert pod.on_gpu() == ("b",)
+    assert pod.in_host() == ("a", "b")
+    assert not pod.deactivate("a")  # off the GPU already
+    assert not pod.deactivate("c")  # not loaded
+    effects = pod.load("c", "/c")  # the slot is free: nothing pushed off
+    assert effects.gpu_evicted == ()
+    assert pod.on_gpu() == ("b", "c")
+
+
 def test_vllm_refusals() -> None:
     pod = _pod(VLLM)
     pod.load("a", "/a")

@@ -160,3 +160,41 @@ def test_a_pinned_guess_a_full_hard_cap_refuses_is_no_guess_and_no_error() -> No
     ledger.seed(hot=[AdapterId("c")], warm=[], pinned=[AdapterId("c")], plan_id="p2")
     assert "c" not in ledger.registered()
     assert set(ledger.registered()) == {"a", "b"}
+
+
+def test_a_slot_a_later_guess_took_is_given_back_when_that_guess_is() -> None:
+    """Two slots, a host cache of three; e and b on both. The plan's warm h, c, a push
+    e, then b off the GPU and out of the host cache. c taken back puts e back in host
+    memory and leaves b's slot waiting on a, as b's weights do; the next plan's hot f
+    takes the slot the model has free, which on the pod b holds. a taken back gives h
+    its slot and puts b back in host memory, with b's slot held by f. The router's load
+    of h (on the pod it pushes e off, the oldest slot) and f taken back leave b and h on
+    the GPU, as on the pod. Before, b's slot was dropped when a was taken back, and f
+    taken back gave the slot to e."""
+    ledger = vllm(max_loras=2, max_cpu_loras=3, loads=(E, B))
+    ledger.seed(hot=(), warm=(H, C, A), plan_id="plan-1")
+    ledger.forget(C)
+    ledger.seed(hot=(F,), warm=(), plan_id="plan-2")
+    ledger.forget(A)
+    ledger.loaded(H, "s3://h", changed=True)
+    ledger.forget(F)
+    assert ledger.registered() == (E, B, H)
+    assert ledger.active() == (B, H)
+
+
+def test_a_real_load_into_a_slot_the_model_had_free_pushes_off_the_pod_s_oldest() -> None:
+    """Three slots, a host cache of four; d, g, f on both. The plan's hot c, h, b push
+    d, g, f off the GPU, and d, g out of the host cache (g's weights, and so its slot,
+    wait on b). h, then c taken back give d its slot back as the oldest; the model's
+    other free slot is g's on the pod. The router's load of h takes it in the model,
+    and on the pod pushes off d, the oldest: the model pushes d off too. Before, d
+    stayed on the ledger's GPU, and b taken back left g off it."""
+    ledger = vllm(max_loras=3, max_cpu_loras=4, loads=(D, G, F))
+    ledger.seed(hot=(C, H, B), warm=(), plan_id="plan-1")
+    ledger.forget(H)
+    ledger.forget(C)
+    ledger.loaded(H, "s3://h", changed=True)
+    assert ledger.active() == (B, H)
+    ledger.forget(B)
+    assert ledger.registered() == (D, G, F, H)
+    assert ledger.active() == (G, F, H)
