@@ -65,6 +65,7 @@ class PodLedger:
         "_place",
         "_places",
         "_registered",
+        "_seeded_hot",
         "_seeded_plan",
         "_slot_place",
         "_unconfirmed",
@@ -106,6 +107,9 @@ class PodLedger:
         #: the model's oldest slot), until a call moves it.
         self._slot_place: dict[AdapterId, int] = {}
         self._seeded_plan: str | None = None
+        #: The hot set of the last plan seeded here: the GPU the controller's own ledger
+        #: believes this pod holds, which decides whether its apply warms the hot set up.
+        self._seeded_hot: frozenset[AdapterId] | None = None
         #: Counts the rebuilds of the mirrors (the names they hold may have changed): a
         #: reader that indexes those names (the pool's holders) re-reads them only when
         #: this moved.
@@ -413,20 +417,31 @@ class PodLedger:
     ) -> None:
         """Apply what the controller does for a plan, in the order its apply runs: warm
         loads first, then hot loads (``pinned`` ones pinned, on SGLang), then a warm-up
-        of each hot adapter. Names loaded here stay unconfirmed until the pod lists them.
-        A plan already seeded (same ``plan_id``) is not applied twice."""
+        of each hot adapter when the apply would run one (``hot_phase`` in
+        ``actuation.reconcile_replay``): the controller's own ledger sees only its own
+        actions, so it activates the hot set again when the plan's hot set here gained a
+        name since the last plan seeded, or (vLLM) a load is due, and at the first plan
+        this ledger sees; a hot set the last plan had, all of it listed, is left as the
+        traffic left it. Names loaded here stay unconfirmed until the pod lists them. A
+        plan already seeded (same ``plan_id``) is not applied twice."""
         if plan_id is not None and plan_id == self._seeded_plan:
             return
         self._seeded_plan = plan_id
-        hot = tuple(hot)
+        hot, warm = tuple(hot), tuple(warm)
         pins = frozenset(pinned)
+        before = self._seeded_hot
+        self._seeded_hot = frozenset(hot)
+        vllm = self.engine is EngineModel.VLLM  # its loads take GPU slots
+        loads = vllm and any(not self.residency.serves(a) for a in (*warm, *hot))
+        warms_up = before is None or loads or not self._seeded_hot <= before
         for adapter in (a for a in warm if a not in hot):
             self._pushed_by(adapter, self._expect_load(adapter, pinned=False))
         for adapter in hot:
             self._pushed_by(adapter, self._expect_load(adapter, pinned=adapter in pins))
-        for adapter in hot:
-            if self.residency.serves(adapter):
-                self._pushed_by(adapter, self.residency.request(adapter))
+        if warms_up:
+            for adapter in hot:
+                if self.residency.serves(adapter):
+                    self._pushed_by(adapter, self.residency.request(adapter))
         self._sync()
 
     def reconcile_listing(self, listed: Mapping[AdapterId, str]) -> None:
