@@ -18,6 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bench.ledger_fuzz import ReferencePod
 from placement.domain import AdapterId, Outcome
 from placement.residency import EngineModel
 from placement.router.ledger import PodLedger
@@ -245,37 +246,6 @@ def test_guesses_all_taken_back_leave_the_host_cache_as_it_was(
 # --- for any sequence: no name the pod's real LRUs dropped ------------------------------
 
 
-class _Pod:
-    """vLLM's two LRUs as the pod runs them, applied only what the pod does: the router's
-    loads and requests. A load
-    reads the weights into the host cache and activates them (plain LRU); a host-cache
-    drop deactivates too."""
-
-    def __init__(self, max_loras: int, max_cpu_loras: int) -> None:
-        self.max_loras, self.max_cpu_loras = max_loras, max_cpu_loras
-        self.listed: set[AdapterId] = set()
-        self.host: list[AdapterId] = []  # oldest first
-        self.gpu: list[AdapterId] = []
-
-    def load(self, name: AdapterId) -> None:
-        self.listed.add(name)
-        self.request(name)
-
-    def request(self, name: AdapterId) -> None:
-        if name in self.host:
-            self.host.remove(name)
-        elif len(self.host) >= self.max_cpu_loras:
-            dropped = self.host.pop(0)
-            if dropped in self.gpu:
-                self.gpu.remove(dropped)
-        self.host.append(name)
-        if name in self.gpu:
-            self.gpu.remove(name)
-        elif len(self.gpu) >= self.max_loras:
-            self.gpu.pop(0)
-        self.gpu.append(name)
-
-
 POD_NAMES = [AdapterId(n) for n in "abcdefg"]
 pod_steps = st.lists(
     st.tuples(
@@ -300,7 +270,7 @@ def test_the_ledger_holds_no_name_the_pod_dropped(
     checked: the ledger still errs there.)"""
     cap = max_loras + spare
     ledger = PodLedger(EngineModel.VLLM, max_loras=max_loras, max_cpu_loras=cap)
-    pod = _Pod(max_loras, cap)
+    pod = ReferencePod(gpu_slots=max_loras, host_slots=cap)  # the pod as it runs them
     for number, (kind, picks) in enumerate(plan):
         names = list(dict.fromkeys(POD_NAMES[i] for i in picks))
         name = names[0]
