@@ -11,14 +11,29 @@ ValueError``: FastAPI's plain 500.
 A request names its adapter as ``model: "<base>:<adapter>"`` (split at the first colon;
 sgl-project/sglang#11570) or ``lora_path: "<adapter>"``; engines before that read only
 ``lora_path`` and run the base model for any other ``model``. An adapter the engine does
-not serve is refused with 400 (streamed: 200, an error event, then ``[DONE]``); the text
-is the tokenizer manager's ("Got LoRA adapter that has never been loaded", since the
-soft cap of sgl-project/sglang#11526) or, before it, the registry's ("The following
-requested LoRA adapters are not loaded"). A dead pod answers 503.
+not serve is refused with 400 (streamed, before PR #21900: 200, an error event, then
+``[DONE]``); the text is the tokenizer manager's ("Got LoRA adapter that has never been
+loaded", since the soft cap of sgl-project/sglang#11526) or, before it, the registry's
+("The following requested LoRA adapters are not loaded"). A dead pod answers 503.
+
+Where SGLang's versions differ the default engine model follows the newest source read
+(sgl-project/sglang, 2026), ``EngineModel.SGLANG_HARD_CAP`` the engines before PR #11526:
+
+- a stream refused before its first chunk: since PR #21900 (April 2026) the handlers
+  pull the first chunk before they answer, so the refusal is the same 400 JSON as a
+  whole request (python/sglang/srt/entrypoints/openai/serving_completions.py and
+  serving_chat.py, ``_handle_streaming_request``); before, 200, one error event, then
+  ``[DONE]``.
+- the registry's names in its texts: since the soft cap the registry is an
+  ``OrderedDict`` kept in LRU order (python/sglang/srt/lora/lora_registry.py,
+  ``LoRARegistry.__init__``), so ``self._registry.keys()`` prints ``odict_keys([...])``;
+  before, a plain dict's ``dict_keys([...])``. The tokenizer manager's
+  ``lora_ref_cache`` is a plain dict on every version.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -105,14 +120,25 @@ def _load_refusal(pod: EmulatedPod, exc: EmulatorError, name: str, path: str) ->
     return messages.get(type(exc), f"Failed to load LoRA adapter {name}: {type(exc).__name__}")
 
 
+def registry_keys(pod: EmulatedPod, names: Iterable[str]) -> str:
+    """``LoRARegistry._registry.keys()`` as SGLang prints it: ``odict_keys`` since the
+    soft cap made the registry an ``OrderedDict``, ``dict_keys`` before."""
+    kind = "dict_keys" if pod.config.model is EngineModel.SGLANG_HARD_CAP else "odict_keys"
+    return f"{kind}([{', '.join(repr(name) for name in names)}])"
+
+
 def not_loaded_text(pod: EmulatedPod, adapter: str) -> str:
-    """What the engine says of a request for an adapter it does not serve."""
+    """What the engine says of a request for an adapter it does not serve.
+
+    Before PR #11526: python/sglang/srt/lora/lora_registry.py ``LoRARegistry.acquire``
+    (``_lookup``). Since: python/sglang/srt/managers/tokenizer_manager.py
+    ``TokenizerManager._resolve_lora_path``, for a name missing from ``lora_ref_cache``
+    (a plain dict, hence ``dict_keys``)."""
     model = pod.residency
     if pod.config.model is EngineModel.SGLANG_HARD_CAP:
-        loaded = ", ".join(repr(name) for name in pod.listed)  # the registry's names
         return (
             f"The following requested LoRA adapters are not loaded: {adapter}\n"
-            f"Loaded adapters: dict_keys([{loaded}])."
+            f"Loaded adapters: {registry_keys(pod, pod.listed)}."
         )
     known = ", ".join(repr(name) for name in [*model.listed, *model.parked])
     return (
@@ -168,8 +194,9 @@ def _add_lora_routes(app: FastAPI, pod: EmulatedPod) -> None:
         try:
             await pod.unload(name)
         except NotLoadedError:
-            loaded = ", ".join(repr(n) for n in pod.residency.listed)
-            message = f"LoRA with name {name} does not exist. Loaded LoRAs: dict_keys([{loaded}])"
+            # python/sglang/srt/lora/lora_registry.py ``LoRARegistry.unregister``
+            loaded = registry_keys(pod, pod.residency.listed)
+            message = f"LoRA with name {name} does not exist. Loaded LoRAs: {loaded}"
             return _lora_answer(pod, ok=False, message=message)
         except PodDownError:
             return PlainTextResponse(f"pod {pod.config.name} restarted", status_code=503)
@@ -199,7 +226,8 @@ def _add_serving_routes(app: FastAPI, pod: EmulatedPod) -> None:
             return await complete(pod, adapter=adapter, model=model, body=body, chat=chat)
         except NotLoadedError:
             message = not_loaded_text(pod, adapter or "")
-            if body.get("stream"):
+            # Since PR #21900 a stream is refused before its 200 (module docstring).
+            if body.get("stream") and pod.config.model is EngineModel.SGLANG_HARD_CAP:
                 return error_stream(
                     {
                         "object": "error",
