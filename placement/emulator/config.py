@@ -238,13 +238,31 @@ class PodConfig:
     def kv_metric(self) -> str:
         return VLLM_OLD_KV_METRIC if self.vllm_old_kv_metric else VLLM_KV_METRIC
 
+    def _host_below_gpu(self) -> str:
+        """The engine's refusal of fewer host (SGLang: loaded) slots than GPU slots, in
+        its words: vllm-project/vllm vllm/config/lora.py
+        ``LoRAConfig._validate_lora_config``; sgl-project/sglang
+        python/sglang/srt/server_args.py ``ServerArgs.check_lora_server_args`` (an
+        assert, when ``--max-loaded-loras`` is set). Both refuse to start. vLLM's reason
+        shows in its caches: the CPU cache (``max_cpu_loras`` entries) deactivates an
+        adapter it drops (vllm/lora/models.py, now model_manager.py,
+        ``AdapterLRUCache._on_remove`` -> ``deactivate_adapter``), so every adapter on a
+        GPU slot is one of its entries and slots past ``max_cpu_loras`` could never fill.
+        SGLang's assert gives no reason."""
+        if self.engine is Engine.SGLANG:
+            return (
+                "max_loaded_loras should be greater than or equal to max_loras_per_batch. "
+                f"max_loaded_loras={self.cpu_slots}, max_loras_per_batch={self.max_loras}"
+            )
+        return f"max_cpu_loras ({self.cpu_slots}) must be >= max_loras ({self.max_loras})"
+
     def problems(self) -> list[str]:
         """What a real engine would refuse to start with."""
         found = []
         if self.max_loras < 1:
             found.append(f"max_loras must be at least 1, got {self.max_loras}")
         if self.cpu_slots < self.max_loras:
-            found.append(f"max_cpu_loras ({self.cpu_slots}) must be >= max_loras")
+            found.append(self._host_below_gpu())
         if self.engine is Engine.VLLM and self.max_lora_rank not in VLLM_MAX_LORA_RANKS:
             found.append(f"max_lora_rank must be one of {VLLM_MAX_LORA_RANKS}")
         if self.model.is_sglang != (self.engine is Engine.SGLANG):
