@@ -139,7 +139,11 @@ class RouterSettings:
     log_rotate_bytes: int = 64 * 1024 * 1024
     #: Rows waiting for the log writer (a slow or full disk); beyond, dropped and counted.
     max_pending_log_rows: int = 100_000
-    #: Seconds one queued request adds to the wait of those behind it (bounded affinity).
+    #: Seconds one queued request adds to the wait of those behind it (bounded affinity),
+    #: until the pool's pods have measured it: then how long the router's requests stay
+    #: in flight there over how many the batch holds (``LivePod.wait_per_request_s``,
+    #: the pool's median), as the replay prices it (its service time over
+    #: ``max_num_seqs``).
     per_request_s: float = 0.05
     #: lorafleet weighs what a load's victim is worth: the chance, by the forecast, that
     #: it is asked for within this long (then reloaded). 60 s over 180 s: fewer loads and

@@ -167,6 +167,7 @@ async def forward(
     adapter = AdapterId(exchange.model) if exchange.outcome is not None else None
     _note_admission(relay, state, exchange)
     held = state.begin(adapter)
+    sent_s = relay.timer()
     ran = False  # the pod ran the request: its end was a step on the adapter
     try:
         # A whole answer is waited for whole: one wake-up, not one at its head and
@@ -198,7 +199,7 @@ async def forward(
         finally:
             reply.release()
     finally:
-        state.end(adapter, held=held, ran=ran)
+        state.end(adapter, held=held, ran=ran, took_s=relay.timer() - sent_s if ran else None)
 
 
 async def _head(state: LivePod, exchange: Exchange, reply: Reply) -> bytes | None:

@@ -82,6 +82,8 @@ class LivePod:
         "registered",
         "running",
         "running_adapters",
+        "seat_s",
+        "seats",
         "service_ms",
         "upstream",
         "urls",
@@ -110,6 +112,15 @@ class LivePod:
         self.listing_due = False
         self.inflight = 0
         self.inflight_at_scrape = 0
+        #: How many requests the pod's batch holds, as its scrapes show it: the running
+        #: count of the last scrape with requests waiting (the batch was full: its
+        #: ``max_num_seqs``, or what its KV cache admits), else the most seen running.
+        #: A lower bound until the pod is seen full; 0 before the first scrape.
+        self.seats = 0
+        #: Moving average of how long the router's requests that ran here were in
+        #: flight (sent to their last byte): how long one holds a seat of the batch.
+        #: 0 until one is measured.
+        self.seat_s = 0.0
         #: The router's requests in flight here, per engine-model entry each holds (its
         #: adapter's entry as it was sent; the name where the ledger had none): the
         #: engine evicts none of these while it has another choice (the ledger's
@@ -234,6 +245,7 @@ class LivePod:
         *,
         held: Entry | AdapterId | None = None,
         ran: bool = False,
+        took_s: float | None = None,
     ) -> None:
         """A request ``begin`` counted left the pod. ``held``: what ``begin`` returned
         for it (the engines release the entry a request ran on, however the requests
@@ -245,8 +257,12 @@ class LivePod:
         ``last_used_s`` keeps the request's arrival, as the replay's
         ``SimPod.last_used``: the victim's worth counts its idle time from its last
         request's arrival (a Poisson stream's last event; counting from the end
-        measured worse, docs/benchmarks.md)."""
+        measured worse, docs/benchmarks.md). ``took_s``: how long it was in flight, for
+        ``seat_s`` (given for a request that ran)."""
         self.inflight -= 1
+        if took_s is not None:
+            seat_s = self.seat_s
+            self.seat_s = took_s if seat_s == 0.0 else seat_s + 0.05 * (took_s - seat_s)
         if adapter is not None:
             key = held if held is not None else self._held_by(adapter)
             busy = self.busy
@@ -302,8 +318,18 @@ class LivePod:
         return adapter
 
     def _requeue(self) -> None:
-        #: Waiting at the pod: the last scrape, plus what the router sent since.
-        self.queue_depth = self.metrics.waiting + max(0, self.inflight - self.inflight_at_scrape)
+        """Waiting and running at the pod: the last scrape's, plus what the router sent
+        since, which runs at once in the seats the scrape left free (``seats``) and
+        waits beyond them, as the engines admit it (vLLM's scheduler, the emulator's
+        ``Seats``). Counting every request sent since the scrape as waiting read a burst
+        to a warm pod as a queue it did not have, and spilled the burst's tail to a
+        cold load elsewhere."""
+        metrics = self.metrics
+        sent = max(0, self.inflight - self.inflight_at_scrape)
+        free = 0 if metrics.waiting else max(0, self.seats - metrics.running)
+        admitted = min(sent, free)
+        self.running = metrics.running + admitted
+        self.queue_depth = metrics.waiting + sent - admitted
 
     def queue_len(self) -> float:
         return self.queue_depth
@@ -311,7 +337,7 @@ class LivePod:
     def observe(self, metrics: PodMetrics) -> None:
         self.metrics = metrics
         self.inflight_at_scrape = self.inflight
-        self.running = metrics.running
+        self.seats = metrics.running if metrics.waiting else max(self.seats, metrics.running)
         self.kv_usage = metrics.kv_usage
         self.running_adapters = metrics.running_adapters
         self.waiting_adapters = metrics.waiting_adapters
@@ -320,6 +346,14 @@ class LivePod:
         self.ended_since_scrape = {a for a in asked or () if a in running or a in waiting}
         self._requeue()
         self.sync()
+
+    def wait_per_request_s(self) -> float | None:
+        """How much longer each request waiting here makes a new one wait: a seat frees
+        every ``seat_s / seats`` on average while the batch is full. None until both
+        are measured."""
+        if self.seats <= 0 or self.seat_s <= 0.0:
+            return None
+        return self.seat_s / self.seats
 
     def observe_ttfb(self, ms: float) -> None:
         self.service_ms += 0.1 * (ms - self.service_ms)
@@ -334,7 +368,15 @@ class PoolIndex:
     stale; the decision still reads their live queues.
     """
 
-    __slots__ = ("holders", "least_kv", "least_queued", "positions", "states", "width")
+    __slots__ = (
+        "holders",
+        "least_kv",
+        "least_queued",
+        "per_request_s",
+        "positions",
+        "states",
+        "width",
+    )
 
     def __init__(self, states: tuple[LivePod, ...], *, width: int) -> None:
         self.states = states
@@ -343,6 +385,9 @@ class PoolIndex:
         self.holders: dict[str, set[int]] = {}
         self.least_queued: tuple[int, ...] = ()
         self.least_kv: int | None = None
+        #: The pool's measured wait per queued request (the median over its pods'
+        #: ``wait_per_request_s``); None until a pod has measured one.
+        self.per_request_s: float | None = None
         for i, state in enumerate(states):
             state.attach(self, i)
         self.refresh()
@@ -364,6 +409,8 @@ class PoolIndex:
     def refresh(self) -> None:
         self.least_queued = prefilter.least_queued(self.states, count=self.width)
         self.least_kv = prefilter.least_kv(self.states)
+        waits = sorted(w for w in (s.wait_per_request_s() for s in self.states) if w is not None)
+        self.per_request_s = waits[len(waits) // 2] if waits else None
 
     def candidates(self, adapter: str, named: Collection[str] = ()) -> list[LivePod]:
         """The pods a decision for ``adapter`` needs, in pool order; ``named``: pods it

@@ -233,7 +233,7 @@ class Picker:
             cold_load_s=cold_s,
             no_load_kv_usage=self.settings.no_load_kv_usage,
             reject_kv_usage=self.settings.reject_kv_usage,
-            per_request_s=self.settings.per_request_s,
+            per_request_s=pool.index.per_request_s or self.settings.per_request_s,
             victims=self._victims_for(topology) if planned else None,
             now_s=self.clock() if planned and self.clock is not None else 0.0,
             slot_wait_s=slot_wait_s,
