@@ -100,6 +100,29 @@ def _pins(value: Any) -> tuple[bool, tuple[PodId, ...]]:
     return True, tuple(PodId(pod) for pod in as_strings(value))
 
 
+#: The keys an adapter's entry may have (ARCHITECTURE.md, Formats); any other is an error.
+ADAPTER_KEYS = frozenset(
+    {
+        "name",
+        "base_model",
+        "rank",
+        "alpha",
+        "target_modules",
+        "dtype",
+        "source",
+        "size_bytes",
+        "tenant",
+        "timezone",
+        "pinned",
+        "min_replicas",
+        "max_replicas",
+        "slo_ttft_ms",
+        "group",
+        "class",
+    }
+)
+
+
 def _adapter(
     reader: Reader,
     raw: Any,
@@ -115,6 +138,7 @@ def _adapter(
         return None
     name = reader.get(raw, "name", as_dns_name, entry=entry, required=True)
     entry = f"adapter {name}" if name else entry
+    reader.unknown(raw, ADAPTER_KEYS, entry=entry)
     base_model = reader.get(raw, "base_model", as_text, entry=entry, required=True)
     rank = reader.get(raw, "rank", as_integer(1), entry=entry, required=True)
     default_targets: tuple[str, ...] = ("q_proj", "v_proj")

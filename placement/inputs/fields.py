@@ -17,6 +17,7 @@ not UTF-8, and any other YAML error are one line each, never a traceback.
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
 from collections.abc import Callable, Hashable, Mapping
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import ValidationError
@@ -120,6 +122,17 @@ class Reader:
             self.add(str(exc), entry=entry, field_=key)
             return default
 
+    def unknown(self, raw: Mapping[Any, Any], known: frozenset[str], *, entry: str) -> None:
+        """An error per key of ``raw`` outside ``known``, with the nearest known key: a
+        typo (``p:`` for ``probability:``, ``max_lora:``) read silently would leave the
+        default in force, as controller.yaml and scenario.yaml already refuse."""
+        for key in raw:
+            if str(key) in known:
+                continue
+            close = difflib.get_close_matches(str(key), sorted(known), n=1)
+            hint = f"did you mean {close[0]!r}?" if close else f"known: {', '.join(sorted(known))}"
+            self.add(f"unknown key ({hint})", entry=entry, field_=str(key))
+
 
 class _StrictLoader(yaml.SafeLoader):
     """The safe loader, refusing aliases and keys repeated within one mapping."""
@@ -177,13 +190,18 @@ def load_yaml(path: Path, top_key: str) -> tuple[Reader, list[Any]]:
     return reader_for(path, document, top_key)
 
 
-def reader_for(path: Path, document: Any, top_key: str) -> tuple[Reader, list[Any]]:
-    """The list under ``top_key`` of a parsed document, with a Reader for the file."""
+def reader_for(
+    path: Path, document: Any, top_key: str, *, also: frozenset[str] = frozenset()
+) -> tuple[Reader, list[Any]]:
+    """The list under ``top_key`` of a parsed document, with a Reader for the file that
+    already holds an error per top-level key other than ``top_key`` and ``also``."""
     if not isinstance(document, dict) or not isinstance(document.get(top_key), list):
         raise InputError(
             [Problem(source=str(path), message=f"expected a mapping with a list under {top_key!r}")]
         )
-    return Reader(str(path)), document[top_key]
+    reader = Reader(str(path))
+    reader.unknown(document, also | {top_key}, entry="top level")
+    return reader, document[top_key]
 
 
 def validation_problems(exc: ValidationError, *, source: str) -> list[Problem]:
@@ -235,6 +253,21 @@ def _shown(value: Any, limit: int = 60) -> str:
     simple = isinstance(value, str | int | float | bool | None)
     text = repr(value) if simple else type(value).__name__
     return text if len(text) <= limit else text[:limit] + "..."
+
+
+def as_url(value: Any) -> str:
+    """An engine's base URL: ``http://`` or ``https://`` and a host (``url: 5`` or
+    ``url: pod-0:8000`` passed, and every call to the pod failed later)."""
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"expected a URL like http://pod-0:8000, got {_shown(value)}")
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018  (raises on a port that is not a number in range)
+    except ValueError:
+        raise ValueError(f"not a valid URL: {_shown(value)}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"expected an http:// or https:// URL with a host, got {_shown(value)}")
+    return value
 
 
 def as_dns_name(value: Any) -> str:

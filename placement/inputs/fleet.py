@@ -34,6 +34,7 @@ from placement.inputs.fields import (
     as_labels,
     as_number,
     as_text,
+    as_url,
     load_yaml,
     parse_bytes,
     raise_errors,
@@ -62,6 +63,38 @@ def _pool_dims(
     return dims
 
 
+#: The keys of a pod, and of its pool's ``pod_defaults``; any other is an error.
+POD_KEYS = frozenset(
+    {
+        "name",
+        "url",
+        "max_loras",
+        "max_cpu_loras",
+        "max_lora_rank",
+        "hbm_adapter_bytes",
+        "host_adapter_bytes",
+        "capacity_rps",
+        "zone",
+        "labels",
+    }
+)
+#: The keys of a pool; any other is an error.
+POOL_KEYS = frozenset(
+    {
+        "name",
+        "base_model",
+        "served_model_name",
+        "engine",
+        "max_lora_rank",
+        "model_config",
+        "storage",
+        "pod_defaults",
+        "pods",
+    }
+)
+STORAGE_KEYS = frozenset({"kind", "bandwidth_per_s", "first_byte_ms"})
+
+
 def _pod(
     reader: Reader,
     raw: Any,
@@ -78,6 +111,7 @@ def _pod(
     merged = {**defaults, **raw}
     name = reader.get(merged, "name", as_dns_name, entry=entry, required=True)
     entry = f"pod {name}" if name else entry
+    reader.unknown(raw, POD_KEYS, entry=entry)
     max_loras = reader.get(merged, "max_loras", as_integer(1), entry=entry, default=1)
     max_cpu = reader.get(merged, "max_cpu_loras", as_integer(1), entry=entry, default=max_loras)
     if max_loras is not None and max_cpu is not None and max_cpu < max_loras:
@@ -87,7 +121,7 @@ def _pod(
             field_="max_cpu_loras",
         )
     pod_rank = reader.get(merged, "max_lora_rank", as_integer(1), entry=entry, default=rank)
-    url = reader.get(merged, "url", as_text, entry=entry, required=True)
+    url = reader.get(merged, "url", as_url, entry=entry, required=True)
     hbm = reader.get(merged, "hbm_adapter_bytes", parse_bytes, entry=entry, default=2 * 2**30)
     host = reader.get(merged, "host_adapter_bytes", parse_bytes, entry=entry, default=16 * 2**30)
     capacity = reader.get(merged, "capacity_rps", as_number, entry=entry, default=10.0)
@@ -132,6 +166,7 @@ def _storage(reader: Reader, raw: Any, *, entry: str) -> AdapterStorage | None:
     if not isinstance(raw, dict):
         reader.add("expected a mapping", entry=entry, field_="storage")
         return None
+    reader.unknown(raw, STORAGE_KEYS, entry=f"{entry}: storage")
     kind = reader.get(raw, "kind", as_text, entry=f"{entry}: storage", required=True)
     if kind is not None and kind not in STORAGE_KINDS:
         reader.add(f"expected one of {', '.join(STORAGE_KINDS)}", entry=entry, field_="storage")
@@ -153,6 +188,7 @@ def _pool(reader: Reader, raw: Any, *, index: int, base: Path) -> Pool | None:
         return None
     name = reader.get(raw, "name", as_dns_name, entry=entry, required=True)
     entry = f"pool {name}" if name else entry
+    reader.unknown(raw, POOL_KEYS, entry=entry)
     base_model = reader.get(raw, "base_model", as_text, entry=entry, required=True)
     engine = reader.get(raw, "engine", Engine, entry=entry, default=Engine.VLLM)
     rank = reader.get(raw, "max_lora_rank", as_integer(1), entry=entry, default=16)
@@ -165,6 +201,7 @@ def _pool(reader: Reader, raw: Any, *, index: int, base: Path) -> Pool | None:
     if not isinstance(defaults, dict):
         reader.add("expected a mapping", entry=entry, field_="pod_defaults")
         defaults = {}
+    reader.unknown(defaults, POD_KEYS, entry=f"{entry}: pod_defaults")
     if not isinstance(pods_raw, list) or not pods_raw:
         reader.add("expected a non-empty list of pods", entry=entry, field_="pods")
         pods_raw = []
@@ -208,6 +245,8 @@ def _pool(reader: Reader, raw: Any, *, index: int, base: Path) -> Pool | None:
 
 def parse_fleet(path: Path) -> tuple[Fleet, list[Problem]]:
     reader, pools_raw = load_yaml(path, "pools")
+    if not pools_raw:  # else only the catalog's adapters said so, naming the wrong file
+        reader.add("expected a non-empty list of pools", entry="top level", field_="pools")
     pools = [_pool(reader, raw, index=i, base=path.parent) for i, raw in enumerate(pools_raw)]
     fleet = Fleet(pools=tuple(pool for pool in pools if pool is not None))
     for kind, names in (

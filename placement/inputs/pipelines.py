@@ -21,6 +21,9 @@ from placement.inputs.fields import (
     reader_for,
 )
 
+STEP_KEYS = frozenset({"adapter", "probability", "within_s", "after"})
+PIPELINE_KEYS = frozenset({"trigger", "steps"})
+
 
 def _step(
     reader: Reader, raw: Any, *, entry: str, known: frozenset[AdapterId] | None
@@ -28,6 +31,7 @@ def _step(
     if not isinstance(raw, dict):
         reader.add("expected a mapping", entry=entry)
         return None
+    reader.unknown(raw, STEP_KEYS, entry=entry)
     adapter = reader.get(raw, "adapter", as_dns_name, entry=entry, required=True)
     probability = reader.get(raw, "probability", as_number, entry=entry, default=1.0)
     if probability is not None and probability > 1:
@@ -53,7 +57,7 @@ def _step(
 
 def parse_pipelines(path: Path, catalog: Catalog | None) -> tuple[Pipelines, list[Problem]]:
     document = read_yaml(path)
-    reader, pipelines_raw = reader_for(path, document, "pipelines")
+    reader, pipelines_raw = reader_for(path, document, "pipelines", also=frozenset({"logins"}))
     known = catalog.names() if catalog is not None else None
     pipelines = []
     for i, raw in enumerate(pipelines_raw):
@@ -62,6 +66,7 @@ def parse_pipelines(path: Path, catalog: Catalog | None) -> tuple[Pipelines, lis
             reader.add("expected a mapping", entry=entry)
             continue
         trigger = reader.get(raw, "trigger", as_text, entry=entry, required=True)
+        reader.unknown(raw, PIPELINE_KEYS, entry=f"pipeline {trigger}" if trigger else entry)
         steps_raw = raw.get("steps")
         if not isinstance(steps_raw, list) or not steps_raw:
             reader.add("expected a non-empty list of steps", entry=entry, field_="steps")

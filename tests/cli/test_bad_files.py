@@ -1,0 +1,153 @@
+"""Bad files given to the CLI: each is exit 2 and one line naming the file, where in it
+(the entry, the key, the line) and what is wrong; never a traceback, never a value read
+silently wrong (a typo'd key leaving its default in force), and nothing written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from placement.cli.app import EXIT_BAD_INPUT, app
+
+DATA = Path(__file__).resolve().parents[2] / "data" / "legal-research"
+CATALOG = (DATA / "catalog.yaml").read_text()
+FLEET = (DATA / "fleet.yaml").read_text()
+PIPELINES = "pipelines:\n- trigger: brief.filed\n  steps:\n  - {adapter: ny-jurisdiction-v3}\n"
+
+
+def _errors(result: object) -> list[str]:
+    output = getattr(result, "output", "")
+    assert "Traceback" not in output
+    return [line for line in output.splitlines() if line.startswith("error:")]
+
+
+def validate(
+    tmp_path: Path, *, catalog: str = CATALOG, fleet: str = FLEET, pipelines: str = PIPELINES
+) -> tuple[int, list[str]]:
+    files = {"catalog": catalog, "fleet": fleet, "pipelines": pipelines}
+    args = []
+    for name, text in files.items():
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(text)
+        args += [f"--{name}", str(path)]
+    result = CliRunner().invoke(app, ["validate", *args])
+    return result.exit_code, _errors(result)
+
+
+# --- a key no reader knows -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("file", "before", "after", "expected"),
+    [
+        pytest.param(
+            "catalog",
+            "  rank: 16\n",
+            "  rank: 16\n  min_replica: 2\n",
+            "catalog.yaml: adapter ny-jurisdiction-v3: min_replica: unknown key (did you mean"
+            " 'min_replicas'?)",
+            id="catalog-adapter",
+        ),
+        pytest.param(
+            "catalog",
+            "adapters:\n",
+            "adapter_defaults: {rank: 8}\nadapters:\n",
+            "catalog.yaml: top level: adapter_defaults: unknown key (did you mean 'adapters'?)",
+            id="catalog-top-level",
+        ),
+        pytest.param(
+            "fleet",
+            "  engine: vllm\n",
+            "  engine: vllm\n  engnie: sglang\n",
+            "fleet.yaml: pool llama-70b: engnie: unknown key (did you mean 'engine'?)",
+            id="fleet-pool",
+        ),
+        pytest.param(
+            "fleet",
+            "zone: west}\n",
+            "zone: west, max_lora: 8}\n",
+            "fleet.yaml: pod pod-2: max_lora: unknown key (did you mean 'max_loras'?)",
+            id="fleet-pod",
+        ),
+        pytest.param(
+            "fleet",
+            "max_loras: 4,",
+            "max_lora: 8, max_loras: 4,",
+            "fleet.yaml: pool llama-70b: pod_defaults: max_lora: unknown key (did you mean"
+            " 'max_loras'?)",
+            id="fleet-pod-defaults",
+        ),
+        pytest.param(
+            "fleet",
+            "first_byte_ms: 80}",
+            "first_byte_ms: 80, first_byte_s: 1}",
+            "fleet.yaml: pool llama-70b: storage: first_byte_s: unknown key (did you mean"
+            " 'first_byte_ms'?)",
+            id="fleet-storage",
+        ),
+        pytest.param(
+            "pipelines",
+            "{adapter: ny-jurisdiction-v3}",
+            "{adapter: ny-jurisdiction-v3, p: 0.4}",
+            "pipelines.yaml: pipeline brief.filed: steps[0]: p: unknown key",
+            id="pipeline-step",
+        ),
+        pytest.param(
+            "pipelines",
+            "  steps:\n",
+            "  stpes: []\n  steps:\n",
+            "pipelines.yaml: pipeline brief.filed: stpes: unknown key (did you mean 'steps'?)",
+            id="pipeline",
+        ),
+        pytest.param(
+            "pipelines",
+            "pipelines:\n",
+            "login:\n  firm-east: [ny-jurisdiction-v3]\npipelines:\n",
+            "pipelines.yaml: top level: login: unknown key (did you mean 'logins'?)",
+            id="pipelines-top-level",
+        ),
+    ],
+)
+def test_a_key_no_reader_knows_is_an_error_naming_it(
+    tmp_path: Path, file: str, before: str, after: str, expected: str
+) -> None:
+    # Read silently, a typo left the default in force: "p: 0.4" was a probability of 1,
+    # "max_lora: 8" a pod of one GPU slot, and validate said "ok".
+    texts = {"catalog": CATALOG, "fleet": FLEET, "pipelines": PIPELINES}
+    original = texts[file]
+    texts[file] = original.replace(before, after, 1)
+    assert texts[file] != original
+    code, errors = validate(tmp_path, **texts)
+    assert code == EXIT_BAD_INPUT, errors
+    assert any(expected in line for line in errors), errors
+
+
+# --- fleet.yaml --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        pytest.param("5", "url: expected a URL like http://pod-0:8000, got 5", id="number"),
+        pytest.param(
+            "pod-3:8000", "url: expected an http:// or https:// URL with a host", id="no-scheme"
+        ),
+        pytest.param("'http://10.0.0.3:80000'", "url: not a valid URL", id="port-out-of-range"),
+    ],
+)
+def test_a_pod_url_that_is_no_url_is_an_error(tmp_path: Path, url: str, expected: str) -> None:
+    fleet = FLEET.replace("url: 'http://127.0.0.1:18303'", f"url: {url}")
+    assert fleet != FLEET
+    code, errors = validate(tmp_path, fleet=fleet)
+    assert code == EXIT_BAD_INPUT
+    assert any(f"fleet.yaml: pod pod-3: {expected}" in line for line in errors), errors
+
+
+def test_a_fleet_without_pools_is_an_error_of_the_fleet(tmp_path: Path) -> None:
+    # Only the catalog's 80 adapters said so ("no pool serves base model ..."), each
+    # naming catalog.yaml: nothing named the file that was wrong.
+    code, errors = validate(tmp_path, fleet="pools: []\n")
+    assert code == EXIT_BAD_INPUT
+    assert any("fleet.yaml: top level: pools: expected a non-empty list" in e for e in errors)
