@@ -38,7 +38,7 @@ from placement.forecast.forecaster import (
 )
 from placement.inputs import load_catalog
 from placement.inputs.files import write_through
-from placement.inputs.request_log import RequestLog, load_request_log
+from placement.inputs.request_log import RequestLog, empty_log_problem, load_request_log
 from placement.settings import Settings
 
 _UNITS = {"s": 1, "m": 60, "min": 60, "h": 3600, "d": 86_400}
@@ -101,6 +101,8 @@ def forecast(
     moment = parse_time(at)
     parsed_catalog = load_catalog(catalog) if catalog is not None else None
     request_log = load_request_log(log)
+    if request_log.frame.empty:
+        raise InputError([empty_log_problem(log)])
     result = forecast_demand(
         _history_frame(request_log, bucket_s),
         at=moment,
@@ -266,9 +268,9 @@ def backtest_command(
     """Rolling-origin backtest at 1 h (persistence's horizon) and 24 h (yesterday's)."""
     bucket_s = _seconds(bucket, option="--bucket", default_s=Settings().forecast.bucket_s)
     request_log = load_request_log(log)
+    if request_log.frame.empty:  # a bad input as in forecast and plan: exit 2, not 1
+        raise InputError([empty_log_problem(log)])
     frame = _history_frame(request_log, bucket_s)
-    if frame.empty:
-        raise ForecastError(f"{log}: the request log is empty; nothing to backtest")
     try:
         forecasters = [forecaster_named(name.strip()) for name in models.split(",") if name.strip()]
     except KeyError as exc:

@@ -24,11 +24,12 @@ from rich.table import Table
 from placement.cli.app import app, err, out, print_labelled, report_errors
 from placement.cli.plan_files import plan_problem
 from placement.domain import AdapterId, Catalog, Fleet, PodId, Tier
-from placement.errors import InputError, PlanError, Problem
+from placement.errors import ForecastError, InputError, PlanError, Problem
 from placement.forecast.demand import bucket_seconds, demand_from_forecast, read_forecast
 from placement.forecast.forecaster import forecast_demand, timezones_of
 from placement.inputs import load_catalog, load_fleet, write_plan
-from placement.inputs.request_log import load_request_log
+from placement.inputs.files import read_text
+from placement.inputs.request_log import empty_log_problem, load_request_log
 from placement.plan import Plan, plan_from_dict
 from placement.review.diff import human_bytes
 from placement.settings import Settings
@@ -109,12 +110,18 @@ def _demand(
     if forecast is not None:
         frame = read_forecast(forecast)
         bucket_s = bucket_seconds(frame, default_s=settings.forecast.bucket_s)
-        return demand_from_forecast(frame, at=at, validity_s=validity_s, bucket_s=bucket_s)
+        try:
+            return demand_from_forecast(frame, at=at, validity_s=validity_s, bucket_s=bucket_s)
+        except ForecastError as exc:  # named, as backtest names its log
+            raise ForecastError(f"{forecast}: {exc}") from None
     assert log is not None
     bucket_s = settings.forecast.bucket_s
     # The forecasting models (placement.forecast.forecaster), over the plan's validity only.
+    request_log = load_request_log(log)
+    if request_log.frame.empty:
+        raise InputError([empty_log_problem(log)])
     predicted = forecast_demand(
-        load_request_log(log).counts(bucket_s),
+        request_log.counts(bucket_s),
         at=at,
         horizon_s=validity_s,
         bucket_s=bucket_s,
@@ -128,14 +135,13 @@ def _demand(
 
 def read_current(path: Path, fleet: Fleet) -> Current:
     """A plan file, or an observed placement: per pod the hot and warm adapters."""
+    text = read_text(path)  # missing, a directory or not UTF-8: one line naming it
     try:
-        raw: Any = json.loads(path.read_text())
-    except OSError as exc:
-        raise InputError(
-            [Problem(source=str(path), message=f"cannot read: {exc.strerror}")]
-        ) from None
+        raw: Any = json.loads(text)
     except json.JSONDecodeError as exc:
         raise InputError([Problem(source=str(path), message=f"not valid JSON: {exc}")]) from None
+    except RecursionError:
+        raise InputError([Problem(source=str(path), message="nested too deeply")]) from None
     if isinstance(raw, dict) and "schema_version" in raw:
         try:
             return plan_from_dict(raw, source=str(path)).placement()
@@ -167,8 +173,21 @@ def _observed(raw: Any, *, source: str, known: set[PodId]) -> Current:
                 Problem(source=source, entry=f"pods.{pod}", message="expected an object")
             )
             continue
-        tiers = {AdapterId(str(a)): Tier.WARM for a in entry.get("warm", [])}
-        tiers.update({AdapterId(str(a)): Tier.HOT for a in entry.get("hot", [])})
+        tiers: dict[AdapterId, Tier] = {}
+        for key, tier in (("warm", Tier.WARM), ("hot", Tier.HOT)):
+            names = entry.get(key, [])
+            if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+                # a string was read letter by letter as adapter names; a number raised
+                problems.append(
+                    Problem(
+                        source=source,
+                        entry=f"pods.{pod}",
+                        field=key,
+                        message="expected a list of adapter names",
+                    )
+                )
+                continue
+            tiers.update({AdapterId(name): tier for name in names})
         placed[PodId(pod)] = tiers
     if problems:
         raise InputError(problems)

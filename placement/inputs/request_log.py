@@ -100,7 +100,14 @@ def check_request_log(path: Path, *, known_adapters: frozenset[str] | None = Non
         frame, lines = _read_strictly(path)
     except InputError as exc:
         return list(exc.problems)
+    if frame.empty:  # a header and no rows: "ok" here, then no forecast from it
+        return [empty_log_problem(path)]
     return log_problems(frame.reset_index(drop=True), str(path), known_adapters, lines=lines)
+
+
+def empty_log_problem(path: Path) -> Problem:
+    """The problem of a log file with no rows (a Parquet schema or a CSV header alone)."""
+    return Problem(source=str(path), message="no requests: the log has no rows")
 
 
 def _read_strictly(path: Path) -> tuple[pd.DataFrame, Sequence[int] | None]:

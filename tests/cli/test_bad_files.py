@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
@@ -151,3 +152,101 @@ def test_a_fleet_without_pools_is_an_error_of_the_fleet(tmp_path: Path) -> None:
     code, errors = validate(tmp_path, fleet="pools: []\n")
     assert code == EXIT_BAD_INPUT
     assert any("fleet.yaml: top level: pools: expected a non-empty list" in e for e in errors)
+
+
+# --- plan --current ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        pytest.param(b'{"pods": {"pod-0": {"hot": "\xff"}}}', "not UTF-8 text", id="not-utf-8"),
+        pytest.param(
+            b'{"pods": {"pod-0": {"hot": 5}}}',
+            "pods.pod-0: hot: expected a list of adapter names",
+            id="hot-a-number",
+        ),
+        pytest.param(
+            b'{"pods": {"pod-0": {"warm": "ny-jurisdiction-v3"}}}',
+            "pods.pod-0: warm: expected a list of adapter names",
+            id="warm-a-string",
+        ),
+        pytest.param(b"[" * 100_000, "nested too deeply", id="deep"),
+    ],
+)
+def test_a_bad_current_placement_is_one_line_and_no_plan(
+    tmp_path: Path, content: bytes, expected: str
+) -> None:
+    # Read with path.read_text() and iterated as it came: a non-UTF-8 file and "hot": 5
+    # were tracebacks, and "warm": "ny-..." was 18 one-letter adapter names.
+    current = tmp_path / "current.json"
+    current.write_bytes(content)
+    log = tmp_path / "requests.parquet"
+    pd.read_parquet(DATA / "requests.parquet").head(500).to_parquet(log)
+    inputs = ["--catalog", str(DATA / "catalog.yaml"), "--fleet", str(DATA / "fleet.yaml")]
+    args = ["plan", *inputs, "--log", str(log), "--at", "2026-03-08T19:00:00Z"]
+    output = tmp_path / "plan.json"
+    result = CliRunner().invoke(app, [*args, "--current", str(current), "-o", str(output)])
+    assert result.exit_code == EXIT_BAD_INPUT, result.output
+    assert any(f"error: {current}: {expected}" in line for line in _errors(result)), result.output
+    assert not output.exists()
+
+
+# --- request logs and forecasts ---------------------------------------------------------
+
+
+CATALOG_FLEET = ["--catalog", "{catalog}", "--fleet", "{fleet}"]
+
+
+def _rows_none(path: Path) -> None:
+    frame = pd.read_parquet(DATA / "requests.parquet").head(0)
+    if path.suffix == ".csv":
+        frame.to_csv(path, index=False)  # a header line and nothing under it
+    else:
+        frame.to_parquet(path)
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".csv"])
+@pytest.mark.parametrize(
+    "command",
+    [
+        pytest.param(["validate", *CATALOG_FLEET], id="validate"),
+        pytest.param(["forecast", "--at", "2026-03-08T19:00:00Z", "-o", "{out}"], id="forecast"),
+        pytest.param(
+            ["plan", *CATALOG_FLEET, "--at", "2026-03-08T19:00:00Z", "-o", "{out}"], id="plan"
+        ),
+        pytest.param(["backtest"], id="backtest"),
+    ],
+)
+def test_a_log_with_no_rows_is_a_bad_input_naming_it(
+    tmp_path: Path, command: list[str], suffix: str
+) -> None:
+    # validate said "ok: inputs are valid"; forecast and plan exited 1 with "cannot
+    # forecast from this log" or "the request log has no requests before ...", no file.
+    log = tmp_path / f"requests{suffix}"
+    _rows_none(log)
+    out = tmp_path / "out.parquet"
+    names = {"{catalog}": DATA / "catalog.yaml", "{fleet}": DATA / "fleet.yaml", "{out}": out}
+    args = [str(names.get(a, a)) for a in command]
+    result = CliRunner().invoke(app, [*args, "--log", str(log)])
+    assert result.exit_code == EXIT_BAD_INPUT, result.output
+    assert f"error: {log}: no requests: the log has no rows" in _errors(result)
+    assert not out.exists()
+
+
+def test_a_forecast_outside_the_plan_names_its_file(tmp_path: Path) -> None:
+    forecast = tmp_path / "forecast.parquet"
+    pd.DataFrame(
+        {
+            "ts": pd.to_datetime(["2026-03-01T00:00:00Z"], utc=True),
+            "adapter": ["ny-jurisdiction-v3"],
+            "mean": [1.0],
+            "q90": [2.0],
+        }
+    ).to_parquet(forecast)
+    inputs = ["--catalog", str(DATA / "catalog.yaml"), "--fleet", str(DATA / "fleet.yaml")]
+    args = ["plan", *inputs, "--forecast", str(forecast), "--at", "2026-03-08T19:00:00Z"]
+    result = CliRunner().invoke(app, [*args, "-o", str(tmp_path / "plan.json")])
+    assert result.exit_code != 0
+    [line] = _errors(result)
+    assert line.startswith(f"error: {forecast}: the forecast has no bucket between"), line
