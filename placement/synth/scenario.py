@@ -15,12 +15,11 @@ from pathlib import Path
 from types import MappingProxyType
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from placement.domain import AdapterId, TenantId
 from placement.errors import InputError, Problem
-from placement.inputs.fields import validation_problems
+from placement.inputs.fields import read_yaml, validation_problems
 from placement.synth.model import Experiment, Login, Scenario
 
 
@@ -189,21 +188,10 @@ class ScenarioFile(_Section):
         )
 
 
-def _read(source: Path) -> object:
-    try:
-        return yaml.safe_load(source.read_text())
-    except OSError as exc:
-        raise InputError(
-            [Problem(source=str(source), message=f"cannot read: {exc.strerror}")]
-        ) from None
-    except yaml.YAMLError as exc:
-        raise InputError([Problem(source=str(source), message=f"not valid YAML: {exc}")]) from None
-
-
 def load_scenario(path: str | os.PathLike[str]) -> ScenarioFiles:
     """Read a scenario file and locate its companion files; InputError lists every problem."""
     source = Path(path)
-    raw = _read(source)
+    raw = read_yaml(source)  # strict, as catalog.yaml: not UTF-8, twice a key, aliases
     if not isinstance(raw, dict):
         raise InputError([Problem(source=str(source), message="expected a mapping")])
     try:

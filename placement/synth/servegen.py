@@ -75,6 +75,15 @@ def _window_lines(text: str) -> list[int]:
     return [number for number, line in enumerate(lines, start=1) if line.strip(" \t")]
 
 
+def _windows_entry(text: str, frame: pd.DataFrame, rows: pd.Series) -> str:
+    """The lines of the windows at ``rows`` ("line 3", "lines 3, 7")."""
+    lines = _window_lines(text)
+    if len(lines) == len(frame):
+        return lines_entry([lines[int(i)] for i in frame.index[rows]])
+    # a quoted field across lines (never in ServeGen's files): windows, not lines
+    return "window" + lines_entry([int(i) + 1 for i in frame.index[rows]])[len("line") :]
+
+
 def _client(path: Path, prefix: str) -> Client:
     try:
         text = path.read_text(encoding="utf-8-sig")
@@ -89,21 +98,23 @@ def _client(path: Path, prefix: str) -> Client:
         )
     numbers = frame[["t", "rate", "shape"]].apply(pd.to_numeric, errors="coerce")
     bad = numbers.isna().any(axis=1) | (numbers["rate"] < 0) | ~np.isfinite(numbers["rate"])
-    if bad.any():
-        lines = _window_lines(text)
-        if len(lines) == len(frame):
-            entry = lines_entry([lines[int(i)] for i in frame.index[bad]])
-        else:  # a quoted field across lines (never in ServeGen's files): windows, not lines
-            entry = "window" + lines_entry([int(i) + 1 for i in frame.index[bad]])[len("line") :]
-        raise InputError(
-            [
-                Problem(
-                    source=str(path),
-                    entry=entry,
-                    message="not a ServeGen client trace: not numbers or a rate below 0",
-                )
-            ]
+    # A window at t = inf became requests at no time (NaT rows in the log written), one
+    # at t < 0 requests before --start: the trace's windows start at its midnight.
+    bad_time = ~bad & (~np.isfinite(numbers["t"]) | (numbers["t"] < 0))
+    problems = [
+        Problem(
+            source=str(path),
+            entry=_windows_entry(text, frame, rows),
+            message=f"not a ServeGen client trace: {message}",
         )
+        for rows, message in (
+            (bad, "not numbers or a rate below 0"),
+            (bad_time, "a window's time t is not a finite number of seconds from 0"),
+        )
+        if rows.any()
+    ]
+    if problems:
+        raise InputError(problems)
     number = int(_CLIENT.match(path.name).group(1))  # type: ignore[union-attr]
     return Client(
         name=f"{prefix}{number:03d}",

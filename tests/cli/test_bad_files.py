@@ -250,3 +250,50 @@ def test_a_forecast_outside_the_plan_names_its_file(tmp_path: Path) -> None:
     assert result.exit_code != 0
     [line] = _errors(result)
     assert line.startswith(f"error: {forecast}: the forecast has no bucket between"), line
+
+
+# --- scenario.yaml, ServeGen traces ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        pytest.param(b"name: \xff\n", "not UTF-8 text (byte 0xff at offset 6)", id="not-utf-8"),
+        pytest.param(
+            b"name: x\ndays: 1\ndays: 2\n",
+            "line 3: key 'days' is given twice in this mapping",
+            id="key-given-twice",
+        ),
+    ],
+)
+def test_a_bad_scenario_is_one_line(tmp_path: Path, content: bytes, expected: str) -> None:
+    # Read by yaml.safe_load(path.read_text()): a non-UTF-8 file was a traceback, and a
+    # key given twice kept the last silently (catalog.yaml's reader refuses both).
+    for name in ("catalog.yaml", "fleet.yaml", "pipelines.yaml"):
+        (tmp_path / name).write_bytes((DATA / name).read_bytes())
+    scenario = tmp_path / "scenario.yaml"
+    scenario.write_bytes(content)
+    out = tmp_path / "out.parquet"
+    result = CliRunner().invoke(app, ["synth", str(scenario), "-o", str(out)])
+    assert result.exit_code == EXIT_BAD_INPUT, result.output
+    assert any(f"error: {scenario}: {expected}" in line for line in _errors(result)), result.output
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(("t", "line"), [("inf", 2), ("-600", 1)])
+def test_a_servegen_window_at_no_time_is_named_by_its_line(
+    tmp_path: Path, t: str, line: int
+) -> None:
+    # A window at t = inf was converted into requests with no time (NaT rows written to
+    # the log), one at t < 0 into requests before --start.
+    folder = tmp_path / "trace"
+    folder.mkdir()
+    rows = ["0,1,1,Gamma,1,1", f"{t},1,1,Gamma,1,1"] if line == 2 else [f"{t},1,1,Gamma,1,1"]
+    trace = folder / "chunk-1-trace.csv"
+    trace.write_text("\n".join(rows) + "\n")
+    out = tmp_path / "requests.parquet"
+    result = CliRunner().invoke(app, ["convert", "servegen", str(folder), "-o", str(out)])
+    assert result.exit_code == EXIT_BAD_INPUT, result.output
+    [error] = _errors(result)
+    assert error.startswith(f"error: {trace}: line {line}: not a ServeGen client trace"), error
+    assert not out.exists()
