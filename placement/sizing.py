@@ -165,23 +165,30 @@ def residency_budget(budget_bytes: int, adapter_sizes: list[int]) -> int:
 def model_dims_from_config(path: Path, *, name: str | None = None) -> ModelDims:
     """Read the dimensions from a Hugging Face ``config.json``."""
     config = _read_json_object(path)
-    try:
-        hidden = int(config["hidden_size"])
-        heads = int(config["num_attention_heads"])
-        dims = ModelDims(
-            name=name or str(config.get("_name_or_path") or path.parent.name),
-            hidden_size=hidden,
-            num_layers=int(config["num_hidden_layers"]),
-            num_attention_heads=heads,
-            num_kv_heads=int(config.get("num_key_value_heads") or heads),
-            head_dim=int(config.get("head_dim") or hidden // heads),
-            intermediate_size=int(config["intermediate_size"]),
-        )
-    except KeyError as exc:
-        raise SizingError(f"{path}: missing {exc.args[0]!r}") from None
-    except (TypeError, ValueError) as exc:
-        raise SizingError(f"{path}: {exc}") from None
-    return dims
+
+    def count(key: str, default: int | None = None) -> int:
+        # A dimension is a whole number above 0: "num_attention_heads": 0 divided by
+        # zero, and a negative hidden_size gave an adapter of negative bytes.
+        if config.get(key) is None:
+            if default is None:
+                raise SizingError(f"{path}: missing {key!r}")
+            return default
+        value = config[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise SizingError(f"{path}: {key}: expected a whole number above 0, got {value!r}")
+        return value
+
+    hidden = count("hidden_size")
+    heads = count("num_attention_heads")
+    return ModelDims(
+        name=name or str(config.get("_name_or_path") or path.parent.name),
+        hidden_size=hidden,
+        num_layers=count("num_hidden_layers"),
+        num_attention_heads=heads,
+        num_kv_heads=count("num_key_value_heads", heads),
+        head_dim=count("head_dim", max(hidden // heads, 1)),
+        intermediate_size=count("intermediate_size"),
+    )
 
 
 def read_safetensors_header(path: Path) -> dict[str, object]:
@@ -218,7 +225,15 @@ def peft_adapter_size(directory: Path) -> AdapterSize:
             continue
         if not isinstance(spec, dict) or "shape" not in spec or "dtype" not in spec:
             raise SizingError(f"{weights}: tensor {tensor_name!r} has no shape or dtype")
-        numel = math.prod(int(d) for d in spec["shape"])
+        shape = spec["shape"]
+        if not isinstance(shape, list) or not all(
+            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+        ):
+            # [-5, 3] gave negative bytes, ["x"] and 5 a traceback, [1.5e300] 1e300 bytes
+            raise SizingError(
+                f"{weights}: tensor {tensor_name!r}: shape is not a list of whole numbers >= 0"
+            )
+        numel = math.prod(shape)
         element = SAFETENSORS_DTYPE_BYTES.get(str(spec["dtype"]))
         if element is None:
             raise SizingError(
@@ -239,11 +254,15 @@ def _read_json_object(path: Path) -> dict[str, Any]:
     not JSON or holds something else. Its values are the file's, unchecked: each caller
     converts the fields it reads."""
     try:
-        config = json.loads(path.read_text())
+        config = json.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise SizingError(f"cannot read {path}: {exc.strerror}") from None
     except json.JSONDecodeError as exc:
         raise SizingError(f"{path} is not valid JSON: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise SizingError(f"{path}: not UTF-8 text (byte at offset {exc.start})") from None
+    except RecursionError:
+        raise SizingError(f"{path}: nested too deeply") from None
     if not isinstance(config, dict):
         raise SizingError(f"{path}: expected a JSON object")
     return config

@@ -297,3 +297,67 @@ def test_a_servegen_window_at_no_time_is_named_by_its_line(
     [error] = _errors(result)
     assert error.startswith(f"error: {trace}: line {line}: not a ServeGen client trace"), error
     assert not out.exists()
+
+
+# --- PEFT directories and config.json -----------------------------------------------------
+
+
+def _safetensors(header: bytes) -> bytes:
+    return len(header).to_bytes(8, "little") + header
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        pytest.param(b'["x"]', id="text"),
+        pytest.param(b"5", id="a-number"),
+        pytest.param(b"[-5, 3]", id="negative"),
+        pytest.param(b"[1.5e300]", id="huge-float"),
+    ],
+)
+def test_a_peft_tensor_with_a_bad_shape_is_one_line(tmp_path: Path, shape: bytes) -> None:
+    # ["x"] and 5 were tracebacks; [-5, 3] an adapter of -30 bytes, [1.5e300] one of 3e300.
+    peft = tmp_path / "adapter"
+    peft.mkdir()
+    (peft / "adapter_config.json").write_text('{"r": 8, "target_modules": ["q_proj"]}')
+    weights = peft / "adapter_model.safetensors"
+    weights.write_bytes(_safetensors(b'{"a.lora_A.weight": {"shape": %s, "dtype": "F16"}}' % shape))
+    result = CliRunner().invoke(app, ["size", str(peft)])
+    assert result.exit_code == EXIT_BAD_INPUT, result.output
+    assert f"{weights}: tensor 'a.lora_A.weight': shape is not a list of whole numbers" in (
+        result.output.replace("\n", "")
+    )
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        pytest.param(b"\xff{}", "not UTF-8 text (byte at offset 0)", id="not-utf-8"),
+        pytest.param(
+            b'{"hidden_size": 4096, "num_attention_heads": 0, "num_hidden_layers": 32,'
+            b' "intermediate_size": 14336}',
+            "num_attention_heads: expected a whole number above 0, got 0",
+            id="zero-heads",
+        ),
+        pytest.param(
+            b'{"hidden_size": -4096, "num_attention_heads": 32, "num_hidden_layers": 32,'
+            b' "intermediate_size": 14336}',
+            "hidden_size: expected a whole number above 0, got -4096",
+            id="negative",
+        ),
+    ],
+)
+def test_a_bad_model_config_is_one_line_in_size_and_in_the_fleet(
+    tmp_path: Path, content: bytes, expected: str
+) -> None:
+    # Zero heads divided by zero and a non-UTF-8 file raised, as tracebacks, out of both
+    # `size --config` and a fleet's model_config; a negative size gave negative bytes.
+    config = tmp_path / "config.json"
+    config.write_bytes(content)
+    result = CliRunner().invoke(app, ["size", "--config", str(config), "--rank", "16"])
+    assert result.exit_code == EXIT_BAD_INPUT, result.output
+    assert f"{config}: {expected}" in result.output.replace("\n", "")
+    fleet = FLEET.replace("  engine: vllm\n", "  engine: vllm\n  model_config: config.json\n")
+    code, errors = validate(tmp_path, fleet=fleet)
+    assert code == EXIT_BAD_INPUT
+    assert any(f"pool llama-70b: model_config: {config}: {expected}" in e for e in errors), errors
