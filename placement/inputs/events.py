@@ -106,12 +106,19 @@ def _read(path: Path) -> tuple[pd.DataFrame, Sequence[int] | None]:
     suffix = "".join(path.suffixes[-2:]).lower()
     try:
         if suffix.endswith(".parquet"):
-            return pd.read_parquet(path), None
+            frame = pd.read_parquet(path)
+            if path.is_dir() and not len(frame.columns):  # read as "missing column ts"
+                raise InputError(
+                    [Problem(source=str(path), message="a directory with no Parquet files")]
+                )
+            return frame, None
         if suffix.endswith((".csv", ".csv.gz")):
             frame = pd.read_csv(path, dtype={"trigger": str, "tenant": str, "event_id": str})
             return frame, CsvLines(path, rows=len(frame))
     except FileNotFoundError:
         raise InputError([Problem(source=str(path), message="no such file")]) from None
+    except InputError:
+        raise
     except Exception as exc:  # every reader raises its own types
         raise InputError([Problem(source=str(path), message=f"cannot read: {exc}")]) from None
     raise InputError(

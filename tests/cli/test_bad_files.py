@@ -361,3 +361,15 @@ def test_a_bad_model_config_is_one_line_in_size_and_in_the_fleet(
     code, errors = validate(tmp_path, fleet=fleet)
     assert code == EXIT_BAD_INPUT
     assert any(f"pool llama-70b: model_config: {config}: {expected}" in e for e in errors), errors
+
+
+def test_an_event_log_directory_with_no_parquet_files_says_so(tmp_path: Path) -> None:
+    # It read "ts: missing required column 'ts' (columns: )", as the request log did
+    # before it said what is wrong.
+    events = tmp_path / "events.parquet"
+    events.mkdir()
+    inputs = ["--catalog", str(DATA / "catalog.yaml"), "--fleet", str(DATA / "fleet.yaml")]
+    log = ["--log", str(DATA / "requests.parquet")]
+    result = CliRunner().invoke(app, ["validate", *inputs, *log, "--events", str(events)])
+    assert result.exit_code == EXIT_BAD_INPUT, result.output
+    assert f"error: {events}: a directory with no Parquet files" in _errors(result)
