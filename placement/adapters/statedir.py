@@ -21,6 +21,7 @@ Owns the files only; decides nothing.
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import re
 import shutil
@@ -52,6 +53,28 @@ def _read(path: Path) -> str | None:
         if not path.exists():
             return None
         raise
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except (ValueError, RecursionError):
+        return False
+    return True
+
+
+def _keep_aside(path: Path) -> None:
+    """Copy an unreadable state file to the first free ``<name>.unreadable-N``, unless
+    the last copy already holds the same bytes (a standby resuming again)."""
+    if not path.is_file():
+        return
+    content = path.read_bytes()
+    number = 1
+    while (copy := path.with_name(f"{path.name}.unreadable-{number}")).exists():
+        if copy.read_bytes() == content:
+            return
+        number += 1
+    write_atomically(copy, content)
 
 
 def ensure_state_dir(path: Path) -> Path:
@@ -162,14 +185,29 @@ class DirPlanStore:
 
 
 class DirStateStore:
+    """``last-plan.json`` and ``ledger.json``. One that cannot be read as JSON (torn,
+    zeroed, not UTF-8) is copied to ``<name>.unreadable-N`` as it is read: the
+    controller warns and starts without it, and its next save would otherwise replace
+    the only copy a person could look at."""
+
     def __init__(self, directory: Path) -> None:
         self.directory = directory
 
     def load(self) -> StoredState:
         return StoredState(
-            plan_json=_read(self.directory / STATE_PLAN_FILE),
-            ledger_json=_read(self.directory / LEDGER_FILE),
+            plan_json=self._load(STATE_PLAN_FILE), ledger_json=self._load(LEDGER_FILE)
         )
+
+    def _load(self, name: str) -> str | None:
+        path = self.directory / name
+        try:
+            text = _read(path)
+        except InputError:
+            _keep_aside(path)
+            raise
+        if text is not None and not _is_json(text):
+            _keep_aside(path)
+        return text
 
     def save(self, state: StoredState) -> None:
         if state.plan_json is not None:

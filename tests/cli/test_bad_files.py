@@ -4,13 +4,17 @@ silently wrong (a typo'd key leaving its default in force), and nothing written.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
+from placement.adapters.statedir import DirStateStore
 from placement.cli.app import EXIT_BAD_INPUT, app
+from placement.errors import InputError
+from placement.ports import StoredState
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "legal-research"
 CATALOG = (DATA / "catalog.yaml").read_text()
@@ -373,3 +377,32 @@ def test_an_event_log_directory_with_no_parquet_files_says_so(tmp_path: Path) ->
     result = CliRunner().invoke(app, ["validate", *inputs, *log, "--events", str(events)])
     assert result.exit_code == EXIT_BAD_INPUT, result.output
     assert f"error: {events}: a directory with no Parquet files" in _errors(result)
+
+
+# --- the controller's state directory ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "content"),
+    [
+        pytest.param("ledger.json", b"\x00" * 64, id="ledger-zeroed"),
+        pytest.param("ledger.json", b'{"ledger": {"pod-0": [', id="ledger-torn"),
+        pytest.param("last-plan.json", b"\xff\xfe{", id="plan-not-utf-8"),
+    ],
+)
+def test_an_unreadable_state_file_is_kept_before_the_next_save_replaces_it(
+    tmp_path: Path, name: str, content: bytes
+) -> None:
+    # The controller warns and starts without it ("saved ledger unreadable, starting
+    # with an empty one"); its next save replaced the file, the only copy of what was
+    # there, with the empty ledger.
+    store = DirStateStore(tmp_path)
+    (tmp_path / name).write_bytes(content)
+    (tmp_path / "other.json").write_text("{}")
+    with contextlib.suppress(InputError):  # not UTF-8: resume warns with it, goes on
+        store.load()
+    store.save(StoredState(plan_json='{"new": 1}', ledger_json='{"new": 1}'))
+    assert (tmp_path / name).read_text() == '{"new": 1}'
+    assert (tmp_path / f"{name}.unreadable-1").read_bytes() == content
+    store.load()  # read again, once replaced: no second copy, and none of a good file
+    assert sorted(p.name for p in tmp_path.glob("*.unreadable-*")) == [f"{name}.unreadable-1"]
