@@ -30,6 +30,7 @@ from placement.domain import (
 from placement.errors import InputError, Problem
 from placement.inputs.fields import (
     Reader,
+    above_zero,
     as_dns_name,
     as_integer,
     as_number,
@@ -66,7 +67,7 @@ def _resolve_size(
     base_model: str,
 ) -> int | None:
     if raw.get("size_bytes") is not None:
-        return reader.get(raw, "size_bytes", parse_bytes, entry=entry)
+        return reader.get(raw, "size_bytes", above_zero(parse_bytes), entry=entry)
     source = str(raw.get("source", ""))
     # A PEFT directory beside the file; a catalog read from elsewhere (a ConfigMap) has none.
     local = base / source if base is not None and source and "://" not in source else None
@@ -142,8 +143,10 @@ def _adapter(
     base_model = reader.get(raw, "base_model", as_text, entry=entry, required=True)
     rank = reader.get(raw, "rank", as_integer(1), entry=entry, required=True)
     default_targets: tuple[str, ...] = ("q_proj", "v_proj")
-    targets = reader.get(raw, "target_modules", as_strings, entry=entry, default=default_targets)
-    dtype = reader.get(raw, "dtype", as_text, entry=entry, default="float16") or "float16"
+    targets = reader.get(
+        raw, "target_modules", as_target_modules, entry=entry, default=default_targets
+    )
+    dtype = reader.get(raw, "dtype", as_dtype, entry=entry, default="float16") or "float16"
     source = reader.get(
         raw,
         "source",
@@ -196,13 +199,31 @@ def _adapter(
         pinned_pods=pinned_pods,
         min_replicas=min_replicas,
         max_replicas=max_replicas,
-        slo_ttft_ms=reader.get(raw, "slo_ttft_ms", as_number, entry=entry),
+        slo_ttft_ms=reader.get(raw, "slo_ttft_ms", above_zero(as_number), entry=entry),
         group=reader.get(raw, "group", as_text, entry=entry),
         adapter_class=reader.get(
             raw, "class", as_adapter_class, entry=entry, default=AdapterClass.PRODUCTION
         )
         or AdapterClass.PRODUCTION,
     )
+
+
+def as_target_modules(value: Any) -> tuple[str, ...]:
+    """A non-empty list of projections: ``[]`` was an adapter of 0 bytes."""
+    modules = as_strings(value)
+    if not modules:
+        raise ValueError("expected at least one target module")
+    return modules
+
+
+def as_dtype(value: Any) -> str:
+    """One of the dtypes an adapter's size is computed in (it was reported under
+    target_modules, as the size that could not be computed)."""
+    text = as_text(value)
+    if text.lower() not in sizing.DTYPE_BYTES:
+        allowed = ", ".join(sorted(sizing.DTYPE_BYTES))
+        raise ValueError(f"unknown dtype {text!r}; expected one of {allowed}")
+    return text
 
 
 def as_adapter_class(value: Any) -> AdapterClass:

@@ -242,6 +242,19 @@ def as_number(value: Any) -> float:
     return number
 
 
+def above_zero(convert: Callable[[Any], T]) -> Callable[[Any], T]:
+    """``convert``, then refuse 0: a pod of 0 requests/s or 0 GPU bytes, an adapter of
+    0 bytes or an SLO of 0 ms passed validation and planned as nonsense."""
+
+    def checked(value: Any) -> T:
+        converted = convert(value)
+        if not converted > 0:  # type: ignore[operator]
+            raise ValueError(f"must be above 0, got {value!r}")
+        return converted
+
+    return checked
+
+
 def as_text(value: Any) -> str:
     if not isinstance(value, str | int | float) or isinstance(value, bool) or value == "":
         raise ValueError(f"expected a non-empty string, got {_shown(value)}")

@@ -29,6 +29,7 @@ from placement.domain import (
 from placement.errors import Problem
 from placement.inputs.fields import (
     Reader,
+    above_zero,
     as_dns_name,
     as_integer,
     as_labels,
@@ -122,9 +123,13 @@ def _pod(
         )
     pod_rank = reader.get(merged, "max_lora_rank", as_integer(1), entry=entry, default=rank)
     url = reader.get(merged, "url", as_url, entry=entry, required=True)
-    hbm = reader.get(merged, "hbm_adapter_bytes", parse_bytes, entry=entry, default=2 * 2**30)
-    host = reader.get(merged, "host_adapter_bytes", parse_bytes, entry=entry, default=16 * 2**30)
-    capacity = reader.get(merged, "capacity_rps", as_number, entry=entry, default=10.0)
+    hbm = reader.get(
+        merged, "hbm_adapter_bytes", above_zero(parse_bytes), entry=entry, default=2 * 2**30
+    )
+    host = reader.get(
+        merged, "host_adapter_bytes", above_zero(parse_bytes), entry=entry, default=16 * 2**30
+    )
+    capacity = reader.get(merged, "capacity_rps", above_zero(as_number), entry=entry, default=10.0)
     zone = reader.get(merged, "zone", as_text, entry=entry)
     empty: Mapping[str, str] = MappingProxyType({})
     labels = reader.get(merged, "labels", as_labels, entry=entry, default=empty)

@@ -406,3 +406,75 @@ def test_an_unreadable_state_file_is_kept_before_the_next_save_replaces_it(
     assert (tmp_path / f"{name}.unreadable-1").read_bytes() == content
     store.load()  # read again, once replaced: no second copy, and none of a good file
     assert sorted(p.name for p in tmp_path.glob("*.unreadable-*")) == [f"{name}.unreadable-1"]
+
+
+# --- values no pod or adapter can have ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("file", "before", "after", "expected"),
+    [
+        pytest.param(
+            "fleet",
+            "capacity_rps: 4",
+            "capacity_rps: 0",
+            "fleet.yaml: pod pod-0: capacity_rps: must be above 0, got 0",
+            id="capacity-0",
+        ),
+        pytest.param(
+            "fleet",
+            "hbm_adapter_bytes: 1GiB",
+            "hbm_adapter_bytes: 0",
+            "fleet.yaml: pod pod-0: hbm_adapter_bytes: must be above 0, got 0",
+            id="gpu-bytes-0",
+        ),
+        pytest.param(
+            "fleet",
+            "host_adapter_bytes: 8GiB",
+            "host_adapter_bytes: 0B",
+            "fleet.yaml: pod pod-0: host_adapter_bytes: must be above 0, got '0B'",
+            id="host-bytes-0",
+        ),
+        pytest.param(
+            "catalog",
+            "  rank: 16\n",
+            "  rank: 16\n  size_bytes: 0\n",
+            "catalog.yaml: adapter ny-jurisdiction-v3: size_bytes: must be above 0, got 0",
+            id="size-0",
+        ),
+        pytest.param(
+            "catalog",
+            "  rank: 16\n",
+            "  rank: 16\n  slo_ttft_ms: 0\n",
+            "catalog.yaml: adapter ny-jurisdiction-v3: slo_ttft_ms: must be above 0, got 0",
+            id="slo-0",
+        ),
+        pytest.param(
+            "catalog",
+            "target_modules: [q_proj, k_proj, v_proj, o_proj]",
+            "target_modules: []",
+            "catalog.yaml: adapter ny-jurisdiction-v3: target_modules: expected at least one",
+            id="no-target-modules",
+        ),
+        pytest.param(
+            "catalog",
+            "  rank: 16\n",
+            "  rank: 16\n  dtype: int3\n",
+            "catalog.yaml: adapter ny-jurisdiction-v3: dtype: unknown dtype 'int3'",
+            id="dtype-named-as-dtype",
+        ),
+    ],
+)
+def test_a_value_no_pod_or_adapter_can_have_is_an_error(
+    tmp_path: Path, file: str, before: str, after: str, expected: str
+) -> None:
+    # Each passed validate and planned: a pod of 0 requests/s or 0 GPU bytes, an
+    # adapter of 0 bytes (size_bytes: 0, or no target module) or an SLO of 0 ms; an
+    # unknown dtype was reported under target_modules.
+    texts = {"catalog": CATALOG, "fleet": FLEET}
+    original = texts[file]
+    texts[file] = original.replace(before, after, 1)
+    assert texts[file] != original
+    code, errors = validate(tmp_path, **texts)
+    assert code == EXIT_BAD_INPUT, errors
+    assert any(expected in line for line in errors), errors
