@@ -10,7 +10,6 @@ from typing import Annotated
 
 import pandas as pd
 import typer
-import yaml
 
 from models.registry import forecaster_named
 from placement.cli.app import app, err, print_labelled, report_errors
@@ -19,6 +18,7 @@ from placement.domain import Catalog, Fleet, Pipelines
 from placement.errors import InputError, Problem
 from placement.inputs import load_catalog, load_fleet
 from placement.inputs.events import check_events, known_names, load_events
+from placement.inputs.fields import read_yaml
 from placement.inputs.pipelines import load_pipelines
 from placement.inputs.request_log import load_request_log
 from placement.settings import LOAD_ADMISSIONS, Settings
@@ -148,11 +148,9 @@ def fault_schedule(spec: str, workload: SimWorkload, fleet: Fleet) -> FaultSched
     """``--faults``: a YAML file, or an inline spec; the same schedule for every policy."""
     path = Path(spec)
     if path.suffix.lower() in (".yaml", ".yml"):
-        try:
-            raw = yaml.safe_load(path.read_text())
-        except (OSError, yaml.YAMLError) as exc:
-            raise InputError([Problem(source=spec, message=f"cannot read: {exc}")]) from None
-        parsed = parse_yaml(raw, source=spec)
+        # the strict reader of every YAML file people write: not UTF-8 (a traceback with
+        # yaml.safe_load(path.read_text())), a key given twice, aliases: one line each
+        parsed = parse_yaml(read_yaml(path), source=spec)
     else:
         parsed = parse_inline(spec)
     return schedule(parsed, [str(pod.name) for pod in fleet.pods], workload.duration_s)

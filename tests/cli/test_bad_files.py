@@ -478,3 +478,33 @@ def test_a_value_no_pod_or_adapter_can_have_is_an_error(
     code, errors = validate(tmp_path, **texts)
     assert code == EXIT_BAD_INPUT, errors
     assert any(expected in line for line in errors), errors
+
+
+# --- replay --faults ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        pytest.param(
+            b"restart: [\xff]\n", "not UTF-8 text (byte 0xff at offset 10)", id="not-utf-8"
+        ),
+        pytest.param(
+            b"restart: [pod-0@1m]\nrestart: [pod-1@2m]\n",
+            "line 2: key 'restart' is given twice in this mapping",
+            id="key-given-twice",
+        ),
+    ],
+)
+def test_a_bad_fault_file_is_one_line(tmp_path: Path, content: bytes, expected: str) -> None:
+    # Read by yaml.safe_load(path.read_text()): not UTF-8 was a traceback, and the
+    # second "restart:" replaced the first without a word.
+    faults = tmp_path / "faults.yaml"
+    faults.write_bytes(content)
+    log = tmp_path / "requests.parquet"
+    pd.read_parquet(DATA / "requests.parquet").head(300).to_parquet(log)
+    inputs = ["--catalog", str(DATA / "catalog.yaml"), "--fleet", str(DATA / "fleet.yaml")]
+    args = ["replay", *inputs, "--log", str(log), "--policy", "hash", "--faults", str(faults)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == EXIT_BAD_INPUT, result.output
+    assert any(f"error: {faults}: {expected}" in line for line in _errors(result)), result.output
