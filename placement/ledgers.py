@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from placement.domain import TARGET_MODULES, ModelDims
-from placement.sizing import BUILTIN_MODELS, SizingError
+from placement.sizing import BUILTIN_MODELS, SizingError, config_count, dims_from_config
 
 GIB = 2**30
 
@@ -289,23 +289,8 @@ def _gib(value: int) -> str:
 
 def base_from_config(config: dict[str, object], *, source: str) -> BaseModel:
     """A base model from a Hugging Face ``config.json``'s parsed object."""
-    try:
-        hidden = int(str(config["hidden_size"]))
-        heads = int(str(config["num_attention_heads"]))
-        dims = ModelDims(
-            name=str(config.get("_name_or_path") or source),
-            hidden_size=hidden,
-            num_layers=int(str(config["num_hidden_layers"])),
-            num_attention_heads=heads,
-            num_kv_heads=int(str(config.get("num_key_value_heads") or heads)),
-            head_dim=int(str(config.get("head_dim") or hidden // heads)),
-            intermediate_size=int(str(config["intermediate_size"])),
-        )
-        vocab = int(str(config["vocab_size"]))
-    except KeyError as exc:
-        raise SizingError(f"{source}: missing {exc.args[0]!r}") from None
-    except (TypeError, ValueError) as exc:
-        raise SizingError(f"{source}: {exc}") from None
+    dims = dims_from_config(config, source=source, name=str(config.get("_name_or_path") or source))
+    vocab = config_count(config, "vocab_size", source=source)
     return BaseModel(
         dims=dims, vocab_size=vocab, tied_embeddings=bool(config.get("tie_word_embeddings", False))
     )

@@ -164,31 +164,41 @@ def residency_budget(budget_bytes: int, adapter_sizes: list[int]) -> int:
 
 def model_dims_from_config(path: Path, *, name: str | None = None) -> ModelDims:
     """Read the dimensions from a Hugging Face ``config.json``."""
-    config = _read_json_object(path)
-
-    def count(key: str, default: int | None = None) -> int:
-        # A dimension is a whole number above 0: "num_attention_heads": 0 divided by
-        # zero, and a negative hidden_size gave an adapter of negative bytes.
-        if config.get(key) is None:
-            if default is None:
-                raise SizingError(f"{path}: missing {key!r}")
-            return default
-        value = config[key]
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise SizingError(f"{path}: {key}: expected a whole number above 0, got {value!r}")
-        return value
-
-    hidden = count("hidden_size")
-    heads = count("num_attention_heads")
-    return ModelDims(
-        name=name or str(config.get("_name_or_path") or path.parent.name),
-        hidden_size=hidden,
-        num_layers=count("num_hidden_layers"),
-        num_attention_heads=heads,
-        num_kv_heads=count("num_key_value_heads", heads),
-        head_dim=count("head_dim", max(hidden // heads, 1)),
-        intermediate_size=count("intermediate_size"),
+    config = read_json_object(path)
+    return dims_from_config(
+        config, source=str(path), name=name or str(config.get("_name_or_path") or path.parent.name)
     )
+
+
+def dims_from_config(config: dict[str, Any], *, source: str, name: str) -> ModelDims:
+    """The dimensions in a parsed ``config.json``; SizingError naming ``source`` and the
+    key that is missing or not a whole number above 0 ("num_attention_heads": 0 divided
+    by zero; a negative hidden_size gave an adapter of negative bytes)."""
+    hidden = config_count(config, "hidden_size", source=source)
+    heads = config_count(config, "num_attention_heads", source=source)
+    return ModelDims(
+        name=name,
+        hidden_size=hidden,
+        num_layers=config_count(config, "num_hidden_layers", source=source),
+        num_attention_heads=heads,
+        num_kv_heads=config_count(config, "num_key_value_heads", source=source, default=heads),
+        head_dim=config_count(config, "head_dim", source=source, default=max(hidden // heads, 1)),
+        intermediate_size=config_count(config, "intermediate_size", source=source),
+    )
+
+
+def config_count(
+    config: dict[str, Any], key: str, *, source: str, default: int | None = None
+) -> int:
+    """``config[key]``, a whole number above 0 (``default`` when absent or null)."""
+    if config.get(key) is None:
+        if default is None:
+            raise SizingError(f"{source}: missing {key!r}")
+        return default
+    value = config[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise SizingError(f"{source}: {key}: expected a whole number above 0, got {value!r}")
+    return value
 
 
 def read_safetensors_header(path: Path) -> dict[str, object]:
@@ -246,10 +256,10 @@ def peft_adapter_size(directory: Path) -> AdapterSize:
 
 def peft_adapter_config(directory: Path) -> dict[str, object]:
     """The parsed ``adapter_config.json`` of a PEFT directory."""
-    return _read_json_object(directory / "adapter_config.json")
+    return read_json_object(directory / "adapter_config.json")
 
 
-def _read_json_object(path: Path) -> dict[str, Any]:
+def read_json_object(path: Path) -> dict[str, Any]:
     """The JSON object in ``path``; SizingError naming the file if it cannot be read, is
     not JSON or holds something else. Its values are the file's, unchecked: each caller
     converts the fields it reads."""

@@ -27,6 +27,7 @@ from placement.cli.plan_files import read_plan_file
 from placement.domain import Action, ActionKind, Catalog, Fleet, PodId
 from placement.errors import InputError, Problem
 from placement.inputs import load_catalog, load_fleet
+from placement.inputs.files import read_text, write_atomically
 from placement.plan import Plan
 from placement.settings import ExecutorSettings
 
@@ -102,9 +103,10 @@ def _read_ledger(path: Path | None) -> Ledger | None:
         return None
     if not path.exists():
         return Ledger()
+    text = read_text(path)  # not UTF-8 (a traceback) or a directory: one line naming it
     try:
-        return Ledger.from_dict(json.loads(path.read_text()))
-    except (json.JSONDecodeError, AttributeError, TypeError) as exc:
+        return Ledger.from_dict(json.loads(text))
+    except (ValueError, AttributeError, TypeError, RecursionError) as exc:
         raise InputError([Problem(source=str(path), message=f"not a ledger: {exc}")]) from None
 
 
@@ -208,6 +210,7 @@ def apply(
         )
     )
     if ledger_path is not None and ledger is not None and not dry_run:
-        ledger_path.write_text(json.dumps(ledger.to_dict(), indent=2) + "\n")
+        # atomically: a crash half-way left a torn ledger that the next apply refused
+        write_atomically(ledger_path, json.dumps(ledger.to_dict(), indent=2) + "\n")
     if not ok:
         raise typer.Exit(EXIT_FAILED)

@@ -55,15 +55,8 @@ def _size_of_catalog(catalog: Path, fleet: Path | None, budget: str) -> dict[str
 def base_model(base: str | None, config: Path | None) -> ledger.BaseModel:
     """A built-in base model by name, or one read from a model's ``config.json``."""
     if config is not None:
-        try:
-            parsed = json.loads(config.read_text())
-        except OSError as exc:
-            raise sizing.SizingError(f"cannot read {config}: {exc.strerror}") from None
-        except json.JSONDecodeError as exc:
-            raise sizing.SizingError(f"{config} is not valid JSON: {exc}") from None
-        if not isinstance(parsed, dict):
-            raise sizing.SizingError(f"{config}: expected a JSON object")
-        return ledger.base_from_config(parsed, source=str(config))
+        # as sizing reads it: not UTF-8 or nested too deep is one line, not a traceback
+        return ledger.base_from_config(sizing.read_json_object(config), source=str(config))
     if base is None:
         raise sizing.SizingError("give --base (a built-in model) or --config (a config.json)")
     return ledger.builtin_base(base)

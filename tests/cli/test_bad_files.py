@@ -14,7 +14,9 @@ from typer.testing import CliRunner
 from placement.adapters.statedir import DirStateStore
 from placement.cli.app import EXIT_BAD_INPUT, app
 from placement.errors import InputError
+from placement.plan import plan_to_json
 from placement.ports import StoredState
+from tests.factories import make_plan
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "legal-research"
 CATALOG = (DATA / "catalog.yaml").read_text()
@@ -508,3 +510,56 @@ def test_a_bad_fault_file_is_one_line(tmp_path: Path, content: bytes, expected: 
     result = CliRunner().invoke(app, args)
     assert result.exit_code == EXIT_BAD_INPUT, result.output
     assert any(f"error: {faults}: {expected}" in line for line in _errors(result)), result.output
+
+
+# --- apply --ledger, size --gpu --config -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        pytest.param(b'{"pinned": {"pod-0": ["\xff"]}}', "not UTF-8 text", id="not-utf-8"),
+        pytest.param(
+            b'{"pods": {"pod-0": {"engine": "bogus", "max_loras": 1, "max_cpu_loras": 1}}}',
+            "not a ledger: 'bogus' is not a valid EngineModel",
+            id="unknown-engine",
+        ),
+        pytest.param(b"[" * 100_000, "not a ledger", id="deep"),
+    ],
+)
+def test_a_bad_apply_ledger_is_one_line_and_left_as_it_is(
+    tmp_path: Path, content: bytes, expected: str
+) -> None:
+    # Each was a traceback (only JSON errors, TypeError and AttributeError were caught).
+    ledger = tmp_path / "ledger.json"
+    ledger.write_bytes(content)
+    plan = tmp_path / "plan.json"
+    plan.write_text(plan_to_json(make_plan({"pod-0": ["ny-jurisdiction-v3"]}, plan_id="p")))
+    inputs = ["--catalog", str(DATA / "catalog.yaml"), "--fleet", str(DATA / "fleet.yaml")]
+    result = CliRunner().invoke(app, ["apply", str(plan), *inputs, "--ledger", str(ledger)])
+    assert result.exit_code == EXIT_BAD_INPUT, result.output
+    assert any(f"error: {ledger}: {expected}" in line for line in _errors(result)), result.output
+    assert ledger.read_bytes() == content
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        pytest.param(b"\xff{}", "not UTF-8 text (byte at offset 0)", id="not-utf-8"),
+        pytest.param(
+            b'{"hidden_size": 8192, "num_attention_heads": 0, "num_hidden_layers": 80,'
+            b' "intermediate_size": 28672, "vocab_size": 128256}',
+            "num_attention_heads: expected a whole number above 0, got 0",
+            id="zero-heads",
+        ),
+    ],
+)
+def test_a_bad_config_for_the_three_ledgers_is_one_line(
+    tmp_path: Path, content: bytes, expected: str
+) -> None:
+    # `size --gpu` read config.json itself: not UTF-8 and zero heads were tracebacks.
+    config = tmp_path / "config.json"
+    config.write_bytes(content)
+    result = CliRunner().invoke(app, ["size", "--gpu", "h100-80gb", "--config", str(config)])
+    assert result.exit_code == EXIT_BAD_INPUT, result.output
+    assert f"{config}: {expected}" in result.output.replace("\n", "")
