@@ -188,7 +188,10 @@ def _adapter(
         name=AdapterId(name),
         base_model=base_model,
         rank=rank,
-        alpha=reader.get(raw, "alpha", as_number, entry=entry, default=float(rank)) or float(rank),
+        # 0 was taken for "not given" (the rank) without a word; an error now, as the
+        # default is only for an alpha left out
+        alpha=reader.get(raw, "alpha", above_zero(as_number), entry=entry, default=float(rank))
+        or float(rank),
         target_modules=targets,
         dtype=dtype,
         source=source,

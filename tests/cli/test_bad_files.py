@@ -453,6 +453,13 @@ def test_an_unreadable_state_file_is_kept_before_the_next_save_replaces_it(
         ),
         pytest.param(
             "catalog",
+            "  rank: 16\n",
+            "  rank: 16\n  alpha: 0\n",
+            "catalog.yaml: adapter ny-jurisdiction-v3: alpha: must be above 0, got 0",
+            id="alpha-0",
+        ),
+        pytest.param(
+            "catalog",
             "target_modules: [q_proj, k_proj, v_proj, o_proj]",
             "target_modules: []",
             "catalog.yaml: adapter ny-jurisdiction-v3: target_modules: expected at least one",
@@ -471,8 +478,8 @@ def test_a_value_no_pod_or_adapter_can_have_is_an_error(
     tmp_path: Path, file: str, before: str, after: str, expected: str
 ) -> None:
     # Each passed validate and planned: a pod of 0 requests/s or 0 GPU bytes, an
-    # adapter of 0 bytes (size_bytes: 0, or no target module) or an SLO of 0 ms; an
-    # unknown dtype was reported under target_modules.
+    # adapter of 0 bytes (size_bytes: 0, or no target module) or an SLO of 0 ms, and
+    # alpha: 0 became the rank; an unknown dtype was reported under target_modules.
     texts = {"catalog": CATALOG, "fleet": FLEET}
     original = texts[file]
     texts[file] = original.replace(before, after, 1)
