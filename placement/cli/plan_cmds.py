@@ -173,6 +173,11 @@ def _observed(raw: Any, *, source: str, known: set[PodId]) -> Current:
                 Problem(source=source, entry=f"pods.{pod}", message="expected an object")
             )
             continue
+        problems += [  # "wram": [...] was read as no warm adapter, without a word
+            Problem(source=source, entry=f"pods.{pod}", field=str(key), message="unknown key")
+            for key in entry
+            if key not in ("hot", "warm")
+        ]
         tiers: dict[AdapterId, Tier] = {}
         for key, tier in (("warm", Tier.WARM), ("hot", Tier.HOT)):
             names = entry.get(key, [])

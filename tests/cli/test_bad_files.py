@@ -178,6 +178,11 @@ def test_a_fleet_without_pools_is_an_error_of_the_fleet(tmp_path: Path) -> None:
             id="warm-a-string",
         ),
         pytest.param(b"[" * 100_000, "nested too deeply", id="deep"),
+        pytest.param(
+            b'{"pods": {"pod-0": {"hot": [], "wram": ["ny-jurisdiction-v3"]}}}',
+            "pods.pod-0: wram: unknown key",
+            id="unknown-key",
+        ),
     ],
 )
 def test_a_bad_current_placement_is_one_line_and_no_plan(
