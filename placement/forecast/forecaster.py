@@ -45,6 +45,11 @@ from placement.settings import ForecastSettings, LoadCostSettings
 from placement.solver.problem import Demand
 
 FORECAST_COLUMNS = ("ts", "adapter", "mean", "q50", "q90", "q99", "p_nonzero")
+#: The history a forecast reads, at most: the models look back a few weeks at most
+#: (the weekly profiles, the backtest's origins), and the panel is dense, one cell per
+#: bucket and adapter, so a log reaching back decades (seconds from a trace's start read
+#: as 1970) would fill gigabytes of zeros.
+MAX_HISTORY_S = 90 * 86_400
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -105,10 +110,15 @@ def forecast_demand(
     falls back to a simpler one and the notes say so; ForecastError when nothing can be.
     """
     end_s = _epoch_s(at)
+    start_s, older = _history_start(counts, end_s=end_s)
     try:
-        panel = build_panel(counts, bucket_s=bucket_s, end_s=end_s, adapters=adapters)
+        panel = build_panel(
+            counts, bucket_s=bucket_s, end_s=end_s, start_s=start_s, adapters=adapters
+        )
     except SeriesError as exc:
         raise ForecastError(f"cannot forecast from this log: {exc}") from None
+    if older:
+        panel = replace(panel, notes=(*panel.notes, older))
     if not panel.counts.any():
         raise ForecastError(
             f"the request log has no requests before {pd.Timestamp(end_s, unit='s', tz='UTC')}"
@@ -125,6 +135,25 @@ def forecast_demand(
         notes=tuple(dict.fromkeys(notes)),
         history=panel,
         result=result,
+    )
+
+
+def _history_start(counts: pd.DataFrame, *, end_s: int) -> tuple[int | None, str]:
+    """Where the panel starts: None (at the log's first row) unless that is more than
+    ``MAX_HISTORY_S`` before ``end_s``; then there, with a note of the rows left out."""
+    if "ts" not in counts.columns or len(counts) == 0:
+        return None, ""
+    start_s = end_s - MAX_HISTORY_S
+    try:
+        first = pd.to_datetime(counts["ts"].min(), utc=True)
+    except (TypeError, ValueError):
+        return None, ""  # build_panel names what is wrong with the column
+    if pd.isna(first) or first.timestamp() >= start_s:
+        return None, ""
+    since = pd.Timestamp(start_s, unit="s", tz="UTC")
+    return start_s, (
+        f"history before {since} ({MAX_HISTORY_S // 86_400} days before the forecast's "
+        f"origin) left out: the log reaches back to {first}"
     )
 
 

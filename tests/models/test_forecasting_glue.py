@@ -15,6 +15,7 @@ from placement.domain import AdapterId
 from placement.errors import ForecastError
 from placement.forecast.forecaster import (
     FORECAST_COLUMNS,
+    MAX_HISTORY_S,
     ModelForecaster,
     forecast_demand,
     preloads,
@@ -194,3 +195,23 @@ def test_learned_events_merge_with_declared_logins() -> None:
         "acme-chat",
         "legal-extract",
     }
+
+
+def test_history_beyond_the_cap_is_left_out_and_said() -> None:
+    """A log reaching back to 1970 (seconds from a trace's start read as epoch seconds)
+    reads at most ``MAX_HISTORY_S`` of history: the panel is dense, and the whole span
+    would be millions of buckets of zeros per adapter."""
+    log = rows(("1970-01-01T00:00:05Z", "a"), ("2026-01-04T12:00:00Z", "a"))
+    forecast = forecast_demand(log, at=AT, horizon_s=HORIZON_S, bucket_s=BUCKET_S, model="ewma")
+    assert forecast.history is not None
+    assert forecast.history.n_buckets == MAX_HISTORY_S // BUCKET_S
+    assert any("left out: the log reaches back to 1970-01-01" in n for n in forecast.notes)
+    assert_sane_frame(forecast.frame)
+
+
+def test_history_within_the_cap_is_read_whole() -> None:
+    log = rows(("2025-12-01T00:00:00Z", "a"), ("2026-01-04T12:00:00Z", "a"))
+    forecast = forecast_demand(log, at=AT, horizon_s=HORIZON_S, bucket_s=BUCKET_S, model="ewma")
+    assert forecast.history is not None
+    assert forecast.history.start_s == int(pd.Timestamp("2025-12-01T00:00:00Z").timestamp())
+    assert not any("left out" in n for n in forecast.notes)
