@@ -79,7 +79,8 @@ SAME_HOUR_MODEL = "same-hour"
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # A NaN or an infinity is refused as such (not "should be less than 600").
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class HistoryConfig(_Section):

@@ -78,6 +78,16 @@ def test_a_local_config_resolves_paths_against_its_directory(tmp_path: Path) -> 
             LOCAL + "planner: {replicate_share: 0}\n", "planner.replicate_share", id="share"
         ),
         pytest.param(
+            LOCAL + "planner: {time_limit_s: .nan}\n",
+            "planner.time_limit_s: Input should be a finite number",
+            id="nan",
+        ),
+        pytest.param(
+            LOCAL + "max_loads_per_event: 4\nlease_retry_period_s: .inf\n",
+            "lease_retry_period_s: Input should be a finite number",
+            id="inf",
+        ),
+        pytest.param(
             LOCAL + "lease_duration_s: 9\n",
             "api_timeout_s (5.0) < lease_renew_deadline_s (10.0) < lease_duration_s (9)",
             id="lease-shorter-than-renew-deadline",
