@@ -12,7 +12,10 @@ instead of overwriting it. Given a ``term`` (the leader's fencing token, see
 later term wrote: a deposed leader that wakes up from a pause cannot overwrite its
 successor; an annotation that holds no term (``abc``, ``nan``) is a ``KubeError`` naming
 it, and the object is not written: it may be a later leader's. A write whose data would
-not fit a ConfigMap is refused before it is sent.
+not fit a ConfigMap is refused before it is sent. ``claim`` rewrites an object as it
+is under a new leader's term, which a leader does on taking the lease: a deposed
+leader's write already past its checks (read before its pause, sent after it) then
+fails on the resourceVersion instead of landing before the successor's first write.
 
 Must not decide what to publish or when: that is the caller's
 (``placement.controller.ticks``). Import these from ``placement.adapters.kube``.
@@ -89,6 +92,15 @@ class _ConfigMaps:
             )
         return term
 
+    def claim(self) -> None:
+        """Rewrite the object as it is, stamped with our term: a write read before it
+        (a deposed leader's, sent after a pause) now fails on the resourceVersion. An
+        object not yet created is left alone: a late create of it is overwritten by our
+        first write, which a later term's stamp alone would refuse."""
+        existing = self.read()
+        if existing is not None:
+            self.write(existing, dict(existing.data or {}))
+
     def read(self) -> client.V1ConfigMap | None:
         try:
             with translated(f"read configmap {self.name}"):
@@ -159,6 +171,9 @@ class KubeHotSets:
             self._maps.read(), hot_set_entries(hot_sets), annotations={PLAN_ID_ANNOTATION: plan_id}
         )
 
+    def claim(self) -> None:
+        self._maps.claim()
+
 
 class KubeConfigMapKey:
     """One key of a ConfigMap people write (``catalog.yaml`` of the inputs), read with
@@ -199,6 +214,9 @@ class KubePlanStore:
         if PLAN_KEY in data:
             new[PREVIOUS_PLAN_KEY] = data[PLAN_KEY]
         self._maps.write(existing, new)
+
+    def claim(self) -> None:
+        self._maps.claim()
 
     def current(self) -> Plan | None:
         return self._plan(PLAN_KEY)
@@ -246,3 +264,6 @@ class KubeStateStore:
         if state.ledger_json is not None:
             data[STATE_LEDGER_KEY] = state.ledger_json
         self._maps.write(self._maps.read(), data)
+
+    def claim(self) -> None:
+        self._maps.claim()

@@ -168,6 +168,11 @@ class ControllerPorts:
     discovery: PodDiscovery | None = None
     hot_sets: HotSetBoard | None = None
     elector: Leadership | None = None
+    #: Run when this replica takes the lease, before its jobs: stamps its term on the
+    #: objects it writes, so a deposed leader's write already past its checks (read
+    #: before a pause, sent after) is refused. None where the lock fences on its own (a
+    #: state directory: a paused holder keeps its flock, so no one takes over).
+    claim: Callable[[], None] | None = None
     #: Learns event models (transitions, login affinities) from each new history;
     #: until it has, and when it fails, ``predictor`` answers events alone.
     learn_predictor: Callable[[RequestLog], Predictor] | None = None
@@ -204,6 +209,8 @@ class ControllerState:
     #: When this process last loaded or warmed each adapter on each pod (Unix seconds,
     #: the controller's clock): a landing the request log does not show. Not saved.
     landed_s: dict[PodId, dict[AdapterId, float]] = field(default_factory=dict)
+    #: Whether ``ControllerPorts.claim`` has run since this replica last took the lease.
+    claimed: bool = False
 
 
 def fleet_from_discovery(template: Fleet, pods: tuple[DiscoveredPod, ...]) -> Fleet:

@@ -192,8 +192,30 @@ class ControllerRuntime:
                     "%s lost the lease: %d jobs in flight stopped", elector.identity, stopped
                 )
         if leads and not was_leader:
+            self.state.claimed = False
             await self.resume()  # the previous leader's last plan and ledger
+        if leads and not self.state.claimed:
+            await self._claim()
         return TickOutcome.DONE if leads else TickOutcome.STANDBY
+
+    async def _claim(self) -> None:
+        """Stamp our term on the objects we write (``ControllerPorts.claim``); a failure
+        is tried again at the next lease tick, which it does not delay: each write
+        checks the term on its own."""
+        claim = self.ports.claim
+        if claim is not None:
+            try:
+                self._fence()
+                await asyncio.to_thread(claim)
+            except (LorafleetError, OSError) as exc:
+                logger.warning(
+                    "could not stamp this leader's term on its objects (tried again at the "
+                    "next lease tick): %s: %s",
+                    type(exc).__name__,
+                    exc,
+                )
+                return
+        self.state.claimed = True
 
     # --- cluster side effects ----------------------------------------------------
 

@@ -225,6 +225,7 @@ class _Cluster:
     elector: Leadership
     discovery: PodDiscovery | None = None
     hot_sets: HotSetBoard | None = None
+    claim: Callable[[], None] | None = None
 
 
 def _cluster(config: ControllerConfig, settings: Settings, *, identity: str) -> _Cluster:
@@ -248,12 +249,21 @@ def _cluster(config: ControllerConfig, settings: Settings, *, identity: str) -> 
         clock=time.monotonic,
         wall=lambda: datetime.now(UTC),
     )
+    plans = KubePlanStore(api, target=target, term=elector.term)
+    state = KubeStateStore(api, target=target, term=elector.term)
+    hot_sets = KubeHotSets(api, target=target, term=elector.term)
+
+    def claim() -> None:
+        for store in (plans, state, hot_sets):
+            store.claim()
+
     return _Cluster(
-        plans=KubePlanStore(api, target=target, term=elector.term),
-        state=KubeStateStore(api, target=target, term=elector.term),
+        plans=plans,
+        state=state,
         discovery=KubePods(api, target=target),
-        hot_sets=KubeHotSets(api, target=target, term=elector.term),
+        hot_sets=hot_sets,
         elector=elector,
+        claim=claim,
     )
 
 
@@ -307,6 +317,7 @@ def build(
         discovery=cluster.discovery,
         hot_sets=cluster.hot_sets,
         elector=cluster.elector,
+        claim=cluster.claim,
         catalog_file=catalog_file,
         rebind=bound,
         recent_use=_recent_use(config, settings),

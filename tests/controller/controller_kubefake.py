@@ -13,7 +13,7 @@ import itertools
 import json
 import re
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -97,19 +97,42 @@ class Fault:
     remaining: int
 
 
+@dataclass
+class Hold:
+    """A request held by ``FakeApiServer.hold``: ``arrived`` is set when it comes in."""
+
+    method: str
+    kind: str
+    who: str
+    arrived: threading.Event = field(default_factory=threading.Event)
+    release: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass
+class Call:
+    """One request: the client name before the API path ("" without one), the method,
+    the API path and the status code answered (None until answered; 200 for a watch)."""
+
+    who: str
+    method: str
+    path: str
+    code: int | None = None
+
+
 class FakeApiServer:
     """State plus an HTTP server thread; ``url`` is what the client's host is set to."""
 
     def __init__(self) -> None:
         self.objects: dict[tuple[str, str, str], Obj] = {}
         self.requests: list[tuple[str, str]] = []
-        #: (client name or "", method, path) of every request, in order.
-        self.calls: list[tuple[str, str, str]] = []
+        #: Every request, in order: who sent it, what, and the status it was answered.
+        self.calls: list[Call] = []
         self._versions = itertools.count(100)
         self._events: list[tuple[str, Obj]] = []
         self._changed = threading.Condition()
         self._closing = False
         self._faults: list[Fault] = []
+        self._holds: list[Hold] = []
         self._lock = threading.Lock()
         handler = type("Handler", (_Handler,), {"fake": self})
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
@@ -129,6 +152,8 @@ class FakeApiServer:
         return self
 
     def stop(self) -> None:
+        for held in self._holds:
+            held.release.set()
         self.end_watches()
         if self._thread.is_alive():
             self._httpd.shutdown()
@@ -168,6 +193,30 @@ class FakeApiServer:
 
     def get(self, kind: str, name: str, namespace: str = "lf") -> Obj | None:
         return self.objects.get((kind, namespace, name))
+
+    def hold(self, method: str, kind: str, *, who: str) -> Hold:
+        """The next such request from ``who`` waits, received but not applied, until
+        ``release`` is set: a client frozen between its checks and its write, as the
+        server sees it (the write lands when the client wakes up)."""
+        held = Hold(method=method, kind=kind, who=who)
+        with self._lock:
+            self._holds.append(held)
+        return held
+
+    def wait_if_held(self, method: str, kind: str, who: str) -> None:
+        with self._lock:
+            held = next(
+                (
+                    h
+                    for h in self._holds
+                    if (h.method, h.kind, h.who) == (method, kind, who) and not h.arrived.is_set()
+                ),
+                None,
+            )
+            if held is not None:
+                held.arrived.set()
+        if held is not None:
+            held.release.wait(timeout=60)
 
     def take_fault(self, method: str, kind: str) -> int | None:
         with self._lock:
@@ -222,7 +271,11 @@ class _Handler(BaseHTTPRequestHandler):
     def do_PATCH(self) -> None:
         self._dispatch("PATCH")
 
+    _call: Call | None = None
+
     def _send(self, code: int, body: Obj) -> None:
+        if self._call is not None:
+            self._call.code = code
         raw = json.dumps(body).encode()
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
@@ -240,11 +293,13 @@ class _Handler(BaseHTTPRequestHandler):
             path, who = path[client.end() :], client["who"]
         match = _CORE.match(path) or _LEASES.match(path)
         self.fake.requests.append((method, path))
-        self.fake.calls.append((who, method, path))
+        self._call = Call(who, method, path)
+        self.fake.calls.append(self._call)
         if match is None:
             self._send(404, _status(404, "NotFound", f"no route {path}"))
             return
         ns, kind, name = match["ns"], match["kind"], match["name"]
+        self.fake.wait_if_held(method, kind, who)
         fault = self.fake.take_fault(method, kind)
         if fault is not None:
             self._send(fault, _status(fault, "InternalError", f"injected {fault}"))
@@ -320,6 +375,8 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(200, {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items})
 
     def _watch(self, kind: str, ns: str, selector: str) -> None:
+        if self._call is not None:
+            self._call.code = 200
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Transfer-Encoding", "chunked")

@@ -26,6 +26,7 @@ from placement.adapters.kube import (
     KubeTarget,
     connect,
 )
+from placement.adapters.kube_configmaps import TERM_ANNOTATION
 from placement.adapters.statedir import DirLock
 from placement.controller.leader import LeaderElector
 from placement.controller.live_ports import EngineActuator, SeasonalForecaster
@@ -33,12 +34,12 @@ from placement.controller.ports import ControllerPorts, Job, TickOutcome
 from placement.controller.ticks import Controller
 from placement.domain import AdapterId, Fleet, Pipelines
 from placement.emulator import ZERO_LATENCY, EmulatedFleet, PodConfig
-from placement.errors import LeadershipLostError
+from placement.errors import KubeConflictError, LeadershipLostError
 from placement.forecast.event_preloads import pipeline_predictor
 from placement.plan import Plan
 from placement.settings import ControllerSettings, ExecutorSettings, Settings
 from placement.solver.problem import Demand
-from tests.controller.controller_kubefake import FakeApiServer, make_pod
+from tests.controller.controller_kubefake import Call, FakeApiServer, make_pod
 from tests.factories import T0, FakeClock, make_plan
 from tests.faults.rig import (
     ControllerProcess,
@@ -55,16 +56,31 @@ SETTINGS = Settings(
 WRITES = {"POST", "PUT", "PATCH", "DELETE"}
 
 
-def writes_by(fake: FakeApiServer, who: str, *, since: int = 0) -> list[tuple[str, str]]:
-    return [
-        (method, path) for w, method, path in fake.calls[since:] if w == who and method in WRITES
-    ]
+def writes_by(fake: FakeApiServer, who: str, *, since: int = 0) -> list[Call]:
+    return [c for c in fake.calls[since:] if c.who == who and c.method in WRITES]
+
+
+def landed(calls: list[Call]) -> list[tuple[str, str, int | None]]:
+    """The writes the server did not refuse (a 409 Conflict is a write that failed)."""
+    return [(c.method, c.path, c.code) for c in calls if c.code is None or c.code < 300]
 
 
 def first_write_index(fake: FakeApiServer, who: str, kind: str = "configmaps") -> int | None:
-    for index, (w, method, path) in enumerate(fake.calls):
-        if w == who and method in WRITES and f"/{kind}" in path:
+    for index, c in enumerate(fake.calls):
+        if c.who == who and c.method in WRITES and f"/{kind}" in c.path:
             return index
+    return None
+
+
+def claimed_index(fake: FakeApiServer, who: str) -> int | None:
+    """The index of the call by which ``who`` had written each of the controller's
+    three ConfigMaps once (its claim on taking the lease); None before that."""
+    names = {"lorafleet-plan", "lorafleet-state", "lorafleet-hot-sets"}
+    for index, c in enumerate(fake.calls):
+        if c.who == who and c.method in WRITES and "/configmaps" in c.path:
+            names.discard(c.path.rsplit("/", 1)[-1])
+            if not names:
+                return index
     return None
 
 
@@ -147,6 +163,14 @@ async def replicas(fake: FakeApiServer) -> AsyncIterator[Replicas]:
         cat = catalog()
         log = history(clock.wall())
         planner = GatedPlanner()
+        plans = KubePlanStore(api, target=target, term=elector.term)
+        state = KubeStateStore(api, target=target, term=elector.term)
+        hot_sets = KubeHotSets(api, target=target, term=elector.term)
+
+        def claim() -> None:
+            for store in (plans, state, hot_sets):
+                store.claim()
+
         ports = ControllerPorts(
             catalog=cat,
             fleet=emulated.domain(pool="llama"),
@@ -156,11 +180,12 @@ async def replicas(fake: FakeApiServer) -> AsyncIterator[Replicas]:
             actuator=EngineActuator(
                 catalog=cat, http=http, settings=SETTINGS, rng=random.Random(0)
             ),
-            plans=KubePlanStore(api, target=target, term=elector.term),
-            state=KubeStateStore(api, target=target, term=elector.term),
-            hot_sets=KubeHotSets(api, target=target, term=elector.term),
+            plans=plans,
+            state=state,
+            hot_sets=hot_sets,
             predictor=pipeline_predictor(Pipelines(), cat),
             elector=elector,
+            claim=claim,
         )
         made.append(Replica(name, Controller(ports, settings=SETTINGS, clock=clock), planner, api))
         return made[-1]
@@ -216,6 +241,50 @@ async def test_a_lease_tick_that_finds_the_lease_lost_stops_the_solve(
     assert await asyncio.wait_for(solving, timeout=30) is TickOutcome.STANDBY
     assert not a.planner.release.is_set()  # stopped while the solve was still running
     assert writes_by(fake, "a", since=first_b) == []
+
+
+@pytest.mark.anyio
+async def test_a_write_sent_after_a_pause_is_refused_once_the_successor_took_over(
+    fake: FakeApiServer, replicas: Replicas
+) -> None:
+    """a passes its checks and reads the state, then freezes before its write lands; b
+    takes over (and has not saved its own state yet) before a wakes up."""
+    replica, clock = replicas
+    a, b = replica("a"), replica("b")
+    assert await a.tick(Job.LEASE) is TickOutcome.DONE
+    assert await b.tick(Job.LEASE) is TickOutcome.STANDBY
+    assert [await a.tick(j) for j in (Job.INGEST, Job.FORECAST, Job.PLAN)] == [TickOutcome.DONE] * 3
+    frozen = fake.hold("PUT", "configmaps", who="a")
+    saving = asyncio.create_task(a.controller.persist())
+    assert await asyncio.to_thread(frozen.arrived.wait, 30)
+    clock.advance(16)
+    assert await b.tick(Job.LEASE) is TickOutcome.DONE
+    frozen.release.set()  # a wakes up: its write goes out with what it read before
+    with pytest.raises(KubeConflictError):
+        await saving
+    late = writes_by(fake, "a")[-1]
+    assert (late.path.rsplit("/", 1)[-1], late.code) == ("lorafleet-state", 409)
+    stored = fake.get("configmaps", "lorafleet-state")
+    assert stored is not None
+    elector = b.controller.ports.elector
+    assert elector is not None
+    assert float(stored["metadata"]["annotations"][TERM_ANNOTATION]) == elector.term()
+
+
+@pytest.mark.anyio
+async def test_a_claim_that_fails_is_tried_again_without_failing_the_lease(
+    fake: FakeApiServer, replicas: Replicas
+) -> None:
+    replica, _ = replicas
+    a = replica("a")
+    assert await a.tick(Job.LEASE) is TickOutcome.DONE
+    assert [await a.tick(j) for j in (Job.INGEST, Job.FORECAST, Job.PLAN)] == [TickOutcome.DONE] * 3
+    a.controller.state.claimed = False  # as after taking the lease over
+    fake.inject("PUT", "configmaps", 500)
+    assert await a.tick(Job.LEASE) is TickOutcome.DONE  # the renewal is not held up
+    assert not a.controller.state.claimed
+    assert await a.tick(Job.LEASE) is TickOutcome.DONE
+    assert a.controller.state.claimed
 
 
 def test_a_write_from_an_earlier_term_never_overwrites_a_later_one(
@@ -330,19 +399,22 @@ def test_a_leader_paused_past_its_lease_never_writes_after_the_takeover(
     controllers.append(b)
     wait_for(lambda: first_write_index(fake, "a"), timeout_s=90, what="a's first plan")
 
-    a.signal(signal.SIGSTOP)  # a hangs: no renewals, but it still thinks it leads
+    # a hangs: no renewals, but it still thinks it leads. It may be stopped anywhere,
+    # between its checks and a write too: that write is sent when it wakes up.
+    a.signal(signal.SIGSTOP)
     wait_for(lambda: _holder(fake) == "b", timeout_s=60, what="b to take over")
-    taken = wait_for(lambda: first_write_index(fake, "b"), timeout_s=90, what="b's first plan")
+    taken = wait_for(lambda: claimed_index(fake, "b"), timeout_s=90, what="b's claim")
     a.signal(signal.SIGCONT)
     wait_for(
         lambda: a.get("/readyz").json().get("leader") is False, timeout_s=30, what="a to notice"
     )
     seen = len(fake.calls)
-    wait_for(  # b publishes again after a woke up: a had time to misbehave
-        lambda: any(w == "b" and m in WRITES for w, m, _ in fake.calls[seen:]),
+    wait_for(  # b writes again after a woke up: a had time to misbehave
+        lambda: any(c.who == "b" and c.method in WRITES for c in fake.calls[seen:]),
         timeout_s=60,
         what="b's next write",
     )
-    assert writes_by(fake, "a", since=taken) == []
+    late = writes_by(fake, "a", since=taken)
+    assert landed(late) == []  # the write it was frozen in, if any, was refused
     assert a.get("/readyz").status_code == 503
     assert b.get("/readyz").status_code == 200
