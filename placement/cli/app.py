@@ -6,6 +6,7 @@ or Kubernetes failure with exit code 1; never a traceback.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from functools import wraps
@@ -52,6 +53,18 @@ def print_labelled(console: Console, style: str, label: str, message: object) ->
     console.print(f"[{style}]{escape(label)}[/]: {escape(str(message))}", highlight=False)
 
 
+def os_error_line(exc: OSError) -> str:
+    """An OSError as "file: what is wrong", each file named once and without the errno.
+
+    ``str(exc)`` is "[Errno 2] what: 'file'": with a message that already names the file
+    (``write_through``'s "cannot write X: D does not exist"), D was printed twice.
+    """
+    what = exc.strerror or str(exc)
+    names = [os.fsdecode(n) for n in (exc.filename, exc.filename2) if isinstance(n, str | bytes)]
+    unnamed = [name for name in names if name not in what]
+    return f"{' -> '.join(unnamed)}: {what}" if unnamed else what
+
+
 def report_errors(command: Callable[P, R]) -> Callable[P, R]:
     """Turn lorafleet's errors into clear lines and exit codes instead of tracebacks."""
 
@@ -73,7 +86,7 @@ def report_errors(command: Callable[P, R]) -> Callable[P, R]:
             # file: they keep their traceback rather than read "error: " and exit 2.
             raise
         except OSError as exc:  # a file that cannot be read or written: named, no traceback
-            print_labelled(err(), "bold red", "error", exc)
+            print_labelled(err(), "bold red", "error", os_error_line(exc))
             raise typer.Exit(EXIT_BAD_INPUT) from None
         except KeyboardInterrupt:
             err().print("interrupted")

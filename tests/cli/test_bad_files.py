@@ -575,3 +575,23 @@ def test_a_bad_config_for_the_three_ledgers_is_one_line(
     result = CliRunner().invoke(app, ["size", "--gpu", "h100-80gb", "--config", str(config)])
     assert result.exit_code == EXIT_BAD_INPUT, result.output
     assert f"{config}: {expected}" in result.output.replace("\n", "")
+
+
+# --- an output in a folder that is not there ---------------------------------------------
+
+
+@pytest.mark.parametrize("parent", ["absent/dir", "a-file"])
+def test_an_output_in_a_missing_folder_names_it_once(tmp_path: Path, parent: str) -> None:
+    # "error: [Errno 2] cannot write .../absent/dir/plan.json: .../absent/dir does not
+    # exist: '.../absent/dir'": the folder twice, the second time quoted by OSError.
+    (tmp_path / "a-file").write_text("")
+    log = tmp_path / "requests.parquet"
+    pd.read_parquet(DATA / "requests.parquet").head(500).to_parquet(log)
+    inputs = ["--catalog", str(DATA / "catalog.yaml"), "--fleet", str(DATA / "fleet.yaml")]
+    output = tmp_path / parent / "plan.json"
+    args = ["plan", *inputs, "--log", str(log), "--at", "2026-03-08T19:00:00Z", "-o", str(output)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == EXIT_BAD_INPUT, result.output
+    what = "is not a directory" if parent == "a-file" else "does not exist"
+    [line] = _errors(result)
+    assert line == f"error: cannot write {output}: {output.parent} {what}"

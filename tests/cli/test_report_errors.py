@@ -76,3 +76,30 @@ def test_a_labelled_line_prints_its_label_and_message_as_they_are() -> None:
     written = io.StringIO()
     print_labelled(Console(file=written, width=200, color_system=None), "bold", "pod[a]", _MARKUP)
     assert written.getvalue() == f"pod[a]: {_MARKUP}\n"
+
+
+@pytest.mark.parametrize(
+    ("exc", "expected"),
+    [
+        pytest.param(
+            PermissionError(errno.EACCES, "Permission denied", "out/plan.json"),
+            "error: out/plan.json: Permission denied",
+            id="file-not-in-message",
+        ),
+        pytest.param(
+            FileNotFoundError(
+                errno.ENOENT, "cannot write out/x/p.json: out/x does not exist", "out/x"
+            ),
+            "error: cannot write out/x/p.json: out/x does not exist",
+            id="file-in-message",
+        ),
+    ],
+)
+def test_an_os_error_names_its_file_once_without_the_errno(
+    exc: OSError, expected: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Printed as str(exc): "[Errno 2] cannot write out/x/p.json: out/x does not exist:
+    # 'out/x'", the folder twice.
+    with pytest.raises(typer.Exit):
+        _raising(exc)
+    assert capsys.readouterr().err.strip() == expected
