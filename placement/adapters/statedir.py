@@ -55,6 +55,17 @@ def _read(path: Path) -> str | None:
         raise
 
 
+def _previous_plan(text: str, path: Path) -> Plan:
+    """The plan a rollback restores. One that is not a plan is a bad file, an InputError
+    naming it (exit 2), as one that is not UTF-8 already is (``read_text``); a
+    PlanError was exit 1, an engine or Kubernetes failure's code."""
+    try:
+        return plan_from_json(text, source=str(path))
+    except PlanError as exc:
+        message = str(exc).removeprefix(f"{path}: ")
+        raise InputError([Problem(source=str(path), message=message)]) from None
+
+
 def _is_json(text: str) -> bool:
     try:
         json.loads(text)
@@ -131,7 +142,7 @@ class DirPlanStore:
             )
             if current is None or previous is None:
                 raise PlanError(f"{self.directory}: no previous plan to roll back to")
-            restored = plan_from_json(previous, source=str(self.directory / PREVIOUS_FILE))
+            restored = _previous_plan(previous, self.directory / PREVIOUS_FILE)
             self._install(previous, current)
         return restored
 

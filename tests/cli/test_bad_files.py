@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from placement.adapters.statedir import DirStateStore
+from placement.adapters.statedir import DirPlanStore, DirStateStore
 from placement.cli.app import EXIT_BAD_INPUT, app
 from placement.errors import InputError
 from placement.plan import plan_to_json
@@ -595,3 +595,44 @@ def test_an_output_in_a_missing_folder_names_it_once(tmp_path: Path, parent: str
     what = "is not a directory" if parent == "a-file" else "does not exist"
     [line] = _errors(result)
     assert line == f"error: cannot write {output}: {output.parent} {what}"
+
+
+# --- rollback: the state directory's previous.json -----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        pytest.param(b'{"id": "\xff"}', "not UTF-8 text (byte 0xff at offset 8)", id="not-utf-8"),
+        pytest.param(b'{"id": "p1",', "not valid JSON", id="torn"),
+        pytest.param(b"[" * 100_000, "not valid JSON: nested too deeply", id="deep"),
+        pytest.param(
+            b'{"id": "p1"}', "top level: missing required key 'schema_version'", id="not-a-plan"
+        ),
+    ],
+)
+def test_a_bad_previous_plan_is_a_bad_input_naming_it_and_nothing_is_swapped(
+    tmp_path: Path, content: bytes, expected: str
+) -> None:
+    # Not UTF-8 was exit 2 (read_text's InputError), a torn or foreign previous.json
+    # exit 1 (plan_from_json's PlanError, an engine or Kubernetes failure's code).
+    for name in ("catalog.yaml", "fleet.yaml", "pipelines.yaml"):
+        (tmp_path / name).write_bytes((DATA / name).read_bytes())
+    config = tmp_path / "controller.yaml"
+    config.write_text(
+        "catalog: catalog.yaml\nfleet: fleet.yaml\npipelines: pipelines.yaml\n"
+        "history: {log: requests.parquet}\nstate_dir: state\n"
+    )
+    (tmp_path / "state").mkdir()
+    store = DirPlanStore(tmp_path / "state")
+    store.publish(make_plan(plan_id="p1"))
+    store.publish(make_plan(plan_id="p2"))
+    previous = tmp_path / "state" / "previous.json"
+    previous.write_bytes(content)  # through the link, into the current generation
+    result = CliRunner().invoke(app, ["rollback", "--config", str(config)])
+    assert result.exit_code == EXIT_BAD_INPUT, result.output
+    [line] = _errors(result)
+    assert line.startswith(f"error: {previous}: {expected}"), line
+    assert line.count(str(previous)) == 1, line
+    assert store.current() == make_plan(plan_id="p2")
+    assert previous.read_bytes() == content
