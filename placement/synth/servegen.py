@@ -116,13 +116,55 @@ def _client(path: Path, prefix: str) -> Client:
     if problems:
         raise InputError(problems)
     number = int(_CLIENT.match(path.name).group(1))  # type: ignore[union-attr]
+    name = f"{prefix}{number:03d}"
+    pattern = frame["pattern"].fillna("")
+    _check_distributions(path, text, frame, name=name, pattern=pattern, shape=numbers["shape"])
     return Client(
-        name=f"{prefix}{number:03d}",
+        name=name,
         t=numbers["t"].to_numpy(dtype=float),
         rate=numbers["rate"].to_numpy(dtype=float),
-        pattern=frame["pattern"].fillna("").to_numpy(dtype=object),
+        pattern=pattern.to_numpy(dtype=object),
         shape=numbers["shape"].to_numpy(dtype=float),
     )
+
+
+def _check_distributions(
+    path: Path, text: str, frame: pd.DataFrame, *, name: str, pattern: pd.Series, shape: pd.Series
+) -> None:
+    """Each window's inter-arrival distribution is one ``_gaps`` draws: an unknown
+    ``pattern`` was drawn as exponential gaps, and a shape of 0 or below (or infinite)
+    as a shape of 1, in silence. An idle window has no pattern, and shape 0."""
+    known = pattern.isin(PATTERNS)
+    bad_pattern = ~known & (pattern != "")
+    bad_shape = ~bad_pattern & (~np.isfinite(shape) | (shape < 0) | (known & ~(shape > 0)))
+    accepted = f"accepted: {', '.join(PATTERNS)}, or empty in an idle window"
+    problems = [
+        Problem(
+            source=str(path),
+            entry=f"client {name}: {_windows_entry(text, frame, rows)}",
+            field=field,
+            message=f"{message}, got {_examples(values[rows])}",
+        )
+        for field, rows, values, message in (
+            ("pattern", bad_pattern, pattern, f"not a ServeGen distribution ({accepted})"),
+            (
+                "shape",
+                bad_shape,
+                shape,
+                "expected a finite number above 0 for a Gamma or Weibull window (0 in an idle one)",
+            ),
+        )
+        if rows.any()
+    ]
+    if problems:
+        raise InputError(problems)
+
+
+def _examples(values: pd.Series) -> str:
+    """The first few distinct values, as written: "'Exponential', 'gamma'"."""
+    shown = list(dict.fromkeys(values.tolist()))
+    more = f" and {len(shown) - 3} more" if len(shown) > 3 else ""
+    return ", ".join(repr(v) if isinstance(v, str) else f"{v:g}" for v in shown[:3]) + more
 
 
 def read_servegen(

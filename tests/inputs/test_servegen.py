@@ -200,3 +200,47 @@ def test_a_bad_window_is_named_by_its_line_in_the_file(
     assert result.exit_code == 2
     assert f"chunk-1-trace.csv: {entry}: not a ServeGen client trace" in result.output
     assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(
+    ("windows", "expected"),
+    [
+        pytest.param(
+            "0,1,1,Gamma,1,1\n600,1,1,Exponential,1,1\n1200,1,1,gamma,1,1\n",
+            "client client-007: lines 2, 3: pattern: not a ServeGen distribution (accepted:"
+            " Gamma, Weibull, or empty in an idle window), got 'Exponential', 'gamma'",
+            id="unknown-pattern",
+        ),
+        pytest.param(
+            "0,1,1,Weibull,-0.5,1\n",
+            "client client-007: line 1: shape: expected a finite number above 0 for a Gamma or"
+            " Weibull window (0 in an idle one), got -0.5",
+            id="negative-shape",
+        ),
+        pytest.param(
+            "0,1,1,Gamma,0,1\n600,0,0,,-1,0\n",
+            "client client-007: lines 1, 2: shape: expected a finite number above 0 for a Gamma"
+            " or Weibull window (0 in an idle one), got 0, -1",
+            id="zero-shape-and-negative-when-idle",
+        ),
+        pytest.param(
+            "0,1,1,Gamma,inf,1\n",
+            "client client-007: line 1: shape: expected a finite number above 0",
+            id="infinite-shape",
+        ),
+    ],
+)
+def test_a_window_no_distribution_draws_is_named_by_client_line_and_field(
+    tmp_path: Path, windows: str, expected: str
+) -> None:
+    # An unknown pattern was drawn as exponential gaps, a shape <= 0 as a shape of 1
+    # (_gaps' fallback), and the log written without a word.
+    root = tmp_path / "bad"
+    root.mkdir()
+    trace = root / "chunk-7-trace.csv"
+    trace.write_text(windows)
+    out = tmp_path / "o.parquet"
+    result = runner.invoke(app, ["convert", "servegen", str(root), "-o", str(out)])
+    assert result.exit_code == 2, result.output
+    assert f"error: {trace}: {expected}" in result.output.replace("\n", "")
+    assert not out.exists()
