@@ -16,6 +16,7 @@ implementation).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -44,7 +45,8 @@ class DemandForecaster(Protocol):
 def read_forecast(path: str | Path) -> pd.DataFrame:
     """Read a forecast Parquet file; InputError names the file and each fault: a missing
     column, a ``ts`` that is missing, no time or without a timezone (by its row and
-    adapter), a rate that is no number >= 0 (by its bucket)."""
+    adapter), a rate (``mean``, ``q90``, and ``q50``, ``q99`` where given) that is no
+    number >= 0, a quantile below the one before it (by its bucket)."""
     source = Path(path)
     try:
         frame = pd.read_parquet(source)
@@ -68,12 +70,43 @@ def read_forecast(path: str | Path) -> pd.DataFrame:
         for message, rows in time_faults
     ] + [
         Problem(source=str(source), entry=entry, field=column, message=message)
-        for column in ("mean", "q90")
+        for column in _rate_columns(frame)
         for entry, message in _rate_faults(frame, column)
     ]
+    if not problems:
+        problems = [
+            Problem(source=str(source), entry=entry, field=column, message=message)
+            for column, entry, message in _crossing_quantiles(frame)
+        ]
     if problems:
         raise InputError(problems)
     return frame
+
+
+#: The rate columns, required first: each a number >= 0 where the file has it.
+_RATES = ("mean", "q90", "q50", "q99")
+#: The quantiles in their order; a distribution's quantiles never fall.
+_QUANTILES = ("q50", "q90", "q99")
+
+
+def _rate_columns(frame: pd.DataFrame) -> list[str]:
+    return [column for column in _RATES if column in frame.columns]
+
+
+def _crossing_quantiles(frame: pd.DataFrame) -> list[tuple[str, str, str]]:
+    """Each quantile below the one before it (``q99`` under ``q90``, ``q90`` under
+    ``q50``), by bucket. ``q90`` under ``mean`` is not a fault: a sparse adapter's
+    count is 0 in more than 90% of its buckets, so its q90 is 0 and its mean is not
+    (``lorafleet forecast --model ewma`` writes such buckets; the plan takes the larger)."""
+    present = [column for column in _QUANTILES if column in frame.columns]
+    faults = []
+    for lower, upper in itertools.pairwise(present):
+        below = frame[upper].to_numpy(dtype=float) < frame[lower].to_numpy(dtype=float)
+        if below.any():
+            entry = _buckets(frame.iloc[np.flatnonzero(below)])
+            message = f"{below.sum()} below {lower} (quantiles rise: q50 <= q90 <= q99)"
+            faults.append((upper, entry, message))
+    return faults
 
 
 def _times(values: pd.Series) -> tuple[pd.Series, list[tuple[str, np.ndarray | None]]]:

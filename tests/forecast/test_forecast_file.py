@@ -21,7 +21,13 @@ T0 = pd.Timestamp("2026-03-09T04:00:00Z")
 
 
 def _forecast(
-    path: Path, mean: Sequence[object], q90: Sequence[object], ts: Sequence[object] | None = None
+    path: Path,
+    mean: Sequence[object],
+    q90: Sequence[object],
+    ts: Sequence[object] | None = None,
+    *,
+    q50: object = 0.0,
+    q99: object = 100.0,
 ) -> Path:
     """Buckets of 600 s for a1, a2, a1, ..., written with the index 10, 11, ... (the
     labels of a frame cut from a larger one); ``ts`` instead of those times."""
@@ -33,9 +39,9 @@ def _forecast(
             else ts,
             "adapter": ["a1" if i % 2 == 0 else "a2" for i in range(count)],
             "mean": mean,
-            "q50": 1.0,
+            "q50": q50,
             "q90": q90,
-            "q99": 1.0,
+            "q99": q99,
             "p_nonzero": 1.0,
         },
         index=range(10, 10 + count),
@@ -140,3 +146,54 @@ def test_a_good_forecast_is_read(tmp_path: Path) -> None:
     path = _forecast(tmp_path / "f.parquet", [0.0, 1.0], [0.0, 2.0])
     frame = read_forecast(path)
     assert list(frame["adapter"]) == ["a1", "a2"]
+
+
+@pytest.mark.parametrize(
+    ("q50", "q90", "q99", "expected"),
+    [
+        pytest.param(
+            0.0,
+            [2.0, 2.0, 5.0, 2.0],
+            [3.0, 3.0, 4.0, 3.0],
+            "bucket a1 at 2026-03-09T04:10:00+00:00: q99: 1 below q90 (quantiles rise: q50 <="
+            " q90 <= q99)",
+            id="q99-below-q90",
+        ),
+        pytest.param(
+            [1.0, 3.0, 1.0, 3.0],
+            [2.0] * 4,
+            9.0,
+            "buckets a2 at 2026-03-09T04:00:00+00:00, a2 at 2026-03-09T04:10:00+00:00: q90: 2"
+            " below q50 (quantiles rise: q50 <= q90 <= q99)",
+            id="q90-below-q50",
+        ),
+        pytest.param(
+            0.0,
+            [2.0] * 4,
+            [3.0, -1.0, 3.0, 3.0],
+            "bucket a2 at 2026-03-09T04:00:00+00:00: q99: 1 negative rates",
+            id="negative-q99",
+        ),
+        pytest.param(
+            [0.0, 0.0, np.nan, 0.0],
+            [2.0] * 4,
+            3.0,
+            "bucket a1 at 2026-03-09T04:10:00+00:00: q50: 1 rates that are not numbers (NaN)",
+            id="nan-q50",
+        ),
+    ],
+)
+def test_quantiles_that_fall_or_are_no_rates_are_named_by_their_bucket(
+    tmp_path: Path, q50: object, q90: list[float], q99: object, expected: str
+) -> None:
+    """Only mean and q90 were checked: a q99 under q90, a q90 under q50 (no
+    distribution has them) and a negative or NaN q50 or q99 were read as they were."""
+    path = _forecast(tmp_path / "f.parquet", [1.0] * 4, q90, q50=q50, q99=q99)
+    assert _problems(path) == [f"{path}: {expected}"]
+
+
+def test_a_q90_below_the_mean_is_read(tmp_path: Path) -> None:
+    """Not a fault: a sparse adapter's count is 0 in most buckets, so its q90 is 0 while
+    its mean is not; ``lorafleet forecast --model ewma`` writes such buckets."""
+    path = _forecast(tmp_path / "f.parquet", [0.07, 1.0], [0.0, 2.0], q99=3.0)
+    assert list(read_forecast(path)["q90"]) == [0.0, 2.0]

@@ -43,7 +43,7 @@ def files(tmp_path: Path) -> dict[str, Path]:
             "mean": 600.0 / (i + 1),
             "q50": 1.0,
             "q90": 900.0 / (i + 1),
-            "q99": 1.0,
+            "q99": 1200.0 / (i + 1),
             "p_nonzero": 1.0,
         }
         for ts in stamps
