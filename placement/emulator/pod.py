@@ -219,8 +219,8 @@ class EmulatedPod:
             if self.config.model.is_sglang:  # unregistered: new requests are refused
                 await self.in_flight.wait_for_unload(name)
             self._alive(generation)
-            try:
-                effects = self.residency.unload(name)
+            try:  # SGLang keeps the name to load again on use (``PodResidency.unload``)
+                effects = self.residency.unload(name, remember=True)
             except residency.ResidencyError as exc:
                 raise refusal(exc) from exc
             self.counters["unloads"] += 1
@@ -272,7 +272,8 @@ class EmulatedPod:
         returns the entry it runs on (None for the base model), for ``release``.
 
         Raises ``NotLoadedError`` when the engine does not serve ``name`` (SGLang before
-        the soft cap: also while an unload that unregistered it waits for its requests)."""
+        the soft cap: also while an unload that unregistered it waits for its requests),
+        ``PinLimitError`` when the reload of an unloaded pinned adapter is refused."""
         self.counters["requests"] += 1
         in_flight, key, held = self.in_flight, name or "", self.residency
         unregistered = key in in_flight.unregistered
@@ -313,19 +314,24 @@ class EmulatedPod:
         return entry
 
     async def _reload(self, name: str, path: str, generation: int) -> None:
-        """SGLang loads an adapter the registry lacks (the soft cap unloaded it, or an
-        unload waits for its requests) before the scheduler sees the request, from the
-        ``lora_ref_cache`` entry read as it arrives (``TokenizerManager._resolve_lora_path``
-        -> ``load_lora_adapter``): under ``lora_update_lock``, after the unloads holding it."""
+        """SGLang loads an adapter the registry lacks (the soft cap or an unload unloaded
+        it, or an unload waits for its requests) before the scheduler sees the request,
+        from the ``lora_ref_cache`` entry read as it arrives, pinned as it was loaded
+        (``TokenizerManager._resolve_lora_path`` -> ``load_lora_adapter``): under
+        ``lora_update_lock``, after the unloads holding it. A refused reload (the pins
+        taken since) raises ``PinLimitError``."""
         async with self.loop.updates(name):
             self._alive(generation)
             if name in self.residency.listed:  # loaded again meanwhile: "already loaded"
                 return
             adapter = self.files[name]
+            pinned = name in self.residency.parked_pins
+            if pinned and len(self.residency.pinned) >= self.config.max_loras - 1:
+                raise refusal(residency.PinLimitError(name))  # before any weights are read
             await self.loop.read(self.config.cold_read_ms(adapter.size_bytes))
             self._alive(generation)
             try:  # the load path's soft cap: the LRU unpinned adapter, running or not
-                effects = self.residency.load(name, path)
+                effects = self.residency.load(name, path, pinned=pinned)
             except residency.ResidencyError as exc:
                 raise refusal(exc) from exc
             self.counters["cold_reloads"] += 1

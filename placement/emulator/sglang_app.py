@@ -14,7 +14,10 @@ sgl-project/sglang#11570) or ``lora_path: "<adapter>"``; engines before that rea
 not serve is refused with 400 (streamed, before PR #21900: 200, an error event, then
 ``[DONE]``); the text is the tokenizer manager's ("Got LoRA adapter that has never been
 loaded", since the soft cap of sgl-project/sglang#11526) or, before it, the registry's
-("The following requested LoRA adapters are not loaded"). A dead pod answers 503.
+("The following requested LoRA adapters are not loaded"). Since the soft cap an adapter
+unloaded (over HTTP, or by the cap) is still served: the request loads it again, pinned
+if it was (``PodResidency.unload``); before it, an unloaded name is refused. A dead pod
+answers 503.
 
 Where SGLang's versions differ the default engine model follows the newest source read
 (sgl-project/sglang, 2026), ``EngineModel.SGLANG_HARD_CAP`` the engines before PR #11526:
@@ -224,6 +227,12 @@ def _add_serving_routes(app: FastAPI, pod: EmulatedPod) -> None:
             if adapter is not None and not pod.residency.serves(adapter):
                 raise NotLoadedError()
             return await complete(pod, adapter=adapter, model=model, body=body, chat=chat)
+        except PinLimitError:  # a pinned adapter's reload after an unload, pins full since
+            # python/sglang/srt/managers/tokenizer_manager.py ``_resolve_lora_path``
+            name = adapter or ""
+            load_refusal = _load_refusal(pod, PinLimitError(), name, "")
+            message = f"Failed to implicitly load LoRA adapter {name}: {load_refusal}"
+            return _openai_error(400, message, kind="BadRequestError")
         except NotLoadedError:
             message = not_loaded_text(pod, adapter or "")
             # Since PR #21900 a stream is refused before its 200 (module docstring).

@@ -4,10 +4,11 @@ Completions answer in the OpenAI shape, or as SSE chunks (``data: {...}`` then
 ``data: [DONE]``) with ``"stream": true``. The admin routes are the emulator's own:
 
 - ``GET /admin/stats``: what the engine model holds: ``listed`` (also as
-  ``registered``), ``parked`` (SGLang's soft cap: unloaded, reloaded on use), ``host``
-  and ``gpu`` in LRU order, ``ghosts`` (vLLM GPU slots held by unloaded names),
-  ``pinned``; counters (loads, unloads, gpu_activations, gpu_evictions, host_evictions,
-  unlisted, cold_reloads, requests, injected_errors, restarts, over_limit) and peaks.
+  ``registered``), ``parked`` (SGLang: unloaded by its soft cap or an unload, reloaded
+  on use), ``host`` and ``gpu`` in LRU order, ``ghosts`` (vLLM GPU slots held by
+  unloaded names), ``pinned``; counters (loads, unloads, gpu_activations,
+  gpu_evictions, host_evictions, unlisted, cold_reloads, requests, injected_errors,
+  restarts, over_limit) and peaks.
 - ``POST /admin/fault``: ``{"error_rate": 0.2, "slow_load_ms": 500, "down_s": 1.5}``,
   any subset; ``down_s`` kills the pod now and brings it back empty after that long.
 - ``POST /admin/restart``: come back empty at once.

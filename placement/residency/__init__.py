@@ -60,13 +60,18 @@ models, from the engines' source:
     only when no adapter can be (``prepare_lora_batch`` prefers the adapters): adapters
     hold ``max_loras - 1`` slots until one batch needs them all, and again after each
     base-model request; and ``--lora-eviction-policy fifo``.
-  - an unload removes the adapter everywhere; a request for a name never loaded, or
-    unloaded, is refused (400: "Got LoRA adapter that has never been loaded", from
-    python/sglang/srt/managers/tokenizer_manager.py ``TokenizerManager._resolve_lora_path``,
-    which also loads a parked adapter again; before PR #11526 "The following
-    requested LoRA adapters are not loaded", from lora_registry.py ``acquire``). An
-    unload of a name the soft cap unloaded is refused as unknown
-    (``LoRARegistry.unregister``) and leaves it parked, to be loaded again on use.
+  - an unload removes the adapter from the listing, the host memory and the GPU, but
+    the tokenizer manager's ``lora_ref_cache`` keeps every name it ever loaded
+    (python/sglang/srt/managers/tokenizer_control_mixin.py ``unload_lora_adapter`` ->
+    ``_unload_lora_adapter_locked`` only unregisters it): the engine's own unload
+    (``unload(..., remember=True)``) parks the name, and a request for it loads it
+    again, pinned if it was (python/sglang/srt/managers/tokenizer_manager.py
+    ``TokenizerManager._resolve_lora_path``, which loads every name the registry lacks
+    that the cache holds). A request for a name never loaded is refused (400: "Got
+    LoRA adapter that has never been loaded", from ``_resolve_lora_path``; before PR
+    #11526 "The following requested LoRA adapters are not loaded", from
+    lora_registry.py ``acquire``, for an unloaded name too). An unload of a parked name
+    is refused as unknown (``LoRARegistry.unregister``) and leaves it parked.
 
 ``EngineModel.SGLANG_HARD_CAP``: SGLang before PR #11526, where a load past
 ``--max-loaded-loras`` is refused instead.

@@ -56,8 +56,11 @@ class PodResidency:
         """Come back empty, as a restarted pod does."""
         #: Listed names (``/v1/models``) and their paths.
         self.listed: dict[str, str] = {}
-        #: SGLang: names unloaded by the soft cap, still served (reloaded on use).
+        #: SGLang: names unloaded by the soft cap (or by an unload that ``remember``\ s
+        #: them), still served (reloaded on use).
         self.parked: dict[str, str] = {}
+        #: SGLang: parked names an unload took off a pin; their reload pins them again.
+        self.parked_pins: set[str] = set()
         self._current: dict[str, Entry] = {}
         self._host: OrderedDict[Entry, None] = OrderedDict()
         self._gpu: OrderedDict[Entry, None] = OrderedDict()
@@ -183,17 +186,30 @@ class PodResidency:
             return self._vllm_load(name, path, inplace=inplace, busy=busy)
         return self._sglang_load(name, path, pinned=pinned)  # its soft cap is blind to busy
 
-    def unload(self, name: str) -> Effects:
+    def unload(self, name: str, *, remember: bool = False) -> Effects:
         """``unload_lora_adapter``: raises ``NotLoadedError`` for a name the pod does not list.
 
         SGLang refuses a name its soft cap unloaded too (``LoRARegistry.unregister`` finds
-        no such name), and it stays parked: the next request loads it again."""
+        no such name), and it stays parked: the next request loads it again.
+
+        ``remember``: the engine's own unload (the emulator's). Since the soft cap
+        (``EngineModel.SGLANG``) the tokenizer manager keeps every name it ever loaded in
+        ``lora_ref_cache``, which an unload does not touch (sgl-project/sglang
+        python/sglang/srt/managers/tokenizer_control_mixin.py ``unload_lora_adapter`` ->
+        ``_unload_lora_adapter_locked``: ``LoRARegistry.unregister``, nothing else), so
+        the name is parked: a request for it loads it again, pinned if it was
+        (tokenizer_manager.py ``TokenizerManager._resolve_lora_path``). Without it (a
+        ledger that learns the pod lacks the name) the name is forgotten."""
         if name not in self.listed:
             raise NotLoadedError(name)
-        self.listed.pop(name, None)
+        path = self.listed.pop(name)
         entry = self._current.pop(name, None)
         if self.engine is EngineModel.VLLM or entry is None:
             return Effects()  # vLLM: the host entry and the GPU slot stay (a ghost)
+        if remember and self.engine is EngineModel.SGLANG:
+            self.parked[name] = path
+            if name in self.pinned:
+                self.parked_pins.add(name)
         self.pinned.discard(name)
         self._host.pop(entry, None)
         was_on_gpu = entry in self._gpu
@@ -207,6 +223,7 @@ class PodResidency:
         applied a load it expected (a plan's) which the pod's listing then lacks."""
         self.listed.pop(name, None)
         self.parked.pop(name, None)  # SGLang: the soft cap may have parked the guess
+        self.parked_pins.discard(name)
         self.pinned.discard(name)
         entry = self._current.pop(name, None)
         if entry is not None:
@@ -278,13 +295,19 @@ class PodResidency:
         return True
 
     def request(self, name: str, *, busy: Busy = ()) -> Effects:
-        """A completion (or a warm-up) naming ``name``; raises ``NotLoadedError`` if refused."""
+        """A completion (or a warm-up) naming ``name``; raises ``NotLoadedError`` if refused,
+        ``PinLimitError`` for a parked name to be pinned again with the pins taken."""
         if not self.serves(name):
             raise NotLoadedError(name)
         unlisted: tuple[str, ...] = ()
         left_gpu: tuple[str, ...] = ()
         if name in self.parked:
+            if name in self.parked_pins and len(self.pinned) >= self.max_loras - 1:
+                raise PinLimitError(name)  # the reload, pinned as loaded, is refused
             path = self.parked.pop(name)
+            if name in self.parked_pins:
+                self.parked_pins.discard(name)
+                self.pinned.add(name)
             self.listed[name] = path
             unlisted, left_gpu = self._park_over_cap(keep=name)
             self._current[name] = Entry(next(self._ids), name)
@@ -373,6 +396,7 @@ class PodResidency:
         if hard and cap is not None and len(self.listed) >= cap:
             raise CapReachedError(name)
         self.parked.pop(name, None)
+        self.parked_pins.discard(name)  # ``lora_ref_cache`` holds this load's ``pinned``
         entry = Entry(next(self._ids), name)
         self.listed[name] = path
         self._current[name] = entry

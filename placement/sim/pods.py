@@ -196,7 +196,8 @@ class SimPod:
 
     def unload(self, adapter: str, *, now_s: float = 0.0) -> Effects:
         """``unload_lora_adapter`` (on vLLM the entry keeps its GPU slot: a ghost)."""
-        return self._sync(self.model.unload(adapter), now_s=now_s, moved=True)
+        # SGLang keeps the name to load again on use, as the emulator does (``remember``)
+        return self._sync(self.model.unload(adapter, remember=True), now_s=now_s, moved=True)
 
     def request(self, adapter: str, *, busy: Collection[str] = (), now_s: float = 0.0) -> Effects:
         """A request naming ``adapter``: it activates it (reading it again if needed)."""

@@ -296,6 +296,64 @@ async def test_sglang_soft_cap_unloads_the_lru_unpinned_adapter_and_reloads_it_o
     assert len(await target.listed()) == target.max_loaded
 
 
+async def test_sglang_an_unloaded_adapter_is_loaded_again_by_its_next_request(
+    target: Target,
+) -> None:
+    """An unload only unregisters the name (sgl-project/sglang 00a2ca2e
+    python/sglang/srt/managers/tokenizer_control_mixin.py ``unload_lora_adapter`` ->
+    ``_unload_lora_adapter_locked``): the tokenizer manager's ``lora_ref_cache`` keeps it,
+    so the next request naming it loads it again and runs (001067ff
+    python/sglang/srt/managers/tokenizer_manager.py ``_resolve_lora_path``: "Reloading
+    evicted adapter"), and it is listed again. Before PR #11526 there is no such cache:
+    the registry refuses the name (``LoRARegistry.acquire``)."""
+    only(target, Engine.SGLANG)
+    await target.load("c-a")
+    await target.load("c-b")
+    assert (await target.unload("c-a")).status_code == 200
+    assert await target.listed() == ["c-b"]
+    again = await target.complete("c-a")
+    if target.model is HARD:
+        assert again.status_code == 400
+        assert message(again) == (
+            "The following requested LoRA adapters are not loaded: c-a\n"
+            "Loaded adapters: dict_keys(['c-b'])."
+        )
+        return
+    assert again.status_code == 200
+    assert sorted(await target.listed()) == ["c-a", "c-b"]
+    assert (await target.unload("c-a")).status_code == 200  # registered again: unloadable
+
+
+async def test_sglang_an_unloaded_pinned_adapter_comes_back_pinned(target: Target) -> None:
+    """The reload reads ``pinned`` from the ``lora_ref_cache`` entry of the adapter's load
+    (sgl-project/sglang 001067ff python/sglang/srt/managers/tokenizer_manager.py
+    ``_resolve_lora_path``: ``LoadLoRAAdapterReqInput(..., pinned=new_lora_ref.pinned)``):
+    an unloaded pinned adapter comes back pinned, and with the pins taken meanwhile
+    (at most ``--max-loras-per-batch`` - 1) its request is refused with the load's words
+    ("Failed to implicitly load LoRA adapter ...")."""
+    only(target, Engine.SGLANG)
+    if target.model is HARD:
+        pytest.skip("SGLang before the soft cap does not load an unloaded adapter again")
+    await target.load("c-pin", pinned=True)
+    assert (await target.unload("c-pin")).status_code == 200
+    assert (await target.complete("c-pin")).status_code == 200
+    assert "c-pin" in await target.listed()
+    if target.emulated is not None:
+        assert (await target.stats())["pinned"] == ["c-pin"]
+    assert (await target.unload("c-pin")).status_code == 200
+    for i in range(target.max_loras - 1):  # every pin the pool allows
+        assert (await target.load(f"c-pin-{i}", pinned=True)).status_code == 200
+    refused = await target.complete("c-pin")
+    assert refused.status_code == 400
+    assert message(refused) == (
+        "Failed to implicitly load LoRA adapter c-pin: Failed to load LoRA adapter c-pin as "
+        "a pinned adapter. It is not allowed to pin all slots in the LoRA memory pool to "
+        "avoid starvation for unpinned adapters and base models. Please increase your "
+        "`--max-loras-per-batch` or load it as unpinned LoRA adapters."
+    )
+    assert "c-pin" not in await target.listed()
+
+
 async def test_sglang_before_the_soft_cap_refuses_a_load_past_it(target: Target) -> None:
     """sgl-project/sglang before PR #11526: python/sglang/srt/managers/tokenizer_manager.py
     ``load_lora_adapter`` refuses past ``--max-loaded-loras``."""

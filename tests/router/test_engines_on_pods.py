@@ -116,18 +116,46 @@ def test_an_sglang_pod_without_enable_metrics_stays_in_rotation_judged_by_health
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 @pytest.mark.parametrize(
-    "model",
-    [EngineModel.SGLANG, EngineModel.SGLANG_HARD_CAP],
-    ids=["never-been-loaded", "not-loaded-before-the-soft-cap"],
+    ("model", "gone"),
+    [(EngineModel.SGLANG, "restart"), (EngineModel.SGLANG_HARD_CAP, "unload")],
+    ids=["never-been-loaded-after-a-restart", "not-loaded-before-the-soft-cap"],
 )
 def test_an_adapter_sglang_no_longer_has_is_loaded_again_not_a_400(
-    stream: bool, model: EngineModel
+    stream: bool, model: EngineModel, gone: str
 ) -> None:
     # SGLang refuses an adapter it does not serve with 400, or streaming with 200 and an
     # error event (its text depends on the version): the router reads that before
-    # forwarding, loads and retries.
+    # forwarding, loads and retries. Since the soft cap only a restart makes the pod forget
+    # a name it loaded (an unload keeps it: the next test); before it, an unload does.
     with (
         emulated(1, engine=Engine.SGLANG, max_loras=2, engine_model=model) as pods,
+        router_for(pods.domain, catalog=catalog_of(ADAPTERS), settings=NO_LISTING) as router,
+    ):
+        client = router.client()
+        client.completions.create(model="lora-0", prompt="p", max_tokens=1)
+        if gone == "restart":
+            _post(f"{pods.url('pod-0')}/admin/restart", {})
+        else:
+            _post(f"{pods.url('pod-0')}/unload_lora_adapter", {"lora_name": "lora-0"})
+        if stream:
+            chunks = list(
+                client.completions.create(model="lora-0", prompt="p", max_tokens=3, stream=True)
+            )
+            assert chunks and all(chunk.choices for chunk in chunks)
+        else:
+            assert client.completions.create(model="lora-0", prompt="p", max_tokens=1).choices
+        assert pods.counter("loads") == 2
+        assert _ledger_gpu(router) == pods.stats("pod-0")["gpu"]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_sglang_loads_an_adapter_unloaded_behind_the_routers_back_by_itself(stream: bool) -> None:
+    # Since the soft cap an unload leaves the name in the tokenizer manager's
+    # lora_ref_cache (sgl-project/sglang tokenizer_control_mixin.py unload_lora_adapter),
+    # and _resolve_lora_path loads it again for the next request: the router's forward
+    # gets its answer at once, with no load of its own.
+    with (
+        emulated(1, engine=Engine.SGLANG, max_loras=2) as pods,
         router_for(pods.domain, catalog=catalog_of(ADAPTERS), settings=NO_LISTING) as router,
     ):
         client = router.client()
@@ -140,8 +168,9 @@ def test_an_adapter_sglang_no_longer_has_is_loaded_again_not_a_400(
             assert chunks and all(chunk.choices for chunk in chunks)
         else:
             assert client.completions.create(model="lora-0", prompt="p", max_tokens=1).choices
-        assert pods.counter("loads") == 2
-        assert _ledger_gpu(router) == pods.stats("pod-0")["gpu"]
+        assert (pods.counter("loads"), pods.counter("cold_reloads")) == (1, 1)
+        assert pods.stats("pod-0")["listed"] == ["lora-0"]
+        assert _ledger_gpu(router) == pods.stats("pod-0")["gpu"] == ["lora-0"]
 
 
 def test_older_sglang_that_reads_only_lora_path_runs_the_adapter() -> None:
