@@ -27,6 +27,7 @@ from models.backtest import BacktestReport, backtest, rolling_origins
 from models.base import Forecaster
 from models.registry import forecaster_named
 from models.series import CountPanel, SeriesError, build_panel
+from placement.adapters.live_request_log import LiveRequestLog
 from placement.cli.app import app, err, out, print_labelled, report_errors
 from placement.errors import ForecastError, InputError, Problem
 from placement.forecast.forecaster import (
@@ -73,6 +74,35 @@ def parse_time(text: str) -> datetime:
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
+#: What ``--log`` takes, for its help.
+LOG_HELP = "request log (Parquet, CSV or JSON lines), or the router's --request-log directory"
+#: A further router worker's log inside the directory (``placement.router.workers``).
+_WORKER_DIR = re.compile(r"^w\d+$")
+
+
+def read_log(path: Path) -> RequestLog:
+    """A request log file, or the directory ``lorafleet router --request-log DIR``
+    writes (hourly Parquet files, the parts of the hour being written, ``DIR/w1`` and
+    on for further workers), read as the controller's ingest reads it
+    (``LiveRequestLog``): a row in an hour and its parts once, hidden temporary files
+    passed by. Its rows that cannot be used are left out and printed as warnings."""
+    if not path.is_dir() or path.suffix.lower() == ".parquet":  # a Parquet dataset
+        return load_request_log(path)
+    workers = sorted(p for p in path.iterdir() if p.is_dir() and _WORKER_DIR.match(p.name))
+    logs = [LiveRequestLog(directory).read() for directory in (path, *workers)]
+    for problem in (problem for log in logs for problem in log.skipped):
+        print_labelled(err(), "yellow", "warning", f"{problem} (left out)")
+    read = [log for log in logs if not log.frame.empty]
+    if len(read) <= 1:
+        return read[0] if read else logs[0]
+    if any(log.aggregated for log in read):  # never the router's: someone's counts
+        message = "pre-aggregated counts beside worker logs (w1, ...): give one log file"
+        raise InputError([Problem(source=str(path), message=message)])
+    frame = pd.concat([log.frame for log in read], ignore_index=True)
+    frame = frame.sort_values("ts", kind="stable").reset_index(drop=True)
+    return RequestLog(frame=frame, aggregated=False, source=str(path))
+
+
 def _history_frame(log: RequestLog, bucket_s: int) -> pd.DataFrame:
     return log.counts(bucket_s) if log.aggregated else log.frame
 
@@ -80,7 +110,7 @@ def _history_frame(log: RequestLog, bucket_s: int) -> pd.DataFrame:
 @app.command()
 @report_errors
 def forecast(
-    log: Annotated[Path, typer.Option(help="request log (Parquet, CSV or JSON lines)")],
+    log: Annotated[Path, typer.Option(help=LOG_HELP)],
     at: Annotated[str, typer.Option(help="forecast origin, ISO 8601 (UTC if no zone)")],
     output: Annotated[Path, typer.Option("--output", "-o", help="forecast Parquet to write")],
     horizon: Annotated[
@@ -100,7 +130,7 @@ def forecast(
     bucket_s = _seconds(bucket, option="--bucket", default_s=settings.forecast.bucket_s)
     moment = parse_time(at)
     parsed_catalog = load_catalog(catalog) if catalog is not None else None
-    request_log = load_request_log(log)
+    request_log = read_log(log)
     if request_log.frame.empty:
         raise InputError([empty_log_problem(log)])
     result = forecast_demand(
@@ -256,7 +286,7 @@ def plot_forecast(result: Forecast, path: Path, *, top: int) -> None:
 @app.command("backtest")
 @report_errors
 def backtest_command(
-    log: Annotated[Path, typer.Option(help="request log (Parquet, CSV or JSON lines)")],
+    log: Annotated[Path, typer.Option(help=LOG_HELP)],
     bucket: Annotated[
         str | None, typer.Option(help="bucket width, e.g. 10m; default: forecast.bucket_s")
     ] = None,
@@ -267,7 +297,7 @@ def backtest_command(
 ) -> None:
     """Rolling-origin backtest at 1 h (persistence's horizon) and 24 h (yesterday's)."""
     bucket_s = _seconds(bucket, option="--bucket", default_s=Settings().forecast.bucket_s)
-    request_log = load_request_log(log)
+    request_log = read_log(log)
     if request_log.frame.empty:  # a bad input as in forecast and plan: exit 2, not 1
         raise InputError([empty_log_problem(log)])
     frame = _history_frame(request_log, bucket_s)

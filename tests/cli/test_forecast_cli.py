@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
+from placement.adapters.request_log_files import LogRow, ParquetRequestLog
 from placement.cli.app import app
 
 START = pd.Timestamp("2026-01-01T00:00:00Z")
@@ -184,3 +185,31 @@ def test_forecast_with_a_catalog_covers_every_adapter(log_3d: Path, tmp_path: Pa
     frame = pd.read_parquet(target)
     assert set(frame["adapter"]) == {"legal-assistant-v2", "support-bot", "rare-one", "never-used"}
     assert (frame.loc[frame["adapter"] == "never-used", "mean"] == 0).all()
+
+
+def test_forecast_reads_the_routers_request_log_directory(log_3d: Path, tmp_path: Path) -> None:
+    # `lorafleet router --request-log DIR [--workers 2]` writes hourly Parquet files, the
+    # parts of the hour being written and, per further worker, DIR/w1: "--log DIR" was
+    # "DIR: unknown format: use .parquet, .csv or .jsonl".
+    frame = pd.read_parquet(log_3d)
+    directory = tmp_path / "router-log"
+    sinks = [ParquetRequestLog(directory), ParquetRequestLog(directory / "w1")]
+    rows = [
+        LogRow(ts.timestamp(), adapter, tenant, 100, 10, "pod-0", "gpu_hit", 40.0, 200)
+        for ts, adapter, tenant in frame[["ts", "adapter", "tenant"]].itertuples(index=False)
+    ]
+    for start in range(0, len(rows), 150):  # flushes: earlier hours compacted, not the last
+        sinks[(start // 150) % 2].write(rows[start : start + 150])
+    assert any(".part" in p.name for p in directory.iterdir())
+    (directory / ".requests-20260103T23.part000099.parquet.x.tmp").write_bytes(b"PAR1")
+    junk = directory / "requests-20260105T00.parquet"
+    junk.write_bytes(b"not Parquet")  # named, left out, the rest read
+    outputs = []
+    for log in (log_3d, directory):
+        target = tmp_path / f"{log.stem}-forecast.parquet"
+        argv = ["forecast", "--log", str(log), "--at", "2026-01-03T12:00:00Z", "--horizon", "2h"]
+        result = CliRunner().invoke(app, [*argv, "--model", "profile-7d", "-o", str(target)])
+        assert result.exit_code == 0, result.output
+        outputs.append(pd.read_parquet(target))
+    pd.testing.assert_frame_equal(outputs[0], outputs[1])
+    assert f"warning: {junk}: cannot read: " in result.output
