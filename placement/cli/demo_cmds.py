@@ -19,7 +19,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from placement.cli.app import app, err, out, report_errors
+from placement.cli.app import app, err, out, print_labelled, report_errors
 from placement.demo.measure import PolicyResult
 from placement.demo.prepare import DemoOptions
 from placement.demo.processes import local_processes
@@ -201,6 +201,9 @@ def demo(
             results = run_demo(options, folder, processes, show)
     console = Console(width=max(out().width, 170))
     console.print(results_table(results, title=f"{scenario.name}: the same requests, live"))
+    for result in results:
+        if (line := result.unanswered_line()) is not None:
+            print_labelled(err(), "bold yellow", "warning", line)
     console.print(_reading(options, start=start, minutes=minutes, results=results))
 
 

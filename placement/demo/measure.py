@@ -84,10 +84,24 @@ class PolicyResult:
     #: Requests sent in all (warm-up included), and rows the router logged for them.
     sent: int = 0
     logged: int = 0
+    #: Requests the client got no answer to (a timeout, a connection refused or
+    #: reset), by the client's error: they may be missing from the router's log.
+    unanswered: tuple[tuple[str, int], ...] = ()
     #: What the controller ran on the pods in the window, by kind (load, unload,
     #: warmup); none without a controller. Its loads and warm-ups are among the pods'
     #: GPU loads and evictions.
     controller_actions: tuple[tuple[str, int], ...] = ()
+
+    def unanswered_line(self) -> str | None:
+        """What the client got no answer to, for people; None when it had every one."""
+        if not self.unanswered:
+            return None
+        count = sum(n for _, n in self.unanswered)
+        kinds = ", ".join(f"{error or 'unknown'} {n:,}" for error, n in self.unanswered)
+        return (
+            f"{self.policy}: {count:,} of {self.sent:,} requests got no answer ({kinds}); "
+            f"the router logged {self.logged:,} of the {self.sent:,}"
+        )
 
     def controller_ran(self, kind: str) -> int:
         return dict(self.controller_actions).get(kind, 0)
@@ -213,5 +227,6 @@ def measure(
         events=events,
         sent=len(results),
         logged=len(log),
+        unanswered=tuple(sorted(Counter(r.error for r in results if not r.ok).items())),
         controller_actions=controller,
     )

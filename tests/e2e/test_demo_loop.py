@@ -80,6 +80,7 @@ def test_every_request_is_answered_under_every_policy(
     assert set(results) == {"round-robin", "epp", "lorafleet"}
     for result in results.values():
         assert result.sent > 800  # 40 s of the log at its density, not thinned
+        assert result.unanswered_line() is None
         assert result.logged == result.sent
         assert result.errors == 0
         assert 0.6 * result.sent < result.requests < 0.9 * result.sent  # the warm-up's not
