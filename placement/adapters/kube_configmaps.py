@@ -95,8 +95,8 @@ class _ConfigMaps:
     def claim(self) -> None:
         """Rewrite the object as it is, stamped with our term: a write read before it
         (a deposed leader's, sent after a pause) now fails on the resourceVersion. An
-        object not yet created is left alone: a late create of it is overwritten by our
-        first write, which a later term's stamp alone would refuse."""
+        object not yet created is left alone: a deposed leader's late create of it is
+        overwritten by our first write of it."""
         existing = self.read()
         if existing is not None:
             self.write(existing, dict(existing.data or {}))

@@ -168,9 +168,10 @@ class ControllerPorts:
     discovery: PodDiscovery | None = None
     hot_sets: HotSetBoard | None = None
     elector: Leadership | None = None
-    #: Run when this replica takes the lease, before its jobs: stamps its term on the
-    #: objects it writes, so a deposed leader's write already past its checks (read
-    #: before a pause, sent after) is refused. None where the lock fences on its own (a
+    #: Run by the lease tick that takes the lease (and by the next ones until it
+    #: succeeds): stamps this leader's term on the objects it writes, so a deposed
+    #: leader's write already past its checks (read before a pause, sent after) is
+    #: refused. None where the lock fences on its own (a
     #: state directory: a paused holder keeps its flock, so no one takes over).
     claim: Callable[[], None] | None = None
     #: Learns event models (transitions, login affinities) from each new history;
