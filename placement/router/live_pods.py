@@ -84,7 +84,6 @@ class LivePod:
         "running_adapters",
         "seat_s",
         "seats",
-        "seen_full",
         "service_ms",
         "upstream",
         "urls",
@@ -116,14 +115,8 @@ class LivePod:
         #: How many requests the pod's batch holds, as its scrapes show it: the running
         #: count of the last scrape with requests waiting (the batch was full: its
         #: ``max_num_seqs``, or what its KV cache admits), else the most seen running.
-        #: Only a lower bound until the pod is seen full (``seen_full``); 0 before the
-        #: first scrape.
+        #: A lower bound until the pod is seen full; 0 before the first scrape.
         self.seats = 0
-        #: A scrape showed requests waiting here: ``seats`` is what the batch holds.
-        #: Until then nothing the router sends is counted as waiting: read as a limit,
-        #: the most seen running kept bursts off the pod, so it never filled and the
-        #: limit never rose (live, a busy adapter's bursts spilled to cold loads).
-        self.seen_full = False
         #: Moving average of how long the router's requests that ran here were in
         #: flight (sent to their last byte): how long one holds a seat of the batch.
         #: 0 until one is measured.
@@ -328,17 +321,12 @@ class LivePod:
         """Waiting and running at the pod: the last scrape's, plus what the router sent
         since, which runs at once in the seats the scrape left free (``seats``) and
         waits beyond them, as the engines admit it (vLLM's scheduler, the emulator's
-        ``Seats``); all of it runs on a pod never seen full. Counting every request
-        sent since the scrape as waiting read a burst to a warm pod as a queue it did
-        not have, and spilled the burst's tail to a cold load elsewhere."""
+        ``Seats``). Counting every request sent since the scrape as waiting read a burst
+        to a warm pod as a queue it did not have, and spilled the burst's tail to a
+        cold load elsewhere."""
         metrics = self.metrics
         sent = max(0, self.inflight - self.inflight_at_scrape)
-        if metrics.waiting:
-            free = 0
-        elif self.seen_full:
-            free = max(0, self.seats - metrics.running)
-        else:
-            free = sent
+        free = 0 if metrics.waiting else max(0, self.seats - metrics.running)
         admitted = min(sent, free)
         self.running = metrics.running + admitted
         self.queue_depth = metrics.waiting + sent - admitted
@@ -350,7 +338,6 @@ class LivePod:
         self.metrics = metrics
         self.inflight_at_scrape = self.inflight
         self.seats = metrics.running if metrics.waiting else max(self.seats, metrics.running)
-        self.seen_full = self.seen_full or metrics.waiting > 0
         self.kv_usage = metrics.kv_usage
         self.running_adapters = metrics.running_adapters
         self.waiting_adapters = metrics.waiting_adapters
@@ -363,8 +350,8 @@ class LivePod:
     def wait_per_request_s(self) -> float | None:
         """How much longer each request waiting here makes a new one wait: a seat frees
         every ``seat_s / seats`` on average while the batch is full. None until both
-        are measured (the seats by a scrape that saw the batch full)."""
-        if not self.seen_full or self.seats <= 0 or self.seat_s <= 0.0:
+        are measured."""
+        if self.seats <= 0 or self.seat_s <= 0.0:
             return None
         return self.seat_s / self.seats
 

@@ -60,22 +60,15 @@ def test_a_pod_with_requests_waiting_admits_none_of_the_new_ones() -> None:
     assert (state.running, state.queue_depth) == (4, 4)
 
 
-def test_before_the_pod_is_seen_full_nothing_sent_waits() -> None:
-    """The most seen running is only a lower bound on the batch: read as its limit it
-    kept bursts off the pod, which then never filled, so the bound never rose."""
+def test_before_the_pod_is_seen_full_its_seats_are_the_most_seen_running() -> None:
     state = LivePod(_upstream(0))
-    _send(state, 2)  # no scrape yet: nothing known of its batch
-    assert (state.running, state.queue_depth) == (2, 0)
+    _send(state, 2)  # no scrape yet: nothing known of its batch, all of them wait
+    assert (state.running, state.queue_depth) == (0, 2)
     state.observe(PodMetrics(running=5, waiting=0))
     state.observe(PodMetrics(running=3, waiting=0))
-    assert (state.seats, state.seen_full) == (5, False)
-    _send(state, 40)
-    assert (state.running, state.queue_depth) == (43, 0)
-    state.observe(PodMetrics(running=32, waiting=11))  # now it is seen full
-    assert (state.seats, state.seen_full) == (32, True)
-    state.observe(PodMetrics(running=30, waiting=0))
+    assert state.seats == 5
     _send(state, 4)
-    assert (state.running, state.queue_depth) == (32, 2)
+    assert (state.running, state.queue_depth) == (5, 2)
 
 
 def test_a_burst_to_the_warm_pod_stays_there_while_its_batch_has_seats() -> None:
@@ -100,40 +93,6 @@ def test_a_burst_to_the_warm_pod_stays_there_while_its_batch_has_seats() -> None
         choice.pod.note_use(HOT, 0.0)
         choice.pod.begin(HOT)
     assert set(chosen) == {"pod-0"}
-
-
-def test_a_burst_stays_on_the_warm_pod_that_was_never_seen_full() -> None:
-    """A pod that ran at most 5 at once (it was never sent more): the next burst of 30
-    for its hot adapter stays there (read as 25 waiting, its tail went to a cold load
-    on the idle pod beside it)."""
-    plan = factories.make_plan({"pod-0": [str(HOT)]})
-    topology = build_topology((_upstream(0), _upstream(1)), plan)
-    warm, cold = topology.pods[PodId("pod-0")], topology.pods[PodId("pod-1")]
-    warm.note_use(HOT, 0.0)
-    warm.observe(PodMetrics(running=5, waiting=0))
-    _send(warm, 1)
-    warm.end(HOT, ran=True, took_s=0.6)
-    warm.observe(PodMetrics(running=0, waiting=0))
-    cold.observe(PodMetrics(running=0, waiting=0))
-    for view in topology.pools.values():
-        view.index.refresh()
-    picker = Picker(settings=RouterSettings(), load_cost=LoadCostSettings())
-    chosen = []
-    for _ in range(30):
-        choice = picker.pick(topology, str(HOT))
-        assert choice.pod is not None
-        chosen.append(choice.pod.pod_id)
-        choice.pod.note_use(HOT, 0.0)
-        choice.pod.begin(HOT)
-    assert set(chosen) == {"pod-0"}
-
-
-def test_no_wait_is_measured_on_a_pod_never_seen_full() -> None:
-    state = LivePod(_upstream(0))
-    state.observe(PodMetrics(running=6, waiting=0))
-    _send(state, 1)
-    state.end(HOT, ran=True, took_s=0.4)
-    assert state.wait_per_request_s() is None  # 6 seats is a lower bound: no wait
 
 
 def test_a_seat_frees_every_time_in_flight_over_seats() -> None:
