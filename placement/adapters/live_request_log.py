@@ -32,6 +32,8 @@ name in the same call.
   but not the faults it told of; a file gone is forgotten with its rows); a row seen
   twice (a compacted hour and its parts, between the rename and the deletes; a
   copytruncate copy and the rows read before it) counts once.
+- ``WorkersRequestLog(path).read()``: ``LiveRequestLog`` over worker 0's log and
+  every further worker's (``router --workers N``), found again at each read.
 
 This module lists the log's files, reads each (again under its new name if a rotation
 moved it mid-read) and keeps the reads between calls; where one file's read stands and
@@ -47,6 +49,8 @@ import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import pandas as pd
+
 from placement.adapters.live_request_log_file import FileRead, NotAFileError, opened
 from placement.adapters.live_request_log_rows import (
     Piece,
@@ -55,8 +59,8 @@ from placement.adapters.live_request_log_rows import (
     read_new_lines,
     read_parquet,
 )
-from placement.adapters.request_log_files import rotated_pattern
-from placement.errors import Problem
+from placement.adapters.request_log_files import rotated_pattern, worker_logs
+from placement.errors import InputError, Problem
 from placement.inputs.request_log import RequestLog
 
 #: Listings per call at most: a file renamed or deleted while read has the log listed
@@ -232,3 +236,43 @@ class LiveRequestLog:
             whole.add(rows)
         whole.add(passing)
         return combined(whole, source=str(self.path))
+
+
+class WorkersRequestLog:
+    """The request logs of a router and its further workers (``lorafleet router
+    --workers N``): worker 0's ``path`` and the workers' logs found beside it at each
+    read (``request_log_files.worker_logs``), each read as a ``LiveRequestLog``; one
+    log of all their rows. A log that is not the router's (one file of counts) is read
+    alone: counts beside worker logs are an ``InputError`` naming ``path``."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._logs: dict[Path, LiveRequestLog] = {}
+
+    def read(self) -> RequestLog:
+        paths = [self.path, *worker_logs(self.path)]
+        self._logs = {path: self._logs.get(path) or LiveRequestLog(path) for path in paths}
+        logs = [log.read() for log in self._logs.values()]
+        if len(logs) == 1:
+            return logs[0]
+        read = [log for log in logs if not log.frame.empty]
+        if any(log.aggregated for log in read):  # never the router's: someone's counts
+            raise InputError(
+                [
+                    Problem(
+                        source=str(self.path),
+                        message="pre-aggregated counts beside worker logs (w1, ...): "
+                        "give one log file",
+                    )
+                ]
+            )
+        frames = [log.frame for log in read] or [logs[0].frame]
+        frame = pd.concat(frames, ignore_index=True).sort_values("ts", kind="stable")
+        return RequestLog(
+            frame=frame.reset_index(drop=True),
+            aggregated=False,
+            source=f"{self.path} (and {len(logs) - 1} worker logs)",
+            skipped=tuple(problem for log in logs for problem in log.skipped),
+            skipped_rows=sum(log.skipped_rows for log in logs),
+            unread_files=tuple(name for log in logs for name in log.unread_files),
+        )

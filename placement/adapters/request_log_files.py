@@ -266,6 +266,38 @@ def _parts_through(path: Path) -> int:
 # -- JSON lines ------------------------------------------------------------------------
 
 
+#: The suffixes of a JSON-lines request log.
+_JSON_LINES = (".jsonl", ".ndjson")
+
+
+def worker_log_path(path: Path, worker: int) -> Path:
+    """Worker ``worker``'s request log under ``lorafleet router --workers N``:
+    ``requests.w1.jsonl`` beside ``requests.jsonl``, or the directory ``requests/w1``
+    inside a Parquet directory ``requests``; worker 0 writes ``path`` itself."""
+    if worker == 0:
+        return path
+    if path.suffix in _JSON_LINES:
+        return path.with_name(f"{path.stem}.w{worker}{path.suffix}")
+    return path / f"w{worker}"
+
+
+def worker_logs(path: Path) -> list[Path]:
+    """The further workers' logs beside worker 0's ``path`` now (``worker_log_path``'s
+    names, in worker order); none for a file that is no router log."""
+    if path.suffix in _JSON_LINES:
+        pattern = re.compile(rf"^{re.escape(path.stem)}\.w(\d+){re.escape(path.suffix)}$")
+        listed = list(path.parent.iterdir()) if path.parent.is_dir() else []
+        workers = {int(m[1]): p for p in listed if (m := pattern.match(p.name)) and p.is_file()}
+    elif path.is_dir():
+        pattern = re.compile(r"^w(\d+)$")
+        workers = {
+            int(m[1]): p for p in path.iterdir() if (m := pattern.match(p.name)) and p.is_dir()
+        }
+    else:
+        return []
+    return [workers[worker] for worker in sorted(workers) if worker > 0]
+
+
 def rotated_pattern(active: Path) -> re.Pattern[str]:
     """The names the rotations of ``active`` take (``<stem>.<time>[-n]<suffix>``)."""
     stem, suffix = re.escape(active.stem), re.escape(active.suffix)

@@ -27,7 +27,7 @@ from models.backtest import BacktestReport, backtest, rolling_origins
 from models.base import Forecaster
 from models.registry import forecaster_named
 from models.series import CountPanel, SeriesError, build_panel
-from placement.adapters.live_request_log import LiveRequestLog
+from placement.adapters.live_request_log import WorkersRequestLog
 from placement.cli.app import app, err, out, print_labelled, report_errors
 from placement.errors import ForecastError, InputError, Problem
 from placement.forecast.forecaster import (
@@ -76,31 +76,20 @@ def parse_time(text: str) -> datetime:
 
 #: What ``--log`` takes, for its help.
 LOG_HELP = "request log (Parquet, CSV or JSON lines), or the router's --request-log directory"
-#: A further router worker's log inside the directory (``placement.router.workers``).
-_WORKER_DIR = re.compile(r"^w\d+$")
 
 
 def read_log(path: Path) -> RequestLog:
     """A request log file, or the directory ``lorafleet router --request-log DIR``
     writes (hourly Parquet files, the parts of the hour being written, ``DIR/w1`` and
     on for further workers), read as the controller's ingest reads it
-    (``LiveRequestLog``): a row in an hour and its parts once, hidden temporary files
+    (``WorkersRequestLog``): a row in an hour and its parts once, hidden temporary files
     passed by. Its rows that cannot be used are left out and printed as warnings."""
     if not path.is_dir() or path.suffix.lower() == ".parquet":  # a Parquet dataset
         return load_request_log(path)
-    workers = sorted(p for p in path.iterdir() if p.is_dir() and _WORKER_DIR.match(p.name))
-    logs = [LiveRequestLog(directory).read() for directory in (path, *workers)]
-    for problem in (problem for log in logs for problem in log.skipped):
+    log = WorkersRequestLog(path).read()
+    for problem in log.skipped:
         print_labelled(err(), "yellow", "warning", f"{problem} (left out)")
-    read = [log for log in logs if not log.frame.empty]
-    if len(read) <= 1:
-        return read[0] if read else logs[0]
-    if any(log.aggregated for log in read):  # never the router's: someone's counts
-        message = "pre-aggregated counts beside worker logs (w1, ...): give one log file"
-        raise InputError([Problem(source=str(path), message=message)])
-    frame = pd.concat([log.frame for log in read], ignore_index=True)
-    frame = frame.sort_values("ts", kind="stable").reset_index(drop=True)
-    return RequestLog(frame=frame, aggregated=False, source=str(path))
+    return log
 
 
 def _history_frame(log: RequestLog, bucket_s: int) -> pd.DataFrame:

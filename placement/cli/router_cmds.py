@@ -16,6 +16,7 @@ from typing import Annotated
 
 import typer
 
+from placement.adapters.request_log_files import worker_log_path
 from placement.cli.app import app, err, report_errors
 from placement.cli.router_setup import (
     EndpointPicker,
@@ -30,7 +31,7 @@ from placement.errors import InputError, Problem
 from placement.router.asgi import RouterApp
 from placement.router.picking import POLICIES
 from placement.router.wiring import RouterWithPicker, run_router, write_port_file
-from placement.router.workers import serve_workers, worker_log_path
+from placement.router.workers import serve_workers
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -36,7 +36,7 @@ from placement.actuation.apply import apply_plan, lora_paths, make_clients, obse
 from placement.actuation.executor import ApplyReport, Executor, Ledger, Sleep
 from placement.actuation.reconcile import depends_on
 from placement.adapters.kube import KubeConfigMapKey
-from placement.adapters.live_request_log import LiveRequestLog
+from placement.adapters.live_request_log import WorkersRequestLog
 from placement.adapters.prom import PromHistorySource
 from placement.controller.ports import Backoff, ControllerObserver, Job, TickOutcome
 from placement.domain import Action, AdapterId, Catalog, Fleet, PodId
@@ -217,8 +217,9 @@ class FileHistory:
         self.live = live
         self.bucket_s = bucket_s
         # The router's layout (a JSON-lines file and its rotations, or a directory of
-        # Parquet parts and hours), read incrementally: only new files and new lines.
-        self._live_log = LiveRequestLog(live) if live is not None else None
+        # Parquet parts and hours), read incrementally: only new files and new lines;
+        # with the logs of its further workers (``router --workers N``) beside it.
+        self._live_log = WorkersRequestLog(live) if live is not None else None
 
     def __call__(self) -> RequestLog:
         history = load_request_log(self.path)

@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from placement.adapters.live_request_log import RequestLogTail
+from placement.adapters.request_log_files import worker_logs
 from placement.domain import AdapterId, PodId
 from placement.inputs.request_log import RequestLog
 
@@ -34,10 +35,11 @@ LastUse = Mapping[PodId, Mapping[AdapterId, float]]
 class RouterLogUse:
     """The ``RecentUse`` port over the router's live request log: per pod, the arrival
     of each adapter's latest request the pod served (a row with an outcome; one the
-    router or the pod refused did not use the adapter there). Its own reader, so an
-    event's read does not disturb the ingest's; a lock keeps two events' reads in turn,
-    and an answer younger than ``refresh_s`` (seconds on ``clock``) is given again. A
-    log of counts per bucket tells no moment: its rows are passed by."""
+    router or the pod refused did not use the adapter there), its further workers' logs
+    (``router --workers N``) read with it. Its own reader, so an event's read does not
+    disturb the ingest's; a lock keeps two events' reads in turn, and an answer younger
+    than ``refresh_s`` (seconds on ``clock``) is given again. A log of counts per bucket
+    tells no moment: its rows are passed by."""
 
     def __init__(
         self,
@@ -46,7 +48,9 @@ class RouterLogUse:
         refresh_s: float,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._log = RequestLogTail(path)
+        self._path = path
+        #: Worker 0's log and each further worker's (``router --workers N``).
+        self._tails: dict[Path, RequestLogTail] = {}
         self._lock = threading.Lock()
         self._refresh_s = refresh_s
         self._clock = clock
@@ -57,8 +61,11 @@ class RouterLogUse:
         with self._lock:
             now_s = self._clock()
             if not 0.0 <= now_s - self._read_at_s < self._refresh_s:
-                if self._log.path.exists():
-                    self._answer = updated(self._answer, latest_uses(self._log.read_new()))
+                paths = [self._path, *worker_logs(self._path)]
+                self._tails = {p: self._tails.get(p) or RequestLogTail(p) for p in paths}
+                for tail in self._tails.values():
+                    if tail.path.exists():
+                        self._answer = updated(self._answer, latest_uses(tail.read_new()))
                 self._read_at_s = now_s
             return self._answer
 

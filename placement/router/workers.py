@@ -20,7 +20,8 @@ adapter is loaded once per pod however many workers ask; the worker that was tol
 at its next scrape (``Router`` does both).
 
 A worker's request log must not share a file with another's: worker 0 writes to the
-path given, worker i to ``worker_log_path(path, i)``.
+path given, worker i to ``worker_log_path(path, i)``
+(``placement.adapters.request_log_files``, where the controller's reader finds them).
 
 One scrape for all: worker 0 scrapes the pods and writes what it learnt (health, parsed
 metrics, listings) into a directory the parent made; the others apply it on their own
@@ -65,17 +66,6 @@ from placement.router.load_claims import LoadClaims, WorkerPicker
 from placement.router.metrics import forget_worker, record_in
 from placement.router.shared_scrapes import ScrapeFollower, ScrapePublisher, stale_after_s
 from placement.router.wiring import freeze_started_heap
-
-
-def worker_log_path(path: Path, worker: int) -> Path:
-    """Worker ``worker``'s request log: ``requests.w1.jsonl`` beside ``requests.jsonl``,
-    or the directory ``requests/w1`` inside a Parquet directory ``requests``."""
-    if worker == 0:
-        return path
-    if path.suffix in (".jsonl", ".ndjson"):
-        return path.with_name(f"{path.stem}.w{worker}{path.suffix}")
-    return path / f"w{worker}"
-
 
 REUSE_PORT = hasattr(socket, "SO_REUSEPORT")
 

@@ -17,10 +17,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from placement.adapters.request_log_files import worker_log_path
 from placement.domain import AdapterId, PodId, Tier
 from placement.plan import AdapterPlan, plan_to_json
 from placement.router.load_claims import LoadClaims
-from placement.router.workers import share_loads, worker_log_path
+from placement.router.workers import share_loads
 
 from .conftest import catalog_of, emulated, plan_of, router_for
 from .processes import RouterProcess, start_router, wait_for

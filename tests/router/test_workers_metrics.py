@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.mmap_dict import MmapedDict, mmap_key
 from prometheus_client.parser import text_string_to_metric_families
 
+from placement.adapters.request_log_files import worker_log_path
 from placement.plan import plan_to_json
 from placement.router.core import Router
 from placement.router.metrics import (
@@ -34,7 +35,6 @@ from placement.router.metrics import (
 )
 from placement.router.sources import StaticPlanSource
 from placement.router.state import Upstream
-from placement.router.workers import worker_log_path
 
 from .conftest import MANUAL, emulated, plan_of
 from .processes import RouterProcess, start_router, wait_for
