@@ -30,7 +30,7 @@ from kubernetes import client
 
 from placement.adapters.kube_api import OWNED_LABELS, KubeTarget, not_found, translated
 from placement.domain import AdapterId, PodId
-from placement.errors import KubeError, LeadershipLostError, PlanError
+from placement.errors import InputError, KubeError, LeadershipLostError, PlanError, Problem
 from placement.plan import Plan, plan_from_json, plan_to_json
 from placement.ports import PLAN_ID_ANNOTATION, StoredState, hot_set_entries
 
@@ -229,7 +229,12 @@ class KubePlanStore:
         data = _data(existing)
         if PREVIOUS_PLAN_KEY not in data or PLAN_KEY not in data:
             raise PlanError(f"configmap {self._maps.name} has no previous plan to roll back to")
-        restored = plan_from_json(data[PREVIOUS_PLAN_KEY], source=self._source(PREVIOUS_PLAN_KEY))
+        source = self._source(PREVIOUS_PLAN_KEY)
+        try:
+            restored = plan_from_json(data[PREVIOUS_PLAN_KEY], source=source)
+        except PlanError as exc:  # a bad object, as a bad file is: exit 2, nothing swapped
+            message = str(exc).removeprefix(f"{source}: ")
+            raise InputError([Problem(source=source, message=message)]) from None
         self._maps.write(
             existing, {PLAN_KEY: data[PREVIOUS_PLAN_KEY], PREVIOUS_PLAN_KEY: data[PLAN_KEY]}
         )

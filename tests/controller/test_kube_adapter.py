@@ -19,7 +19,13 @@ from placement.adapters.kube import (
     connect,
 )
 from placement.domain import AdapterId, PodId
-from placement.errors import KubeConflictError, KubeError, PlanError, RetryableKubeError
+from placement.errors import (
+    InputError,
+    KubeConflictError,
+    KubeError,
+    PlanError,
+    RetryableKubeError,
+)
 from placement.ports import (
     PLAN_ID_ANNOTATION,
     LeaseRecord,
@@ -144,6 +150,24 @@ def test_rollback_swaps_current_and_previous(
 
     assert store.rollback().id == "p1"
     assert (store.current(), store.previous()) == (make_plan(plan_id="p1"), make_plan(plan_id="p2"))
+
+
+@pytest.mark.parametrize("previous", ['{"schema_version": 1, "id": ', "[]", "{}"])
+def test_a_previous_plan_that_is_no_plan_is_a_bad_input_and_nothing_is_swapped(
+    kube_api: client.ApiClient, target: KubeTarget, previous: str
+) -> None:
+    """As a state directory's previous.json is (exit 2): it was a PlanError, exit 1."""
+    store = KubePlanStore(kube_api, target=target)
+    store.publish(make_plan(plan_id="p1"))
+    core = client.CoreV1Api(kube_api)
+    stored = core.read_namespaced_config_map("lorafleet-plan", "lf")
+    stored.data = {**(stored.data or {}), "previous.json": previous}
+    core.replace_namespaced_config_map("lorafleet-plan", "lf", stored)
+    with pytest.raises(InputError) as raised:
+        store.rollback()
+    assert raised.value.problems[0].source == "configmap lorafleet-plan/previous.json"
+    after = core.read_namespaced_config_map("lorafleet-plan", "lf").data or {}
+    assert (after.get("previous.json"), store.current()) == (previous, make_plan(plan_id="p1"))
 
 
 def test_concurrent_replace_of_a_configmap_is_a_conflict(
