@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -22,7 +23,7 @@ from types import MappingProxyType
 from typing import Any
 
 from placement.domain import AdapterId, PodId, Tier
-from placement.errors import PlanError
+from placement.errors import InputError, PlanError, Problem
 
 SCHEMA_VERSION = 1
 
@@ -366,6 +367,15 @@ def plan_from_dict(raw: object, *, source: str = "plan") -> Plan:
         solver=_read_solver(reader, top.get("solver", {"status": "NONE"})),
         why=MappingProxyType({AdapterId(k): reader.string(v, f"why.{k}") for k, v in why.items()}),
     )
+
+
+def plan_input_error(exc: PlanError, source: str | os.PathLike[str]) -> InputError:
+    """``exc`` as the InputError of the file (or object) at ``source``, named once: a
+    plan someone gave or stored that is not one is a bad input (exit 2), not a
+    ``PlanError`` (exit 1, an engine or Kubernetes failure's code)."""
+    name = str(source)
+    message = str(exc).removeprefix(f"{name}: ")
+    return InputError([Problem(source=name, message=message)])
 
 
 def plan_from_json(text: str, *, source: str = "plan") -> Plan:

@@ -29,6 +29,7 @@ from placement.adapters.kube_configmaps import (
     KubeHotSets,
     KubePlanStore,
     KubeStateStore,
+    claim_all,
 )
 from placement.domain import PodId, PoolId
 from placement.errors import KubeError
@@ -43,6 +44,7 @@ __all__ = [
     "KubeStateStore",
     "KubeTarget",
     "LeftOut",
+    "claim_all",
     "connect",
     "to_discovered",
 ]

@@ -30,8 +30,8 @@ from kubernetes import client
 
 from placement.adapters.kube_api import OWNED_LABELS, KubeTarget, not_found, translated
 from placement.domain import AdapterId, PodId
-from placement.errors import InputError, KubeError, LeadershipLostError, PlanError, Problem
-from placement.plan import Plan, plan_from_json, plan_to_json
+from placement.errors import KubeError, LeadershipLostError, PlanError
+from placement.plan import Plan, plan_from_json, plan_input_error, plan_to_json
 from placement.ports import PLAN_ID_ANNOTATION, StoredState, hot_set_entries
 
 #: A ConfigMap holds at most 1 MiB; leave room for its metadata.
@@ -233,8 +233,7 @@ class KubePlanStore:
         try:
             restored = plan_from_json(data[PREVIOUS_PLAN_KEY], source=source)
         except PlanError as exc:  # a bad object, as a bad file is: exit 2, nothing swapped
-            message = str(exc).removeprefix(f"{source}: ")
-            raise InputError([Problem(source=source, message=message)]) from None
+            raise plan_input_error(exc, source) from None
         self._maps.write(
             existing, {PLAN_KEY: data[PREVIOUS_PLAN_KEY], PREVIOUS_PLAN_KEY: data[PLAN_KEY]}
         )
@@ -272,3 +271,9 @@ class KubeStateStore:
 
     def claim(self) -> None:
         self._maps.claim()
+
+
+def claim_all(*stores: KubePlanStore | KubeStateStore | KubeHotSets) -> None:
+    """``claim`` each store's ConfigMap, in turn: what a leader does on taking the lease."""
+    for store in stores:
+        store.claim()

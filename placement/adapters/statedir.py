@@ -31,7 +31,7 @@ from pathlib import Path
 
 from placement.errors import InputError, LeadershipLostError, PlanError, Problem
 from placement.inputs.files import fsync_directory, read_text, write_atomically
-from placement.plan import Plan, plan_from_json, plan_to_json
+from placement.plan import Plan, plan_from_json, plan_input_error, plan_to_json
 from placement.ports import StoredState
 
 PLAN_FILE = "plan.json"
@@ -56,14 +56,12 @@ def _read(path: Path) -> str | None:
 
 
 def _previous_plan(text: str, path: Path) -> Plan:
-    """The plan a rollback restores. One that is not a plan is a bad file, an InputError
-    naming it (exit 2), as one that is not UTF-8 already is (``read_text``); a
-    PlanError was exit 1, an engine or Kubernetes failure's code."""
+    """The plan a rollback restores; one that is not a plan is a bad file (exit 2), as
+    one that is not UTF-8 already is (``read_text``)."""
     try:
         return plan_from_json(text, source=str(path))
     except PlanError as exc:
-        message = str(exc).removeprefix(f"{path}: ")
-        raise InputError([Problem(source=str(path), message=message)]) from None
+        raise plan_input_error(exc, path) from None
 
 
 def _is_json(text: str) -> bool:

@@ -22,7 +22,6 @@ import typer
 from rich.table import Table
 
 from placement.cli.app import app, err, out, print_labelled, report_errors
-from placement.cli.plan_files import plan_problem
 from placement.domain import AdapterId, Catalog, Fleet, PodId, Tier
 from placement.errors import ForecastError, InputError, PlanError, Problem
 from placement.forecast.demand import bucket_seconds, demand_from_forecast, read_forecast
@@ -30,7 +29,7 @@ from placement.forecast.forecaster import forecast_demand, timezones_of
 from placement.inputs import load_catalog, load_fleet, write_plan
 from placement.inputs.files import read_text
 from placement.inputs.request_log import empty_log_problem, load_request_log
-from placement.plan import Plan, plan_from_dict
+from placement.plan import Plan, plan_from_dict, plan_input_error
 from placement.review.diff import human_bytes
 from placement.settings import Settings
 from placement.solver import extract_plan, options_from, solve
@@ -146,7 +145,7 @@ def read_current(path: Path, fleet: Fleet) -> Current:
         try:
             return plan_from_dict(raw, source=str(path)).placement()
         except PlanError as exc:
-            raise plan_problem(exc, path) from None
+            raise plan_input_error(exc, path) from None
     return _observed(raw, source=str(path), known=set(fleet.pod_by_name()))
 
 

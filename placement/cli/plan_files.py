@@ -6,16 +6,9 @@ from __future__ import annotations
 
 import os
 
-from placement.errors import InputError, PlanError, Problem
+from placement.errors import PlanError
 from placement.inputs import read_plan
-from placement.plan import Plan
-
-
-def plan_problem(exc: PlanError, path: str | os.PathLike[str]) -> InputError:
-    """``exc`` as the InputError of the file at ``path``, the file named once."""
-    source = str(path)
-    message = str(exc).removeprefix(f"{source}: ")
-    return InputError([Problem(source=source, message=message)])
+from placement.plan import Plan, plan_input_error
 
 
 def read_plan_file(path: str | os.PathLike[str]) -> Plan:
@@ -23,4 +16,4 @@ def read_plan_file(path: str | os.PathLike[str]) -> Plan:
     try:
         return read_plan(path)
     except PlanError as exc:
-        raise plan_problem(exc, path) from None
+        raise plan_input_error(exc, path) from None

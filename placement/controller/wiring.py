@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
+from functools import partial
 
 import httpx
 import pandas as pd
@@ -35,6 +36,7 @@ from placement.adapters.kube import (
     KubePods,
     KubeStateStore,
     KubeTarget,
+    claim_all,
     connect,
 )
 from placement.adapters.prom import PromHistorySource
@@ -252,18 +254,13 @@ def _cluster(config: ControllerConfig, settings: Settings, *, identity: str) -> 
     plans = KubePlanStore(api, target=target, term=elector.term)
     state = KubeStateStore(api, target=target, term=elector.term)
     hot_sets = KubeHotSets(api, target=target, term=elector.term)
-
-    def claim() -> None:
-        for store in (plans, state, hot_sets):
-            store.claim()
-
     return _Cluster(
         plans=plans,
         state=state,
         discovery=KubePods(api, target=target),
         hot_sets=hot_sets,
         elector=elector,
-        claim=claim,
+        claim=partial(claim_all, plans, state, hot_sets),
     )
 
 

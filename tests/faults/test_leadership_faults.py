@@ -13,6 +13,7 @@ import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,7 @@ from placement.adapters.kube import (
     KubePlanStore,
     KubeStateStore,
     KubeTarget,
+    claim_all,
     connect,
 )
 from placement.adapters.kube_configmaps import TERM_ANNOTATION
@@ -166,11 +168,6 @@ async def replicas(fake: FakeApiServer) -> AsyncIterator[Replicas]:
         plans = KubePlanStore(api, target=target, term=elector.term)
         state = KubeStateStore(api, target=target, term=elector.term)
         hot_sets = KubeHotSets(api, target=target, term=elector.term)
-
-        def claim() -> None:
-            for store in (plans, state, hot_sets):
-                store.claim()
-
         ports = ControllerPorts(
             catalog=cat,
             fleet=emulated.domain(pool="llama"),
@@ -185,7 +182,7 @@ async def replicas(fake: FakeApiServer) -> AsyncIterator[Replicas]:
             hot_sets=hot_sets,
             predictor=pipeline_predictor(Pipelines(), cat),
             elector=elector,
-            claim=claim,
+            claim=partial(claim_all, plans, state, hot_sets),
         )
         made.append(Replica(name, Controller(ports, settings=SETTINGS, clock=clock), planner, api))
         return made[-1]

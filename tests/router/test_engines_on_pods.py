@@ -114,6 +114,15 @@ def test_an_sglang_pod_without_enable_metrics_stays_in_rotation_judged_by_health
         assert router.get("/healthz")["healthy_pods"] == []
 
 
+def _answered(client: openai.OpenAI, model: str, *, stream: bool) -> None:
+    """A completion for ``model`` answered with choices, whole or streamed."""
+    if stream:
+        chunks = list(client.completions.create(model=model, prompt="p", max_tokens=3, stream=True))
+        assert chunks and all(chunk.choices for chunk in chunks)
+    else:
+        assert client.completions.create(model=model, prompt="p", max_tokens=1).choices
+
+
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 @pytest.mark.parametrize(
     ("model", "gone"),
@@ -137,13 +146,7 @@ def test_an_adapter_sglang_no_longer_has_is_loaded_again_not_a_400(
             _post(f"{pods.url('pod-0')}/admin/restart", {})
         else:
             _post(f"{pods.url('pod-0')}/unload_lora_adapter", {"lora_name": "lora-0"})
-        if stream:
-            chunks = list(
-                client.completions.create(model="lora-0", prompt="p", max_tokens=3, stream=True)
-            )
-            assert chunks and all(chunk.choices for chunk in chunks)
-        else:
-            assert client.completions.create(model="lora-0", prompt="p", max_tokens=1).choices
+        _answered(client, "lora-0", stream=stream)
         assert pods.counter("loads") == 2
         assert _ledger_gpu(router) == pods.stats("pod-0")["gpu"]
 
@@ -161,13 +164,7 @@ def test_sglang_loads_an_adapter_unloaded_behind_the_routers_back_by_itself(stre
         client = router.client()
         client.completions.create(model="lora-0", prompt="p", max_tokens=1)
         _post(f"{pods.url('pod-0')}/unload_lora_adapter", {"lora_name": "lora-0"})
-        if stream:
-            chunks = list(
-                client.completions.create(model="lora-0", prompt="p", max_tokens=3, stream=True)
-            )
-            assert chunks and all(chunk.choices for chunk in chunks)
-        else:
-            assert client.completions.create(model="lora-0", prompt="p", max_tokens=1).choices
+        _answered(client, "lora-0", stream=stream)
         assert (pods.counter("loads"), pods.counter("cold_reloads")) == (1, 1)
         assert pods.stats("pod-0")["listed"] == ["lora-0"]
         assert _ledger_gpu(router) == pods.stats("pod-0")["gpu"] == ["lora-0"]
