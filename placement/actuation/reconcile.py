@@ -9,8 +9,12 @@ the most valuable hot adapter activated last (the last the engine's LRU evicts):
   unload frees nothing: the host-cache entry and the GPU slot stay until LRU eviction.
   So a pod loads its warm adapters first and its hot ones last (loaded, or warmed up
   when kept), and loads never wait for unloads: room comes from the LRU order, not
-  from an unload. The names a plan drops are still unloaded, once the loads are done.
-  A GPU slot the hot set leaves free holds the last warm adapters loaded.
+  from an unload. So a name the plan moves off a pod but still knows (any tier, cold
+  too) stays listed there from its source: unloading it would free nothing, and the
+  router's next load of it there would read it from storage into a second entry
+  (``FleetReplay.kept_listed``). Names the plan does not know, or listed from another
+  path, are unloaded once the loads are done. A GPU slot the hot set leaves free
+  holds the last warm adapters loaded.
 - SGLang registers on load (a pinned load also takes a slot) and activates on request.
   ``--max-loaded-loras`` (``max_cpu_loras``) is a soft cap: a load past it makes the
   engine unload an adapter of its choosing. So a pod never lists more than its cap at

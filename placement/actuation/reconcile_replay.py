@@ -50,6 +50,8 @@ class FleetReplay:
         self.reload = {pod_id: self._changed(pod_id) for pod_id in observed}
         self.homes: dict[AdapterId, set[PodId]] = {}
         self.hot_anywhere: set[AdapterId] = set()
+        #: The names the plan has an entry for, any tier (cold too): the catalog's.
+        self.known = frozenset(plan.adapters)
         for pod_id, pod_plan in plan.pods.items():
             for adapter in pod_plan.registered + pod_plan.pinned:
                 self.homes.setdefault(adapter, set()).add(pod_id)
@@ -229,10 +231,27 @@ class FleetReplay:
                     return True
         return False
 
+    def kept_listed(self, pod_id: PodId, adapter: AdapterId) -> bool:
+        """Whether a vLLM pod keeps listing an adapter the plan does not want there.
+
+        An unload over HTTP frees nothing on vLLM (the API server forgets the name; the
+        CPU-cache entry and the GPU slot stay until LRU eviction, vllm-project/vllm#54839)
+        and the name's next load reads it again from storage into a second entry. So a
+        name the plan still knows, listed from the catalog's source, stays: the router
+        may serve it there, and the engine's LRU evicts it when the slot is wanted. A name
+        the plan does not know, or listed from another path, is unloaded."""
+        if self.engine(pod_id) is not EngineModel.VLLM or adapter not in self.known:
+            return False
+        path, source = self.observed[pod_id].paths.get(adapter), self.sources.get(adapter)
+        return path is None or source is None or path == source
+
     def finish(self) -> None:
-        """Unload what is no longer wanted, then activate the hot sets where needed."""
+        """Unload what is no longer wanted (``kept_listed`` stays), then activate the
+        hot sets where needed."""
         for pod_id in self.pods():
             for adapter in self.extras(pod_id):
+                if self.kept_listed(pod_id, adapter):
+                    continue
                 if self.safe(pod_id, adapter):
                     elsewhere = sorted(self.homes.get(adapter, ()))
                     reason = f"moved to {', '.join(elsewhere)}" if elsewhere else "not in plan"

@@ -147,7 +147,8 @@ def _apply(tmp_path: Path, fleet: EmulatedFleet, plan: Plan) -> str:
 def _assert_gpu_holds_the_hot_set(fleet: EmulatedFleet, plan: Plan) -> None:
     for name, held in _held(fleet).items():
         pod_plan = plan.pods[PodId(name)]
-        assert sorted(held["listed"]) == sorted(pod_plan.registered), name
+        # vLLM (these pods): a name the plan moved away stays listed, an unload frees nothing.
+        assert set(pod_plan.registered) <= set(held["listed"]) <= set(plan.adapters), name
         assert sorted(held["gpu"]) == sorted(pod_plan.hot), (name, held)
 
 

@@ -82,10 +82,35 @@ def test_a_warm_load_on_vllm_is_followed_by_the_hot_set_again() -> None:
 
 def test_a_move_loads_the_new_replica_before_unloading_the_old() -> None:
     plan = make_plan({"pod-0": [], "pod-1": ["x"]})
-    actions = reconcile(plan, {P0: state(["x"], cpu=2), P1: state([], cpu=2)})
-    assert _kinds(actions) == [("load", "pod-1", "x"), ("unload", "pod-0", "x")]
-    assert actions[-1].reason == "moved to pod-1"
+    observed = {P0: state(["x"], cpu=2, engine=SGLANG), P1: state([], cpu=2, engine=SGLANG)}
+    actions = reconcile(plan, observed)
+    assert _kinds(actions) == [
+        ("load", "pod-1", "x"),
+        ("unload", "pod-0", "x"),
+        ("warmup", "pod-1", "x"),
+    ]
+    assert actions[1].reason == "moved to pod-1"
     assert depends_on(actions)[1] == (0,)
+
+
+def test_a_move_on_vllm_keeps_the_old_replica_listed() -> None:
+    """vLLM's unload frees nothing (the slot and the cache entry stay until LRU), and a
+    later load of the name reads it from storage again: a name the plan knows stays."""
+    plan = make_plan({"pod-0": [], "pod-1": ["x"]})
+    actions = reconcile(plan, {P0: state(["x"], cpu=2), P1: state([], cpu=2)})
+    assert _kinds(actions) == [("load", "pod-1", "x")]
+
+
+def test_a_vllm_pod_unloads_names_the_plan_does_not_know_and_stale_paths() -> None:
+    plan = make_plan({"pod-0": ["h"], "pod-1": ["x", "old"]})
+    observed = {
+        P0: state(["h", "x", "stray", "old"], cpu=4, paths={"old": path_of("old", 0)}),
+        P1: state(["x", "old"], cpu=4),
+    }
+    sources = {AdapterId(a): path_of(a) for a in ("h", "x", "old")}
+    actions = reconcile(plan, observed, sources=sources)
+    unloads = {(a.adapter, a.reason) for a in actions if a.kind is ActionKind.UNLOAD}
+    assert unloads == {("stray", "not in plan"), ("old", "moved to pod-1")}
 
 
 FULL_POD = (
@@ -109,7 +134,8 @@ def test_a_full_vllm_pod_loads_without_waiting_for_an_unload() -> None:
     observed = {PodId(p): state(names, cpu=3) for p, names in held_now.items()}
     actions = reconcile(plan, observed)
     assert _kinds(actions)[0] == ("load", "pod-0", "new")
-    assert {a.adapter for a in actions if a.kind is ActionKind.UNLOAD} == {"gone", "warm", "hot"}
+    # "warm" and "hot" are the plan's (on pod-1) and stay listed; "gone" it does not know.
+    assert {a.adapter for a in actions if a.kind is ActionKind.UNLOAD} == {"gone"}
 
 
 def test_a_swap_between_two_full_sglang_pods_is_forced_and_says_so() -> None:
@@ -127,7 +153,7 @@ def test_a_swap_between_two_full_sglang_pods_is_forced_and_says_so() -> None:
 def test_a_swap_between_two_full_vllm_pods_needs_no_forced_unload() -> None:
     plan = make_plan({"pod-0": ["y"], "pod-1": ["x"]})
     actions = reconcile(plan, {P0: state(["x"], cpu=1), P1: state(["y"], cpu=1)})
-    assert [a.kind for a in actions] == [ActionKind.LOAD] * 2 + [ActionKind.UNLOAD] * 2
+    assert [a.kind for a in actions] == [ActionKind.LOAD] * 2  # the old names stay listed
     assert not any(a.reason.startswith("forced") for a in actions)
 
 
@@ -292,7 +318,16 @@ def _check_run(scenario: Scenario, applied: _Applied, actions: tuple[Action, ...
         ready |= now
     for pod_id, pod_plan in plan.pods.items():
         pod, limits = pods[pod_id], observed[pod_id]
-        assert pod.listed == {a: sources[a] for a in pod_plan.registered}, pod_id
+        wanted = {a: sources[a] for a in pod_plan.registered}
+        if limits.engine is EngineModel.VLLM:
+            # An unload frees nothing on vLLM: names the plan knows, listed from their
+            # source, stay listed beside the plan's.
+            kept = {a: p for a, p in pod.listed.items() if a not in wanted}
+            assert {a: pod.listed.get(a) for a in wanted} == wanted, pod_id
+            assert set(kept) <= set(plan.adapters), (pod_id, kept)
+            assert all(p == sources[AdapterId(a)] for a, p in kept.items()), (pod_id, kept)
+        else:
+            assert pod.listed == wanted, pod_id
         loaded = any(a.kind is ActionKind.LOAD and a.pod == pod_id for a in actions)
         if limits.warmed is not None or loaded:
             on_gpu = set(pod.on_gpu())
