@@ -46,7 +46,8 @@ def read_forecast(path: str | Path) -> pd.DataFrame:
     """Read a forecast Parquet file; InputError names the file and each fault: a missing
     column, a ``ts`` that is missing, no time or without a timezone (by its row and
     adapter), a rate (``mean``, ``q90``, and ``q50``, ``q99`` where given) that is no
-    number >= 0, a quantile below the one before it (by its bucket)."""
+    number >= 0, a ``p_nonzero`` (where given) that is no probability in [0, 1], a
+    quantile below the one before it (by its bucket)."""
     source = Path(path)
     try:
         frame = pd.read_parquet(source)
@@ -65,14 +66,21 @@ def read_forecast(path: str | Path) -> pd.DataFrame:
         )
     times, time_faults = _times(frame["ts"])
     frame = frame.assign(ts=times, adapter=frame["adapter"].astype(str))
-    problems = [
-        Problem(source=str(source), entry=_rows(frame, rows), field="ts", message=message)
-        for message, rows in time_faults
-    ] + [
-        Problem(source=str(source), entry=entry, field=column, message=message)
-        for column in _rate_columns(frame)
-        for entry, message in _rate_faults(frame, column)
-    ]
+    problems = (
+        [
+            Problem(source=str(source), entry=_rows(frame, rows), field="ts", message=message)
+            for message, rows in time_faults
+        ]
+        + [
+            Problem(source=str(source), entry=entry, field=column, message=message)
+            for column in _rate_columns(frame)
+            for entry, message in _rate_faults(frame, column)
+        ]
+        + [
+            Problem(source=str(source), entry=entry, field=_PROBABILITY, message=message)
+            for entry, message in _probability_faults(frame)
+        ]
+    )
     if not problems:
         problems = [
             Problem(source=str(source), entry=entry, field=column, message=message)
@@ -194,15 +202,53 @@ def _rate_faults(frame: pd.DataFrame, column: str) -> list[tuple[str | None, str
     if not pd.api.types.is_numeric_dtype(values) or pd.api.types.is_bool_dtype(values):
         return [(None, f"not numbers (a column of {values.dtype}); rates are numbers >= 0")]
     numbers = values.to_numpy(dtype=float, na_value=np.nan)
-    faults: list[tuple[str | None, str]] = []
-    for message, bad in (
-        ("rates that are not numbers (NaN)", np.isnan(numbers)),
-        ("infinite rates", np.isinf(numbers)),
-        ("negative rates", np.isfinite(numbers) & (numbers < 0)),
-    ):
-        if bad.any():
-            faults.append((_buckets(frame.iloc[np.flatnonzero(bad)]), f"{bad.sum()} {message}"))
-    return faults
+    return _bucket_faults(
+        frame,
+        (
+            ("rates that are not numbers (NaN)", np.isnan(numbers)),
+            ("infinite rates", np.isinf(numbers)),
+            ("negative rates", np.isfinite(numbers) & (numbers < 0)),
+        ),
+    )
+
+
+#: The probability column, optional: P(any request in the bucket).
+_PROBABILITY = "p_nonzero"
+
+
+def _probability_faults(frame: pd.DataFrame) -> list[tuple[str | None, str]]:
+    """What is wrong in ``p_nonzero`` where the file has it (a probability, so a number
+    in [0, 1]), each with its buckets as in ``_rate_faults``. The forecasters clip it to
+    [0, 1] (``models.base.sanitize``): a file outside it was not written by them."""
+    if _PROBABILITY not in frame.columns:
+        return []
+    values = frame[_PROBABILITY]
+    if not pd.api.types.is_numeric_dtype(values) or pd.api.types.is_bool_dtype(values):
+        return [(None, f"not numbers (a column of {values.dtype}); {_PROBABILITIES}")]
+    numbers = values.to_numpy(dtype=float, na_value=np.nan)
+    return _bucket_faults(
+        frame,
+        (
+            (f"probabilities that are not numbers (NaN); {_PROBABILITIES}", np.isnan(numbers)),
+            (f"probabilities below 0; {_PROBABILITIES}", numbers < 0),
+            (f"probabilities above 1; {_PROBABILITIES}", numbers > 1),
+        ),
+    )
+
+
+#: What a forecast's ``p_nonzero`` is, said where it is not.
+_PROBABILITIES = "p_nonzero is P(any request in the bucket), a number in [0, 1]"
+
+
+def _bucket_faults(
+    frame: pd.DataFrame, found: Iterable[tuple[str, np.ndarray]]
+) -> list[tuple[str | None, str]]:
+    """Each fault found in a column of numbers with its count and its buckets."""
+    return [
+        (_buckets(frame.iloc[np.flatnonzero(bad)]), f"{bad.sum()} {message}")
+        for message, bad in found
+        if bad.any()
+    ]
 
 
 def _buckets(rows: pd.DataFrame) -> str:

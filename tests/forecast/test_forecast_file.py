@@ -28,6 +28,7 @@ def _forecast(
     *,
     q50: object = 0.0,
     q99: object = 100.0,
+    p_nonzero: object = 1.0,
 ) -> Path:
     """Buckets of 600 s for a1, a2, a1, ..., written with the index 10, 11, ... (the
     labels of a frame cut from a larger one); ``ts`` instead of those times."""
@@ -42,7 +43,7 @@ def _forecast(
             "q50": q50,
             "q90": q90,
             "q99": q99,
-            "p_nonzero": 1.0,
+            "p_nonzero": p_nonzero,
         },
         index=range(10, 10 + count),
     )
@@ -197,3 +198,53 @@ def test_a_q90_below_the_mean_is_read(tmp_path: Path) -> None:
     its mean is not; ``lorafleet forecast --model ewma`` writes such buckets."""
     path = _forecast(tmp_path / "f.parquet", [0.07, 1.0], [0.0, 2.0], q99=3.0)
     assert list(read_forecast(path)["q90"]) == [0.0, 2.0]
+
+
+_P_NONZERO = "p_nonzero is P(any request in the bucket), a number in [0, 1]"
+
+
+@pytest.mark.parametrize(
+    ("p_nonzero", "expected"),
+    [
+        pytest.param(
+            [0.5, 1.5, 0.5, 0.5],
+            ["bucket a2 at 2026-03-09T04:00:00+00:00: p_nonzero: 1 probabilities above 1"],
+            id="above-one",
+        ),
+        pytest.param(
+            [0.5, 0.5, -0.1, np.inf],
+            [
+                "bucket a1 at 2026-03-09T04:10:00+00:00: p_nonzero: 1 probabilities below 0",
+                "bucket a2 at 2026-03-09T04:10:00+00:00: p_nonzero: 1 probabilities above 1",
+            ],
+            id="negative-and-infinite",
+        ),
+        pytest.param(
+            [np.nan, 0.5, 0.5, 0.5],
+            [
+                "bucket a1 at 2026-03-09T04:00:00+00:00: p_nonzero: 1 probabilities that are not"
+                " numbers (NaN)"
+            ],
+            id="nan",
+        ),
+        pytest.param(
+            ["0.5", "likely", "0.5", "0.5"],
+            ["p_nonzero: not numbers (a column of object)"],
+            id="text",
+        ),
+    ],
+)
+def test_a_p_nonzero_that_is_no_probability_is_named_by_its_bucket(
+    tmp_path: Path, p_nonzero: list[object], expected: list[str]
+) -> None:
+    """p_nonzero was not checked at all: a 1.5, a -0.1, a NaN or text was read as it was."""
+    path = _forecast(tmp_path / "f.parquet", [1.0] * 4, [2.0] * 4, p_nonzero=p_nonzero)
+    assert _problems(path) == [f"{path}: {line}; {_P_NONZERO}" for line in expected]
+
+
+def test_a_forecast_without_p_nonzero_or_with_its_bounds_is_read(tmp_path: Path) -> None:
+    """0 and 1 are probabilities; a file without the column is read as before."""
+    path = _forecast(tmp_path / "f.parquet", [0.0, 1.0], [0.0, 2.0], p_nonzero=[0.0, 1.0])
+    assert list(read_forecast(path)["p_nonzero"]) == [0.0, 1.0]
+    pd.read_parquet(path).drop(columns="p_nonzero").to_parquet(path)
+    assert "p_nonzero" not in read_forecast(path).columns
