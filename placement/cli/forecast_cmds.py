@@ -28,6 +28,7 @@ from models.base import Forecaster
 from models.registry import forecaster_named
 from models.series import CountPanel, SeriesError, build_panel
 from placement.adapters.live_request_log import WorkersRequestLog
+from placement.adapters.request_log_files import SCHEMA, rotated_pattern, worker_logs
 from placement.cli.app import app, err, out, print_labelled, report_errors
 from placement.errors import ForecastError, InputError, Problem
 from placement.forecast.forecaster import (
@@ -75,21 +76,55 @@ def parse_time(text: str) -> datetime:
 
 
 #: What ``--log`` takes, for its help.
-LOG_HELP = "request log (Parquet, CSV or JSON lines), or the router's --request-log directory"
+LOG_HELP = (
+    "request log (Parquet, CSV or JSON lines), the router's --request-log directory, "
+    "or its JSON-lines file (read with its rotations)"
+)
 
 
 def read_log(path: Path) -> RequestLog:
-    """A request log file, or the directory ``lorafleet router --request-log DIR``
-    writes (hourly Parquet files, the parts of the hour being written, ``DIR/w1`` and
-    on for further workers), read as the controller's ingest reads it
-    (``WorkersRequestLog``): a row in an hour and its parts once, hidden temporary files
-    passed by. Its rows that cannot be used are left out and printed as warnings."""
-    if not path.is_dir() or path.suffix.lower() == ".parquet":  # a Parquet dataset
+    """A request log file, or the router's log (``lorafleet router --request-log``) read
+    as the controller's ingest reads it (``WorkersRequestLog``): its directory (hourly
+    Parquet files, the parts of the hour being written, ``DIR/w1`` and on for further
+    workers; a row in an hour and its parts once, hidden temporary files passed by), or
+    its JSON-lines file with the rotations beside it (``<stem>.<time>[-n]<suffix>``) and
+    the further workers' files (``<stem>.w1<suffix>``). Its rows that cannot be used are
+    left out and printed as warnings. A log that is not the router's is read strictly,
+    as ``plan --log`` reads it."""
+    is_directory = path.is_dir() and path.suffix.lower() != ".parquet"  # not a dataset
+    if not is_directory and not _is_router_lines(path):
         return load_request_log(path)
     log = WorkersRequestLog(path).read()
     for problem in log.skipped:
         print_labelled(err(), "yellow", "warning", f"{problem} (left out)")
     return log
+
+
+#: The suffixes the router writes a JSON-lines log under (``open_request_log``).
+_ROUTER_LINES = (".jsonl", ".ndjson")
+#: How far into a JSON-lines file its first line is looked for.
+_FIRST_LINE_BYTES = 64 * 1024
+
+
+def _is_router_lines(path: Path) -> bool:
+    """Whether ``path`` is the router's JSON-lines log: a rotation or a further worker's
+    file beside it, or a first line with the router's fields (``SCHEMA``). Read alone,
+    its rotations' requests were lost (all but the newest ``log_rotate_bytes``)."""
+    if path.suffix not in _ROUTER_LINES:
+        return False
+    try:
+        pattern = rotated_pattern(path)
+        if any(pattern.match(p.name) for p in path.parent.iterdir()) or worker_logs(path):
+            return True
+        with path.open("rb") as handle:
+            first = handle.read(_FIRST_LINE_BYTES).split(b"\n", 1)[0]
+    except OSError:  # no such file, or no directory: read as a file, whose read says why
+        return False
+    try:
+        record = json.loads(first)
+    except ValueError:
+        return False
+    return isinstance(record, dict) and set(record) == set(SCHEMA.names)
 
 
 def _history_frame(log: RequestLog, bucket_s: int) -> pd.DataFrame:

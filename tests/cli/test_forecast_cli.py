@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from placement.adapters.request_log_files import LogRow, ParquetRequestLog
+from placement.adapters.request_log_files import JsonLinesRequestLog, LogRow, ParquetRequestLog
 from placement.cli.app import app
 
 START = pd.Timestamp("2026-01-01T00:00:00Z")
@@ -213,3 +213,85 @@ def test_forecast_reads_the_routers_request_log_directory(log_3d: Path, tmp_path
         outputs.append(pd.read_parquet(target))
     pd.testing.assert_frame_equal(outputs[0], outputs[1])
     assert f"warning: {junk}: cannot read: " in result.output
+
+
+def _router_rows(log: Path) -> list[LogRow]:
+    frame = pd.read_parquet(log)
+    return [
+        LogRow(ts.timestamp(), adapter, tenant, 100, 10, "pod-0", "gpu_hit", 40.0, 200)
+        for ts, adapter, tenant in frame[["ts", "adapter", "tenant"]].itertuples(index=False)
+    ]
+
+
+@pytest.mark.parametrize("command", ["forecast", "backtest"])
+def test_the_routers_json_lines_file_is_read_with_its_rotation(
+    log_3d: Path, tmp_path: Path, command: str
+) -> None:
+    """`lorafleet router --request-log requests.jsonl` renames the file past
+    log_rotate_bytes (requests.<time>.jsonl) and begins a new one: "--log
+    requests.jsonl" read the new one alone, so the rotation's requests (here the first
+    two days) were lost; the controller's live_log reads both."""
+    rows = _router_rows(log_3d)
+    cut = next(i for i, row in enumerate(rows) if row.ts_s >= START.timestamp() + 2 * 86_400)
+    active = tmp_path / "router" / "requests.jsonl"
+    sink = JsonLinesRequestLog(active, rotate_bytes=1)  # rotated after its first batch
+    sink.write(rows[:cut])
+    sink.close()
+    sink = JsonLinesRequestLog(active)
+    sink.write(rows[cut:])
+    sink.close()
+    assert len(list(active.parent.iterdir())) == 2
+    frames, reports = [], []
+    for log in (log_3d, active):
+        target = tmp_path / f"{log.stem}-{command}.out"
+        argv = (
+            ["forecast", "--at", "2026-01-03T12:00:00Z", "--horizon", "2h", "-o", str(target)]
+            if command == "forecast"
+            else ["backtest", "--json"]
+        )
+        argv += ["--model" if command == "forecast" else "--models", "profile-7d"]
+        result = CliRunner().invoke(app, [*argv, "--log", str(log)])
+        assert result.exit_code == 0, result.output
+        if command == "forecast":
+            frames.append(pd.read_parquet(target))
+        else:
+            reports.append(result.output)
+    if command == "forecast":
+        pd.testing.assert_frame_equal(frames[0], frames[1])
+    else:
+        assert reports[0] == reports[1]
+
+
+def test_the_routers_json_lines_file_being_written_is_read_as_the_controller_reads_it(
+    log_3d: Path, tmp_path: Path
+) -> None:
+    """No rotation yet, the router's fields: its half-written last line (a flush under
+    way) waits, as the live_log's reader lets it; read strictly, it was "not a JSON
+    object" and exit 2."""
+    active = tmp_path / "requests.jsonl"
+    sink = JsonLinesRequestLog(active)
+    sink.write(_router_rows(log_3d))
+    sink.close()
+    with active.open("ab") as handle:
+        handle.write(b'{"ts":"2026-01-03T23:59:59Z","adapter":"support-bo')
+    outputs = []
+    for log in (log_3d, active):
+        target = tmp_path / f"{log.stem}-forecast.parquet"
+        argv = ["forecast", "--log", str(log), "--at", "2026-01-03T12:00:00Z", "--horizon", "2h"]
+        result = CliRunner().invoke(app, [*argv, "--model", "profile-7d", "-o", str(target)])
+        assert result.exit_code == 0, result.output
+        outputs.append(pd.read_parquet(target))
+    pd.testing.assert_frame_equal(outputs[0], outputs[1])
+
+
+def test_a_json_lines_log_not_the_routers_is_read_strictly(tmp_path: Path) -> None:
+    """A hand-written JSON-lines log (not the router's fields) is read as plan reads it:
+    a bad row is an error (exit 2), not a warning and a row left out."""
+    log = tmp_path / "requests.jsonl"
+    log.write_text(
+        '{"ts": "2026-01-01T00:00:00Z", "adapter": "a1"}\n{"ts": "2026-01-01T00:01:00Z"}\n'
+    )
+    argv = ["forecast", "--log", str(log), "--at", "2026-01-02T00:00:00Z", "-o"]
+    result = CliRunner().invoke(app, [*argv, str(tmp_path / "f.parquet")])
+    assert result.exit_code == 2, result.output
+    assert "warning" not in result.output
