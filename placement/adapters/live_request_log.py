@@ -34,6 +34,8 @@ name in the same call.
   copytruncate copy and the rows read before it) counts once.
 - ``WorkersRequestLog(path).read()``: ``LiveRequestLog`` over worker 0's log and
   every further worker's (``router --workers N``), found again at each read.
+- ``is_router_log_file(path)``: whether a JSON-lines file is the router's, so that
+  ``forecast --log`` and ``backtest --log`` read it with its rotations.
 
 This module lists the log's files, reads each (again under its new name if a rotation
 moved it mid-read) and keeps the reads between calls; where one file's read stands and
@@ -45,6 +47,7 @@ Must not write: the router owns the files.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -59,7 +62,7 @@ from placement.adapters.live_request_log_rows import (
     read_new_lines,
     read_parquet,
 )
-from placement.adapters.request_log_files import rotated_pattern, worker_logs
+from placement.adapters.request_log_files import SCHEMA, rotated_pattern, worker_logs
 from placement.errors import InputError, Problem
 from placement.inputs.request_log import RequestLog
 
@@ -276,3 +279,31 @@ class WorkersRequestLog:
             skipped_rows=sum(log.skipped_rows for log in logs),
             unread_files=tuple(name for log in logs for name in log.unread_files),
         )
+
+
+#: The suffixes the router writes a JSON-lines log under (``open_request_log``).
+_ROUTER_LINES = (".jsonl", ".ndjson")
+#: How far into a JSON-lines file its first line is looked for.
+_FIRST_LINE_BYTES = 64 * 1024
+
+
+def is_router_log_file(path: Path) -> bool:
+    """Whether ``path`` is the router's JSON-lines log, to be read with its rotations
+    (``WorkersRequestLog``): a rotation or a further worker's file beside it, or a first
+    line with the router's fields (``SCHEMA``). Read alone, its rotations' requests
+    would be lost (all but the newest ``log_rotate_bytes``)."""
+    if path.suffix not in _ROUTER_LINES:
+        return False
+    try:
+        pattern = rotated_pattern(path)
+        if any(pattern.match(p.name) for p in path.parent.iterdir()) or worker_logs(path):
+            return True
+        with path.open("rb") as handle:
+            first = handle.read(_FIRST_LINE_BYTES).split(b"\n", 1)[0]
+    except OSError:  # no such file, or no directory: read as a file, whose read says why
+        return False
+    try:
+        record = json.loads(first)
+    except ValueError:
+        return False
+    return isinstance(record, dict) and set(record) == set(SCHEMA.names)

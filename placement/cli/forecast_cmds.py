@@ -27,8 +27,7 @@ from models.backtest import BacktestReport, backtest, rolling_origins
 from models.base import Forecaster
 from models.registry import forecaster_named
 from models.series import CountPanel, SeriesError, build_panel
-from placement.adapters.live_request_log import WorkersRequestLog
-from placement.adapters.request_log_files import SCHEMA, rotated_pattern, worker_logs
+from placement.adapters.live_request_log import WorkersRequestLog, is_router_log_file
 from placement.cli.app import app, err, out, print_labelled, report_errors
 from placement.errors import ForecastError, InputError, Problem
 from placement.forecast.forecaster import (
@@ -92,39 +91,12 @@ def read_log(path: Path) -> RequestLog:
     left out and printed as warnings. A log that is not the router's is read strictly,
     as ``plan --log`` reads it."""
     is_directory = path.is_dir() and path.suffix.lower() != ".parquet"  # not a dataset
-    if not is_directory and not _is_router_lines(path):
+    if not is_directory and not is_router_log_file(path):
         return load_request_log(path)
     log = WorkersRequestLog(path).read()
     for problem in log.skipped:
         print_labelled(err(), "yellow", "warning", f"{problem} (left out)")
     return log
-
-
-#: The suffixes the router writes a JSON-lines log under (``open_request_log``).
-_ROUTER_LINES = (".jsonl", ".ndjson")
-#: How far into a JSON-lines file its first line is looked for.
-_FIRST_LINE_BYTES = 64 * 1024
-
-
-def _is_router_lines(path: Path) -> bool:
-    """Whether ``path`` is the router's JSON-lines log: a rotation or a further worker's
-    file beside it, or a first line with the router's fields (``SCHEMA``). Read alone,
-    its rotations' requests were lost (all but the newest ``log_rotate_bytes``)."""
-    if path.suffix not in _ROUTER_LINES:
-        return False
-    try:
-        pattern = rotated_pattern(path)
-        if any(pattern.match(p.name) for p in path.parent.iterdir()) or worker_logs(path):
-            return True
-        with path.open("rb") as handle:
-            first = handle.read(_FIRST_LINE_BYTES).split(b"\n", 1)[0]
-    except OSError:  # no such file, or no directory: read as a file, whose read says why
-        return False
-    try:
-        record = json.loads(first)
-    except ValueError:
-        return False
-    return isinstance(record, dict) and set(record) == set(SCHEMA.names)
 
 
 def _history_frame(log: RequestLog, bucket_s: int) -> pd.DataFrame:

@@ -299,12 +299,16 @@ async def test_past_max_connections_a_request_waits_for_one_to_be_released() -> 
 
 async def test_a_full_pool_until_the_deadline_is_the_routers_limit_not_the_pods() -> None:
     """Waiting for a connection counts against the request's deadline; past it the
-    error is ``PoolFullError`` (not an ``OSError``: the pod is not to blame)."""
+    error is ``PoolFullError`` (not an ``OSError``: the pod is not to blame). The
+    waiting request's deadline comes well before the hanging one's: with the two at
+    the same time, a slow machine let the hanging one's timeout free the connection
+    first, and the waiter then timed out on the pod instead."""
     async with fake_pod(HANG) as pod:
-        client = upstreams(timeout_s=0.5, max_connections=1)
+        client = upstreams(timeout_s=1.5, max_connections=1)
         hanging = asyncio.create_task(client.post(POD, pod.url, b"{}"))
         while client.open_connections == 0:
             await asyncio.sleep(0)
+        client.timeout_s = 0.2  # the waiting request's deadline
         with pytest.raises(PoolFullError, match="1 open"):
             await client.post(POD, pod.url, b"{}")
         assert not issubclass(PoolFullError, OSError)
