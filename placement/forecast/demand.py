@@ -194,14 +194,20 @@ def _rows(frame: pd.DataFrame, rows: np.ndarray | None) -> str | None:
     return f"{'row' if len(rows) == 1 else 'rows'} {shown}{more}"
 
 
+def _numbers(values: pd.Series) -> np.ndarray | str:
+    """A numeric column as floats (missing as NaN), or why it is not one."""
+    if not pd.api.types.is_numeric_dtype(values) or pd.api.types.is_bool_dtype(values):
+        return f"not numbers (a column of {values.dtype})"
+    return values.to_numpy(dtype=float, na_value=np.nan)
+
+
 def _rate_faults(frame: pd.DataFrame, column: str) -> list[tuple[str | None, str]]:
     """What is wrong in a rate column (per bucket, so a number >= 0), each with the
     buckets it is in, named by adapter and time: a Parquet file has no lines, and its
     rows' numbers are whatever index it was written with."""
-    values = frame[column]
-    if not pd.api.types.is_numeric_dtype(values) or pd.api.types.is_bool_dtype(values):
-        return [(None, f"not numbers (a column of {values.dtype}); rates are numbers >= 0")]
-    numbers = values.to_numpy(dtype=float, na_value=np.nan)
+    numbers = _numbers(frame[column])
+    if isinstance(numbers, str):
+        return [(None, f"{numbers}; rates are numbers >= 0")]
     return _bucket_faults(
         frame,
         (
@@ -222,10 +228,9 @@ def _probability_faults(frame: pd.DataFrame) -> list[tuple[str | None, str]]:
     [0, 1] (``models.base.sanitize``): a file outside it was not written by them."""
     if _PROBABILITY not in frame.columns:
         return []
-    values = frame[_PROBABILITY]
-    if not pd.api.types.is_numeric_dtype(values) or pd.api.types.is_bool_dtype(values):
-        return [(None, f"not numbers (a column of {values.dtype}); {_PROBABILITIES}")]
-    numbers = values.to_numpy(dtype=float, na_value=np.nan)
+    numbers = _numbers(frame[_PROBABILITY])
+    if isinstance(numbers, str):
+        return [(None, f"{numbers}; {_PROBABILITIES}")]
     return _bucket_faults(
         frame,
         (

@@ -191,28 +191,31 @@ def test_forecast_reads_the_routers_request_log_directory(log_3d: Path, tmp_path
     # `lorafleet router --request-log DIR [--workers 2]` writes hourly Parquet files, the
     # parts of the hour being written and, per further worker, DIR/w1: "--log DIR" was
     # "DIR: unknown format: use .parquet, .csv or .jsonl".
-    frame = pd.read_parquet(log_3d)
     directory = tmp_path / "router-log"
     sinks = [ParquetRequestLog(directory), ParquetRequestLog(directory / "w1")]
-    rows = [
-        LogRow(ts.timestamp(), adapter, tenant, 100, 10, "pod-0", "gpu_hit", 40.0, 200)
-        for ts, adapter, tenant in frame[["ts", "adapter", "tenant"]].itertuples(index=False)
-    ]
+    rows = _router_rows(log_3d)
     for start in range(0, len(rows), 150):  # flushes: earlier hours compacted, not the last
         sinks[(start // 150) % 2].write(rows[start : start + 150])
     assert any(".part" in p.name for p in directory.iterdir())
     (directory / ".requests-20260103T23.part000099.parquet.x.tmp").write_bytes(b"PAR1")
     junk = directory / "requests-20260105T00.parquet"
     junk.write_bytes(b"not Parquet")  # named, left out, the rest read
-    outputs = []
-    for log in (log_3d, directory):
-        target = tmp_path / f"{log.stem}-forecast.parquet"
-        argv = ["forecast", "--log", str(log), "--at", "2026-01-03T12:00:00Z", "--horizon", "2h"]
+    output = _same_forecast(log_3d, directory, tmp_path)
+    assert f"warning: {junk}: cannot read: " in output
+
+
+def _same_forecast(log: Path, other: Path, tmp_path: Path) -> str:
+    """``forecast --log`` on both gives the same frame; the second run's output."""
+    outputs, result = [], None
+    for path in (log, other):
+        target = tmp_path / f"{path.stem}-forecast.parquet"
+        argv = ["forecast", "--log", str(path), "--at", "2026-01-03T12:00:00Z", "--horizon", "2h"]
         result = CliRunner().invoke(app, [*argv, "--model", "profile-7d", "-o", str(target)])
         assert result.exit_code == 0, result.output
         outputs.append(pd.read_parquet(target))
     pd.testing.assert_frame_equal(outputs[0], outputs[1])
-    assert f"warning: {junk}: cannot read: " in result.output
+    assert result is not None
+    return result.output
 
 
 def _router_rows(log: Path) -> list[LogRow]:
@@ -274,14 +277,7 @@ def test_the_routers_json_lines_file_being_written_is_read_as_the_controller_rea
     sink.close()
     with active.open("ab") as handle:
         handle.write(b'{"ts":"2026-01-03T23:59:59Z","adapter":"support-bo')
-    outputs = []
-    for log in (log_3d, active):
-        target = tmp_path / f"{log.stem}-forecast.parquet"
-        argv = ["forecast", "--log", str(log), "--at", "2026-01-03T12:00:00Z", "--horizon", "2h"]
-        result = CliRunner().invoke(app, [*argv, "--model", "profile-7d", "-o", str(target)])
-        assert result.exit_code == 0, result.output
-        outputs.append(pd.read_parquet(target))
-    pd.testing.assert_frame_equal(outputs[0], outputs[1])
+    _same_forecast(log_3d, active, tmp_path)
 
 
 def test_a_json_lines_log_not_the_routers_is_read_strictly(tmp_path: Path) -> None:
