@@ -141,6 +141,8 @@ class Upstreams:
             async with asyncio.timeout_at(deadline):
                 await waiter
         except TimeoutError:
+            if waiter.done() and not waiter.cancelled():
+                self._wake_one()  # woken in the turn the deadline passed: pass it on
             raise PoolFullError(
                 f"no upstream connection came free before the request's deadline "
                 f"({self.max_connections} open)"

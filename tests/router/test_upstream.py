@@ -348,6 +348,45 @@ async def test_a_waiter_woken_then_cancelled_hands_the_connection_on() -> None:
         await client.close()
 
 
+class _HeldClockLoop(asyncio.SelectorEventLoop):
+    """An event loop whose clock moves only when the test moves it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = 0.0
+
+    def time(self) -> float:
+        return self.now
+
+
+def test_a_waiter_woken_in_the_turn_its_deadline_passes_hands_the_wake_up_on() -> None:
+    """A connection given back and the first waiter's deadline in one loop turn: the
+    first fails at its deadline, and the wake-up goes to the next waiter, not nowhere."""
+    loop = _HeldClockLoop()
+
+    async def scenario() -> None:
+        client = upstreams(max_connections=1)
+        first = asyncio.create_task(client._released(10.0))
+        second = asyncio.create_task(client._released(100.0))
+        for _ in range(3):
+            await asyncio.sleep(0)
+        loop.call_at(9.0, client._wake_one)  # a connection given back at 9 s...
+        loop.now = 10.0  # ...seen in the same turn as the first's deadline
+        with pytest.raises(PoolFullError):
+            await first
+        for _ in range(3):
+            await asyncio.sleep(0)
+        woken = second.done()
+        second.cancel()
+        await asyncio.gather(second, return_exceptions=True)
+        assert woken, "the wake-up the first waiter could not use was lost"
+
+    try:
+        loop.run_until_complete(scenario())
+    finally:
+        loop.close()
+
+
 async def test_an_unread_answer_closes_its_connection_on_release() -> None:
     async with fake_pod(ok(b"unread"), ok(b"fresh")) as pod:
         client = upstreams()
