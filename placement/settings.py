@@ -125,6 +125,12 @@ class RouterSettings:
     #: engines' own keep-alive (uvicorn and vLLM close an idle connection after 5 s), so
     #: the pool does not write on a connection the pod has just closed.
     upstream_keepalive_s: float = 4.0
+    #: An idle client connection is closed after this long. Above the clients' own
+    #: keep-alive (httpx and the OpenAI SDK drop an idle connection after 5 s; nginx
+    #: upstreams 60 s, AWS load balancers 60 s), so a client never sends a request on a
+    #: connection the router is closing: at uvicorn's 5 s both ends timed out together
+    #: and the request failed at the client unseen by the router.
+    client_keepalive_s: int = 75
     #: Seconds a client is told to wait in Retry-After when every candidate is full.
     retry_after_s: int = 1
     plan_poll_s: float = 1.0
@@ -201,6 +207,11 @@ class RouterSettings:
             raise ValueError(
                 "RouterSettings.upstream_keepalive_s must be above 0 (seconds an idle "
                 f"upstream connection is reused), got {self.upstream_keepalive_s}"
+            )
+        if self.client_keepalive_s < 1:
+            raise ValueError(
+                "RouterSettings.client_keepalive_s must be at least 1 (seconds an idle "
+                f"client connection is kept open), got {self.client_keepalive_s}"
             )
         if self.listing_every_scrapes < 1:
             raise ValueError(

@@ -155,6 +155,14 @@ def router(
     max_body_bytes: Annotated[
         int | None, typer.Option(min=1, help="largest request body accepted (413 beyond)")
     ] = None,
+    client_keepalive_s: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="seconds an idle client connection is kept open (default 75: above the "
+            "clients' and load balancers' own, so none sends on a closing connection)",
+        ),
+    ] = None,
     class_priority: Annotated[
         bool | None,
         typer.Option(
@@ -233,6 +241,7 @@ def router(
         log_flush_s=log_flush_s,
         log_rotate_bytes=log_rotate_bytes,
         max_body_bytes=max_body_bytes,
+        client_keepalive_s=client_keepalive_s,
         class_priority=class_priority,
         price_slot_wait=price_slot_wait,
         adapter_source_template=adapter_source_template,

@@ -146,6 +146,7 @@ def router_settings(
     log_flush_s: float | None,
     log_rotate_bytes: int | None,
     max_body_bytes: int | None,
+    client_keepalive_s: int | None,
     class_priority: bool | None,
     price_slot_wait: bool | None,
     adapter_source_template: str | None,
@@ -159,6 +160,7 @@ def router_settings(
             ("log_flush_s", log_flush_s),
             ("log_rotate_bytes", log_rotate_bytes),
             ("max_body_bytes", max_body_bytes),
+            ("client_keepalive_s", client_keepalive_s),
             ("class_priority", class_priority),
             ("price_slot_wait", price_slot_wait),
         )

@@ -185,8 +185,18 @@ async def _send(client: openai.AsyncOpenAI, shot: Shot, late_ms: float) -> ShotR
         return ShotResult(adapter=shot.adapter, ok=True, ttft_ms=first_ms or 0.0, late_ms=late_ms)
     except openai.APIError as exc:
         return ShotResult(
-            adapter=shot.adapter, ok=False, ttft_ms=0.0, late_ms=late_ms, error=type(exc).__name__
+            adapter=shot.adapter, ok=False, ttft_ms=0.0, late_ms=late_ms, error=_error_name(exc)
         )
+
+
+def _error_name(exc: openai.APIError) -> str:
+    """The error's type, with what caused it for a connection error (the client's HTTP
+    error, e.g. ``APIConnectionError (RemoteProtocolError)``): that tells a connection
+    the router closed from one it never accepted."""
+    cause = exc.__cause__
+    if isinstance(exc, openai.APIConnectionError) and cause is not None:
+        return f"{type(exc).__name__} ({type(cause).__name__})"
+    return type(exc).__name__
 
 
 async def send_event(

@@ -48,7 +48,7 @@ from placement.router.sources import (
     StaticPlanSource,
     TemplateSources,
 )
-from placement.settings import Settings
+from placement.settings import RouterSettings, Settings
 
 T = TypeVar("T")
 
@@ -339,6 +339,24 @@ class RouterWithPicker:
         await self.app(scope, receiving, sending)
 
 
+def server_config(app: Any, settings: RouterSettings, **where: Any) -> uvicorn.Config:
+    """uvicorn's settings for the router's front door (``run_router`` and each
+    ``--workers`` child): the lean protocol, no headers it does not need, the client
+    keep-alive and the SIGTERM grace from ``settings``; ``where`` is host and port."""
+    return uvicorn.Config(
+        app,
+        **where,
+        access_log=False,
+        http=RouterHttpProtocol,  # lean: a whole answer in one send
+        server_header=False,
+        proxy_headers=False,  # the router reads no client address
+        date_header=False,
+        loop="uvloop",
+        timeout_keep_alive=settings.client_keepalive_s,
+        timeout_graceful_shutdown=max(1, round(settings.shutdown_grace_s)),
+    )
+
+
 def run_router(
     app: RouterApp | RouterWithPicker,
     *,
@@ -352,18 +370,7 @@ def run_router(
     kernel chose when ``port`` is 0; by then the heap is frozen (``freeze_started_heap``).
     On SIGTERM, requests in flight get
     ``shutdown_grace_s``; then the lifespan's shutdown closes the request log."""
-    config = uvicorn.Config(
-        app,
-        host=host,
-        port=port,
-        access_log=False,
-        http=RouterHttpProtocol,  # lean: a whole answer in one send
-        server_header=False,
-        proxy_headers=False,  # the router reads no client address
-        date_header=False,
-        loop="uvloop",
-        timeout_graceful_shutdown=max(1, round(app.router.settings.shutdown_grace_s)),
-    )
+    config = server_config(app, app.router.settings, host=host, port=port)
     server = _ListeningServer(config, on_listening=on_listening)
     server.run()  # run(), not serve(): it installs the uvloop event loop
 

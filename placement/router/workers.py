@@ -61,11 +61,10 @@ import uvicorn
 
 from placement.router.asgi import RouterApp
 from placement.router.connection_balance import BalancedApp, ConnectionCounts
-from placement.router.http_protocol import RouterHttpProtocol
 from placement.router.load_claims import LoadClaims, WorkerPicker
 from placement.router.metrics import forget_worker, record_in
 from placement.router.shared_scrapes import ScrapeFollower, ScrapePublisher, stale_after_s
-from placement.router.wiring import freeze_started_heap
+from placement.router.wiring import freeze_started_heap, server_config
 
 REUSE_PORT = hasattr(socket, "SO_REUSEPORT")
 
@@ -167,16 +166,7 @@ def _run_worker(
     app: RouterApp, sock: socket.socket, ready_fd: int, *, balance: BalancedApp | None = None
 ) -> None:
     """Serve ``app`` (through ``balance`` if given) on ``sock`` until a signal ends uvicorn."""
-    config = uvicorn.Config(
-        balance if balance is not None else app,
-        access_log=False,
-        http=RouterHttpProtocol,
-        loop="uvloop",
-        server_header=False,
-        proxy_headers=False,  # the router reads no client address
-        date_header=False,
-        timeout_graceful_shutdown=max(1, round(app.router.settings.shutdown_grace_s)),
-    )
+    config = server_config(balance if balance is not None else app, app.router.settings)
     _Worker(config, ready_fd=ready_fd, balance=balance).run(sockets=[sock])
 
 

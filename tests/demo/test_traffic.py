@@ -3,18 +3,28 @@ clock, events signed as the webhook checks them, and the first request after an 
 
 from __future__ import annotations
 
+import asyncio
 import time
 from datetime import UTC, datetime, timedelta
 
 import httpx
 import numpy as np
+import openai
 import pandas as pd
 import pytest
 from prometheus_client import CollectorRegistry
 
 from placement.controller.webhook import create_webhook_app
 from placement.demo.measure import first_after_events
-from placement.demo.traffic import EventShot, Shot, Webhook, events_in, select, send_event
+from placement.demo.traffic import (
+    EventShot,
+    Shot,
+    Webhook,
+    _send,
+    events_in,
+    select,
+    send_event,
+)
 from placement.domain import AdapterId, Load, PodId, TenantId, Warmup
 from placement.forecast.event_preloads import Event, EventDecision, EventKind
 from placement.settings import ControllerSettings
@@ -144,6 +154,28 @@ def _shot(at_s: float, adapter: str, tenant: str, event_id: str = "") -> Shot:
         output_tokens=1,
         event_id=event_id,
     )
+
+
+@pytest.mark.anyio
+async def test_a_connection_closed_unanswered_is_counted_with_its_cause() -> None:
+    """A router that reads the request and hangs up: the demo names the client's error
+    and its cause, so a closed connection reads apart from a refused one."""
+
+    async def hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.close()
+
+    server = await asyncio.start_server(hang_up, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k", max_retries=0)
+    try:
+        result = await _send(client, _shot(0.0, "a1", "tenant-01"), 0.0)
+    finally:
+        await client.close()
+        server.close()
+        await server.wait_closed()
+    assert not result.ok
+    assert result.error == "APIConnectionError (RemoteProtocolError)"
 
 
 def test_the_first_request_after_an_event_is_read_from_the_routers_log() -> None:

@@ -6,13 +6,17 @@ from collections.abc import Iterable
 from pathlib import Path
 from types import MappingProxyType
 
+import httpx
+import openai._constants
 import pytest
+import uvicorn
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from placement.adapters.kube_memory import MemoryPlanStore, MemoryPods
 from placement.cli.app import app
+from placement.cli.router_setup import router_settings
 from placement.domain import AdapterId, Engine, Outcome, PodId, PoolId, Tier
 from placement.errors import KubeError, PlanError
 from placement.plan import Plan
@@ -22,6 +26,7 @@ from placement.router.kube_sources import DiscoveryPodSource, StorePlanSource
 from placement.router.ledger import PodLedger
 from placement.router.picking import Picker
 from placement.router.state import Topology, Upstream, build_topology
+from placement.router.wiring import server_config
 from placement.settings import LoadCostSettings, RouterSettings
 
 from .conftest import plan_of
@@ -299,3 +304,32 @@ def test_adapters_the_plan_keeps_cold_take_a_free_slot_not_a_hot_one() -> None:
         choice = picker.pick(topology, name)
         assert choice.pod is not None and not choice.unplanned
         assert choice.pod.pod_id == "pod-2", name
+
+
+def test_the_front_door_keeps_an_idle_client_longer_than_clients_keep_theirs() -> None:
+    """The router must outlast its clients' keep-alive: at equal timeouts a client can
+    send on a connection the router is closing, and that request fails unseen."""
+    default = RouterSettings()
+    sdks = (httpx.Limits(), openai._constants.DEFAULT_CONNECTION_LIMITS)
+    longest_s = max(60.0, *(limits.keepalive_expiry or 0.0 for limits in sdks))  # nginx: 60 s
+    assert default.client_keepalive_s > longest_s
+    flags = dict.fromkeys(
+        ("policy", "log_flush_s", "log_rotate_bytes", "max_body_bytes", "class_priority")
+    )
+    chosen = router_settings(
+        **flags, price_slot_wait=None, adapter_source_template=None, client_keepalive_s=90
+    )
+    config = server_config(object(), chosen.router, port=0)
+    assert isinstance(config, uvicorn.Config)
+    assert config.timeout_keep_alive == 90
+    assert config.timeout_graceful_shutdown == round(default.shutdown_grace_s)
+
+
+@pytest.mark.parametrize("seconds", [0, -5])
+def test_a_client_keep_alive_under_a_second_is_refused(seconds: int) -> None:
+    with pytest.raises(ValueError, match="client_keepalive_s must be at least 1"):
+        RouterSettings(client_keepalive_s=seconds)
+    args = ["router", "--fleet", "fleet.yaml", "--client-keepalive-s", str(seconds)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2
+    assert "--client-keepalive-s" in result.output

@@ -196,6 +196,7 @@ def test_it_is_on_by_default_and_the_flag_sets_it() -> None:
         log_flush_s=None,
         log_rotate_bytes=None,
         max_body_bytes=None,
+        client_keepalive_s=None,
         class_priority=None,
         adapter_source_template=None,
     )
