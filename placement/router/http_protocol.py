@@ -13,8 +13,9 @@ What it does as uvicorn's httptools protocol does, with less work per request:
 - keep-alive: HTTP/1.1 unless the client says ``Connection: close`` (or speaks 1.0
   without keep-alive); an idle connection is closed after ``timeout_keep_alive``,
   checked by one timer per connection re-armed lazily rather than one per request,
-  and so is a request head not complete within that time of its first byte (a client
-  that trickles a head in byte by byte does not hold the connection; uvicorn's does);
+  and so is a request head not complete within ``HEAD_TIMEOUT_S`` (or the keep-alive,
+  if shorter) of its first byte (a client that trickles a head in byte by byte does
+  not hold the connection; uvicorn's does);
 - pipelining: requests parsed while one is answered wait in order, and reading pauses
   until the answer is done; request bodies past 64 KiB unread pause reading too;
 - a malformed request is answered 400 (plain text, ``connection: close``) and closed;
@@ -53,6 +54,10 @@ _HEAD_TOO_LARGE = b"Request head too large."
 #: no limit and buffers a header's value whole, so without one a client could fill
 #: the memory with a head that never ends.
 MAX_HEAD_BYTES = 65536
+#: A request's head must be whole this many seconds after its first byte (or within
+#: the keep-alive, if shorter): the keep-alive is long (it must outlast the clients'),
+#: and a head trickled in a byte at a time should not hold a connection that long.
+HEAD_TIMEOUT_S = 10.0
 
 
 def _address(transport: asyncio.BaseTransport, *, peer: bool) -> tuple[str, int] | None:
@@ -146,9 +151,12 @@ class RouterHttpProtocol(asyncio.Protocol):
             log.warning(_BAD_REQUEST.decode())
             self._refuse(b"400 Bad Request", _BAD_REQUEST)
             return
-        if self._in_head and self._head_bytes > MAX_HEAD_BYTES:
-            log.warning(_HEAD_TOO_LARGE.decode())
-            self._refuse(b"431 Request Header Fields Too Large", _HEAD_TOO_LARGE)
+        if self._in_head:
+            if self._head_bytes > MAX_HEAD_BYTES:
+                log.warning(_HEAD_TOO_LARGE.decode())
+                self._refuse(b"431 Request Header Fields Too Large", _HEAD_TOO_LARGE)
+            else:  # a head split over reads: its own deadline, if the timer's is later
+                self._check_head_by(self._head_started_s + self._head_limit_s())
 
     def eof_received(self) -> None:
         return None
@@ -280,6 +288,16 @@ class RouterHttpProtocol(asyncio.Protocol):
             self._read_paused = True
             self.transport.pause_reading()
 
+    def _head_limit_s(self) -> float:
+        return min(self._keepalive_s, HEAD_TIMEOUT_S)
+
+    def _check_head_by(self, due_s: float) -> None:
+        timer = self._idle_timer
+        if timer is None or timer.when() > due_s:
+            if timer is not None:
+                timer.cancel()
+            self._idle_timer = self.loop.call_at(due_s, self._idle)
+
     def _idle(self) -> None:
         """The keep-alive check: close a connection idle for ``timeout_keep_alive``."""
         self._idle_timer = None
@@ -289,9 +307,10 @@ class RouterHttpProtocol(asyncio.Protocol):
         cycle = self._running
         now_s = self.loop.time()
         if self._in_head and (cycle is None or cycle.response_complete):
-            # A head gets ``timeout_keep_alive`` from its first byte, however it trickles
-            # in: a client sending a byte now and then cannot hold the connection.
-            due_s = self._head_started_s + self._keepalive_s
+            # A head gets ``HEAD_TIMEOUT_S`` (at most the keep-alive) from its first
+            # byte, however it trickles in: a client sending a byte now and then cannot
+            # hold the connection.
+            due_s = self._head_started_s + self._head_limit_s()
         elif cycle is not None and not cycle.response_complete:
             due_s = now_s + self._keepalive_s  # busy: look again later
         else:

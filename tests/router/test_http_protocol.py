@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import uvicorn
 
+from placement.router import http_protocol
 from placement.router.http_protocol import MAX_HEAD_BYTES, RouterHttpProtocol
 
 from .processes import wait_for
@@ -323,21 +324,40 @@ def test_a_fragment_in_the_url_is_not_part_of_the_path() -> None:
         assert client.answer()[1] == b"hello"
 
 
+def _trickle_until_closed(client: _Client) -> bool:
+    """Send a head a byte every 50 ms that never ends; True once the server closed."""
+    client.send(b"GET /whole HTTP/1.1\r\nhost: x\r\n")
+    client.sock.settimeout(0.05)
+    for _ in range(400):  # up to 20 s of bytes, one a wait of 50 ms on the socket
+        try:
+            if client.sock.recv(65536) == b"":
+                return True  # closed by the server
+        except TimeoutError:
+            pass
+        try:
+            client.send(b"x")
+        except OSError:
+            return True  # closed by the server as the byte went
+    return False
+
+
 def test_a_head_trickled_in_byte_by_byte_is_closed_after_the_keep_alive() -> None:
     """Each byte comes well inside the keep-alive, but the head never completes: the
     connection closes once the head is ``timeout_keep_alive`` old (here 0.5 s), where
     before every byte kept it open."""
     with _serving(_App(), keep_alive_s=0.5) as port, _Client(port) as client:
-        client.send(b"GET /whole HTTP/1.1\r\nhost: x\r\n")
-        client.sock.settimeout(0.05)
-        for _ in range(400):  # up to 20 s of bytes, one a wait of 50 ms on the socket
-            try:
-                if client.sock.recv(65536) == b"":
-                    return  # closed by the server
-            except TimeoutError:
-                pass
-            try:
-                client.send(b"x")
-            except OSError:
-                return  # closed by the server as the byte went
-        raise AssertionError("a head that never ended kept its connection for 20 s")
+        assert _trickle_until_closed(client), "a head that never ended kept its connection"
+
+
+def test_a_head_trickled_in_is_closed_at_its_own_limit_under_a_long_keep_alive(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The keep-alive outlasts the clients' (75 s by default); a head that never ends
+    still closes at ``HEAD_TIMEOUT_S`` from its first byte (here 0.5 s, keep-alive 60 s),
+    the timer moved forward for it."""
+    monkeypatch.setattr(http_protocol, "HEAD_TIMEOUT_S", 0.5)
+    with _serving(_App(), keep_alive_s=60.0) as port, _Client(port) as client:
+        assert _trickle_until_closed(client), "a head that never ended kept its connection"
+        with _Client(port) as second:  # a whole request on a new connection is served
+            second.send(b"GET /whole HTTP/1.1\r\nhost: x\r\n\r\n")
+            assert second.answer()[0].startswith(b"HTTP/1.1 200")
