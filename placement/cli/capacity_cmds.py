@@ -20,12 +20,13 @@ from placement.cli.replay_cmds import (
     replay_events,
     with_load_admission,
 )
+from placement.cli.request_logs import LOG_HELP, read_log
 from placement.cli.size_cmds import base_model
 from placement.domain import Catalog, Fleet, Pipelines
 from placement.errors import InputError, Problem
 from placement.inputs import load_catalog, load_fleet, parse_bytes
 from placement.inputs.pipelines import load_pipelines
-from placement.inputs.request_log import RequestLog, load_request_log
+from placement.inputs.request_log import RequestLog
 from placement.ledgers import gpu_bytes, ledgers
 from placement.settings import Settings
 from placement.sim.capacity import (
@@ -277,7 +278,7 @@ def _print_verdict(
 def capacity(
     catalog: Annotated[Path, typer.Option(help="catalog.yaml")],
     fleet: Annotated[Path, typer.Option(help="fleet.yaml (one pool: the shape to vary)")],
-    log: Annotated[Path, typer.Option(help="request log (.parquet, .csv, .jsonl)")],
+    log: Annotated[Path, typer.Option(help=LOG_HELP)],
     target_hit: Annotated[float, typer.Option(help="GPU hit rate to meet, e.g. 0.97")],
     target_ttft_p95: Annotated[
         float | None, typer.Option("--target-ttft-p95", help="TTFT p95 to meet, ms")
@@ -338,7 +339,7 @@ def capacity(
     shapes = _grid(parsed_fleet, slots, pods, host_slots)
     kv = _kv_tokens(parsed_fleet, gpu, quant, config)
     replayed, before = split_log(
-        load_request_log(log), window_from, window_to, history=history, warmup=warmup
+        read_log(log), window_from, window_to, history=history, warmup=warmup
     )
     bucket_s = settings.forecast.bucket_s
     workload = workload_from_log(replayed, parsed_catalog, bucket_s=bucket_s)

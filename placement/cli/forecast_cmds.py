@@ -27,8 +27,8 @@ from models.backtest import BacktestReport, backtest, rolling_origins
 from models.base import Forecaster
 from models.registry import forecaster_named
 from models.series import CountPanel, SeriesError, build_panel
-from placement.adapters.live_request_log import WorkersRequestLog, is_router_log_file
 from placement.cli.app import app, err, out, print_labelled, report_errors
+from placement.cli.request_logs import LOG_HELP, read_log
 from placement.errors import ForecastError, InputError, Problem
 from placement.forecast.forecaster import (
     Forecast,
@@ -39,7 +39,7 @@ from placement.forecast.forecaster import (
 )
 from placement.inputs import load_catalog
 from placement.inputs.files import write_through
-from placement.inputs.request_log import RequestLog, empty_log_problem, load_request_log
+from placement.inputs.request_log import RequestLog, empty_log_problem
 from placement.settings import Settings
 
 _UNITS = {"s": 1, "m": 60, "min": 60, "h": 3600, "d": 86_400}
@@ -72,31 +72,6 @@ def parse_time(text: str) -> datetime:
             [Problem(source="--at", message=f"not an ISO 8601 time: {text!r}")]
         ) from None
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
-
-
-#: What ``--log`` takes, for its help.
-LOG_HELP = (
-    "request log (Parquet, CSV or JSON lines), the router's --request-log directory, "
-    "or its JSON-lines file (read with its rotations)"
-)
-
-
-def read_log(path: Path) -> RequestLog:
-    """A request log file, or the router's log (``lorafleet router --request-log``) read
-    as the controller's ingest reads it (``WorkersRequestLog``): its directory (hourly
-    Parquet files, the parts of the hour being written, ``DIR/w1`` and on for further
-    workers; a row in an hour and its parts once, hidden temporary files passed by), or
-    its JSON-lines file with the rotations beside it (``<stem>.<time>[-n]<suffix>``) and
-    the further workers' files (``<stem>.w1<suffix>``). Its rows that cannot be used are
-    left out and printed as warnings. A log that is not the router's is read strictly,
-    as ``plan --log`` reads it."""
-    is_directory = path.is_dir() and path.suffix.lower() != ".parquet"  # not a dataset
-    if not is_directory and not is_router_log_file(path):
-        return load_request_log(path)
-    log = WorkersRequestLog(path).read()
-    for problem in log.skipped:
-        print_labelled(err(), "yellow", "warning", f"{problem} (left out)")
-    return log
 
 
 def _history_frame(log: RequestLog, bucket_s: int) -> pd.DataFrame:

@@ -22,13 +22,14 @@ import typer
 from rich.table import Table
 
 from placement.cli.app import app, err, out, print_labelled, report_errors
+from placement.cli.request_logs import LOG_HELP, read_log
 from placement.domain import AdapterId, Catalog, Fleet, PodId, Tier
 from placement.errors import ForecastError, InputError, PlanError, Problem
 from placement.forecast.demand import bucket_seconds, demand_from_forecast, read_forecast
 from placement.forecast.forecaster import forecast_demand, timezones_of
 from placement.inputs import load_catalog, load_fleet, write_plan
 from placement.inputs.files import read_text
-from placement.inputs.request_log import empty_log_problem, load_request_log
+from placement.inputs.request_log import empty_log_problem
 from placement.plan import Plan, plan_from_dict, plan_input_error
 from placement.review.diff import human_bytes
 from placement.settings import Settings
@@ -47,7 +48,7 @@ def plan(
     fleet: Annotated[Path, typer.Option(help="fleet.yaml")],
     at: Annotated[str, typer.Option(help="start of the plan, ISO 8601 (UTC if no zone)")],
     output: Annotated[Path, typer.Option("--output", "-o", help="where to write plan.json")],
-    log: Annotated[Path | None, typer.Option(help="request log, forecast on the spot")] = None,
+    log: Annotated[Path | None, typer.Option(help=f"{LOG_HELP}; forecast on the spot")] = None,
     forecast: Annotated[
         Path | None, typer.Option(help="forecast Parquet (ts, adapter, mean, q90, ...)")
     ] = None,
@@ -116,7 +117,7 @@ def _demand(
     assert log is not None
     bucket_s = settings.forecast.bucket_s
     # The forecasting models (placement.forecast.forecaster), over the plan's validity only.
-    request_log = load_request_log(log)
+    request_log = read_log(log)
     if request_log.frame.empty:
         raise InputError([empty_log_problem(log)])
     predicted = forecast_demand(

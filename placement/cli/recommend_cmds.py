@@ -17,11 +17,12 @@ from rich.table import Table
 from placement.cli.app import app, err, out, report_errors
 from placement.cli.capacity_cmds import split_log
 from placement.cli.replay_cmds import figures_window, parse_moment
+from placement.cli.request_logs import LOG_HELP, read_log
 from placement.domain import Catalog, Fleet
 from placement.errors import InputError, Problem
 from placement.forecast.pins import PinRules, PoolPins, recommend_pins
 from placement.inputs import load_catalog, load_fleet
-from placement.inputs.request_log import RequestLog, load_request_log
+from placement.inputs.request_log import RequestLog
 from placement.settings import Settings
 from placement.sim.capacity import PastHistory, past_counts
 from placement.sim.engine import GPU_HIT
@@ -198,7 +199,7 @@ def _print_pins(pools: list[PoolPins], report: dict[str, object]) -> None:
 def pins(
     catalog: Annotated[Path, typer.Option(help="catalog.yaml")],
     fleet: Annotated[Path, typer.Option(help="fleet.yaml")],
-    log: Annotated[Path, typer.Option(help="request log (.parquet, .csv, .jsonl)")],
+    log: Annotated[Path, typer.Option(help=LOG_HELP)],
     until: Annotated[
         str | None, typer.Option(help="use the log before this time (ISO, with offset)")
     ] = None,
@@ -229,7 +230,7 @@ def pins(
     _check_rules(max_pins=max_pins, min_share=min_share, pods_per_pin=pods_per_pin)
     parsed_fleet = load_fleet(fleet)
     parsed_catalog = load_catalog(catalog, fleet=parsed_fleet)
-    request_log = load_request_log(log)
+    request_log = read_log(log)
     end = parse_moment(until, "--until") if until is not None else None
     pools = recommend_pins(
         _hourly_until(request_log, end),

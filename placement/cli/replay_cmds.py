@@ -14,13 +14,13 @@ import typer
 from models.registry import forecaster_named
 from placement.cli.app import app, err, print_labelled, report_errors
 from placement.cli.replay_output import print_results, replayed_frame, result_json
+from placement.cli.request_logs import LOG_HELP, read_log
 from placement.domain import Catalog, Fleet, Pipelines
 from placement.errors import InputError, Problem
 from placement.inputs import load_catalog, load_fleet
 from placement.inputs.events import check_events, known_names, load_events
 from placement.inputs.fields import read_yaml
 from placement.inputs.pipelines import load_pipelines
-from placement.inputs.request_log import load_request_log
 from placement.settings import LOAD_ADMISSIONS, Settings
 from placement.sim.events import EventController, SimEvent, sim_events
 from placement.sim.faults import FaultSchedule, parse_inline, parse_yaml, schedule
@@ -233,7 +233,7 @@ def _say_replaying(
 def replay(
     catalog: Annotated[Path, typer.Option(help="catalog.yaml")],
     fleet: Annotated[Path, typer.Option(help="fleet.yaml (one pool)")],
-    log: Annotated[Path, typer.Option(help="request log (.parquet, .csv, .jsonl)")],
+    log: Annotated[Path, typer.Option(help=LOG_HELP)],
     policy: Annotated[
         list[str], typer.Option(help=f"policy to replay, repeatable: {', '.join(POLICIES)}")
     ],
@@ -319,9 +319,7 @@ def replay(
     )
     parsed_fleet = load_fleet(fleet)
     parsed_catalog = load_catalog(catalog, fleet=parsed_fleet)
-    workload = workload_from_log(
-        load_request_log(log), parsed_catalog, bucket_s=settings.forecast.bucket_s
-    )
+    workload = workload_from_log(read_log(log), parsed_catalog, bucket_s=settings.forecast.bucket_s)
     window_s = figures_window(workload, window_from, window_to)
     fault_plan = fault_schedule(faults, workload, parsed_fleet) if faults else None
     events, controller = _delivered_events(

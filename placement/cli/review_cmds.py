@@ -24,11 +24,12 @@ from rich.table import Table
 from placement.adapters.statedir import PLAN_FILE, STATE_PLAN_FILE
 from placement.cli.app import app, err, out, print_labelled, report_errors
 from placement.cli.plan_files import read_plan_file
+from placement.cli.request_logs import LOG_HELP, read_log
 from placement.domain import Catalog, Fleet
 from placement.errors import InputError, Problem
 from placement.forecast.demand import read_forecast
 from placement.inputs import load_catalog, load_fleet
-from placement.inputs.request_log import RequestLog, load_request_log
+from placement.inputs.request_log import RequestLog
 from placement.plan import Plan
 from placement.review.diff import PlanReview, human_bytes, review_plan
 from placement.review.replay import ReplayComparison, compare_replays, last_day
@@ -210,7 +211,7 @@ def review(
     forecast: Annotated[
         Path | None, typer.Option(help="forecast parquet: the HTML report's curves (needs --html)")
     ] = None,
-    log: Annotated[Path | None, typer.Option(help="request log (curves, replay)")] = None,
+    log: Annotated[Path | None, typer.Option(help=f"{LOG_HELP}; curves and replay")] = None,
     html: Annotated[Path | None, typer.Option(help="write the HTML report here")] = None,
     top: Annotated[int, typer.Option(help="adapters in the table and the curves")] = 20,
     all_adapters: Annotated[bool, typer.Option("--all", help="every adapter")] = False,
@@ -224,7 +225,7 @@ def review(
     base = resolve_against(against, state_dir)
     context = _context(fleet, catalog)
     # Every input read before anything is printed: a bad one is the only output.
-    request_log = load_request_log(log) if log is not None else None
+    request_log = read_log(log) if log is not None else None
     ahead = read_forecast(forecast) if forecast is not None else None
     result = review_plan(new, against=base, fleet=context.fleet, catalog=context.catalog)
     console = out()

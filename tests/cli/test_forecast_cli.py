@@ -10,8 +10,9 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from placement.adapters.request_log_files import JsonLinesRequestLog, LogRow, ParquetRequestLog
+from placement.adapters.request_log_files import ParquetRequestLog
 from placement.cli.app import app
+from tests.cli.router_logs import router_rows, write_rotated, write_whole
 
 START = pd.Timestamp("2026-01-01T00:00:00Z")
 
@@ -193,7 +194,7 @@ def test_forecast_reads_the_routers_request_log_directory(log_3d: Path, tmp_path
     # "DIR: unknown format: use .parquet, .csv or .jsonl".
     directory = tmp_path / "router-log"
     sinks = [ParquetRequestLog(directory), ParquetRequestLog(directory / "w1")]
-    rows = _router_rows(log_3d)
+    rows = router_rows(log_3d)
     for start in range(0, len(rows), 150):  # flushes: earlier hours compacted, not the last
         sinks[(start // 150) % 2].write(rows[start : start + 150])
     assert any(".part" in p.name for p in directory.iterdir())
@@ -218,14 +219,6 @@ def _same_forecast(log: Path, other: Path, tmp_path: Path) -> str:
     return result.output
 
 
-def _router_rows(log: Path) -> list[LogRow]:
-    frame = pd.read_parquet(log)
-    return [
-        LogRow(ts.timestamp(), adapter, tenant, 100, 10, "pod-0", "gpu_hit", 40.0, 200)
-        for ts, adapter, tenant in frame[["ts", "adapter", "tenant"]].itertuples(index=False)
-    ]
-
-
 @pytest.mark.parametrize("command", ["forecast", "backtest"])
 def test_the_routers_json_lines_file_is_read_with_its_rotation(
     log_3d: Path, tmp_path: Path, command: str
@@ -234,16 +227,9 @@ def test_the_routers_json_lines_file_is_read_with_its_rotation(
     log_rotate_bytes (requests.<time>.jsonl) and begins a new one: "--log
     requests.jsonl" read the new one alone, so the rotation's requests (here the first
     two days) were lost; the controller's live_log reads both."""
-    rows = _router_rows(log_3d)
+    rows = router_rows(log_3d)
     cut = next(i for i, row in enumerate(rows) if row.ts_s >= START.timestamp() + 2 * 86_400)
-    active = tmp_path / "router" / "requests.jsonl"
-    sink = JsonLinesRequestLog(active, rotate_bytes=1)  # rotated after its first batch
-    sink.write(rows[:cut])
-    sink.close()
-    sink = JsonLinesRequestLog(active)
-    sink.write(rows[cut:])
-    sink.close()
-    assert len(list(active.parent.iterdir())) == 2
+    active = write_rotated(rows, tmp_path / "router" / "requests.jsonl", cut=cut)
     frames, reports = [], []
     for log in (log_3d, active):
         target = tmp_path / f"{log.stem}-{command}.out"
@@ -271,10 +257,7 @@ def test_the_routers_json_lines_file_being_written_is_read_as_the_controller_rea
     """No rotation yet, the router's fields: its half-written last line (a flush under
     way) waits, as the live_log's reader lets it; read strictly, it was "not a JSON
     object" and exit 2."""
-    active = tmp_path / "requests.jsonl"
-    sink = JsonLinesRequestLog(active)
-    sink.write(_router_rows(log_3d))
-    sink.close()
+    active = write_whole(router_rows(log_3d), tmp_path / "requests.jsonl")
     with active.open("ab") as handle:
         handle.write(b'{"ts":"2026-01-03T23:59:59Z","adapter":"support-bo')
     _same_forecast(log_3d, active, tmp_path)
