@@ -121,9 +121,10 @@ class RouterSettings:
     upstream_timeout_s: float = 600.0
     #: A pod that does not accept a connection this fast is skipped (retried elsewhere).
     connect_timeout_s: float = 2.0
-    #: An idle upstream connection to a pod is reused this long at most: below the
-    #: engines' own keep-alive (uvicorn and vLLM close an idle connection after 5 s), so
-    #: the pool does not write on a connection the pod has just closed.
+    #: An idle upstream connection to a pod is reused this long at most (the proxy's
+    #: pool and the router's engine calls: loads, listings): below the engines' own
+    #: keep-alive (uvicorn and vLLM close an idle connection after 5 s), so the pool
+    #: does not write on a connection the pod has just closed.
     upstream_keepalive_s: float = 4.0
     #: An idle client connection is closed after this long. Above the clients' own
     #: keep-alive (httpx and the OpenAI SDK drop an idle connection after 5 s; nginx

@@ -46,6 +46,11 @@ from placement.errors import EngineTimeoutError, PermanentEngineError, Retryable
 from placement.ports import Registered
 
 DEFAULT_TIMEOUT_S = 30.0
+#: An idle connection to a pod is reused this long at most (httpx's default is 5 s):
+#: below the engines' own keep-alive (vLLM's and SGLang's API servers run uvicorn, which
+#: closes an idle connection after 5 s), so that a call is not written on a connection
+#: the pod is closing, where it fails unanswered.
+ENGINE_KEEPALIVE_S = 4.0
 #: The most of a pod's answer read (decoded): a ``/v1/models`` of thousands of adapters
 #: or a ``/metrics`` page is a few MiB.
 MAX_BODY_BYTES = 32 * 1024 * 1024
@@ -63,6 +68,19 @@ _DELTA_SECONDS = re.compile(r"[0-9]{1,12}")
 _DAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
 _WEEKDAYS = frozenset((*_DAYS, *(day[:3] for day in _DAYS)))
 _TITLE = re.compile(r"<title[^>]*>(.*?)</title>", re.IGNORECASE | re.DOTALL)
+
+
+def engine_http_client(
+    *, max_connections: int = 100, keepalive_s: float = ENGINE_KEEPALIVE_S
+) -> httpx.AsyncClient:
+    """An HTTP client for engine calls, to share across pods: every connection it opens
+    may be kept, and an idle one is dropped before the pod's keep-alive ends."""
+    limits = httpx.Limits(
+        max_connections=max_connections,
+        max_keepalive_connections=max_connections,
+        keepalive_expiry=keepalive_s,
+    )
+    return httpx.AsyncClient(limits=limits)
 
 
 def _short(text: str, *, limit: int = MAX_MESSAGE_CHARS) -> str:
@@ -160,7 +178,7 @@ class HttpEngine:
         self._url = url.rstrip("/")
         self._served_model_name = served_model_name
         self._owns_http = http is None
-        self._http = http if http is not None else httpx.AsyncClient()
+        self._http = http if http is not None else engine_http_client()
         self._timeout_s = timeout_s
         # The pool wait gets half the call's budget: at the whole budget the call's own
         # deadline (``call``) would fire first and read a full pool as a hung pod.

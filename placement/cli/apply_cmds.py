@@ -14,7 +14,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
-import httpx
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
@@ -22,6 +21,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from placement.actuation.apply import Observation, lora_paths, make_clients, plan_actions
 from placement.actuation.executor import ActionResult, ApplyReport, Executor, Ledger
 from placement.actuation.reconcile import ActionSchedule
+from placement.adapters.http_engine import engine_http_client
 from placement.cli.app import EXIT_FAILED, app, err, out, report_errors
 from placement.cli.plan_files import read_plan_file
 from placement.domain import Action, ActionKind, Catalog, Fleet, PodId
@@ -121,8 +121,7 @@ async def _run(
     timeout_s: float,
     seed: int,
 ) -> bool:
-    limits = httpx.Limits(max_connections=max(8, settings.max_concurrency * 2))
-    async with httpx.AsyncClient(limits=limits) as http:
+    async with engine_http_client(max_connections=max(8, settings.max_concurrency * 2)) as http:
         clients = make_clients(fleet, http=http, timeout_s=timeout_s)
         rng = random.Random(seed)  # the listing's retries and the actions' share it
         observation, steps = await plan_actions(

@@ -11,9 +11,9 @@ import asyncio
 from pathlib import Path
 from typing import Annotated
 
-import httpx
 import typer
 
+from placement.adapters.http_engine import engine_http_client
 from placement.adapters.kube import connect
 from placement.cli.app import app, out, report_errors
 from placement.controller.config import load_controller_config
@@ -30,7 +30,7 @@ def controller(
     parsed = load_controller_config(config)
 
     async def main() -> None:
-        async with httpx.AsyncClient() as http:
+        async with engine_http_client() as http:
             schedule, webhook = build(parsed, http=http)
             await serve(schedule, webhook, host=parsed.webhook.host, port=parsed.webhook.port)
 

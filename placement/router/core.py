@@ -33,6 +33,7 @@ from collections.abc import Mapping
 import httpx
 from prometheus_client import CollectorRegistry
 
+from placement.adapters.http_engine import engine_http_client
 from placement.adapters.sglang import SglangClient
 from placement.adapters.vllm import VllmClient
 from placement.clock import Clock
@@ -166,9 +167,10 @@ class Router:
         if self.engine_http is None:
             # One client for every engine call (scrapes, listings, loads): a new httpx
             # client costs tens of milliseconds of CPU building its TLS context.
-            most = self.settings.max_connections
-            limits = httpx.Limits(max_connections=most, max_keepalive_connections=most)
-            self.engine_http = httpx.AsyncClient(limits=limits)
+            self.engine_http = engine_http_client(
+                max_connections=self.settings.max_connections,
+                keepalive_s=self.settings.upstream_keepalive_s,
+            )
         if self.scrape_http is None:
             self.scrape_http = AiohttpScrapes()
         settings, supervisor = self.settings, self.supervisor

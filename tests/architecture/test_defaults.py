@@ -53,6 +53,9 @@ UNRELATED = {
     ("policies/eviction.py", "policy"): "the eviction policy, not RouterSettings.policy",
     ("placement/demo/prepare.py", "lead_s"): "wall seconds the demo's controller runs first",
     ("placement/demo/traffic.py", "concurrency"): "the demo's requests in flight, not calls",
+    ("placement/adapters/http_engine.py", "max_connections"): (
+        "an engine client's own pool (httpx's default), not the router's proxy pool"
+    ),
 }
 
 

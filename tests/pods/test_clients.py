@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from placement.adapters.engines import engine_client
+from placement.adapters.http_engine import ENGINE_KEEPALIVE_S, engine_http_client
 from placement.adapters.metrics_text import parse_sglang_metrics, parse_vllm_metrics
 from placement.domain import AdapterId, Engine, Pod
 from placement.errors import PermanentEngineError, RetryableEngineError
@@ -449,3 +450,29 @@ async def test_an_sglang_unload_with_dp_size_above_one_is_permanent() -> None:
     handler = _answer(500, "Internal Server Error")
     with pytest.raises(PermanentEngineError, match="--dp-size 1"):
         await _client(Engine.SGLANG, handler).unload(AdapterId("a"))
+
+
+#: What vLLM's and SGLang's API servers keep an idle connection: uvicorn's
+#: ``timeout_keep_alive`` (vLLM: VLLM_HTTP_TIMEOUT_KEEP_ALIVE, 5 s by default).
+ENGINES_KEEP_ALIVE_S = 5.0
+
+
+def _keepalive_expiry(http: httpx.AsyncClient) -> float | None:
+    pool = http._transport._pool  # type: ignore[attr-defined]  # httpcore's pool
+    expiry: float | None = pool._keepalive_expiry
+    return expiry
+
+
+@pytest.mark.anyio
+async def test_engine_calls_drop_an_idle_connection_before_the_pod_does() -> None:
+    """httpx keeps an idle connection 5 s, as long as the engines do: a call could be
+    written on a connection the pod was closing. Every engine client lorafleet builds
+    (the controller's, apply's, one an engine client makes for itself) drops it first."""
+    assert ENGINE_KEEPALIVE_S < ENGINES_KEEP_ALIVE_S
+    async with engine_http_client(max_connections=8) as http:
+        assert _keepalive_expiry(http) == ENGINE_KEEPALIVE_S
+    own = engine_client(pod("pod-0", engine=Engine.VLLM))
+    try:
+        assert _keepalive_expiry(own._http) == ENGINE_KEEPALIVE_S  # type: ignore[attr-defined]
+    finally:
+        await own.aclose()
