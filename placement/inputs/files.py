@@ -7,10 +7,11 @@ one ``InputError`` line naming the file and the first bad byte, never a tracebac
 may open at any moment and that must survive a crash (a plan, a request log, the
 controller's state; the router workers' shared files, which live no longer than the
 router, are renamed into place without an fsync: ``router.shared_scrapes.write_whole``,
-``router.load_claims``): a temporary file with a unique name in the same directory, written, flushed
-and fsynced, renamed over the target, then the directory fsynced so that the rename
-itself survives a power cut. Two writers never share a temporary file, and a crash
-leaves the old file or the new one, never a mix. Owns the file system calls only.
+``router.load_claims``): a temporary file with a unique name in the same directory,
+written, flushed and fsynced, renamed over the target, then the directory fsynced so
+that the rename itself survives a power cut. Two writers never share a temporary
+file, and a crash leaves the old file or the new one, never a mix. Owns the file
+system calls only.
 """
 
 from __future__ import annotations

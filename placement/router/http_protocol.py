@@ -94,6 +94,7 @@ class RouterHttpProtocol(asyncio.Protocol):
         # request before it would go unanswered.
         self._parser.set_dangerous_leniencies(lenient_data_after_close=True)
         self._keepalive_s = float(config.timeout_keep_alive)
+        self._head_limit_s = min(self._keepalive_s, HEAD_TIMEOUT_S)
         self._root_path = config.root_path
         self._transport: asyncio.Transport | None = None
         self._server: tuple[str, int] | None = None
@@ -156,7 +157,7 @@ class RouterHttpProtocol(asyncio.Protocol):
                 log.warning(_HEAD_TOO_LARGE.decode())
                 self._refuse(b"431 Request Header Fields Too Large", _HEAD_TOO_LARGE)
             else:  # a head split over reads: its own deadline, if the timer's is later
-                self._check_head_by(self._head_started_s + self._head_limit_s())
+                self._check_head_by(self._head_started_s + self._head_limit_s)
 
     def eof_received(self) -> None:
         return None
@@ -288,9 +289,6 @@ class RouterHttpProtocol(asyncio.Protocol):
             self._read_paused = True
             self.transport.pause_reading()
 
-    def _head_limit_s(self) -> float:
-        return min(self._keepalive_s, HEAD_TIMEOUT_S)
-
     def _check_head_by(self, due_s: float) -> None:
         timer = self._idle_timer
         if timer is None or timer.when() > due_s:
@@ -310,7 +308,7 @@ class RouterHttpProtocol(asyncio.Protocol):
             # A head gets ``HEAD_TIMEOUT_S`` (at most the keep-alive) from its first
             # byte, however it trickles in: a client sending a byte now and then cannot
             # hold the connection.
-            due_s = self._head_started_s + self._head_limit_s()
+            due_s = self._head_started_s + self._head_limit_s
         elif cycle is not None and not cycle.response_complete:
             due_s = now_s + self._keepalive_s  # busy: look again later
         else:
