@@ -7,11 +7,29 @@ module does no IO and no validation beyond what a constructor can check cheaply.
 
 from __future__ import annotations
 
+import copyreg
 import enum
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import NewType
+from typing import Any, NewType
+
+
+def _read_only(items: dict[Any, Any]) -> MappingProxyType[Any, Any]:
+    return MappingProxyType(items)
+
+
+def _reduce_read_only(
+    mapping: MappingProxyType[Any, Any],
+) -> tuple[Callable[[dict[Any, Any]], MappingProxyType[Any, Any]], tuple[dict[Any, Any]]]:
+    return (_read_only, (dict(mapping),))
+
+
+#: Values here hold read-only mappings (``MappingProxyType``), which pickle cannot copy by
+#: itself; this lets them cross to other processes (the capacity grid's workers) and come
+#: back read-only.
+copyreg.pickle(MappingProxyType, _reduce_read_only)
+
 
 AdapterId = NewType("AdapterId", str)
 PodId = NewType("PodId", str)

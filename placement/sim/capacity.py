@@ -22,7 +22,7 @@ history would, so a long history costs a replan a little and the replay nothing.
 from __future__ import annotations
 
 import multiprocessing
-import os
+import multiprocessing.context
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
@@ -199,13 +199,30 @@ def replay_shape(job: GridJob, shape: Shape, catalog: Catalog) -> ShapeResult:
     )
 
 
-#: The job of the grid being replayed, set before the pool forks so children share it.
+#: The job of the grid being replayed: set in this process for ``jobs=1``, and once in
+#: each worker process by ``_share`` (the workload crosses once per worker, not per shape).
 _SHARED: dict[str, tuple[GridJob, Catalog]] = {}
+
+
+def _share(job: GridJob, catalog: Catalog) -> None:
+    _SHARED["job"] = (job, catalog)
 
 
 def _child(shape: Shape) -> ShapeResult:
     job, catalog = _SHARED["job"]
     return replay_shape(job, shape, catalog)
+
+
+def pool_context() -> multiprocessing.context.BaseContext:
+    """The grid's worker processes: started by a fork server, never forked from the caller.
+
+    Forking copies a process whose other threads (an HTTP server's, a gRPC channel's,
+    pyarrow's pool) may hold a lock or be half way through freeing memory, and the child
+    can then hang or crash at its first allocation: a test process that had run such
+    threads lost a forked replay to a segfault in the garbage collector. The fork server
+    is a fresh single-threaded process, so its children start clean."""
+    methods = multiprocessing.get_all_start_methods()
+    return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
 
 
 def replay_grid(
@@ -216,17 +233,21 @@ def replay_grid(
     jobs: int = 2,
     kv_tokens: Callable[[Shape], int | None] | None = None,
 ) -> list[ShapeResult]:
-    """Replay every shape, ``jobs`` processes at a time (forked: the workload is shared)."""
-    _SHARED["job"] = (job, catalog)
-    try:
-        if jobs <= 1 or len(shapes) <= 1:
+    """Replay every shape, ``jobs`` processes at a time (each worker gets the job once)."""
+    if jobs <= 1 or len(shapes) <= 1:
+        _share(job, catalog)
+        try:
             results = [_child(shape) for shape in shapes]
-        else:
-            context = multiprocessing.get_context("fork" if os.name == "posix" else "spawn")
-            with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
-                results = list(pool.map(_child, shapes))
-    finally:
-        _SHARED.clear()
+        finally:
+            _SHARED.clear()
+    else:
+        with ProcessPoolExecutor(
+            max_workers=min(jobs, len(shapes)),
+            mp_context=pool_context(),
+            initializer=_share,
+            initargs=(job, catalog),
+        ) as pool:
+            results = list(pool.map(_child, shapes))
     if kv_tokens is None:
         return results
     own = job.fleet.pools[0].pods[0]

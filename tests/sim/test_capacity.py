@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import pickle
 from datetime import UTC, datetime
 from pathlib import Path
+from types import MappingProxyType
 
 import pandas as pd
 import pytest
@@ -24,6 +26,7 @@ from placement.sim.capacity import (
     ShapeResult,
     default_grid,
     past_counts,
+    pool_context,
     recommend,
     replay_grid,
     reshape,
@@ -106,6 +109,20 @@ def test_a_target_no_shape_meets_gets_the_best_shape_found_and_says_so() -> None
     assert "no shape in the grid meets" in chosen.reason
     with pytest.raises(InputError):
         recommend([], target_hit=0.9)
+
+
+def test_the_grid_workers_start_clean_rather_than_forked_from_the_caller() -> None:
+    # The caller may be a process with live threads (a test run's servers, pyarrow's
+    # pool); a child forked from it once segfaulted in the garbage collector.
+    assert pool_context().get_start_method() in {"forkserver", "spawn"}
+
+
+def test_a_grid_job_crosses_to_a_worker_whole_and_read_only(fleet: Fleet) -> None:
+    pod = fleet.pools[0].pods[0]
+    assert isinstance(pod.labels, MappingProxyType)
+    copied = pickle.loads(pickle.dumps(fleet))
+    assert copied == fleet
+    assert isinstance(copied.pools[0].pods[0].labels, MappingProxyType)
 
 
 @pytest.mark.parametrize("jobs", [1, 2])
