@@ -11,6 +11,7 @@ The first replayed day gives lorafleet its history (its forecast uses yesterday)
 figures are for the whole replay. Ratios as in bench/replay_war_story.py.
 
     .venv/bin/python bench/replay_servegen.py [--days 2] [--rps 4] [--planner greedy]
+        [--policy P ...] [--forecast-model M]
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from models.registry import forecaster_named
 from placement.domain import (
     Adapter,
     AdapterId,
@@ -139,11 +141,20 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--planner", choices=PLANNERS, default="solver")
     parser.add_argument("--policy", action="append", default=None)
+    parser.add_argument(
+        "--forecast-model", default="level-profile", help="lorafleet's forecaster (models/)"
+    )
     args = parser.parse_args()
+    try:
+        forecaster_named(args.forecast_model)
+    except KeyError as exc:
+        parser.error(str(exc.args[0]))
     settings = Settings()
     load, catalog, fleet = build(args.days, args.rps, args.seed)
     active = len(set(load.adapters))
-    planning = replay_planning(catalog, fleet, settings=settings, planner=args.planner)
+    planning = replay_planning(
+        catalog, fleet, settings=settings, planner=args.planner, forecast_model=args.forecast_model
+    )
     print(
         f"servegen m-mid: {len(load):,} requests over {args.days} d, {active} adapters,"
         f" 32 GPU slots; planning: {planning.description}"
