@@ -205,6 +205,9 @@ class ControllerConfig(_Section):
     max_loads_per_event: int | None = Field(default=None, ge=0, le=64)
     #: A forecaster of ``models/`` by name (``level-profile``, ``global-gbm``, ``auto``,
     #: ...), or ``same-hour``: the same window of the last 7 days, with no fitting.
+    #: ``level-profile``, not ``lorafleet forecast``'s ``auto``: behind the plan, auto made
+    #: 2% more loads on ServeGen m-mid in twice the time, and persistence did as well as
+    #: level-profile (docs/benchmarks.md, "the plan's forecaster and the load's weight").
     forecast_model: str = "level-profile"
     #: Learn pipeline transitions and login habits from a per-request log at each ingest.
     learn_events: bool = True
