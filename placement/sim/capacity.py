@@ -214,15 +214,15 @@ def _child(shape: Shape) -> ShapeResult:
 
 
 def pool_context() -> multiprocessing.context.BaseContext:
-    """The grid's worker processes: started by a fork server, never forked from the caller.
+    """The grid's worker processes: fresh interpreters, never forks of the caller.
 
     Forking copies a process whose other threads (an HTTP server's, a gRPC channel's,
     pyarrow's pool) may hold a lock or be half way through freeing memory, and the child
     can then hang or crash at its first allocation: a test process that had run such
-    threads lost a forked replay to a segfault in the garbage collector. The fork server
-    is a fresh single-threaded process, so its children start clean."""
-    methods = multiprocessing.get_all_start_methods()
-    return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+    threads lost a forked replay to a segfault in the garbage collector. Spawned rather
+    than started by a fork server so that they stay this process's children and their
+    CPU time counts in its ``RUSAGE_CHILDREN`` (``lorafleet capacity`` reports it)."""
+    return multiprocessing.get_context("spawn")
 
 
 def replay_grid(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import resource
 from datetime import UTC, datetime
 from pathlib import Path
 from types import MappingProxyType
@@ -111,10 +112,27 @@ def test_a_target_no_shape_meets_gets_the_best_shape_found_and_says_so() -> None
         recommend([], target_hit=0.9)
 
 
-def test_the_grid_workers_start_clean_rather_than_forked_from_the_caller() -> None:
+def test_the_grid_workers_start_clean_and_their_cpu_counts_as_this_process_children(
+    fleet: Fleet,
+) -> None:
     # The caller may be a process with live threads (a test run's servers, pyarrow's
     # pool); a child forked from it once segfaulted in the garbage collector.
-    assert pool_context().get_start_method() in {"forkserver", "spawn"}
+    assert pool_context().get_start_method() == "spawn"
+    job = GridJob(
+        workload=cyclic_workload(adapters=3, requests=60),
+        fleet=fleet,
+        settings=Settings(),
+        policy="bounded",
+        planner="greedy",
+        window_s=None,
+    )
+    catalog = factories.catalog(*(factories.adapter(f"a{i}") for i in range(3)))
+    shapes = [Shape(pods=1, max_loras=n, max_cpu_loras=8) for n in (1, 2)]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    replay_grid(job, catalog, shapes, jobs=2)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    # the workers were reaped by this process: `lorafleet capacity`'s cpu_s sees them
+    assert after.ru_utime + after.ru_stime > before.ru_utime + before.ru_stime
 
 
 def test_a_grid_job_crosses_to_a_worker_whole_and_read_only(fleet: Fleet) -> None:
