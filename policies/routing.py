@@ -135,6 +135,8 @@ def _bounded_best(ctx: RoutingContext, candidates: Sequence[PodLike]) -> tuple[P
                 delay += busy_s
             warm = adapter in pod.registered
             delay += warm_load_s if warm else cold_load_s
+            if delay > best_key[0]:
+                continue  # what follows only adds: this pod cannot win
             wait_s = 0.0 if slot_wait is None or not slot_taken(pod) else slot_wait
             delay += wait_s * ctx.load_penalty_factor
             queued = pod.queue_depth
@@ -202,12 +204,19 @@ def route_hash(
         pool = [pod for pod in candidates if pod.pod_id in general_pool]
         if pool:
             return RouteDecision(_bounded_pick(ctx, pool)[0].pod_id, RouteReason.GENERAL_POOL)
+    return _hash_pick(ctx, candidates, ring, replicas=replicas)
+
+
+def _hash_pick(
+    ctx: RoutingContext, candidates: Sequence[PodLike], ring: HashRing, *, replicas: int
+) -> RouteDecision:
+    """``route_hash``'s choice among ``candidates``, past its prelude."""
     owners = ring.replicas(ctx.adapter, replicas)
     chosen = [pod for pod in candidates if pod.pod_id in owners or holds(pod, ctx.adapter)]
     if not chosen:
         # Every owner is down or saturated: widen to the next pods on the ring.
         wider = ring.replicas(ctx.adapter, len(ring.pod_ids))
-        chosen = [pod for pod in candidates if pod.pod_id in wider] or candidates
+        chosen = [pod for pod in candidates if pod.pod_id in wider] or list(candidates)
     best = min(chosen, key=lambda pod: predicted_delay_s(pod, ctx) + load_penalty_s(pod, ctx))
     return RouteDecision(best.pod_id, RouteReason.HASH)
 
@@ -294,7 +303,9 @@ def _plan_pod(
     if not allowed:
         return RouteDecision(None, RouteReason.PRESSURE_WAIT)
     if not pod_weights and not (tail and fallback.general_pool):
-        return route_hash(replace(ctx, pods=allowed), fallback.ring, replicas=fallback.replicas)
+        # route_hash over the allowed pods: its prelude would pass them all again (the
+        # least-KV pod is among them, and none is loading the adapter), so it is skipped.
+        return _hash_pick(ctx, allowed, fallback.ring, replicas=fallback.replicas)
     if not pod_weights:
         pool = [pod for pod in allowed if pod.pod_id in fallback.general_pool]
         pod, key = _bounded_best(ctx, pool or allowed)

@@ -19,6 +19,7 @@ from policies.routing import (
     RouteReason,
     RoutingContext,
     VictimWorth,
+    _bounded_best,
     route_bounded,
     route_plan,
     victim_worth_s,
@@ -126,6 +127,30 @@ def test_without_a_plan_or_a_forecast_lorafleet_routes_as_bounded_affinity(
         route_plan(ctx, None, fallback=fallback_for(calm), tail=True).pod_id
         == route_bounded(ctx).pod_id
     )
+
+
+@given(
+    pods=pod_lists(),
+    rates=st.none() | rates_strategy,
+    slot_wait=st.none() | st.floats(0.0, 1.0),
+    stall=st.sampled_from((0.0, 1.0)),
+)
+def test_the_scan_picks_the_first_cheapest_pod_by_each_pods_own_cost(
+    pods: list[PodSnapshot],
+    rates: dict[str, float] | None,
+    slot_wait: float | None,
+    stall: float,
+) -> None:
+    # The scan stops pricing a pod once its cost passes the best so far (the rest of
+    # the price only adds); it must choose as pricing every pod alone would. Queues of
+    # 0 or 1 make equal costs common, where the order of the other keys decides.
+    pods = [replace(pod, queue_depth=pod.queue_depth % 2) for pod in pods]
+    victims = None if rates is None else replace(worth(rates), stall_weight=stall)
+    ctx = context(pods, victims=victims, slot_wait_s=slot_wait)
+    chosen, key = _bounded_best(ctx, pods)
+    alone = [_bounded_best(ctx, [pod])[1] for pod in pods]
+    assert key == min(alone)
+    assert chosen is pods[alone.index(min(alone))]
 
 
 def test_a_load_evicts_where_the_victim_is_forecast_to_be_asked_for_least() -> None:
