@@ -303,8 +303,12 @@ def _plan_pod(
     if not allowed:
         return RouteDecision(None, RouteReason.PRESSURE_WAIT)
     if not pod_weights and not (tail and fallback.general_pool):
-        # route_hash over the allowed pods: its prelude would pass them all again (the
-        # least-KV pod is among them, and none is loading the adapter), so it is skipped.
+        # route_hash over the allowed pods, without its prelude: none of them is loading
+        # the adapter, and where its gate would not pass them all (every one of them at
+        # the reject line: the holders, when the other pods are over the pressure line)
+        # it rejects.
+        if min(pod.kv_usage for pod in allowed) >= ctx.reject_kv_usage:
+            return RouteDecision(None, RouteReason.REJECT)
         return _hash_pick(ctx, allowed, fallback.ring, replicas=fallback.replicas)
     if not pod_weights:
         pool = [pod for pod in allowed if pod.pod_id in fallback.general_pool]

@@ -8,11 +8,12 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from placement.settings import MB, LoadCostSettings, RouterSettings
 from policies.hashing import build_ring
+from policies.route_context import prelude
 from policies.routing import (
     HashFallback,
     PodSnapshot,
@@ -20,7 +21,9 @@ from policies.routing import (
     RoutingContext,
     VictimWorth,
     _bounded_best,
+    below_pressure_line,
     route_bounded,
+    route_hash,
     route_plan,
     victim_worth_s,
     weighs_cold_victims,
@@ -151,6 +154,45 @@ def test_the_scan_picks_the_first_cheapest_pod_by_each_pods_own_cost(
     alone = [_bounded_best(ctx, [pod])[1] for pod in pods]
     assert key == min(alone)
     assert chosen is pods[alone.index(min(alone))]
+
+
+def test_an_unplanned_adapter_whose_only_holder_is_past_the_reject_line_is_rejected() -> None:
+    # Every pod past the pressure line: only holders may take it, and its one holder is
+    # past the reject line, so it is refused there rather than sent to a pod at 96%.
+    pods = [
+        PodSnapshot(pod_id="pod-0", kv_usage=0.90, gpu_adapters=("a",), max_loras=2),
+        PodSnapshot(pod_id="pod-1", kv_usage=0.96, gpu_adapters=(WANTED,), max_loras=2),
+    ]
+    decision = route_plan(context(pods), None, fallback=fallback_for(pods))
+    assert decision.pod_id is None
+    assert decision.reason == RouteReason.REJECT
+
+
+@settings(max_examples=1000)  # the case past both lines is rare among random fleets
+@given(
+    pods=pod_lists(),
+    kv=st.lists(st.sampled_from((0.5, 0.84, 0.9, 0.95, 0.97)), min_size=6, max_size=6),
+)
+def test_an_unplanned_adapter_goes_where_route_hash_over_the_pods_below_the_line_sends_it(
+    pods: list[PodSnapshot], kv: list[float]
+) -> None:
+    # route_plan hashes an adapter the plan does not name without building a context of
+    # the allowed pods and running route_hash's prelude again; below, between and past
+    # the pressure and reject lines (0.85, 0.95) it must decide as that did.
+    pods = [replace(pod, kv_usage=usage) for pod, usage in zip(pods, kv, strict=False)]
+    ctx = context(pods)
+    fallback = fallback_for(pods)
+    candidates, early = prelude(ctx)
+    allowed = below_pressure_line(ctx, candidates)
+    if early is not None:
+        expected = early
+    elif not allowed:
+        expected = route_plan(ctx, None, fallback=fallback)
+        assert expected.reason == RouteReason.PRESSURE_WAIT
+    else:
+        expected = route_hash(replace(ctx, pods=allowed), fallback.ring, replicas=fallback.replicas)
+    decision = route_plan(ctx, None, fallback=fallback)
+    assert (decision.pod_id, decision.reason) == (expected.pod_id, expected.reason)
 
 
 def test_a_load_evicts_where_the_victim_is_forecast_to_be_asked_for_least() -> None:
