@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from placement.cli.app import app
 from placement.cli.capacity_cmds import split_log
-from placement.domain import AdapterId, Fleet
+from placement.domain import AdapterId, Catalog, Fleet
 from placement.errors import InputError
 from placement.inputs import load_fleet
 from placement.inputs.request_log import RequestLog
@@ -112,21 +112,27 @@ def test_a_target_no_shape_meets_gets_the_best_shape_found_and_says_so() -> None
         recommend([], target_hit=0.9)
 
 
-def test_the_grid_workers_start_clean_and_their_cpu_counts_as_this_process_children(
-    fleet: Fleet,
-) -> None:
-    # The caller may be a process with live threads (a test run's servers, pyarrow's
-    # pool); a child forked from it once segfaulted in the garbage collector.
-    assert pool_context().get_start_method() == "spawn"
+def cyclic_job(fleet: Fleet, *, adapters: int, requests: int) -> tuple[GridJob, Catalog]:
+    """A grid job of ``cyclic_workload`` under bounded affinity, and its catalog."""
     job = GridJob(
-        workload=cyclic_workload(adapters=3, requests=60),
+        workload=cyclic_workload(adapters=adapters, requests=requests),
         fleet=fleet,
         settings=Settings(),
         policy="bounded",
         planner="greedy",
         window_s=None,
     )
-    catalog = factories.catalog(*(factories.adapter(f"a{i}") for i in range(3)))
+    names = (factories.adapter(f"a{i}") for i in range(adapters))
+    return job, factories.catalog(*names)
+
+
+def test_the_grid_workers_start_clean_and_their_cpu_counts_as_this_process_children(
+    fleet: Fleet,
+) -> None:
+    # The caller may be a process with live threads (a test run's servers, pyarrow's
+    # pool); a child forked from it once segfaulted in the garbage collector.
+    assert pool_context().get_start_method() == "spawn"
+    job, catalog = cyclic_job(fleet, adapters=3, requests=60)
     shapes = [Shape(pods=1, max_loras=n, max_cpu_loras=8) for n in (1, 2)]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     replay_grid(job, catalog, shapes, jobs=2)
@@ -145,16 +151,7 @@ def test_a_grid_job_crosses_to_a_worker_whole_and_read_only(fleet: Fleet) -> Non
 
 @pytest.mark.parametrize("jobs", [1, 2])
 def test_more_slots_turn_a_thrashing_workload_into_hits(fleet: Fleet, jobs: int) -> None:
-    workload = cyclic_workload(adapters=6, requests=600)
-    job = GridJob(
-        workload=workload,
-        fleet=fleet,
-        settings=Settings(),
-        policy="bounded",
-        planner="greedy",
-        window_s=None,
-    )
-    catalog = factories.catalog(*(factories.adapter(f"a{i}") for i in range(6)))
+    job, catalog = cyclic_job(fleet, adapters=6, requests=600)
     shapes = [
         Shape(pods=1, max_loras=2, max_cpu_loras=8),
         Shape(pods=1, max_loras=6, max_cpu_loras=8),
