@@ -218,8 +218,11 @@ def holds(pod: PodLike, adapter: str) -> bool:
     return adapter in pod.gpu_adapters or adapter in pod.loading
 
 
-def gate(ctx: RoutingContext) -> tuple[list[PodLike], RouteDecision | None]:
-    """Healthy candidates, or the decision that ends routing early.
+def gate(
+    ctx: RoutingContext, pods: Sequence[PodLike] | None = None
+) -> tuple[list[PodLike], RouteDecision | None]:
+    """Healthy candidates among ``pods`` (``ctx.pods`` unless given), or the decision
+    that ends routing early.
 
     Above ``reject_kv_usage`` on every healthy pod: reject. Above ``no_load_kv_usage``
     on every healthy pod: only pods already holding the adapter may take it, and with
@@ -227,7 +230,7 @@ def gate(ctx: RoutingContext) -> tuple[list[PodLike], RouteDecision | None]:
     """
     healthy = []
     least_kv = 2.0
-    for pod in ctx.pods:
+    for pod in ctx.pods if pods is None else pods:
         if pod.healthy:
             healthy.append(pod)
             kv = pod.kv_usage
@@ -261,9 +264,12 @@ def coalesce(ctx: RoutingContext, candidates: Sequence[PodLike]) -> RouteDecisio
     return None if best is None else RouteDecision(best.pod_id, RouteReason.COALESCE)
 
 
-def prelude(ctx: RoutingContext) -> tuple[list[PodLike], RouteDecision | None]:
-    """``gate``, then ``coalesce``: the candidates, or the decision that ends routing."""
-    candidates, early = gate(ctx)
+def prelude(
+    ctx: RoutingContext, pods: Sequence[PodLike] | None = None
+) -> tuple[list[PodLike], RouteDecision | None]:
+    """``gate``, then ``coalesce``: the candidates among ``pods`` (``ctx.pods`` unless
+    given), or the decision that ends routing."""
+    candidates, early = gate(ctx, pods)
     if early is not None:
         return candidates, early
     return candidates, coalesce(ctx, candidates)

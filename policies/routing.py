@@ -197,26 +197,32 @@ def route_hash(
     """Consistent hashing: the adapter's ``replicas`` owners on the ring, or a pod already holding
     it, whichever costs least (delay plus load penalty); a long-tail adapter (``tail``)
     goes to the general pool by bounded affinity."""
-    candidates, early = prelude(ctx)
+    return _hash_over(ctx, ctx.pods, ring, replicas=replicas, tail=tail, general_pool=general_pool)
+
+
+def _hash_over(
+    ctx: RoutingContext,
+    pods: Sequence[PodLike],
+    ring: HashRing,
+    *,
+    replicas: int,
+    tail: bool = False,
+    general_pool: Collection[str] = (),
+) -> RouteDecision:
+    """``route_hash`` over ``pods`` rather than ``ctx.pods`` (no context rebuilt)."""
+    candidates, early = prelude(ctx, pods)
     if early is not None:
         return early
     if tail and general_pool:
         pool = [pod for pod in candidates if pod.pod_id in general_pool]
         if pool:
             return RouteDecision(_bounded_pick(ctx, pool)[0].pod_id, RouteReason.GENERAL_POOL)
-    return _hash_pick(ctx, candidates, ring, replicas=replicas)
-
-
-def _hash_pick(
-    ctx: RoutingContext, candidates: Sequence[PodLike], ring: HashRing, *, replicas: int
-) -> RouteDecision:
-    """``route_hash``'s choice among ``candidates``, past its prelude."""
     owners = ring.replicas(ctx.adapter, replicas)
     chosen = [pod for pod in candidates if pod.pod_id in owners or holds(pod, ctx.adapter)]
     if not chosen:
         # Every owner is down or saturated: widen to the next pods on the ring.
         wider = ring.replicas(ctx.adapter, len(ring.pod_ids))
-        chosen = [pod for pod in candidates if pod.pod_id in wider] or list(candidates)
+        chosen = [pod for pod in candidates if pod.pod_id in wider] or candidates
     best = min(chosen, key=lambda pod: predicted_delay_s(pod, ctx) + load_penalty_s(pod, ctx))
     return RouteDecision(best.pod_id, RouteReason.HASH)
 
@@ -303,13 +309,7 @@ def _plan_pod(
     if not allowed:
         return RouteDecision(None, RouteReason.PRESSURE_WAIT)
     if not pod_weights and not (tail and fallback.general_pool):
-        # route_hash over the allowed pods, without its prelude: none of them is loading
-        # the adapter, and where its gate would not pass them all (every one of them at
-        # the reject line: the holders, when the other pods are over the pressure line)
-        # it rejects.
-        if min(pod.kv_usage for pod in allowed) >= ctx.reject_kv_usage:
-            return RouteDecision(None, RouteReason.REJECT)
-        return _hash_pick(ctx, allowed, fallback.ring, replicas=fallback.replicas)
+        return _hash_over(ctx, allowed, fallback.ring, replicas=fallback.replicas)
     if not pod_weights:
         pool = [pod for pod in allowed if pod.pod_id in fallback.general_pool]
         pod, key = _bounded_best(ctx, pool or allowed)
