@@ -101,6 +101,14 @@ class PlannerSettings:
     tail_reserve_max_slots: int = 0
 
 
+#: How long any client of the engines (the router's proxy pool and engine calls, the
+#: controller's, ``lorafleet apply``'s) reuses an idle connection to a pod at most: below
+#: the engines' own keep-alive (vLLM's and SGLang's API servers run uvicorn, which closes
+#: an idle connection after 5 s), so that a call is not written on a connection the pod
+#: is closing, where it fails unanswered. httpx's own default is 5 s.
+ENGINE_KEEPALIVE_S = 4.0
+
+
 @dataclass(frozen=True, kw_only=True)
 class RouterSettings:
     #: How pods are picked: ``plan`` follows the plan (lorafleet); the reactive
@@ -125,7 +133,7 @@ class RouterSettings:
     #: pool and the router's engine calls: loads, listings): below the engines' own
     #: keep-alive (uvicorn and vLLM close an idle connection after 5 s), so the pool
     #: does not write on a connection the pod has just closed.
-    upstream_keepalive_s: float = 4.0
+    upstream_keepalive_s: float = ENGINE_KEEPALIVE_S
     #: An idle client connection is closed after this long. Above the clients' own
     #: keep-alive (httpx and the OpenAI SDK drop an idle connection after 5 s; nginx
     #: upstreams 60 s, AWS load balancers 60 s), so a client never sends a request on a

@@ -44,13 +44,9 @@ import httpx
 from placement.domain import AdapterId, PodId
 from placement.errors import EngineTimeoutError, PermanentEngineError, RetryableEngineError
 from placement.ports import Registered
+from placement.settings import ENGINE_KEEPALIVE_S
 
 DEFAULT_TIMEOUT_S = 30.0
-#: An idle connection to a pod is reused this long at most (httpx's default is 5 s):
-#: below the engines' own keep-alive (vLLM's and SGLang's API servers run uvicorn, which
-#: closes an idle connection after 5 s), so that a call is not written on a connection
-#: the pod is closing, where it fails unanswered.
-ENGINE_KEEPALIVE_S = 4.0
 #: The most of a pod's answer read (decoded): a ``/v1/models`` of thousands of adapters
 #: or a ``/metrics`` page is a few MiB.
 MAX_BODY_BYTES = 32 * 1024 * 1024

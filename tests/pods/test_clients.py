@@ -10,11 +10,12 @@ import httpx
 import pytest
 
 from placement.adapters.engines import engine_client
-from placement.adapters.http_engine import ENGINE_KEEPALIVE_S, engine_http_client
+from placement.adapters.http_engine import engine_http_client
 from placement.adapters.metrics_text import parse_sglang_metrics, parse_vllm_metrics
 from placement.domain import AdapterId, Engine, Pod
 from placement.errors import PermanentEngineError, RetryableEngineError
 from placement.ports import EngineClient
+from placement.settings import ENGINE_KEEPALIVE_S
 from tests.factories import pod
 
 pytestmark = pytest.mark.anyio
